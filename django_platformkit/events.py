@@ -1,0 +1,410 @@
+"""The event catalogue and ``publish()``.
+
+``publish()`` is one INSERT into the outbox inside the caller's transaction, so
+an event exists exactly when the write that caused it commits. Everything that
+can go wrong with the input is checked in Python *before* any SQL runs: a bad
+call raises and the caller's transaction stays usable.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import threading
+import uuid
+from collections.abc import Iterable, Mapping
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db import connections
+
+from . import conf
+from ._ids import uuid7
+from .exceptions import (
+    ConfigurationError,
+    InvalidEventName,
+    InvalidPayload,
+    TransactionRequired,
+    UndeclaredEvent,
+)
+from ._tables import OUTBOX_TABLE
+
+EVENT_NAME = re.compile(r"^[a-z][a-z0-9_]*\.[a-z][a-z0-9_]*$")
+TENANT = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+#: Deeper nesting is refused: PostgreSQL's jsonb parser and Python's json
+#: module both recurse, and no event needs this much structure.
+MAX_DEPTH = 100
+#: The LISTEN/NOTIFY channel ``publish()`` wakes the relay on.
+NOTIFY_CHANNEL = "platformkit_outbox"
+
+_NOTIFY_SQL = (
+    f"WITH e AS (INSERT INTO {OUTBOX_TABLE} (id, name, tenant, payload, headers, created_at) "
+    "VALUES (%s, %s, %s, %s::jsonb, %s::jsonb, clock_timestamp()) RETURNING 1) "
+    f"SELECT pg_notify('{NOTIFY_CHANNEL}', '') FROM e"
+)
+_PLAIN_SQL = (
+    f"INSERT INTO {OUTBOX_TABLE} (id, name, tenant, payload, headers, created_at) "
+    "VALUES (%s, %s, %s, %s::jsonb, %s::jsonb, clock_timestamp())"
+)
+# publish_many(): one statement for any number of rows. WITH ORDINALITY keeps
+# the caller's order; clock_timestamp() is evaluated per row, in that order.
+_MANY_SQL = (
+    f"INSERT INTO {OUTBOX_TABLE} (id, name, tenant, payload, headers, created_at) "
+    "SELECT u.id, u.name, u.tenant, u.payload::jsonb, u.headers::jsonb, clock_timestamp() "
+    "FROM unnest(%s::uuid[], %s::text[], %s::text[], %s::text[], %s::text[]) "
+    "WITH ORDINALITY AS u(id, name, tenant, payload, headers, n) ORDER BY u.n"
+)
+_MANY_NOTIFY_SQL = f"WITH e AS ({_MANY_SQL} RETURNING 1) SELECT pg_notify('{NOTIFY_CHANNEL}', '') FROM e LIMIT 1"
+
+
+@dataclass(frozen=True)
+class EventType:
+    """A declared event: ``name`` (``<module>.<event>``), an optional JSON
+    Schema checked at publish, and a description for the catalogue."""
+
+    name: str
+    schema: Mapping[str, Any] | None = None
+    description: str = ""
+    declared_in: str = field(default="", compare=False)
+
+    @property
+    def module(self) -> str:
+        return self.name.split(".", 1)[0]
+
+    @property
+    def validator(self):
+        return _validators.get(self.name)
+
+    def __str__(self) -> str:
+        return self.name
+
+    def __hash__(self) -> int:
+        return hash(self.name)
+
+
+_catalogue: dict[str, EventType] = {}
+_validators: dict[str, Any] = {}
+_lock = threading.Lock()
+
+
+def _caller_module(depth: int = 2) -> str:
+    import sys
+
+    frame = sys._getframe(depth)
+    return frame.f_globals.get("__name__", "?")
+
+
+def check_event_name(name: Any) -> str:
+    """Return ``name`` if it follows ``<module>.<event>`` (each part
+    ``[a-z][a-z0-9_]*``), else raise ``InvalidEventName`` saying so."""
+    if not isinstance(name, str) or not EVENT_NAME.match(name):
+        raise InvalidEventName(
+            f"{name!r} is not an event name: use '<module>.<event>', lower case, "
+            "each part [a-z][a-z0-9_]*, exactly one dot (e.g. 'shop.order_placed')."
+        )
+    return name
+
+
+def check_tenant(tenant: Any) -> str | None:
+    """Return ``tenant`` if it is ``None`` or a token ``[A-Za-z0-9_-]{1,64}``
+    (a UUID fits); else raise ``InvalidEventName`` saying so. The tenant is a
+    NATS subject token, so dots, spaces and wildcards can't be allowed."""
+    if tenant is None:
+        return None
+    if isinstance(tenant, uuid.UUID):
+        tenant = str(tenant)
+    if not isinstance(tenant, str) or not TENANT.match(tenant):
+        raise InvalidEventName(
+            f"tenant {tenant!r} is not a tenant token: use 1 to 64 characters of "
+            "[A-Za-z0-9_-] (a UUID fits), or None for no tenant."
+        )
+    return tenant
+
+
+def declare(name: str, *, schema: Mapping[str, Any] | None = None, description: str = "") -> EventType:
+    """Add an event to the catalogue and return its ``EventType``.
+
+    ``name``: ``<module>.<event>``, each part ``[a-z][a-z0-9_]*``.
+    ``schema``: a JSON Schema (dict, any draft ``jsonschema`` knows; 2020-12
+    when ``$schema`` is absent) every payload must satisfy at ``publish()``.
+    Declaring the same name again with the same schema returns the same event;
+    with a different schema it raises. Raises ``ConfigurationError`` (an
+    ``ImproperlyConfigured``) naming the declaring module and the fix.
+    """
+    where = _caller_module()
+    try:
+        check_event_name(name)
+    except InvalidEventName as exc:
+        raise ConfigurationError(f"declare() in {where}: {exc}") from None
+    if schema is not None:
+        if not isinstance(schema, Mapping):
+            raise ConfigurationError(f"declare({name!r}) in {where}: schema must be a dict (a JSON Schema), got {type(schema).__name__}.")
+        validator = _compile_schema(name, schema, where)
+    else:
+        validator = None
+    if not isinstance(description, str):
+        raise ConfigurationError(f"declare({name!r}) in {where}: description must be a string.")
+    event = EventType(name=name, schema=schema, description=description, declared_in=where)
+    with _lock:
+        existing = _catalogue.get(name)
+        if existing is not None:
+            if _canonical(existing.schema) != _canonical(schema):
+                raise ConfigurationError(
+                    f"event {name!r} is declared twice with different schemas "
+                    f"(in {existing.declared_in} and {where}): declare it once and import the EventType."
+                )
+            return existing
+        _catalogue[name] = event
+        if validator is not None:
+            _validators[name] = validator
+    return event
+
+
+def _canonical(schema: Mapping[str, Any] | None) -> str:
+    return json.dumps(schema, sort_keys=True, default=str)
+
+
+def _compile_schema(name: str, schema: Mapping[str, Any], where: str):
+    import jsonschema
+    from jsonschema.validators import validator_for
+
+    cls = validator_for(schema, default=jsonschema.Draft202012Validator)
+    try:
+        cls.check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        path = "/".join(str(p) for p in exc.absolute_path) or "(root)"
+        raise ConfigurationError(
+            f"declare({name!r}) in {where}: the schema is not valid JSON Schema at {path}: {exc.message}. "
+            "Fix the schema (check it with jsonschema's check_schema)."
+        ) from None
+    return cls(schema, format_checker=cls.FORMAT_CHECKER)
+
+
+def catalogue() -> dict[str, EventType]:
+    """A copy of the catalogue: event name -> ``EventType``."""
+    return dict(_catalogue)
+
+
+def get_event_type(event: str | EventType) -> EventType:
+    """Resolve a name or ``EventType`` to the declared ``EventType``.
+    Raises ``InvalidEventName`` or ``UndeclaredEvent``."""
+    name = event.name if isinstance(event, EventType) else event
+    check_event_name(name)
+    try:
+        return _catalogue[name]
+    except KeyError:
+        raise UndeclaredEvent(
+            f"event {name!r} is not declared: add declare({name!r}) to your app's platformkit.py."
+        ) from None
+
+
+# --- payload encoding --------------------------------------------------------
+
+_django_encoder = DjangoJSONEncoder()
+
+
+def _path(parent: str, key: Any) -> str:
+    if isinstance(key, int):
+        return f"{parent}[{key}]"
+    if isinstance(key, str) and re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
+        return f"{parent}.{key}"
+    return f"{parent}[{json.dumps(key, ensure_ascii=True)}]"
+
+
+def _check_text(text: str, path: str, what: str) -> None:
+    if "\x00" in text:
+        raise InvalidPayload(f"{what} at {path} contains a NUL character (\\u0000), which PostgreSQL jsonb can't store: remove it.", path=path)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidPayload(f"{what} at {path} contains a lone surrogate, which is not valid Unicode: fix the string.", path=path) from None
+
+
+def _normalize(value: Any, path: str, depth: int) -> Any:
+    """Return ``value`` as plain JSON data (dict/list/str/int/float/bool/None),
+    converting what ``DjangoJSONEncoder`` converts; raise ``InvalidPayload``
+    naming the path of anything else."""
+    if depth > MAX_DEPTH:
+        raise InvalidPayload(f"payload nests deeper than {MAX_DEPTH} levels at {path}: flatten it.", path=path)
+    if value is None or value is True or value is False:
+        return value
+    if isinstance(value, str):
+        _check_text(value, path, "string")
+        return str(value)
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise InvalidPayload(f"{value!r} at {path} is not a JSON number (NaN and Infinity aren't JSON): send null or a string.", path=path)
+        return float(value)
+    if isinstance(value, Mapping):
+        out = {}
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise InvalidPayload(
+                    f"key {key!r} at {path} is a {type(key).__name__}: JSON object keys must be strings; convert it with str().",
+                    path=path,
+                )
+            child = _path(path, key)
+            _check_text(key, child, "key")
+            out[key] = _normalize(item, child, depth + 1)
+        return out
+    if isinstance(value, (list, tuple)):
+        return [_normalize(item, _path(path, i), depth + 1) for i, item in enumerate(value)]
+    try:
+        converted = _django_encoder.default(value)
+    except TypeError:
+        raise InvalidPayload(
+            f"{type(value).__name__} at {path} is not JSON-encodable by DjangoJSONEncoder: "
+            "convert it to a string, number, list or dict.",
+            path=path,
+        ) from None
+    if isinstance(converted, float) and not math.isfinite(converted):  # e.g. Decimal('NaN') subclasses
+        raise InvalidPayload(f"{value!r} at {path} is not a finite number.", path=path)
+    return _normalize(converted, path, depth + 1)
+
+
+def encode_payload(payload: Any, event_type: EventType | None = None, *, max_bytes: int | None = None) -> tuple[str, Any]:
+    """Validate ``payload`` and return ``(json_text, normalized_data)``.
+
+    ``payload`` must be a dict (a JSON object). Values are encoded the way
+    ``DjangoJSONEncoder`` does (Decimal and UUID -> string, datetime -> ISO
+    8601 with ``Z`` for UTC). Raises ``InvalidPayload`` naming the JSON path
+    for: a value it can't encode, a non-string key, NaN/Infinity, a NUL
+    character or lone surrogate, nesting past ``MAX_DEPTH``, an encoded size
+    over ``MAX_PAYLOAD_BYTES`` (bytes of UTF-8 JSON), or a schema violation.
+    """
+    if not isinstance(payload, Mapping):
+        raise InvalidPayload(f"payload must be a dict (a JSON object), got {type(payload).__name__}.")
+    data = _normalize(payload, "$", 0)
+    text = json.dumps(data, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    limit = conf.settings.MAX_PAYLOAD_BYTES if max_bytes is None else max_bytes
+    size = len(text.encode("utf-8"))
+    if size > limit:
+        raise InvalidPayload(
+            f"payload is {size} bytes of JSON, over MAX_PAYLOAD_BYTES ({limit}): "
+            "store the bulk elsewhere and publish a reference to it.",
+        )
+    if event_type is not None and event_type.validator is not None:
+        error = next(iter(sorted(event_type.validator.iter_errors(data), key=lambda e: list(e.absolute_path))), None)
+        if error is not None:
+            path = "$"
+            for part in error.absolute_path:
+                path = _path(path, part)
+            raise InvalidPayload(f"payload for {event_type.name!r} fails its schema at {path}: {error.message}", path=path)
+    return text, data
+
+
+# --- publish -----------------------------------------------------------------
+
+#: The event being handled in this thread (set by the consumer), so publish()
+#: inside a handler defaults to the handled event's tenant.
+current_event: ContextVar[Any] = ContextVar("platformkit_current_event", default=None)
+
+_publish_listeners: list = []  # testing.capture_events() hooks in here
+
+
+def _trace_headers() -> str:
+    try:
+        from opentelemetry import propagate
+    except ImportError:
+        return "{}"
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    if not carrier:
+        return "{}"
+    return json.dumps({k: v for k, v in carrier.items() if k in ("traceparent", "tracestate")})
+
+
+def _prepare(event: str | EventType, payload: Any, tenant: Any) -> tuple[uuid.UUID, EventType, str | None, str, str]:
+    event_type = get_event_type(event)
+    if tenant is None:
+        handled = current_event.get()
+        if handled is not None:
+            tenant = handled.tenant
+    tenant = check_tenant(tenant)
+    text, _ = encode_payload(payload, event_type)
+    return uuid7(), event_type, tenant, text, _trace_headers()
+
+
+def _connection(using: str | None):
+    alias = using or conf.settings.DATABASE_ALIAS
+    connection = connections[alias]
+    if not connection.in_atomic_block:
+        raise TransactionRequired(
+            f"publish() must run inside transaction.atomic(using={alias!r}), so the event commits "
+            "or rolls back with the write that caused it. Wrap the write and the publish() in one atomic block."
+        )
+    return connection
+
+
+def publish(event: str | EventType, payload: Mapping[str, Any], *, tenant: str | None = None, using: str | None = None) -> uuid.UUID:
+    """Write one event into the outbox, in the caller's transaction; return its id.
+
+    ``event``: a declared name or ``EventType``. ``payload``: a dict, encoded
+    as ``DjangoJSONEncoder`` does. ``tenant``: ``[A-Za-z0-9_-]{1,64}`` or None;
+    inside a handler it defaults to the handled event's tenant. ``using``: the
+    database alias holding the outbox (default ``DATABASE_ALIAS``).
+
+    One round trip: the INSERT and the relay's wake-up ``pg_notify`` travel
+    in one statement; PostgreSQL delivers the notification only if the
+    transaction commits. Raises, before any SQL: ``TransactionRequired``
+    (outside ``transaction.atomic(using=using)``), ``UndeclaredEvent``,
+    ``InvalidEventName`` (bad name or tenant), ``InvalidPayload``.
+    """
+    event_id, event_type, tenant, text, headers = _prepare(event, payload, tenant)
+    connection = _connection(using)
+    with connection.cursor() as cursor:
+        cursor.execute(_NOTIFY_SQL if conf.settings.RELAY_LISTEN else _PLAIN_SQL, [event_id, event_type.name, tenant, text, headers])
+    for listener in _publish_listeners:
+        listener(event_id, event_type.name, tenant, text)
+    return event_id
+
+
+def publish_many(events: Iterable[tuple[str | EventType, Mapping[str, Any]] | tuple[str | EventType, Mapping[str, Any], str | None]], *, using: str | None = None) -> list[uuid.UUID]:
+    """Write many events in one INSERT statement, in the caller's transaction.
+
+    ``events``: ``(event, payload)`` or ``(event, payload, tenant)`` tuples,
+    kept in order (they relay in this order). Same checks and errors as
+    ``publish()``; every event is validated before the statement runs, so one
+    bad event writes nothing. Returns the ids in order.
+    """
+    prepared = []
+    for item in events:
+        if not isinstance(item, tuple) or len(item) not in (2, 3):
+            raise InvalidPayload("publish_many() takes (event, payload) or (event, payload, tenant) tuples.")
+        prepared.append(_prepare(item[0], item[1], item[2] if len(item) == 3 else None))
+    connection = _connection(using)
+    if not prepared:
+        return []
+    columns = list(zip(*prepared))
+    ids, names = list(columns[0]), [e.name for e in columns[1]]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _MANY_NOTIFY_SQL if conf.settings.RELAY_LISTEN else _MANY_SQL,
+            [ids, names, list(columns[2]), list(columns[3]), list(columns[4])],
+        )
+    for event_id, event_type, tenant, text, _ in prepared:
+        for listener in _publish_listeners:
+            listener(event_id, event_type.name, tenant, text)
+    return ids
+
+
+EVENT_REPLAYED = declare(
+    "platformkit.event_replayed",
+    schema={
+        "type": "object",
+        "required": ["event_id", "name", "subscription", "actor", "reason"],
+        "properties": {
+            "event_id": {"type": "string", "format": "uuid"},
+            "name": {"type": "string"},
+            "subscription": {"type": ["string", "null"]},
+            "actor": {"type": "string", "minLength": 1},
+            "reason": {"type": "string", "minLength": 1},
+        },
+    },
+    description="An operator replayed an event: the audit record of replay().",
+)

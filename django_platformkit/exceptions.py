@@ -1,0 +1,57 @@
+"""The errors callers catch. One base class; each subclass also inherits the
+built-in it means (``ValueError``, ``ImproperlyConfigured``) so generic code
+that already catches those keeps working. Messages say what happened and what
+to do."""
+
+from django.core.exceptions import ImproperlyConfigured
+
+
+class PlatformKitError(Exception):
+    """Base class of every error django_platformkit raises on purpose."""
+
+
+class TransactionRequired(PlatformKitError, RuntimeError):
+    """``publish()`` was called outside ``transaction.atomic(using=...)``.
+
+    The outbox row must commit or roll back with the write that caused the
+    event; outside a transaction there is nothing to tie it to.
+    """
+
+
+class UndeclaredEvent(PlatformKitError, ValueError):
+    """The event name is not in the catalogue: ``declare()`` it in an app's
+    ``platformkit.py`` first."""
+
+
+class InvalidEventName(PlatformKitError, ValueError):
+    """An event name breaks the grammar ``<module>.<event>``, each part
+    ``[a-z][a-z0-9_]*``; or a tenant breaks ``[A-Za-z0-9_-]{1,64}``."""
+
+
+class InvalidPayload(PlatformKitError, ValueError):
+    """A payload can't be stored and relayed as it is. ``path`` is the JSON
+    path of the offending value (``$`` for the whole payload)."""
+
+    def __init__(self, message: str, *, path: str = "$") -> None:
+        super().__init__(message)
+        self.path = path
+
+
+class ReplayRefused(PlatformKitError, ValueError):
+    """``replay()`` would not run: missing actor or reason, unknown event, or
+    nothing to replay. Nothing was written."""
+
+
+class ConfigurationError(PlatformKitError, ImproperlyConfigured):
+    """A ``PLATFORMKIT`` setting or a declaration is malformed."""
+
+
+class BrokerUnavailable(PlatformKitError, ConnectionError):
+    """NATS could not be reached or did not answer in time. Retried, never
+    lost: the outbox rows stay pending."""
+
+
+class ConsumerDrift(PlatformKitError, RuntimeError):
+    """An existing durable consumer differs from this build's config in a way
+    the broker can't update in place. The message says what differs and what
+    to do; nothing is deleted."""

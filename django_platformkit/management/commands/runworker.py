@@ -1,0 +1,48 @@
+"""``manage.py runworker``: relay + every subscription's consumer + the scheduler."""
+
+from django.core.management.base import BaseCommand, CommandError
+
+from ...exceptions import ConsumerDrift
+from ...worker import Worker
+from ._base import configure_logging
+
+
+class Command(BaseCommand):
+    help = (
+        "Run the relay, every subscription's durable consumer and the job scheduler in one process. "
+        "SIGTERM/SIGINT finish in-flight handlers, ack them and exit 0."
+    )
+
+    def add_arguments(self, parser):
+        parser.add_argument("--burst", action="store_true", help="Drain the outbox and every consumer (nothing pending, awaiting ack or retry), run no jobs, then exit 0.")
+        parser.add_argument("--burst-timeout", type=float, default=None, metavar="SECONDS", help="With --burst: give up and exit 1 if not drained after SECONDS (default: wait).")
+        parser.add_argument("--no-relay", action="store_true", help="Don't run the relay (run it elsewhere with runrelay).")
+        parser.add_argument("--no-jobs", action="store_true", help="Don't run periodic jobs in this process.")
+        parser.add_argument("--subscription", action="append", default=None, metavar="NAME", help="Run only this subscription's consumer (repeatable; default: all).")
+        parser.add_argument("--health-file", default=None, metavar="PATH", help="Rewrite PATH every second with JSON liveness and counts (for probes).")
+
+    def handle(self, *args, **options):
+        configure_logging(options["verbosity"])
+        from ...consumer import subscriptions
+
+        subs = subscriptions()
+        if options["subscription"]:
+            known = {s.name: s for s in subs}
+            missing = sorted(set(options["subscription"]) - set(known))
+            if missing:
+                raise CommandError(f"unknown subscription(s) {', '.join(missing)}; known: {', '.join(sorted(known)) or '(none)'}")
+            subs = [known[n] for n in options["subscription"]]
+        worker = Worker(
+            relay=not options["no_relay"], scheduler=not options["no_jobs"], burst=options["burst"],
+            subscriptions=subs, health_file=options["health_file"], burst_timeout_seconds=options["burst_timeout"],
+        )
+        worker.install_signal_handlers()
+        try:
+            code = worker.run()
+        except ConsumerDrift as exc:
+            raise CommandError(str(exc)) from None
+        if options["burst"] and options["verbosity"] >= 1:
+            counts = worker.counts()
+            self.stdout.write(" ".join(f"{k}={v}" for k, v in counts.items()))
+        if code:
+            raise SystemExit(code)

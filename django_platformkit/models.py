@@ -1,0 +1,145 @@
+"""The four tables: the outbox (event log and job queue in one), the claims
+that make handling exactly-once, the dead letters an operator acts on, and
+the slot ledger behind "once per slot". Table names are part of the public
+contract (DESIGN.md), defined once in ``_tables``.
+"""
+
+from __future__ import annotations
+
+from django.db import models
+from django.db.models.functions import Now
+
+from ._ids import uuid7
+from ._tables import DEAD_LETTER_TABLE, HANDLED_TABLE, JOBS_TABLE, OUTBOX_TABLE
+
+#: ``clock_timestamp()`` rather than ``now()``: ``now()`` is the transaction's
+#: start, so every event of one transaction would tie and lose its order.
+ClockTimestamp = models.Func(function="clock_timestamp", output_field=models.DateTimeField())
+
+
+class OutboxQuerySet(models.QuerySet):
+    def pending(self) -> "OutboxQuerySet":
+        return self.filter(published_at__isnull=True)
+
+    def published(self) -> "OutboxQuerySet":
+        return self.filter(published_at__isnull=False)
+
+
+class OutboxEvent(models.Model):
+    """One published event: written by ``publish()`` in the caller's
+    transaction, stamped by the relay once JetStream acknowledged it."""
+
+    id = models.UUIDField(primary_key=True, default=uuid7, editable=False)
+    name = models.CharField(max_length=200)
+    tenant = models.CharField(max_length=64, null=True, blank=True)
+    payload = models.JSONField()
+    headers = models.JSONField(default=dict)
+    created_at = models.DateTimeField(db_default=ClockTimestamp)
+    published_at = models.DateTimeField(null=True, blank=True)
+
+    objects = OutboxQuerySet.as_manager()
+
+    class Meta:
+        db_table = OUTBOX_TABLE
+        verbose_name = "outbox event"
+        indexes = [
+            # The relay's only query walks this index in relay order; it stays
+            # as small as the backlog however large the table grows.
+            models.Index(
+                fields=["created_at", "id"],
+                condition=models.Q(published_at__isnull=True),
+                name="platformkit_outbox_pending",
+            ),
+            # Purge finds old published rows without a sequential scan.
+            models.Index(
+                fields=["published_at"],
+                condition=models.Q(published_at__isnull=False),
+                name="platformkit_outbox_published",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} {self.id}"
+
+    @property
+    def is_pending(self) -> bool:
+        return self.published_at is None
+
+
+class HandledQuerySet(models.QuerySet):
+    def for_event(self, event_id) -> "HandledQuerySet":
+        return self.filter(event_id=event_id)
+
+
+class HandledEvent(models.Model):
+    """A claim: subscription S handled (or gave up on) event E. Inserted in
+    the handler's own transaction, so it commits exactly when its work does."""
+
+    id = models.BigAutoField(primary_key=True)
+    subscription = models.CharField(max_length=200)
+    event_id = models.UUIDField()
+    handled_at = models.DateTimeField(db_default=Now())
+
+    objects = HandledQuerySet.as_manager()
+
+    class Meta:
+        db_table = HANDLED_TABLE
+        verbose_name = "claim"
+        constraints = [
+            models.UniqueConstraint(fields=["subscription", "event_id"], name="platformkit_handled_once"),
+        ]
+        indexes = [models.Index(fields=["event_id"], name="platformkit_handled_event")]
+
+    def __str__(self) -> str:
+        return f"{self.subscription} handled {self.event_id}"
+
+
+class DeadLetter(models.Model):
+    """An event a subscription gave up on after its last attempt (or that the
+    relay could not send at all: subscription ``platformkit.relay``). Written
+    together with a terminal claim; the payload's only copy is the outbox row."""
+
+    id = models.BigAutoField(primary_key=True)
+    event_id = models.UUIDField()
+    subscription = models.CharField(max_length=200)
+    name = models.CharField(max_length=200)
+    tenant = models.CharField(max_length=64, null=True, blank=True)
+    attempts = models.PositiveIntegerField(default=0)
+    error = models.TextField(blank=True, default="")
+    traceback = models.TextField(blank=True, default="")
+    failed_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        db_table = DEAD_LETTER_TABLE
+        verbose_name = "dead letter"
+        ordering = ["-failed_at", "-id"]
+        constraints = [
+            models.UniqueConstraint(fields=["subscription", "event_id"], name="platformkit_dead_letter_once"),
+        ]
+        indexes = [models.Index(fields=["event_id"], name="platformkit_dead_letter_event")]
+        permissions = [("replay_deadletter", "Can replay or discard dead letters")]
+
+    def __str__(self) -> str:
+        return f"{self.subscription} gave up on {self.name} {self.event_id}"
+
+    @property
+    def error_summary(self) -> str:
+        return (self.error or "").strip().splitlines()[0][:200] if self.error else ""
+
+
+class JobState(models.Model):
+    """The slot ledger of one periodic job: the newest slot claimed, and how
+    its last run went."""
+
+    name = models.CharField(max_length=200, primary_key=True)
+    last_slot = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.TextField(blank=True, default="")
+
+    class Meta:
+        db_table = JOBS_TABLE
+        verbose_name = "job state"
+
+    def __str__(self) -> str:
+        return self.name

@@ -1,0 +1,316 @@
+"""The relay: pending outbox rows -> JetStream -> stamped. Also ``replay()``.
+
+A batch is selected ``FOR UPDATE SKIP LOCKED`` in relay order, published
+pipelined with ``Nats-Msg-Id`` = the event id, and stamped in the same
+transaction only after every ack arrived: a crash between the two re-sends
+(the broker drops the duplicate within its window), it never loses. Several
+relays run side by side; none waits on another's rows. There is no "last id
+seen" cursor, so a row that commits late still goes out.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from django.db import DatabaseError, connections, transaction
+
+from . import conf
+from .consumer import record_dead_letter
+from .events import EVENT_REPLAYED, NOTIFY_CHANNEL, publish
+from .exceptions import ReplayRefused
+from ._tables import DEAD_LETTER_TABLE, HANDLED_TABLE, OUTBOX_TABLE
+from .transport import OutgoingMessage, Outcome, Transport, subject_for
+
+logger = logging.getLogger(__name__)
+
+#: The subscription name under which the relay dead-letters rows the broker
+#: refuses for good, so one bad row never blocks the queue.
+RELAY_SUBSCRIPTION = "platformkit.relay"
+
+_SELECT_SQL = (
+    f"SELECT id, name, tenant, payload::text, headers, created_at FROM {OUTBOX_TABLE} "
+    "WHERE published_at IS NULL ORDER BY created_at, id LIMIT %s FOR UPDATE SKIP LOCKED"
+)
+_STAMP_SQL = f"UPDATE {OUTBOX_TABLE} SET published_at = now() WHERE id = ANY(%s)"
+
+
+@dataclass
+class RelayStats:
+    selected: int = 0
+    stored: int = 0
+    duplicates: int = 0
+    temporary: int = 0
+    dead_lettered: int = 0
+
+    def __iadd__(self, other: "RelayStats") -> "RelayStats":
+        for key in self.__dataclass_fields__:
+            setattr(self, key, getattr(self, key) + getattr(other, key))
+        return self
+
+
+def message_id(event_id: uuid.UUID | str, headers: dict[str, Any] | None) -> str:
+    """The ``Nats-Msg-Id`` of a row: the event id, or a fresh one per replay
+    (the broker would drop a re-send of the old id within its window)."""
+    replay = (headers or {}).get("platformkit_replay")
+    return f"{event_id}" if not replay else f"{event_id}:replay:{replay}"
+
+
+def envelope(event_id: uuid.UUID, name: str, tenant: str | None, payload_text: str, headers: dict[str, Any] | None, created_at: datetime) -> OutgoingMessage:
+    """The CloudEvents 1.0 structured-mode message of one outbox row.
+
+    Attributes per the CloudEvents spec (v1.0.2, "Required/Optional
+    Attributes"): ``specversion``, ``id``, ``source`` (``/<module>``),
+    ``type`` (the event name), ``subject`` (the NATS subject), ``time`` (RFC
+    3339, UTC), ``datacontenttype``, ``data``; the ``tenantid`` extension, and
+    ``traceparent``/``tracestate`` (the Distributed Tracing extension) when
+    the publisher had a trace. The payload text from PostgreSQL is spliced in
+    as it is, so it is never decoded and re-encoded on the hot path.
+    """
+    if isinstance(headers, str):  # Django's cursor hands jsonb back as text
+        headers = json.loads(headers)
+    subject = subject_for(name, tenant)
+    attributes: dict[str, Any] = {
+        "specversion": "1.0",
+        "id": str(event_id),
+        "source": "/" + name.split(".", 1)[0],
+        "type": name,
+        "subject": subject,
+        "time": created_at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+        "datacontenttype": "application/json",
+    }
+    if tenant:
+        attributes["tenantid"] = tenant
+    for key in ("traceparent", "tracestate"):
+        if headers and headers.get(key):
+            attributes[key] = headers[key]
+    head = json.dumps(attributes, separators=(",", ":"), ensure_ascii=False)
+    body = head[:-1] + ',"data":' + payload_text + "}"
+    return OutgoingMessage(subject=subject, body=body.encode("utf-8"), msg_id=message_id(event_id, headers))
+
+
+class Relay:
+    """Moves pending outbox rows to JetStream.
+
+    ``transport``: a connected ``Transport``. ``using``: the outbox's
+    database alias. ``batch_size``: rows per transaction (``RELAY_BATCH_SIZE``).
+    ``publish_timeout_seconds``: how long a batch waits for its acks before
+    the missing ones count as temporary failures (rows stay pending).
+    """
+
+    def __init__(self, transport: Transport, *, using: str | None = None, batch_size: int | None = None, publish_timeout_seconds: float = 10.0) -> None:
+        self.transport = transport
+        self.using = using or conf.settings.DATABASE_ALIAS
+        self.batch_size = batch_size or conf.settings.RELAY_BATCH_SIZE
+        self.publish_timeout_seconds = publish_timeout_seconds
+        self.totals = RelayStats()
+
+    def relay_batch(self) -> RelayStats:
+        """Relay one batch of the oldest pending rows; return its counts."""
+        stats = RelayStats()
+        connection = connections[self.using]
+        with transaction.atomic(using=self.using), connection.cursor() as cursor:
+            cursor.execute(_SELECT_SQL, [self.batch_size])
+            rows = cursor.fetchall()
+            stats.selected = len(rows)
+            if not rows:
+                return stats
+            messages = [envelope(*row) for row in rows]
+            results = self.transport.publish_many(messages, timeout=self.publish_timeout_seconds)
+            done: list[uuid.UUID] = []
+            first_temporary = ""
+            for row, message, result in zip(rows, messages, results, strict=True):
+                if result.outcome is Outcome.STORED:
+                    done.append(row[0])
+                    stats.stored += 1
+                    stats.duplicates += result.duplicate
+                elif result.outcome is Outcome.PERMANENT:
+                    # Dead-letter it and stamp it, so the rows behind it go on.
+                    # The dead letter keeps the row from purge; replay() can send it again.
+                    record_dead_letter(
+                        subscription=RELAY_SUBSCRIPTION, event_id=row[0], name=row[1], tenant=row[2],
+                        attempts=1, error=f"the broker refused the message for good ({len(message.body)} bytes): {result.error}",
+                        traceback="", using=self.using,
+                    )
+                    logger.error("relay dead letter event_id=%s name=%s bytes=%s error=%s", row[0], row[1], len(message.body), result.error)
+                    done.append(row[0])
+                    stats.dead_lettered += 1
+                else:
+                    stats.temporary += 1
+                    first_temporary = first_temporary or result.error
+            if done:
+                # Stamp after the broker acknowledged: a crash before this line
+                # re-sends (deduplicated by Nats-Msg-Id), it never loses.
+                cursor.execute(_STAMP_SQL, [done])
+        if stats.temporary:
+            logger.error("relay: %s of %s rows not accepted, left pending, will retry error=%s", stats.temporary, stats.selected, first_temporary)
+        self.totals += stats
+        return stats
+
+    def drain(self) -> RelayStats:
+        """Relay batches until one comes back short (or the broker is
+        refusing for now). Returns the summed counts."""
+        total = RelayStats()
+        while True:
+            stats = self.relay_batch()
+            total += stats
+            if stats.selected < self.batch_size or stats.temporary:
+                return total
+
+    def run(self, stop: threading.Event) -> None:
+        """Drain, then sleep until a ``publish()`` commit notifies us (LISTEN)
+        or ``RELAY_INTERVAL_SECONDS`` pass; repeat until ``stop``. Database
+        and broker errors are logged and retried with backoff; rows stay
+        pending until they are relayed."""
+        interval = float(conf.settings.RELAY_INTERVAL_SECONDS)
+        listener = _Listener(self.using) if conf.settings.RELAY_LISTEN else None
+        backoff = 0.5
+        logger.info("relay started batch_size=%s listen=%s interval=%ss", self.batch_size, listener is not None, interval)
+        try:
+            while not stop.is_set():
+                try:
+                    if listener is not None:
+                        listener.ensure()
+                    stats = self.drain()
+                    if stats.stored or stats.dead_lettered:
+                        logger.info("relayed count=%s duplicates=%s dead_lettered=%s", stats.stored, stats.duplicates, stats.dead_lettered)
+                    if stats.temporary:
+                        stop.wait(backoff)
+                        backoff = min(backoff * 2, 10.0)
+                        continue
+                    backoff = 0.5
+                except DatabaseError as exc:
+                    logger.error("relay database error=%s; reconnecting in %.1fs", exc, backoff)
+                    connections[self.using].close()
+                    if listener is not None:
+                        listener.close()
+                    stop.wait(backoff)
+                    backoff = min(backoff * 2, 10.0)
+                    continue
+                if listener is not None:
+                    listener.wait(interval, stop)
+                else:
+                    stop.wait(interval)
+        finally:
+            if listener is not None:
+                listener.close()
+            connections[self.using].close()
+            logger.info("relay stopped relayed=%s dead_lettered=%s", self.totals.stored, self.totals.dead_lettered)
+
+
+class _Listener:
+    """A dedicated autocommit connection LISTENing on the outbox channel."""
+
+    def __init__(self, using: str) -> None:
+        self.using = using
+        self.connection: Any = None
+
+    def ensure(self) -> None:
+        if self.connection is not None and not self.connection.closed:
+            return
+        wrapper = connections[self.using]
+        params = wrapper.get_connection_params()
+        params.pop("cursor_factory", None)
+        params.pop("context", None)
+        params.pop("prepare_threshold", None)
+        import psycopg
+
+        self.connection = psycopg.connect(**params, autocommit=True)
+        self.connection.execute(f"LISTEN {NOTIFY_CHANNEL}")
+
+    def wait(self, seconds: float, stop: threading.Event) -> None:
+        deadline = time.monotonic() + seconds
+        while not stop.is_set():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            try:
+                # Short slices so a stop request is seen within a quarter second.
+                for _ in self.connection.notifies(timeout=min(remaining, 0.25), stop_after=1):
+                    return
+            except Exception as exc:  # noqa: BLE001 - fall back to polling; ensure() reconnects
+                logger.warning("relay listen connection lost error=%s", exc)
+                self.close()
+                stop.wait(max(0.0, min(remaining, 1.0)))
+                return
+
+    def close(self) -> None:
+        if self.connection is not None:
+            try:
+                self.connection.close()
+            except Exception:  # noqa: BLE001
+                pass
+        self.connection = None
+
+
+# --- replay ------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ReplayResult:
+    event_id: uuid.UUID
+    subscriptions: tuple[str, ...]  # whose claim (and dead letter) was cleared
+    dead_letters_cleared: int
+    audit_event_id: uuid.UUID
+
+
+def replay(event_id: uuid.UUID | str, *, subscription: str | None = None, actor: str, reason: str, using: str | None = None) -> ReplayResult:
+    """Send an event again to the subscriptions that gave up on it.
+
+    In one transaction: lock the outbox row, delete the dead letter(s) and the
+    claim(s) of ``subscription`` (or of every subscription when None), set
+    the row pending again with a fresh ``Nats-Msg-Id``, and publish
+    ``platformkit.event_replayed`` {event_id, name, subscription, actor,
+    reason}. Subscriptions that still hold a claim skip the re-send.
+
+    Raises ``ReplayRefused`` (a ``ValueError``), writing nothing, when
+    ``actor`` or ``reason`` is empty, the event is unknown (or purged), or
+    there is nothing to clear.
+    """
+    actor = str(actor or "").strip()
+    reason = str(reason or "").strip()
+    if not actor:
+        raise ReplayRefused("replay() needs an actor: who is replaying (e.g. the operator's username).")
+    if not reason:
+        raise ReplayRefused("replay() needs a reason: say why this event is sent again (it is kept in the audit event).")
+    try:
+        event_id = uuid.UUID(str(event_id))
+    except ValueError:
+        raise ReplayRefused(f"{event_id!r} is not an event id (a UUID).") from None
+    alias = using or conf.settings.DATABASE_ALIAS
+    with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
+        cursor.execute(f"SELECT name, headers FROM {OUTBOX_TABLE} WHERE id = %s FOR UPDATE", [event_id])
+        row = cursor.fetchone()
+        if row is None:
+            raise ReplayRefused(f"event {event_id} is not in the outbox (never published, or purged): nothing to replay.")
+        name, headers = row
+        if isinstance(headers, str):
+            headers = json.loads(headers)
+        where, params = "event_id = %s", [event_id]
+        if subscription is not None:
+            where += " AND subscription = %s"
+            params.append(subscription)
+        cursor.execute(f"DELETE FROM {DEAD_LETTER_TABLE} WHERE {where} RETURNING subscription", params)
+        dead = [r[0] for r in cursor.fetchall()]
+        cursor.execute(f"DELETE FROM {HANDLED_TABLE} WHERE {where} RETURNING subscription", params)
+        cleared = sorted(set(dead) | {r[0] for r in cursor.fetchall()})
+        if not cleared:
+            target = f"subscription {subscription!r}" if subscription else "any subscription"
+            raise ReplayRefused(f"event {event_id} has no dead letter or claim for {target}: nothing to replay.")
+        count = int((headers or {}).get("platformkit_replay") or 0) + 1
+        cursor.execute(
+            f"UPDATE {OUTBOX_TABLE} SET published_at = NULL, headers = headers || %s::jsonb WHERE id = %s",
+            [json.dumps({"platformkit_replay": count}), event_id],
+        )
+        audit = publish(
+            EVENT_REPLAYED,
+            {"event_id": str(event_id), "name": name, "subscription": subscription, "actor": actor, "reason": reason},
+            using=alias,
+        )
+    logger.info("replayed event_id=%s name=%s subscriptions=%s actor=%s reason=%s", event_id, name, ",".join(cleared), actor, reason)
+    return ReplayResult(event_id=event_id, subscriptions=tuple(cleared), dead_letters_cleared=len(dead), audit_event_id=audit)

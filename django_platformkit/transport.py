@@ -1,0 +1,532 @@
+"""The only NATS and asyncio code in the package.
+
+The ORM and ``transaction.atomic`` stay synchronous; NATS runs on one event
+loop in one background thread owned by ``Transport``. Synchronous callers
+(relay, consumers, commands) reach it only through ``Transport.call``, so a
+reader always knows where the event loop is. Everything both sides must
+agree on - the stream config, the subject scheme, the consumer config used to
+create a durable *and* to compare an existing one - is defined here once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import json
+import logging
+import ssl
+import threading
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import nats
+import nats.errors
+import nats.js.errors
+from nats.js import api
+
+from . import conf
+from .exceptions import BrokerUnavailable, ConfigurationError, ConsumerDrift
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: Bytes the CloudEvents envelope and headers add around a payload, at most.
+ENVELOPE_OVERHEAD_BYTES = 4096
+#: PostgreSQL prints jsonb with a space after each ``,`` and ``:``; the relay
+#: sends that text as is, so a compact payload can grow by at most half.
+JSONB_TEXT_GROWTH = 1.5
+NO_TENANT = "_"
+
+
+# --- the wire scheme, defined once ------------------------------------------
+
+def subject_for(event_name: str, tenant: str | None) -> str:
+    """``<SUBJECT_PREFIX>.<tenant or _>.<module>.<event>``: a tenant's backlog is an address."""
+    return f"{conf.settings.SUBJECT_PREFIX}.{tenant or NO_TENANT}.{event_name}"
+
+
+def filter_subject_for(event_name: str) -> str:
+    """The subjects one event travels on, across every tenant."""
+    return f"{conf.settings.SUBJECT_PREFIX}.*.{event_name}"
+
+
+def parse_subject(subject: str) -> tuple[str | None, str] | None:
+    """``(tenant or None, event name)`` of one of our subjects, or None."""
+    prefix = conf.settings.SUBJECT_PREFIX + "."
+    if not subject.startswith(prefix):
+        return None
+    parts = subject[len(prefix):].split(".")
+    if len(parts) != 3:
+        return None
+    tenant, module, event = parts
+    return (None if tenant == NO_TENANT else tenant), f"{module}.{event}"
+
+
+def durable_name(subscription_name: str) -> str:
+    """The durable consumer of a subscription: its name with ``.`` -> ``-``
+    (subscription names contain no ``-``, so this is one-to-one)."""
+    return subscription_name.replace(".", "-")
+
+
+def stream_config() -> api.StreamConfig:
+    """The stream this build wants (DESIGN.md, "On the wire"). Max age equals
+    the outbox retention, so a message can't outlive the claim guarding it."""
+    s = conf.settings
+    return api.StreamConfig(
+        name=s.STREAM,
+        subjects=[f"{s.SUBJECT_PREFIX}.>"],
+        retention=api.RetentionPolicy.LIMITS,
+        storage=api.StorageType.FILE,
+        max_age=float(s.RETENTION_DAYS) * 86400.0,
+        duplicate_window=float(s.DUPLICATE_WINDOW_SECONDS),
+        num_replicas=s.STREAM_REPLICAS,
+        discard=api.DiscardPolicy.OLD,
+    )
+
+
+def consumer_config(subscription_name: str, event_name: str, *, max_ack_pending: int = 1000) -> api.ConsumerConfig:
+    """The durable consumer of one subscription, used to create it and to
+    compare an existing one. ``max_deliver`` is unlimited on purpose: the
+    worker counts attempts itself and dead-letters, so the broker never drops
+    a message silently after its own count."""
+    durable = durable_name(subscription_name)
+    return api.ConsumerConfig(
+        durable_name=durable,
+        name=durable,
+        description=f"django_platformkit subscription {subscription_name}",
+        deliver_policy=api.DeliverPolicy.ALL,
+        ack_policy=api.AckPolicy.EXPLICIT,
+        ack_wait=float(conf.settings.ACK_WAIT_SECONDS),
+        max_deliver=-1,
+        filter_subject=filter_subject_for(event_name),
+        replay_policy=api.ReplayPolicy.INSTANT,
+        max_ack_pending=max_ack_pending,
+        max_waiting=512,
+    )
+
+
+# Fields the server lets us change on an existing durable, and the ones it
+# doesn't (changing those needs a new durable; we never delete one for you).
+_UPDATABLE = ("description", "ack_wait", "max_deliver", "max_ack_pending", "max_waiting")
+_FIXED = ("deliver_policy", "ack_policy", "filter_subject", "replay_policy")
+
+
+def consumer_differences(want: api.ConsumerConfig, have: api.ConsumerConfig) -> tuple[dict, dict]:
+    """``(updatable, fixed)`` dicts of field -> (have, want) that differ."""
+    def norm(value):
+        return value.value if isinstance(value, enum.Enum) else value
+
+    def differs(name):
+        a, b = norm(getattr(have, name, None)), norm(getattr(want, name, None))
+        if isinstance(a, float) or isinstance(b, float):
+            return a is None or b is None or abs(float(a) - float(b)) > 1e-6
+        return a != b
+
+    updatable = {n: (norm(getattr(have, n, None)), norm(getattr(want, n))) for n in _UPDATABLE if differs(n)}
+    fixed = {n: (norm(getattr(have, n, None)), norm(getattr(want, n))) for n in _FIXED if differs(n)}
+    return updatable, fixed
+
+
+# --- values crossing the bridge ---------------------------------------------
+
+@dataclass(frozen=True)
+class OutgoingMessage:
+    """One outbox row on its way out: subject, CloudEvents body, and the
+    ``Nats-Msg-Id`` the broker deduplicates re-sends on."""
+
+    subject: str
+    body: bytes
+    msg_id: str
+
+
+class Outcome(enum.Enum):
+    STORED = "stored"  # acked by the stream (a duplicate counts: it is there)
+    TEMPORARY = "temporary"  # try again later: timeout, no responders, connection lost
+    PERMANENT = "permanent"  # will never be accepted as it is: dead-letter it
+
+
+@dataclass(frozen=True)
+class PublishResult:
+    outcome: Outcome
+    error: str = ""
+    duplicate: bool = False
+    seq: int | None = None
+
+
+@dataclass
+class Delivery:
+    """A JetStream message as the consumer sees it. ``attempt`` is the
+    broker's delivery count, so it survives worker restarts."""
+
+    subject: str
+    data: bytes
+    headers: dict[str, str]
+    attempt: int
+    stream_seq: int
+    msg: Any = field(repr=False)
+
+
+def classify_publish_error(exc: BaseException) -> PublishResult:
+    """A broker refusal is PERMANENT when the same message can never be
+    stored (too big for the server or the stream, a 4xx from the stream);
+    everything else - timeouts, no responders, lost connections, 5xx - is
+    TEMPORARY and the row stays pending."""
+    if isinstance(exc, nats.errors.MaxPayloadError):
+        return PublishResult(Outcome.PERMANENT, f"larger than the server's max_payload: {exc}")
+    if isinstance(exc, nats.js.errors.APIError) and exc.code is not None:
+        if 400 <= int(exc.code) < 500 and int(exc.code) != 408:
+            return PublishResult(Outcome.PERMANENT, f"the stream refused it: {exc.description} (code {exc.code}, err_code {exc.err_code})")
+        return PublishResult(Outcome.TEMPORARY, f"the stream is unavailable: {exc.description} (code {exc.code})")
+    if isinstance(exc, nats.js.errors.NoStreamResponseError):
+        return PublishResult(Outcome.TEMPORARY, "no stream answered (no responders): is the stream there and JetStream up?")
+    return PublishResult(Outcome.TEMPORARY, f"{type(exc).__name__}: {exc}".rstrip(": "))
+
+
+# --- the transport -----------------------------------------------------------
+
+class Transport:
+    """A NATS connection and its event loop, behind a synchronous API.
+
+    ``url``: comma-separated NATS URLs (default ``NATS_URL``); ``options``:
+    credentials and TLS (default ``NATS_OPTIONS``). Every method blocks the
+    calling thread until the loop answers or ``timeout`` seconds pass, and
+    raises ``BrokerUnavailable`` when NATS can't be reached.
+    """
+
+    def __init__(self, url: str | None = None, options: dict[str, Any] | None = None, *, name: str = "django_platformkit", request_timeout_seconds: float = 5.0) -> None:
+        self.url = url or conf.settings.NATS_URL
+        self.options = dict(conf.settings.NATS_OPTIONS if options is None else options)
+        self.name = self.options.pop("name", name)
+        self.request_timeout_seconds = request_timeout_seconds
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._nc: Any = None
+        self._js: Any = None
+        self._pulls: dict[str, Any] = {}
+        self.connected = threading.Event()
+
+    # -- the bridge --
+    def _ensure_loop(self) -> asyncio.AbstractEventLoop:
+        if self._loop is None:
+            loop = asyncio.new_event_loop()
+            ready = threading.Event()
+
+            def run() -> None:
+                asyncio.set_event_loop(loop)
+                loop.call_soon(ready.set)
+                try:
+                    loop.run_forever()
+                finally:
+                    loop.run_until_complete(loop.shutdown_asyncgens())
+                    loop.close()
+
+            self._thread = threading.Thread(target=run, name="platformkit-nats", daemon=True)
+            self._thread.start()
+            ready.wait()
+            self._loop = loop
+        return self._loop
+
+    def call(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        """Run ``coro`` on the transport's loop and wait for its result."""
+        future = asyncio.run_coroutine_threadsafe(coro, self._ensure_loop())
+        try:
+            return future.result(timeout)
+        except TimeoutError:
+            future.cancel()
+            raise BrokerUnavailable(f"NATS did not answer within {timeout} s") from None
+
+    def submit(self, coro: Coroutine[Any, Any, Any]) -> "asyncio.Future[Any]":
+        """Schedule ``coro`` on the loop without waiting (fire and forget)."""
+        return asyncio.run_coroutine_threadsafe(coro, self._ensure_loop())
+
+    # -- connection --
+    def _connect_kwargs(self) -> dict[str, Any]:
+        o = self.options
+        kwargs: dict[str, Any] = {
+            "servers": [u.strip() for u in self.url.split(",") if u.strip()],
+            "name": self.name,
+            "allow_reconnect": True,
+            "max_reconnect_attempts": -1,  # reconnect forever: an outage is waited out, never fatal
+            "reconnect_time_wait": 0.5,
+            "connect_timeout": 2,
+            "ping_interval": 5,
+            "max_outstanding_pings": 3,
+            "error_cb": self._on_error,
+            "disconnected_cb": self._on_disconnected,
+            "reconnected_cb": self._on_reconnected,
+        }
+        for key in ("user", "password", "token", "user_credentials", "nkeys_seed"):
+            if o.get(key):
+                kwargs[key] = o[key]
+        if o.get("tls_ca_file") or o.get("tls_cert_file"):
+            context = ssl.create_default_context(cafile=o.get("tls_ca_file"))
+            if o.get("tls_cert_file"):
+                context.load_cert_chain(o["tls_cert_file"], o.get("tls_key_file"))
+            kwargs["tls"] = context
+            if o.get("tls_hostname"):
+                kwargs["tls_hostname"] = o["tls_hostname"]
+        return kwargs
+
+    async def _on_error(self, exc: Exception) -> None:
+        logger.warning("nats error=%s", exc or type(exc).__name__)
+
+    async def _on_disconnected(self) -> None:
+        self.connected.clear()
+        logger.warning("nats disconnected url=%s; reconnecting", self.url)
+
+    async def _on_reconnected(self) -> None:
+        self.connected.set()
+        logger.info("nats reconnected url=%s", self._nc.connected_url.netloc if self._nc and self._nc.connected_url else self.url)
+
+    async def _connect(self) -> None:
+        if self._nc is not None and not self._nc.is_closed:
+            return
+        self._nc = await nats.connect(**self._connect_kwargs())
+        self._js = self._nc.jetstream(timeout=self.request_timeout_seconds)
+        self._pulls.clear()
+        self.connected.set()
+
+    def connect(self) -> None:
+        """Connect once. Raises ``BrokerUnavailable`` if NATS can't be reached
+        (after the first connection, reconnects happen by themselves)."""
+        try:
+            self.call(self._connect(), timeout=15)
+        except BrokerUnavailable:
+            raise
+        except (OSError, nats.errors.Error, asyncio.TimeoutError) as exc:
+            raise BrokerUnavailable(f"can't connect to NATS at {self.url}: {exc or type(exc).__name__}") from exc
+
+    def connect_until(self, stop: threading.Event, *, retry_seconds: float = 2.0) -> bool:
+        """Connect, retrying with a logged error until it works or ``stop`` is
+        set. Returns whether it connected: a worker started during a broker
+        outage waits for the broker instead of crash-looping."""
+        while not stop.is_set():
+            try:
+                self.connect()
+                return True
+            except BrokerUnavailable as exc:
+                logger.error("nats unreachable url=%s error=%s; retrying in %.0f s", self.url, exc, retry_seconds)
+                stop.wait(retry_seconds)
+        return False
+
+    @property
+    def max_payload(self) -> int:
+        return int(self._nc.max_payload)
+
+    def close(self) -> None:
+        """Flush pending acks and close; stop the loop thread."""
+        if self._loop is None:
+            return
+        async def _close() -> None:
+            if self._nc is not None and not self._nc.is_closed:
+                try:
+                    await asyncio.wait_for(self._nc.drain(), 5)
+                except Exception:  # noqa: BLE001 - closing anyway
+                    await self._nc.close()
+        try:
+            self.call(_close(), timeout=10)
+        except Exception as exc:  # noqa: BLE001
+            logger.debug("nats close error=%s", exc)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        if self._thread is not None:
+            self._thread.join(5)
+        self._loop = None
+        self._nc = None
+
+    # -- stream --
+    def ensure_stream(self) -> api.StreamInfo:
+        """Create the stream if missing; report (never fix by deleting) drift.
+        Raises ``ConfigurationError`` when the server's ``max_payload`` can't
+        carry ``MAX_PAYLOAD_BYTES`` plus the envelope."""
+        needed = int(conf.settings.MAX_PAYLOAD_BYTES * JSONB_TEXT_GROWTH) + ENVELOPE_OVERHEAD_BYTES
+        if self.max_payload < needed:
+            raise ConfigurationError(
+                f"the NATS server's max_payload is {self.max_payload} bytes, but MAX_PAYLOAD_BYTES "
+                f"({conf.settings.MAX_PAYLOAD_BYTES}) needs {needed} with the envelope: raise max_payload "
+                "in the server config, or lower PLATFORMKIT['MAX_PAYLOAD_BYTES']."
+            )
+        return self.call(self._ensure_stream(), timeout=30)
+
+    async def _ensure_stream(self) -> api.StreamInfo:
+        want = stream_config()
+        try:
+            info = await self._js.stream_info(want.name)
+        except nats.js.errors.NotFoundError:
+            logger.info("stream created stream=%s subjects=%s replicas=%s", want.name, want.subjects, want.num_replicas)
+            return await self._js.add_stream(want)
+        have = info.config
+        drift = []
+        if sorted(have.subjects or []) != sorted(want.subjects or []):
+            drift.append(f"subjects {have.subjects} (want {want.subjects})")
+        if have.max_age is not None and abs((have.max_age or 0) - want.max_age) > 1:
+            drift.append(f"max_age {have.max_age:.0f} s (want {want.max_age:.0f} s = RETENTION_DAYS)")
+        if abs((have.duplicate_window or 0) - want.duplicate_window) > 0.5:
+            drift.append(f"duplicate_window {have.duplicate_window} s (want {want.duplicate_window} s)")
+        if (have.num_replicas or 1) != want.num_replicas:
+            drift.append(f"replicas {have.num_replicas} (want {want.num_replicas})")
+        if drift:
+            logger.warning(
+                "stream drift stream=%s differs: %s. Update it with `nats stream edit %s` "
+                "(the stream is never deleted for you).", want.name, "; ".join(drift), want.name,
+            )
+        return info
+
+    def stream_info(self) -> api.StreamInfo:
+        return self.call(self._js.stream_info(conf.settings.STREAM), timeout=self.request_timeout_seconds + 1)
+
+    # -- publishing --
+    def publish_many(self, messages: Sequence[OutgoingMessage], *, timeout: float = 10.0) -> list[PublishResult]:
+        """Publish pipelined - every message is sent before any ack is
+        awaited; in-flight acks are bounded by nats-py's pending limit - and
+        return one ``PublishResult`` per message, in order."""
+        if not messages:
+            return []
+        try:
+            return self.call(self._publish_many(messages, timeout), timeout=timeout + 5)
+        except BrokerUnavailable as exc:
+            return [PublishResult(Outcome.TEMPORARY, str(exc))] * len(messages)
+
+    async def _publish_many(self, messages: Sequence[OutgoingMessage], timeout: float) -> list[PublishResult]:
+        results: list[PublishResult | None] = [None] * len(messages)
+        futures: list[tuple[int, asyncio.Future]] = []
+        if self._nc is None or self._nc.is_closed:
+            return [PublishResult(Outcome.TEMPORARY, "not connected to NATS")] * len(messages)
+        for i, message in enumerate(messages):
+            try:
+                future = await self._js.publish_async(
+                    message.subject, message.body, headers={"Nats-Msg-Id": message.msg_id}, wait_stall=timeout,
+                )
+            except Exception as exc:  # noqa: BLE001 - classified, never lost: the row stays pending
+                results[i] = classify_publish_error(exc)
+                continue
+            futures.append((i, future))
+        if futures:
+            await asyncio.wait([f for _, f in futures], timeout=timeout)
+        for i, future in futures:
+            if not future.done():
+                future.cancel()
+                results[i] = PublishResult(Outcome.TEMPORARY, f"no ack from the stream within {timeout} s")
+            elif future.cancelled():
+                results[i] = PublishResult(Outcome.TEMPORARY, "publish cancelled")
+            elif future.exception() is not None:
+                results[i] = classify_publish_error(future.exception())
+            else:
+                ack = future.result()
+                results[i] = PublishResult(Outcome.STORED, duplicate=bool(ack.duplicate), seq=ack.seq)
+        return [r for r in results if r is not None]
+
+    def publish_raw(self, subject: str, body: bytes, headers: dict[str, str] | None = None) -> api.PubAck:
+        """Publish one message and wait for the stream's ack (tests and tools)."""
+        return self.call(self._js.publish(subject, body, headers=headers), timeout=self.request_timeout_seconds + 1)
+
+    # -- consumers --
+    def ensure_consumer(self, want: api.ConsumerConfig) -> api.ConsumerInfo:
+        """Create the durable if missing; update it in place when only
+        updatable fields differ; raise ``ConsumerDrift`` saying what differs
+        and what to do when the broker can't change it."""
+        return self.call(self._ensure_consumer(want), timeout=30)
+
+    async def _ensure_consumer(self, want: api.ConsumerConfig) -> api.ConsumerInfo:
+        stream = conf.settings.STREAM
+        try:
+            info = await self._js.consumer_info(stream, want.durable_name)
+        except nats.js.errors.NotFoundError:
+            logger.info("durable created consumer=%s filter=%s", want.durable_name, want.filter_subject)
+            return await self._js.add_consumer(stream, want)
+        updatable, fixed = consumer_differences(want, info.config)
+        if fixed:
+            what = "; ".join(f"{k}: broker has {a!r}, this build wants {b!r}" for k, (a, b) in fixed.items())
+            raise ConsumerDrift(
+                f"durable consumer {want.durable_name!r} on stream {stream!r} differs in fields the broker "
+                f"can't update ({what}). Either subscribe under a new name (a new durable starts from the "
+                f"first retained message; claims skip what was handled), or delete the old durable yourself "
+                f"with `nats consumer rm {stream} {want.durable_name}` once it is drained."
+            )
+        if updatable:
+            logger.info("durable updated consumer=%s changes=%s", want.durable_name, updatable)
+            return await self._js.add_consumer(stream, want)  # create-or-update for same-name durables
+        return info
+
+    def consumer_info(self, durable: str) -> api.ConsumerInfo:
+        return self.call(self._js.consumer_info(conf.settings.STREAM, durable), timeout=self.request_timeout_seconds + 1)
+
+    async def _pull(self, durable: str):
+        sub = self._pulls.get(durable)
+        if sub is None:
+            sub = await self._js.pull_subscribe_bind(durable=durable, stream=conf.settings.STREAM)
+            self._pulls[durable] = sub
+        return sub
+
+    def fetch(self, durable: str, batch: int, *, timeout: float = 1.0) -> list[Delivery]:
+        """Up to ``batch`` messages for ``durable``, waiting at most
+        ``timeout`` seconds; ``[]`` when there is nothing. A pull request
+        always carries an expiry, so an orphaned one can't hang the loop."""
+        return self.call(self._fetch(durable, batch, timeout), timeout=timeout + self.request_timeout_seconds + 5)
+
+    async def _fetch(self, durable: str, batch: int, timeout: float) -> list[Delivery]:
+        sub = await self._pull(durable)
+        try:
+            msgs = await sub.fetch(batch, timeout=timeout, heartbeat=1.0 if timeout >= 3.0 else None)
+        except (nats.errors.TimeoutError, asyncio.TimeoutError):
+            return []
+        out = []
+        for msg in msgs:
+            try:
+                metadata = msg.metadata
+                attempt, seq = int(metadata.num_delivered), int(metadata.sequence.stream)
+            except Exception:  # noqa: BLE001 - not a JetStream delivery; can't be acked either
+                logger.warning("fetch got a non-JetStream message subject=%s", msg.subject)
+                continue
+            out.append(Delivery(subject=msg.subject, data=msg.data, headers=dict(msg.headers or {}), attempt=attempt, stream_seq=seq, msg=msg))
+        return out
+
+    def forget_pull(self, durable: str) -> None:
+        """Drop a cached pull subscription (after the durable was recreated)."""
+        async def _forget() -> None:
+            sub = self._pulls.pop(durable, None)
+            if sub is not None:
+                try:
+                    await sub.unsubscribe()
+                except Exception:  # noqa: BLE001
+                    pass
+        try:
+            self.call(_forget(), timeout=5)
+        except BrokerUnavailable:
+            pass
+
+    def ack(self, delivery: Delivery) -> None:
+        self.call(delivery.msg.ack(), timeout=self.request_timeout_seconds)
+
+    def ack_many(self, deliveries: Sequence[Delivery]) -> None:
+        async def _acks() -> None:
+            for d in deliveries:
+                await d.msg.ack()
+        if deliveries:
+            self.call(_acks(), timeout=self.request_timeout_seconds)
+
+    def nak(self, delivery: Delivery, delay_seconds: float | None = None) -> None:
+        self.call(delivery.msg.nak(delay=delay_seconds), timeout=self.request_timeout_seconds)
+
+    def term(self, delivery: Delivery) -> None:
+        self.call(delivery.msg.term(), timeout=self.request_timeout_seconds)
+
+    def in_progress(self, delivery: Delivery) -> None:
+        self.call(delivery.msg.in_progress(), timeout=self.request_timeout_seconds)
+
+    def keep_alive(self, delivery: Delivery, every_seconds: float, until_seconds: float) -> Callable[[], None]:
+        """Send in-progress acks for ``delivery`` every ``every_seconds`` until
+        the returned ``stop()`` is called or ``until_seconds`` passed (then the
+        ack wait runs out and the broker may redeliver). Returns ``stop``."""
+        async def beat() -> None:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + until_seconds
+            while loop.time() + every_seconds < deadline:
+                await asyncio.sleep(every_seconds)
+                try:
+                    await delivery.msg.in_progress()
+                except Exception as exc:  # noqa: BLE001 - the ack wait is the fallback
+                    logger.debug("in-progress ack failed seq=%s error=%s", delivery.stream_seq, exc)
+        future = self.submit(beat())
+        return lambda: future.cancel()

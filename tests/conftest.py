@@ -1,0 +1,85 @@
+"""Shared fixtures: a broker namespace of its own per test (stream and subject
+prefix), and helpers to run workers in-process or as real processes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+from django.db import connection
+from django.test import override_settings
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def broker(settings):
+    """A fresh stream and subject prefix for this test; deleted afterwards.
+    Yields the PLATFORMKIT dict in force."""
+    from django_platformkit.transport import Transport
+
+    token = uuid.uuid4().hex[:10]
+    config = dict(settings.PLATFORMKIT, STREAM=f"T{token}", SUBJECT_PREFIX=f"t{token}")
+    with override_settings(PLATFORMKIT=config):
+        yield config
+        transport = Transport()
+        try:
+            transport.connect()
+
+            async def delete():
+                try:
+                    await transport._js.delete_stream(config["STREAM"])
+                except Exception:
+                    pass
+
+            transport.call(delete(), timeout=10)
+        finally:
+            transport.close()
+
+
+@pytest.fixture
+def transport(broker):
+    from django_platformkit.transport import Transport
+
+    t = Transport()
+    t.connect()
+    t.ensure_stream()
+    yield t
+    t.close()
+
+
+def worker_env(broker_config: dict, **extra: str) -> dict[str, str]:
+    """Environment for a worker process that talks to this test's database and stream."""
+    env = dict(os.environ)
+    env.update(
+        PLATFORMKIT_TEST_DB_NAME=connection.settings_dict["NAME"],
+        PLATFORMKIT_TEST_STREAM=broker_config["STREAM"],
+        PLATFORMKIT_TEST_PREFIX=broker_config["SUBJECT_PREFIX"],
+        PYTHONPATH=str(ROOT),
+    )
+    env.update(extra)
+    return env
+
+
+def manage(*args: str, env: dict[str, str], **kwargs) -> subprocess.Popen:
+    """Start ``tests/manage.py <args>`` as a real process."""
+    return subprocess.Popen([sys.executable, str(ROOT / "tests" / "manage.py"), *args], env=env, cwd=ROOT, **kwargs)
+
+
+@pytest.fixture
+def run_worker(broker):
+    """Run ``runworker --burst`` in this process (threads, real NATS, the
+    test database) and return the Worker."""
+    from django_platformkit.worker import Worker
+
+    def run(timeout: float = 60, **kwargs):
+        worker = Worker(burst=True, burst_timeout_seconds=timeout, **kwargs)
+        code = worker.run()
+        assert code == 0, f"worker exited {code}"
+        return worker
+
+    return run

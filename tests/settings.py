@@ -1,0 +1,71 @@
+"""Settings for the test suite (and the worker processes tests start)."""
+
+import os
+
+from django_platformkit.devservices import database_settings
+
+from .services import ensure_services
+
+DATABASE_URL, NATS_URL = ensure_services()
+
+SECRET_KEY = "tests-only"
+DEBUG = False
+USE_TZ = True
+TIME_ZONE = "UTC"
+ALLOWED_HOSTS = ["*"]
+ROOT_URLCONF = "tests.urls"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django_platformkit",
+    "tests.testapp",
+]
+MIDDLEWARE = [
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+
+# Worker processes started by a test connect to the test database by name.
+_db_name = os.environ.get("PLATFORMKIT_TEST_DB_NAME")
+DATABASES = {"default": database_settings(DATABASE_URL, **({"NAME": _db_name} if _db_name else {}))}
+if _db_name:
+    DATABASES["default"]["TEST"] = {"NAME": _db_name}
+
+PLATFORMKIT = {
+    "NATS_URL": NATS_URL,
+    "STREAM": os.environ.get("PLATFORMKIT_TEST_STREAM", "PLATFORMKIT_TEST"),
+    "SUBJECT_PREFIX": os.environ.get("PLATFORMKIT_TEST_PREFIX", "pktest"),
+    "BACKOFF_SECONDS": [0.2, 0.5, 1],
+    "ACK_WAIT_SECONDS": float(os.environ.get("PLATFORMKIT_TEST_ACK_WAIT", "30")),
+    "HANDLER_TIMEOUT_SECONDS": float(os.environ.get("PLATFORMKIT_TEST_HANDLER_TIMEOUT", "25")),
+    "RELAY_INTERVAL_SECONDS": 0.5,
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "formatters": {"plain": {"format": "%(asctime)s %(process)d %(levelname)s %(name)s %(message)s"}},
+    "loggers": {"django_platformkit": {"handlers": ["stderr"], "level": os.environ.get("PLATFORMKIT_LOG_LEVEL", "INFO")}},
+}

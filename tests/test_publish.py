@@ -1,0 +1,166 @@
+"""publish() is part of the caller's transaction, and refuses bad input
+before it writes anything."""
+
+import datetime
+import decimal
+import math
+import uuid
+
+import pytest
+from django.db import connection, transaction
+
+from django_platformkit import publish, publish_many
+from django_platformkit.exceptions import (
+    InvalidEventName,
+    InvalidPayload,
+    TransactionRequired,
+    UndeclaredEvent,
+)
+from django_platformkit.models import OutboxEvent
+from tests.testapp.models import Order
+
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_a_committed_transaction_leaves_one_pending_row():
+    with transaction.atomic():
+        event_id = publish("testapp.order_placed", {"order": 1})
+    row = OutboxEvent.objects.get()
+    assert row.id == event_id
+    assert row.name == "testapp.order_placed"
+    assert row.payload == {"order": 1}
+    assert row.published_at is None
+    assert event_id.version == 7
+
+
+def test_a_rolled_back_transaction_leaves_no_row():
+    with pytest.raises(ZeroDivisionError):
+        with transaction.atomic():
+            publish("testapp.order_placed", {"order": 1})
+            1 / 0
+    assert OutboxEvent.objects.count() == 0
+
+
+def test_a_rolled_back_savepoint_keeps_only_the_outer_event():
+    with transaction.atomic():
+        outer = publish("testapp.order_placed", {"n": "outer"})
+        try:
+            with transaction.atomic():
+                publish("testapp.order_placed", {"n": "inner"})
+                raise RuntimeError
+        except RuntimeError:
+            pass
+    assert list(OutboxEvent.objects.values_list("id", flat=True)) == [outer]
+
+
+def test_outside_atomic_raises_transaction_required_and_writes_nothing():
+    assert connection.get_autocommit()
+    with pytest.raises(TransactionRequired, match="transaction.atomic"):
+        publish("testapp.order_placed", {"order": 1})
+    assert OutboxEvent.objects.count() == 0
+
+
+def test_events_of_one_transaction_keep_their_order():
+    with transaction.atomic():
+        ids = [publish("testapp.order_placed", {"n": i}) for i in range(50)]
+    stored = list(OutboxEvent.objects.order_by("created_at", "id").values_list("id", flat=True))
+    assert stored == ids
+
+
+class Weird:
+    pass
+
+
+BAD_PAYLOADS = [
+    ({"x": Weird()}, "$.x"),
+    ({"x": {1, 2}}, "$.x"),
+    ({"x": b"bytes"}, "$.x"),
+    ({"x": [1, math.nan]}, "$.x[1]"),
+    ({"x": math.inf}, "$.x"),
+    ({"x": -math.inf}, "$.x"),
+    ({"a\x00b": 1}, '$["a\\u0000b"]'),
+    ({"x": {"y": "nul\x00here"}}, "$.x.y"),
+    ({"x": "\ud800"}, "$.x"),
+    ({1: "int key"}, "$"),
+    ({"big": "x" * (600 * 1024)}, "$"),
+]
+
+
+@pytest.mark.parametrize("payload,path", BAD_PAYLOADS, ids=[p for _, p in BAD_PAYLOADS])
+def test_each_bad_payload_raises_invalid_payload_and_the_transaction_stays_usable(payload, path):
+    with transaction.atomic():
+        with pytest.raises(InvalidPayload) as info:
+            publish("testapp.order_placed", payload)
+        assert info.value.path == path
+        # the caller's transaction is still usable: no SQL ran
+        Order.objects.create(total=1)
+        publish("testapp.order_placed", {"ok": True})
+    assert Order.objects.count() == 1
+    assert OutboxEvent.objects.count() == 1
+
+
+def test_a_payload_that_fails_its_schema_names_the_path():
+    with transaction.atomic():
+        with pytest.raises(InvalidPayload, match=r"\$\.qty") as info:
+            publish("testapp.with_schema", {"sku": "a", "qty": 0})
+        assert info.value.path == "$.qty"
+        publish("testapp.with_schema", {"sku": "a", "qty": 2})
+
+
+def test_too_deep_nesting_is_refused():
+    payload = current = {}
+    for _ in range(150):
+        current["a"] = {}
+        current = current["a"]
+    with transaction.atomic(), pytest.raises(InvalidPayload, match="deeper"):
+        publish("testapp.order_placed", payload)
+
+
+def test_undeclared_and_malformed_names_are_refused():
+    with transaction.atomic():
+        with pytest.raises(UndeclaredEvent, match="declare"):
+            publish("testapp.never_declared", {})
+        for bad in ["NoDot", "a.b.c", "Shop.order", "shop.Order", "shop.", ".x", "shop.order-placed", ""]:
+            with pytest.raises(InvalidEventName):
+                publish(bad, {})
+        for tenant in ["", "a.b", "x" * 65, "sp ace", "*", ">"]:
+            with pytest.raises(InvalidEventName, match="tenant"):
+                publish("testapp.order_placed", {}, tenant=tenant)
+    assert OutboxEvent.objects.count() == 0
+
+
+def test_values_encode_the_way_django_json_encoder_does():
+    when = datetime.datetime(2026, 1, 2, 3, 4, 5, 600000, tzinfo=datetime.UTC)
+    uid = uuid.UUID("12345678-1234-5678-1234-567812345678")
+    with transaction.atomic():
+        publish(
+            "testapp.order_placed",
+            {"d": decimal.Decimal("10.50"), "t": when, "day": datetime.date(2028, 2, 29), "u": uid, "tuple": (1, 2), "big": 2**70},
+            tenant=str(uid),
+        )
+    row = OutboxEvent.objects.get()
+    assert row.payload == {"d": "10.50", "t": "2026-01-02T03:04:05.600Z", "day": "2028-02-29", "u": str(uid), "tuple": [1, 2], "big": 2**70}
+    assert row.tenant == str(uid)
+
+
+def test_publish_many_writes_every_event_in_one_statement_in_order(django_assert_num_queries):
+    with transaction.atomic():
+        with django_assert_num_queries(1):
+            ids = publish_many([("testapp.order_placed", {"n": i}) for i in range(100)] + [("testapp.order_placed", {"n": 100}, "acme")])
+    stored = list(OutboxEvent.objects.order_by("created_at", "id").values_list("id", "tenant"))
+    assert [i for i, _ in stored] == ids
+    assert stored[-1][1] == "acme"
+
+
+def test_publish_many_writes_nothing_when_one_event_is_bad():
+    with transaction.atomic():
+        with pytest.raises(InvalidPayload):
+            publish_many([("testapp.order_placed", {"n": 1}), ("testapp.order_placed", {"n": math.nan})])
+    assert OutboxEvent.objects.count() == 0
+
+
+def test_publish_is_one_query(django_assert_num_queries):
+    with transaction.atomic():
+        with django_assert_num_queries(1):
+            publish("testapp.order_placed", {"n": 1})
