@@ -322,9 +322,12 @@ class Transport:
         async def _close() -> None:
             if self._nc is not None and not self._nc.is_closed:
                 try:
-                    await asyncio.wait_for(self._nc.drain(), 5)
+                    # flush, not drain: the acks are out once flushed, and
+                    # draining would wait out every lingering pull request.
+                    await self._nc.flush(timeout=2)
                 except Exception:  # noqa: BLE001 - closing anyway
-                    await self._nc.close()
+                    pass
+                await self._nc.close()
         try:
             self.call(_close(), timeout=10)
         except Exception as exc:  # noqa: BLE001

@@ -278,12 +278,14 @@ class Worker:
             connections[self.using].close()
             return False
         if not all(idle.is_set() for idle in idles):
+            logger.debug("burst check: consumers still fetching")
             return False
         for consumer in self.consumers:
             try:
                 info = self.transport.consumer_info(consumer.subscription.durable)
             except Exception:  # noqa: BLE001
                 return False
-            if info.num_pending or info.num_ack_pending or info.num_redelivered and info.num_ack_pending:
+            logger.debug("burst check consumer=%s pending=%s ack_pending=%s", consumer.subscription.durable, info.num_pending, info.num_ack_pending)
+            if info.num_pending or info.num_ack_pending:
                 return False
         return True
