@@ -301,18 +301,25 @@ class Consumer:
     def poll(self, *, batch: int | None = None, timeout: float = 1.0) -> int:
         """Fetch once and handle what came; return how many were fetched."""
         deliveries = self.transport.fetch(self.subscription.durable, batch or conf.settings.CONSUMER_BATCH_SIZE, timeout=timeout)
-        for index, delivery in enumerate(deliveries):
-            if self.stop.is_set():
-                # Stopping: hand the rest back at once rather than after the ack wait.
-                for rest in deliveries[index:]:
-                    with contextlib.suppress(Exception):
-                        self.transport.nak(rest)
-                break
-            self.process(delivery)
+        if not deliveries:
+            return 0
+        keep = self.transport.keep_alive(deliveries, every_seconds=max(0.2, float(conf.settings.ACK_WAIT_SECONDS) / 3))
+        try:
+            for index, delivery in enumerate(deliveries):
+                if self.stop.is_set():
+                    # Stopping: hand the rest back at once rather than after the ack wait.
+                    for rest in deliveries[index:]:
+                        with contextlib.suppress(Exception):
+                            self.transport.nak(rest)
+                    break
+                self.process(delivery, keep)
+                keep.settled(delivery)
+        finally:
+            keep.stop()
         return len(deliveries)
 
     # -- one delivery --
-    def process(self, delivery: Delivery) -> str:
+    def process(self, delivery: Delivery, keep: Any = None) -> str:
         """Handle one delivery; return what happened: ``handled``,
         ``skipped`` (already claimed), ``retried``, ``dead_lettered``,
         ``malformed``, or ``unacked`` (the database is gone; the broker
@@ -333,11 +340,9 @@ class Consumer:
                 tb="",
             )
         timeout = float(conf.settings.HANDLER_TIMEOUT_SECONDS)
-        stop_beat = self.transport.keep_alive(delivery, every_seconds=max(0.5, float(conf.settings.ACK_WAIT_SECONDS) / 3), until_seconds=timeout)
-        try:
-            outcome, error = self._run_until_db_answers(event, timeout)
-        finally:
-            stop_beat()
+        if keep is not None:
+            keep.started(delivery, timeout)  # past its timeout, its ack is no longer extended
+        outcome, error = self._run_until_db_answers(event, timeout)
         if error is None:
             self._settle(lambda: self.transport.ack(delivery), event, "ack")
             self.counts[outcome] += 1

@@ -518,18 +518,54 @@ class Transport:
     def in_progress(self, delivery: Delivery) -> None:
         self.call(delivery.msg.in_progress(), timeout=self.request_timeout_seconds)
 
-    def keep_alive(self, delivery: Delivery, every_seconds: float, until_seconds: float) -> Callable[[], None]:
-        """Send in-progress acks for ``delivery`` every ``every_seconds`` until
-        the returned ``stop()`` is called or ``until_seconds`` passed (then the
-        ack wait runs out and the broker may redeliver). Returns ``stop``."""
-        async def beat() -> None:
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + until_seconds
-            while loop.time() + every_seconds < deadline:
-                await asyncio.sleep(every_seconds)
+    def keep_alive(self, deliveries: Sequence[Delivery], every_seconds: float) -> "KeepAlive":
+        """Send in-progress acks for every delivery of a fetched batch, from
+        fetch time, every ``every_seconds``: a message waiting behind others
+        in the batch ages against its ack wait too. Stops per delivery at
+        ``settled()`` or past the deadline given to ``started()`` (the handler
+        timeout: then the ack wait runs out and the broker may redeliver)."""
+        keep = KeepAlive(deliveries)
+        keep.future = self.submit(keep.beat(every_seconds))
+        return keep
+
+
+class KeepAlive:
+    """In-progress acks for one fetched batch; see ``Transport.keep_alive``."""
+
+    def __init__(self, deliveries: Sequence[Delivery]) -> None:
+        self._lock = threading.Lock()
+        self._pending: dict[int, Delivery] = {id(d): d for d in deliveries}
+        self._deadlines: dict[int, float] = {}
+        self.future: Any = None
+
+    def started(self, delivery: Delivery, timeout_seconds: float) -> None:
+        import time
+
+        with self._lock:
+            self._deadlines[id(delivery)] = time.monotonic() + timeout_seconds
+
+    def settled(self, delivery: Delivery) -> None:
+        with self._lock:
+            self._pending.pop(id(delivery), None)
+
+    def stop(self) -> None:
+        with self._lock:
+            self._pending.clear()
+        if self.future is not None:
+            self.future.cancel()
+
+    async def beat(self, every_seconds: float) -> None:
+        import time
+
+        while True:
+            await asyncio.sleep(every_seconds)
+            now = time.monotonic()
+            with self._lock:
+                due = [d for key, d in self._pending.items() if self._deadlines.get(key, now + 1) > now]
+            if not due and not self._pending:
+                return
+            for delivery in due:
                 try:
                     await delivery.msg.in_progress()
                 except Exception as exc:  # noqa: BLE001 - the ack wait is the fallback
                     logger.debug("in-progress ack failed seq=%s error=%s", delivery.stream_seq, exc)
-        future = self.submit(beat())
-        return lambda: future.cancel()

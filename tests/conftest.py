@@ -83,3 +83,39 @@ def run_worker(broker):
         return worker
 
     return run
+
+
+def wait_for(predicate, timeout: float = 30.0, interval: float = 0.1, what: str = "condition"):
+    """Poll ``predicate`` until it returns something truthy; fail after ``timeout`` seconds."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what} (last value {value!r})")
+        time.sleep(interval)
+
+
+@pytest.fixture
+def background_worker(broker):
+    """Start a non-burst Worker in a thread of this process; stopped at teardown."""
+    import threading
+
+    from django_platformkit.worker import Worker
+
+    started = []
+
+    def start(**kwargs):
+        worker = Worker(scheduler=False, **kwargs)
+        thread = threading.Thread(target=worker.run, daemon=True)
+        thread.start()
+        started.append((worker, thread))
+        return worker
+
+    yield start
+    for worker, thread in started:
+        worker.stop()
+        thread.join(30)

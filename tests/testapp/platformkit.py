@@ -48,7 +48,7 @@ def slow(event):
     from ._attempts import note_attempt
 
     note_attempt("testapp.slow", event)
-    if event.payload.get("kill_worker") and not os.environ.get("PLATFORMKIT_TEST_NO_KILL"):
+    if event.attempt in event.payload.get("kill_on_attempts", ()):
         os.kill(os.getpid(), 9)
     time.sleep(float(event.payload.get("sleep", 0)))
     Effect.objects.create(subscription="testapp.slow", event_id=event.id)

@@ -1,0 +1,234 @@
+"""Failure is a first-class path: retries with backoff, dead letters with a
+terminal claim, lost acks, crashes, malformed messages, timeouts."""
+
+import json
+import signal
+import time
+import uuid
+
+import pytest
+from django.db import transaction
+from django.test import override_settings
+
+from django_platformkit import publish
+from django_platformkit.consumer import Consumer, Subscription, subscriptions
+from django_platformkit.models import DeadLetter, HandledEvent, OutboxEvent
+from django_platformkit.relay import Relay
+from django_platformkit.transport import Transport, subject_for
+from tests.conftest import manage, wait_for, worker_env
+from tests.testapp.models import Attempt, Effect
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def sub(name):
+    return next(s for s in subscriptions() if s.name == name)
+
+
+def attempts_of(event_id, subscription):
+    return list(Attempt.objects.filter(event_id=event_id, subscription=subscription).order_by("at").values_list("attempt", "at"))
+
+
+def test_a_handler_that_always_raises_runs_max_attempts_times_then_one_dead_letter(run_worker):
+    with transaction.atomic():
+        event_id = publish("testapp.flaky", {"always_fail": True})
+    run_worker(subscriptions=[sub("testapp.flaky")])
+
+    runs = attempts_of(event_id, "testapp.flaky")
+    assert [a for a, _ in runs] == [1, 2, 3]  # max_attempts=3 on this subscription
+    gaps = [(b - a).total_seconds() for (_, a), (_, b) in zip(runs, runs[1:])]
+    assert all(gap >= 0.18 for gap in gaps), gaps  # backoff_seconds=[0.2, 0.2]
+    dead = DeadLetter.objects.get()
+    assert (dead.event_id, dead.subscription, dead.name, dead.attempts) == (event_id, "testapp.flaky", "testapp.flaky", 3)
+    assert dead.error == "RuntimeError: flaky failure on attempt 3"
+    assert "Traceback" in dead.traceback and "raise RuntimeError" in dead.traceback
+    # only the terminal claim: the failed attempts' claims rolled back with their writes
+    assert list(HandledEvent.objects.values_list("subscription", "event_id")) == [("testapp.flaky", event_id)]
+    assert not Effect.objects.filter(subscription="testapp.flaky").exists()
+    # nothing runs it again
+    run_worker(subscriptions=[sub("testapp.flaky")])
+    assert len(attempts_of(event_id, "testapp.flaky")) == 3
+    assert DeadLetter.objects.count() == 1
+
+
+def test_a_handler_that_fails_then_succeeds_is_handled_once_without_a_dead_letter(run_worker):
+    with transaction.atomic():
+        event_id = publish("testapp.flaky", {"fail_until": 2})
+    run_worker(subscriptions=[sub("testapp.flaky")])
+    assert [a for a, _ in attempts_of(event_id, "testapp.flaky")] == [1, 2, 3]
+    assert Effect.objects.filter(subscription="testapp.flaky", event_id=event_id).count() == 1
+    assert not DeadLetter.objects.exists()
+
+
+class AckLosingTransport(Transport):
+    """Fault injection: the handler's commit happens, its ack never reaches the broker."""
+
+    def ack(self, delivery):
+        pass
+
+
+@override_settings()
+def test_a_lost_ack_after_success_runs_nothing_on_redelivery(broker, settings):
+    settings.PLATFORMKIT = dict(broker, ACK_WAIT_SECONDS=1.5, HANDLER_TIMEOUT_SECONDS=1)
+    lossy = AckLosingTransport()
+    lossy.connect()
+    lossy.ensure_stream()
+    try:
+        with transaction.atomic():
+            event_id = publish("testapp.order_placed", {"n": 1})
+        Relay(lossy).drain()
+        record = sub("testapp.record_order")
+        first = Consumer(record, lossy)
+        first.ensure()
+        assert first.poll(timeout=2) == 1
+        assert first.counts["handled"] == 1
+        # the ack was lost: after the ack wait the broker redelivers
+        second = Consumer(record, lossy)
+        second.transport = Transport()
+        second.transport.connect()
+        try:
+            wait_for(lambda: second.poll(timeout=1) or second.counts["skipped"], timeout=10, what="redelivery")
+            assert second.counts == {"handled": 0, "skipped": 1, "retried": 0, "dead_lettered": 0, "malformed": 0}
+        finally:
+            second.transport.close()
+    finally:
+        lossy.close()
+    assert Effect.objects.filter(subscription="testapp.record_order", event_id=event_id).count() == 1
+    assert not DeadLetter.objects.exists()
+
+
+def test_twenty_failing_events_ahead_of_a_good_one_do_not_hold_it_up(broker, background_worker):
+    seen = []
+
+    def handler(event):
+        if event.payload.get("fail"):
+            raise RuntimeError("always fails")
+        seen.append(time.monotonic())
+
+    slow_retry = Subscription(name="testapp.slow_retry", event="testapp.flaky", handler=handler, max_attempts_override=5, backoff_seconds_override=(60,))
+    with transaction.atomic():
+        for i in range(20):
+            publish("testapp.flaky", {"fail": True, "n": i})
+        publish("testapp.flaky", {"fail": False})
+    start = time.monotonic()
+    background_worker(subscriptions=[slow_retry])
+    wait_for(lambda: seen, timeout=15, what="the good event")
+    assert seen[0] - start < 10
+
+
+def test_a_delivery_beyond_max_attempts_is_dead_lettered_without_running(broker, settings):
+    """The earlier deliveries never reported (the worker died or hung): the handler must not run again."""
+    settings.PLATFORMKIT = dict(broker, ACK_WAIT_SECONDS=1, HANDLER_TIMEOUT_SECONDS=0.5)
+    ran = []
+    once = Subscription(name="testapp.once_only", event="testapp.flaky", handler=ran.append, max_attempts_override=1)
+    t = Transport()
+    t.connect()
+    t.ensure_stream()
+    try:
+        with transaction.atomic():
+            event_id = publish("testapp.flaky", {})
+        Relay(t).drain()
+        consumer = Consumer(once, t)
+        consumer.ensure()
+        # attempt 1 is fetched and never settled, as if the worker died
+        assert len(t.fetch(once.durable, 1, timeout=2)) == 1
+        wait_for(lambda: consumer.poll(timeout=1), timeout=10, what="redelivery")
+    finally:
+        t.close()
+    assert ran == []
+    dead = DeadLetter.objects.get()
+    assert dead.event_id == event_id and dead.attempts == 1
+    assert "over max_attempts=1" in dead.error
+    assert HandledEvent.objects.filter(subscription="testapp.once_only").count() == 1
+
+
+def test_kill_9_mid_handler_then_restart_handles_once_and_counts_the_attempt(broker):
+    env = worker_env(broker, PLATFORMKIT_TEST_ACK_WAIT="2", PLATFORMKIT_TEST_HANDLER_TIMEOUT="1.5")
+    with transaction.atomic():
+        event_id = publish("testapp.slow", {"kill_on_attempts": [1]})
+    first = manage("runworker", "--subscription", "testapp.slow", "--no-jobs", env=env)
+    assert first.wait(60) == -signal.SIGKILL
+    second = manage("runworker", "--subscription", "testapp.slow", "--no-jobs", env=env)
+    try:
+        wait_for(lambda: Effect.objects.filter(event_id=event_id).exists(), timeout=30, what="the handler's effect")
+    finally:
+        second.send_signal(signal.SIGTERM)
+        assert second.wait(30) == 0
+    assert [a for a, _ in attempts_of(event_id, "testapp.slow")] == [1, 2]
+    assert Effect.objects.filter(event_id=event_id).count() == 1
+    assert not DeadLetter.objects.exists()
+
+
+def test_a_slow_handler_with_two_workers_has_one_effect_and_no_redelivery(broker):
+    """One worker fetches the whole batch; the last message waits behind the
+    others for longer than the ack wait (4 x 1.2 s > 2 s). In-progress acks
+    from fetch time keep the broker from redelivering it to the other worker."""
+    env = worker_env(broker, PLATFORMKIT_TEST_ACK_WAIT="2", PLATFORMKIT_TEST_HANDLER_TIMEOUT="1.8")
+    with transaction.atomic():
+        event_ids = [publish("testapp.slow", {"sleep": 1.2}) for _ in range(4)]
+    first = manage("runworker", "--subscription", "testapp.slow", "--no-jobs", env=env)
+    wait_for(lambda: Attempt.objects.exists(), timeout=30, what="the first worker to start handling")
+    workers = [first, manage("runworker", "--subscription", "testapp.slow", "--no-jobs", env=env)]
+    try:
+        wait_for(lambda: Effect.objects.filter(subscription="testapp.slow").count() >= 4, timeout=60, what="four effects")
+        time.sleep(2.5)  # longer than the ack wait: a redelivery would show now
+    finally:
+        for w in workers:
+            w.send_signal(signal.SIGTERM)
+        assert [w.wait(30) for w in workers] == [0, 0]
+    for event_id in event_ids:
+        assert Effect.objects.filter(event_id=event_id).count() == 1
+        assert [a for a, _ in attempts_of(event_id, "testapp.slow")] == [1]
+    # The broker counts every delivery: a redelivery (even one the claim would
+    # have made harmless) shows as a consumer sequence above 4.
+    t = Transport()
+    t.connect()
+    try:
+        assert t.consumer_info("testapp-slow").delivered.consumer_seq == 4
+    finally:
+        t.close()
+
+
+def test_a_forged_message_whose_subject_tenant_differs_from_its_body_is_not_run(transport, broker, run_worker):
+    good_tenant_body = {
+        "specversion": "1.0", "id": str(uuid.uuid4()), "source": "/testapp", "type": "testapp.order_placed",
+        "time": "2026-01-01T00:00:00Z", "datacontenttype": "application/json", "tenantid": "victim", "data": {"n": 1},
+    }
+    transport.publish_raw(subject_for("testapp.order_placed", "attacker"), json.dumps(good_tenant_body).encode())
+    transport.publish_raw(subject_for("testapp.order_placed", None), b"not json at all")
+    with transaction.atomic():
+        good = publish("testapp.order_placed", {"n": 2}, tenant="acme")
+    run_worker(subscriptions=[sub("testapp.record_order")])
+    assert list(Effect.objects.values_list("event_id", flat=True)) == [good]
+    dead = {d.error.split(": ", 1)[1][:40] for d in DeadLetter.objects.all()}
+    assert DeadLetter.objects.filter(name="(malformed)").count() == 2
+    assert any("tenantid 'victim' differs" in d.error for d in DeadLetter.objects.all()), dead
+
+
+def test_a_replay_reruns_only_the_subscription_whose_dead_letter_it_cleared(run_worker):
+    from django_platformkit import replay
+    from django_platformkit.exceptions import ReplayRefused
+
+    with transaction.atomic():
+        event_id = publish("testapp.flaky", {"always_fail": True})
+    run_worker(subscriptions=[sub("testapp.flaky")])
+    assert DeadLetter.objects.count() == 1
+    before = OutboxEvent.objects.count()
+    for kwargs in [dict(actor="", reason="x"), dict(actor="ops", reason="  "), dict(actor=None, reason="x")]:
+        with pytest.raises(ReplayRefused):
+            replay(event_id, **kwargs)
+    with pytest.raises(ReplayRefused, match="nothing to replay"):
+        replay(event_id, subscription="testapp.record_order", actor="ops", reason="wrong sub")
+    assert OutboxEvent.objects.count() == before and DeadLetter.objects.count() == 1
+
+    # fix the cause, then replay
+    OutboxEvent.objects.filter(id=event_id).update(payload={"always_fail": False})
+    result = replay(event_id, actor="alice", reason="bug fixed in 1.2.3")
+    assert result.subscriptions == ("testapp.flaky",)
+    assert not DeadLetter.objects.exists()
+    audit = OutboxEvent.objects.get(id=result.audit_event_id)
+    assert audit.name == "platformkit.event_replayed"
+    assert audit.payload == {"event_id": str(event_id), "name": "testapp.flaky", "subscription": None, "actor": "alice", "reason": "bug fixed in 1.2.3"}
+    run_worker(subscriptions=[sub("testapp.flaky")])
+    assert Effect.objects.filter(subscription="testapp.flaky", event_id=event_id).count() == 1
+    assert OutboxEvent.objects.get(id=event_id).headers.get("platformkit_replay") == 1
