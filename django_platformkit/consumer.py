@@ -161,10 +161,12 @@ def subscribe(event: Any, *, name: str | None = None, max_attempts: int | None =
             backoff_seconds_override=delays, declared_in=f"{func.__module__}.{func.__qualname__}", batch=batch,
         )
         existing = _subscriptions.get(sub_name)
-        if existing is not None and existing.declared_in != subscription.declared_in:
+        # Same function and event again is a re-import; one function stacked
+        # under two @subscribe with the default name would silently lose one.
+        if existing is not None and (existing.declared_in, existing.event) != (subscription.declared_in, subscription.event):
             raise ConfigurationError(
-                f"two subscriptions are named {sub_name!r}: {existing.declared_in} and "
-                f"{subscription.declared_in}. Pass name='...' to one of them."
+                f"two subscriptions are named {sub_name!r}: {existing.declared_in} ({existing.event}) and "
+                f"{subscription.declared_in} ({subscription.event}). Pass name='...' to one of them."
             )
         _subscriptions[sub_name] = subscription
         return func
