@@ -1,4 +1,4 @@
-"""The relay: pending outbox rows -> JetStream -> stamped. Also ``replay()``.
+"""The relay: pending outbox rows -> JetStream -> stamped. Also ``replay()`` and ``discard()``, the operator verbs.
 
 A batch is selected ``FOR UPDATE SKIP LOCKED`` in relay order, published
 pipelined with ``Nats-Msg-Id`` = the event id, and stamped in the same
@@ -314,3 +314,28 @@ def replay(event_id: uuid.UUID | str, *, subscription: str | None = None, actor:
         )
     logger.info("replayed event_id=%s name=%s subscriptions=%s actor=%s reason=%s", event_id, name, ",".join(cleared), actor, reason)
     return ReplayResult(event_id=event_id, subscriptions=tuple(cleared), dead_letters_cleared=len(dead), audit_event_id=audit)
+
+
+def discard(event_id: uuid.UUID | str, *, subscription: str, actor: str, reason: str, using: str | None = None) -> bool:
+    """Accept a failure: delete the dead letter of (``subscription``,
+    ``event_id``). Its terminal claim stays, so nothing runs the event for
+    that subscription again, and the outbox row becomes purgeable once no
+    dead letter describes it. Returns whether a dead letter was deleted.
+
+    Raises ``ReplayRefused`` (a ``ValueError``), writing nothing, without an
+    ``actor`` or a ``reason`` (both are logged: the dead letter was the evidence).
+    """
+    actor = str(actor or "").strip()
+    reason = str(reason or "").strip()
+    if not actor or not reason:
+        raise ReplayRefused("discard() needs an actor and a reason: who accepts this failure, and why.")
+    alias = using or conf.settings.DATABASE_ALIAS
+    with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
+        cursor.execute(
+            f"DELETE FROM {DEAD_LETTER_TABLE} WHERE event_id = %s AND subscription = %s RETURNING name",
+            [uuid.UUID(str(event_id)), subscription],
+        )
+        row = cursor.fetchone()
+    if row is not None:
+        logger.info("discarded dead letter event_id=%s name=%s subscription=%s actor=%s reason=%s", event_id, row[0], subscription, actor, reason)
+    return row is not None
