@@ -206,6 +206,8 @@ class Transport:
         self._js: Any = None
         self._pulls: dict[str, Any] = {}
         self.connected = threading.Event()
+        self._error_logged = False
+        self._closing = False
 
     # -- the bridge --
     def _ensure_loop(self) -> asyncio.AbstractEventLoop:
@@ -270,14 +272,19 @@ class Transport:
         return kwargs
 
     async def _on_error(self, exc: Exception) -> None:
-        logger.warning("nats error=%s", exc or type(exc).__name__)
+        # One line per outage, not one per reconnect attempt (twice a second).
+        level = logging.DEBUG if self._error_logged else logging.WARNING
+        self._error_logged = True
+        logger.log(level, "nats error=%s", exc or type(exc).__name__)
 
     async def _on_disconnected(self) -> None:
         self.connected.clear()
-        logger.warning("nats disconnected url=%s; reconnecting", self.url)
+        if not self._closing:
+            logger.warning("nats disconnected url=%s; reconnecting", self.url)
 
     async def _on_reconnected(self) -> None:
         self.connected.set()
+        self._error_logged = False
         logger.info("nats reconnected url=%s", self._nc.connected_url.netloc if self._nc and self._nc.connected_url else self.url)
 
     async def _connect(self) -> None:
@@ -319,6 +326,8 @@ class Transport:
         """Flush pending acks and close; stop the loop thread."""
         if self._loop is None:
             return
+        self._closing = True
+
         async def _close() -> None:
             if self._nc is not None and not self._nc.is_closed:
                 try:

@@ -26,9 +26,12 @@ def broker(settings):
     config = dict(settings.PLATFORMKIT, STREAM=f"T{token}", SUBJECT_PREFIX=f"t{token}")
     with override_settings(PLATFORMKIT=config):
         yield config
-        transport = Transport()
+        transport = Transport(url=config["NATS_URL"])
         try:
-            transport.connect()
+            try:
+                transport.connect()
+            except Exception:
+                return
 
             async def delete():
                 try:

@@ -232,3 +232,148 @@ def test_a_replay_reruns_only_the_subscription_whose_dead_letter_it_cleared(run_
     run_worker(subscriptions=[sub("testapp.flaky")])
     assert Effect.objects.filter(subscription="testapp.flaky", event_id=event_id).count() == 1
     assert OutboxEvent.objects.get(id=event_id).headers.get("platformkit_replay") == 1
+
+
+def _consume_until_settled(subscription, timeout=20):
+    t = Transport()
+    t.connect()
+    t.ensure_stream()
+    try:
+        Relay(t).drain()
+        consumer = Consumer(subscription, t)
+        consumer.ensure()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not (consumer.counts["dead_lettered"] or consumer.counts["handled"]):
+            consumer.poll(timeout=0.5)
+        return consumer
+    finally:
+        t.close()
+
+
+def test_a_handler_past_its_timeout_is_a_failed_attempt_and_its_writes_roll_back(broker, settings):
+    settings.PLATFORMKIT = dict(broker, HANDLER_TIMEOUT_SECONDS=0.5, ACK_WAIT_SECONDS=5)
+
+    def overruns(event):
+        Effect.objects.create(subscription="testapp.overruns", event_id=event.id)
+        time.sleep(0.7)
+
+    overrun = Subscription(name="testapp.overruns", event="testapp.flaky", handler=overruns, max_attempts_override=2, backoff_seconds_override=(0.1,))
+    with transaction.atomic():
+        event_id = publish("testapp.flaky", {})
+    consumer = _consume_until_settled(overrun)
+    assert consumer.counts["retried"] == 1 and consumer.counts["dead_lettered"] == 1
+    dead = DeadLetter.objects.get()
+    assert dead.event_id == event_id and "HANDLER_TIMEOUT_SECONDS=0.5" in dead.error
+    assert not Effect.objects.exists()
+
+
+def test_a_handlers_database_work_is_bounded_by_the_timeout(broker, settings):
+    settings.PLATFORMKIT = dict(broker, HANDLER_TIMEOUT_SECONDS=0.5, ACK_WAIT_SECONDS=5)
+
+    def sleeps_in_sql(event):
+        from django.db import connection as conn
+
+        with conn.cursor() as cursor:
+            cursor.execute("SELECT pg_sleep(10)")
+
+    sleeper = Subscription(name="testapp.sql_sleeper", event="testapp.flaky", handler=sleeps_in_sql, max_attempts_override=1)
+    with transaction.atomic():
+        publish("testapp.flaky", {})
+    started = time.monotonic()
+    _consume_until_settled(sleeper)
+    assert time.monotonic() - started < 8
+    assert "statement timeout" in DeadLetter.objects.get().error
+
+
+def test_a_worker_with_a_handler_stuck_past_timeout_and_grace_exits_non_zero(broker, tmp_path):
+    health = tmp_path / "health.json"
+    env = worker_env(broker, PLATFORMKIT_TEST_ACK_WAIT="3", PLATFORMKIT_TEST_HANDLER_TIMEOUT="1", PLATFORMKIT_TEST_STUCK_GRACE="2")
+    with transaction.atomic():
+        publish("testapp.slow", {"sleep": 60})
+    worker = manage("runworker", "--subscription", "testapp.slow", "--no-jobs", "--health-file", str(health), env=env, stderr=__import__("subprocess").PIPE, text=True)
+    try:
+        _, stderr = worker.communicate(timeout=40)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.communicate()
+    assert worker.returncode == 3, stderr
+    assert "handler stuck subscription=testapp.slow" in stderr
+    state = json.loads(health.read_text())
+    assert state["healthy"] is False and state["stuck_handlers"] == ["testapp.slow"]
+
+
+def test_a_dead_letter_that_cannot_be_written_is_retried_without_running_the_handler_again(broker, settings):
+    from django.db import connection as conn
+
+    settings.PLATFORMKIT = dict(broker, ACK_WAIT_SECONDS=1, HANDLER_TIMEOUT_SECONDS=0.5)
+    runs = []
+
+    def fails(event):
+        runs.append(event.attempt)
+        raise RuntimeError("boom")
+
+    once = Subscription(name="testapp.fails_once", event="testapp.flaky", handler=fails, max_attempts_override=1)
+    with conn.cursor() as cursor:
+        cursor.execute(
+            "CREATE FUNCTION pk_no_dead_letters() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'disk full'; END $$;"
+            "CREATE TRIGGER pk_no_dead_letters BEFORE INSERT ON platformkit_dead_letters FOR EACH ROW EXECUTE FUNCTION pk_no_dead_letters();"
+        )
+    with transaction.atomic():
+        event_id = publish("testapp.flaky", {})
+    t = Transport()
+    t.connect()
+    t.ensure_stream()
+    try:
+        Relay(t).drain()
+        consumer = Consumer(once, t)
+        consumer.ensure()
+        wait_for(lambda: consumer.poll(timeout=0.5), timeout=10, what="first delivery")
+        assert runs == [1] and not DeadLetter.objects.exists()
+        with conn.cursor() as cursor:
+            cursor.execute("DROP TRIGGER pk_no_dead_letters ON platformkit_dead_letters; DROP FUNCTION pk_no_dead_letters();")
+        wait_for(lambda: consumer.poll(timeout=0.5) and DeadLetter.objects.exists(), timeout=10, what="the recording retried")
+    finally:
+        t.close()
+    assert runs == [1]
+    assert DeadLetter.objects.get().event_id == event_id
+
+
+def test_publish_inside_a_handler_defaults_to_the_handled_events_tenant(broker, settings):
+    published = []
+
+    def follow_up(event):
+        published.append(publish("testapp.slow", {"from": str(event.id)}))
+
+    sub_ = Subscription(name="testapp.follow_up", event="testapp.flaky", handler=follow_up)
+    with transaction.atomic():
+        publish("testapp.flaky", {}, tenant="tenant-42")
+    _consume_until_settled(sub_)
+    assert OutboxEvent.objects.get(id=published[0]).tenant == "tenant-42"
+
+
+class RecordingTenantContext:
+    entered = []
+
+    def __init__(self, tenant):
+        self.tenant = tenant
+
+    def __enter__(self):
+        from django.db import connection as conn
+
+        RecordingTenantContext.entered.append((self.tenant, conn.in_atomic_block))
+
+    def __exit__(self, *exc):
+        return False
+
+
+def test_a_custom_tenant_context_is_entered_inside_the_handlers_transaction(broker, settings):
+    settings.PLATFORMKIT = dict(broker, TENANT_CONTEXT="tests.test_failures.RecordingTenantContext")
+    RecordingTenantContext.entered.clear()
+    seen = []
+    sub_ = Subscription(name="testapp.tenant_seen", event="testapp.flaky", handler=lambda e: seen.append(e.tenant))
+    with transaction.atomic():
+        publish("testapp.flaky", {}, tenant="acme")
+    _consume_until_settled(sub_)
+    assert seen == ["acme"]
+    assert RecordingTenantContext.entered == [("acme", True)]

@@ -1,0 +1,141 @@
+"""The worker rides out the broker and the database going away, without a
+restart and without failed handlers or dead letters for healthy events; and a
+row the broker refuses for good is dead-lettered without blocking the rest."""
+
+import signal
+import time
+
+import pytest
+from django.db import connection, transaction
+from django.test import override_settings
+
+from django_platformkit import publish
+from django_platformkit.devservices import NatsServer
+from django_platformkit.exceptions import ConfigurationError, ConsumerDrift
+from django_platformkit.models import DeadLetter, OutboxEvent
+from django_platformkit.relay import RELAY_SUBSCRIPTION, Relay
+from django_platformkit.transport import Transport, consumer_config
+from tests.conftest import manage, wait_for, worker_env
+from tests.testapp.models import Effect
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def own_nats():
+    server = NatsServer().start()
+    yield server
+    server.cleanup()
+
+
+def effects(sub="testapp.record_order"):
+    return Effect.objects.filter(subscription=sub)
+
+
+def test_nats_stopped_for_five_seconds_then_started_loses_and_doubles_nothing(broker, own_nats, settings):
+    settings.PLATFORMKIT = dict(broker, NATS_URL=own_nats.url)
+    env = worker_env(broker, NATS_URL=own_nats.url)
+    worker = manage("runworker", "--subscription", "testapp.record_order", "--no-jobs", env=env)
+    ids = []
+    try:
+        with transaction.atomic():
+            ids.append(publish("testapp.order_placed", {"phase": "before"}))
+        wait_for(lambda: effects().count() == 1, timeout=30, what="the first event")
+        own_nats.stop()
+        for i in range(5):  # publishing never fails while the broker is down
+            with transaction.atomic():
+                ids.append(publish("testapp.order_placed", {"phase": "during", "i": i}))
+            time.sleep(1)
+        own_nats.start()
+        with transaction.atomic():
+            ids.append(publish("testapp.order_placed", {"phase": "after"}))
+        wait_for(lambda: effects().count() >= len(ids), timeout=60, what="every event handled")
+        time.sleep(1)
+        assert worker.poll() is None, "the worker must not have exited"
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(30) == 0
+    assert sorted(effects().values_list("event_id", flat=True)) == sorted(ids)
+    assert not OutboxEvent.objects.pending().exists()
+    assert not DeadLetter.objects.exists()
+
+
+def test_terminating_every_worker_connection_while_idle_then_publishing_is_handled_once(broker):
+    env = worker_env(broker)
+    worker = manage("runworker", "--subscription", "testapp.record_order", "--no-jobs", env=env)
+    try:
+        with transaction.atomic():
+            first = publish("testapp.order_placed", {"n": 1})
+        wait_for(lambda: effects().filter(event_id=first).exists(), timeout=30, what="the first event")
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid() AND backend_type = 'client backend'"
+            )
+            assert cursor.fetchone()[0] >= 2  # the relay's, its listener's and the consumer's connections
+        with transaction.atomic():
+            second = publish("testapp.order_placed", {"n": 2})
+        wait_for(lambda: effects().filter(event_id=second).exists(), timeout=30, what="the event after the terminations")
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(30) == 0
+    assert effects().count() == 2
+    assert not DeadLetter.objects.exists()
+
+
+def test_a_row_bigger_than_the_servers_max_payload_is_dead_lettered_and_the_rest_go_on(broker, settings, run_worker):
+    server = NatsServer(config="max_payload: 65536\n").start()
+    try:
+        with transaction.atomic():
+            before = publish("testapp.order_placed", {"n": "before"})
+            # written while the limits allowed it (say, before the server was reconfigured)
+            with override_settings(PLATFORMKIT=dict(broker, MAX_PAYLOAD_BYTES=512 * 1024)):
+                big = publish("testapp.order_placed", {"blob": "x" * 100_000})
+            after = publish("testapp.order_placed", {"n": "after"})
+        settings.PLATFORMKIT = dict(broker, NATS_URL=server.url, MAX_PAYLOAD_BYTES=40_000)
+        t = Transport()
+        t.connect()
+        t.ensure_stream()
+        try:
+            stats = Relay(t).drain()
+        finally:
+            t.close()
+        assert (stats.stored, stats.dead_lettered, stats.temporary) == (2, 1, 0)
+        dead = DeadLetter.objects.get()
+        assert (dead.event_id, dead.subscription) == (big, RELAY_SUBSCRIPTION)
+        assert "max_payload" in dead.error
+        assert not OutboxEvent.objects.pending().exists()
+        from django_platformkit.consumer import subscriptions
+
+        run_worker(subscriptions=[s for s in subscriptions() if s.name == "testapp.record_order"])
+        assert sorted(effects().values_list("event_id", flat=True)) == sorted([before, after])
+    finally:
+        server.cleanup()
+
+
+def test_the_relay_refuses_to_start_when_max_payload_cannot_carry_max_payload_bytes(broker, settings):
+    server = NatsServer(config="max_payload: 65536\n").start()
+    settings.PLATFORMKIT = dict(broker, NATS_URL=server.url)  # MAX_PAYLOAD_BYTES defaults to 512 KiB
+    t = Transport()
+    try:
+        t.connect()
+        with pytest.raises(ConfigurationError, match="max_payload is 65536 bytes.*MAX_PAYLOAD_BYTES"):
+            t.ensure_stream()
+    finally:
+        t.close()
+        server.cleanup()
+
+
+def test_a_durable_is_updated_in_place_and_unfixable_drift_is_reported_not_deleted(transport, broker, settings):
+    want = consumer_config("testapp.drifty", "testapp.flaky")
+    transport.ensure_consumer(want)
+    settings.PLATFORMKIT = dict(broker, ACK_WAIT_SECONDS=45)
+    updated = transport.ensure_consumer(consumer_config("testapp.drifty", "testapp.flaky"))
+    assert updated.config.ack_wait == 45
+    with pytest.raises(ConsumerDrift) as info:
+        transport.ensure_consumer(consumer_config("testapp.drifty", "testapp.slow"))
+    message = str(info.value)
+    assert "filter_subject" in message and "testapp.flaky" in message and "testapp.slow" in message
+    assert "nats consumer rm" in message
+    # still there, untouched
+    assert transport.consumer_info("testapp-drifty").config.filter_subject.endswith("testapp.flaky")
