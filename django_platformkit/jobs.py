@@ -1,26 +1,534 @@
-"""Periodic jobs: once per slot across any number of workers and clocks.
-(Placeholder registry; the scheduler lands with the jobs work.)"""
+"""Periodic jobs: once per scheduled slot across any number of workers and clocks.
+
+Every worker computes the same slots (``every`` aligned to the Unix epoch,
+``cron`` in the job's time zone). At a due slot a worker takes the job's
+session-level advisory lock on a dedicated connection, then - under the lock -
+claims the slot in the ledger (``platformkit_jobs``) before running: a lock
+alone is not enough, since a second worker can take it right after the first
+released it. Each run has its own thread, so a hung job holds only its own
+lock (its next slots are skipped, not doubled) and delays no other job.
+"""
 
 from __future__ import annotations
 
+import contextvars
+import logging
+import re
 import threading
-from collections.abc import Callable
-from datetime import timedelta
-from typing import Any
+import time
+import traceback as traceback_module
+import zoneinfo
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any, Protocol
+
+from django.db import DatabaseError, connections
+
+from . import conf
+from ._cron import CronSchedule, cron_problems
+from ._tables import JOBS_TABLE
+from .consumer import SUBSCRIPTION_NAME_PART, _default_name
+from .exceptions import ConfigurationError
+from .locks import advisory_key
+
+logger = logging.getLogger(__name__)
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+#: The built-in hourly purge (``purge.purge`` with ``RETENTION_DAYS``).
+PURGE_JOB = "platformkit.outbox_purge"
+#: How long a stopping scheduler waits for running jobs before it leaves them
+#: to die with the process (their locks go with their connections).
+STOP_GRACE_SECONDS = 25.0
+_JOB_NAME = re.compile(rf"^{SUBSCRIPTION_NAME_PART}(\.{SUBSCRIPTION_NAME_PART})*$")
+# Slots further back than this are never searched for (prev_slot); the
+# longest gap a valid five-field expression has is 29 February to 29
+# February across a skipped leap year (2096 -> 2104).
+_LONGEST_GAP = timedelta(days=366 * 8 + 2)
+
+_current_slot: contextvars.ContextVar[datetime | None] = contextvars.ContextVar("platformkit_job_slot", default=None)
 
 
-_jobs: dict[str, Any] = {}
+def current_slot() -> datetime | None:
+    """Inside a running job: the slot (aware datetime, UTC) being run; else None."""
+    return _current_slot.get()
 
 
-def job(*, every: timedelta | None = None, cron: str | None = None, timezone: str = "UTC", name: str | None = None) -> Callable[[Callable[[], None]], Callable[[], None]]:
+# --- declarations ------------------------------------------------------------
+
+def validate_schedule(*, every: Any, cron: Any, timezone: Any) -> list[str]:
+    """The problems with a schedule, each a sentence saying what to change;
+    empty when it is fine. Pure: no database, no network, no clock.
+
+    Exactly one of ``every`` (a ``timedelta`` of at least one second) or
+    ``cron`` (five fields, see ``_cron.cron_problems``); ``timezone`` an IANA
+    name known to ``zoneinfo``, and only with ``cron`` (``every`` slots are
+    aligned to the Unix epoch, so a zone would change nothing).
+    """
+    if every is None and cron is None:
+        return ["give a schedule: every=timedelta(...) or cron='m h dom mon dow' (exactly one)"]
+    if every is not None and cron is not None:
+        return ["give every= or cron=, not both"]
+    if every is not None:
+        if isinstance(every, bool) or not isinstance(every, timedelta) or every < timedelta(seconds=1):
+            return [f"every must be a datetime.timedelta of at least one second, got {every!r}"]
+        if timezone != "UTC":
+            return [
+                f"timezone={timezone!r} applies to cron only: every= slots are multiples of the interval "
+                "since the Unix epoch (UTC); use cron=... with timezone=... for local times"
+            ]
+        return []
+    problems = cron_problems(cron)
+    problem = _zone_problem(timezone)
+    return problems + ([problem] if problem else [])
+
+
+def _zone_problem(timezone: Any) -> str | None:
+    try:
+        if not isinstance(timezone, str):
+            raise ValueError
+        zoneinfo.ZoneInfo(timezone)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+        return f"timezone {timezone!r} is not a time zone zoneinfo knows; use an IANA name such as 'Europe/Paris' or 'UTC'"
+    return None
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """A declared periodic job.
+
+    ``name``: the lock and ledger key. ``func``: ``func() -> None``.
+    ``every``: a ``timedelta`` or None; ``cron``: five fields or None;
+    ``timezone``: IANA name the cron fields are read in. ``grace``: how old
+    the newest missed slot may be for a catch-up run when a worker starts
+    (None: one interval). ``declared_in``: dotted path of ``func``. Slots
+    are aware UTC datetimes.
+    """
+
+    name: str
+    func: Callable[[], None]
+    every: timedelta | None = None
+    cron: str | None = None
+    timezone: str = "UTC"
+    declared_in: str = ""
+    grace: timedelta | None = None
+    _cron_schedule: CronSchedule | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.cron is not None:
+            object.__setattr__(self, "_cron_schedule", CronSchedule(self.cron, zoneinfo.ZoneInfo(self.timezone)))
+
+    @property
+    def schedule_text(self) -> str:
+        """``"every 0:05:00"`` or ``"cron */5 * * * * (Europe/Paris)"``."""
+        if self.every is not None:
+            return f"every {self.every}"
+        return f"cron {self.cron} ({self.timezone})"
+
+    def slots_after(self, after: datetime) -> Iterator[datetime]:
+        """Every slot strictly after ``after`` (aware), ascending, without end."""
+        _require_aware(after)
+        if self._cron_schedule is not None:
+            yield from self._cron_schedule.instants_after(after)
+            return
+        assert self.every is not None
+        slot = EPOCH + ((after - EPOCH) // self.every) * self.every
+        while True:
+            slot += self.every
+            yield slot
+
+    def next_slot(self, after: datetime) -> datetime:
+        """The first slot strictly after ``after`` (aware)."""
+        return next(self.slots_after(after))
+
+    def prev_slot(self, at: datetime) -> datetime:
+        """The newest slot at or before ``at`` (aware)."""
+        _require_aware(at)
+        if self.every is not None:
+            return EPOCH + ((at - EPOCH) // self.every) * self.every
+        window = timedelta(hours=2)
+        while True:
+            newest = None
+            for slot in self.slots_after(at - window):
+                if slot > at:
+                    break
+                newest = slot
+            if newest is not None:
+                return newest
+            if window >= _LONGEST_GAP:  # pragma: no cover - validate_schedule refuses such expressions
+                raise ConfigurationError(f"job {self.name!r}: cron {self.cron!r} has no slot in eight years")
+            window = min(window * 12, _LONGEST_GAP)
+
+    def slots_between(self, start: datetime, end: datetime) -> list[datetime]:
+        """The slots ``s`` with ``start <= s < end`` (aware), ascending."""
+        slots = []
+        for slot in self.slots_after(start - timedelta(microseconds=1)):
+            if slot >= end:
+                break
+            slots.append(slot)
+        return slots
+
+    def grace_after(self, slot: datetime) -> timedelta:
+        """How long after ``slot`` a worker that was not running may still
+        catch it up: ``grace``, or the distance to the next slot."""
+        return self.grace if self.grace is not None else self.next_slot(slot) - slot
+
+
+def _require_aware(moment: datetime) -> None:
+    if moment.tzinfo is None or moment.utcoffset() is None:
+        raise ValueError(f"slots are computed from aware datetimes, got naive {moment!r}")
+
+
+_jobs: dict[str, JobSpec] = {}
+
+
+def job(*, every: timedelta | None = None, cron: str | None = None, timezone: str = "UTC", name: str | None = None, grace: timedelta | None = None) -> Callable[[Callable[[], None]], Callable[[], None]]:
+    """Decorator: run ``func() -> None`` once per slot across all workers.
+
+    Exactly one of ``every`` (a ``timedelta`` >= 1 s; slots are multiples of
+    it since the Unix epoch) or ``cron`` (five fields, read in ``timezone``,
+    an IANA name; DST follows Vixie cron, see ``_cron.CronSchedule``).
+    ``name`` defaults to ``"<app_label>.<function name>"``; it is the lock.
+    ``grace``: how old the newest missed slot may be for one catch-up run
+    after no worker ran (default: one interval). The function runs in a
+    thread of its own with Django database access; ``current_slot()`` says
+    which slot. Raises ``ConfigurationError`` naming the function and the
+    fix for a bad schedule or name, or a name another job already uses.
+    """
+
     def decorator(func: Callable[[], None]) -> Callable[[], None]:
+        declared_in = f"{func.__module__}.{func.__qualname__}"
+        problems = validate_schedule(every=every, cron=cron, timezone=timezone)
+        if grace is not None and (not isinstance(grace, timedelta) or grace < timedelta(0)):
+            problems.append(f"grace must be a datetime.timedelta >= 0, got {grace!r}")
+        if problems:
+            raise ConfigurationError(f"@job ({declared_in}): " + "; ".join(problems) + ".")
+        job_name = name if name is not None else _default_name(func)
+        if not isinstance(job_name, str) or not _JOB_NAME.match(job_name) or len(job_name) > 200:
+            raise ConfigurationError(
+                f"@job ({declared_in}): name {job_name!r} is invalid; use dot-separated identifiers "
+                "([A-Za-z_][A-Za-z0-9_]*), e.g. 'reports.send_daily'."
+            )
+        spec = JobSpec(name=job_name, func=func, every=every, cron=cron, timezone=timezone, declared_in=declared_in, grace=grace)
+        existing = _jobs.get(job_name)
+        if existing is not None and existing.declared_in != declared_in:
+            raise ConfigurationError(
+                f"two jobs are named {job_name!r}: {existing.declared_in} and {declared_in}. "
+                "Pass name='...' to one of them."
+            )
+        _jobs[job_name] = spec
         return func
+
     return decorator
 
 
+def jobs() -> list[JobSpec]:
+    """Every registered job, sorted by name."""
+    return [_jobs[k] for k in sorted(_jobs)]
+
+
+@job(every=timedelta(hours=1), name=PURGE_JOB)
+def outbox_purge() -> None:
+    """Delete published outbox rows and claims older than ``RETENTION_DAYS``."""
+    from .purge import purge
+
+    purge()
+
+
+# --- the clock ---------------------------------------------------------------
+
+class Clock(Protocol):
+    """What the scheduler reads time from. ``now()``: an aware datetime.
+    ``wait(stop, seconds)``: sleep up to ``seconds`` or until ``stop`` is set;
+    return whether it is set."""
+
+    def now(self) -> datetime: ...
+
+    def wait(self, stop: threading.Event, seconds: float) -> bool: ...
+
+
+class SystemClock:
+    """The real clock."""
+
+    def now(self) -> datetime:
+        return datetime.now(UTC)
+
+    def wait(self, stop: threading.Event, seconds: float) -> bool:
+        return stop.wait(seconds)
+
+
+# --- running -----------------------------------------------------------------
+
+_CLAIM_SQL = (
+    f"INSERT INTO {JOBS_TABLE} AS j (name, last_slot, started_at, finished_at, last_error) "
+    "VALUES (%s, %s, now(), NULL, '') "
+    "ON CONFLICT (name) DO UPDATE SET last_slot = EXCLUDED.last_slot, started_at = EXCLUDED.started_at, finished_at = NULL "
+    "WHERE j.last_slot IS NULL OR j.last_slot < EXCLUDED.last_slot RETURNING 1"
+)
+_FINISH_SQL = f"UPDATE {JOBS_TABLE} SET finished_at = now(), last_error = %s WHERE name = %s AND last_slot = %s"
+_LEDGER_SQL = f"SELECT last_slot, started_at, finished_at FROM {JOBS_TABLE} WHERE name = %s"
+
+
+@dataclass
+class _Runner:
+    """One job's state in one scheduler: its next due slot, its running
+    thread, and its dedicated lock connection (reused while trusted)."""
+
+    spec: JobSpec
+    key: int
+    next_due: datetime | None = None
+    thread: threading.Thread | None = None
+    running_slot: datetime | None = None
+    running_since: float = 0.0
+    connection: Any = None
+
+    def busy(self) -> bool:
+        return self.thread is not None and self.thread.is_alive()
+
+    def close_connection(self) -> None:
+        if self.connection is not None:
+            try:
+                self.connection.close()
+            except Exception:  # noqa: BLE001 - it is being thrown away
+                pass
+        self.connection = None
+
+
 class Scheduler:
-    def __init__(self, *, using: str | None = None, clock: Any = None) -> None:
-        self.using = using
+    """Runs the registered jobs (or those named in ``jobs``) on their slots.
+
+    ``using``: the database alias of the ledger and locks (default
+    ``DATABASE_ALIAS``). ``clock``: a ``Clock`` (default ``SystemClock``);
+    tests pass a fixed one and call ``tick()``. ``run(stop)`` loops until
+    ``stop`` is set. Raises ``ConfigurationError`` for an unknown job name.
+    """
+
+    def __init__(self, *, using: str | None = None, clock: Clock | None = None, jobs: Iterable[str | JobSpec] | None = None, stop_grace_seconds: float = STOP_GRACE_SECONDS) -> None:
+        self.using = using or conf.settings.DATABASE_ALIAS
+        self.clock = clock or SystemClock()
+        self.stop_grace_seconds = stop_grace_seconds
+        specs = []
+        for item in (_registered() if jobs is None else jobs):
+            if isinstance(item, JobSpec):
+                specs.append(item)
+            elif item in _jobs:
+                specs.append(_jobs[item])
+            else:
+                raise ConfigurationError(f"no job is named {item!r}; known: {', '.join(sorted(_jobs)) or '(none)'}")
+        self._runners = [_Runner(spec, advisory_key(spec.name)) for spec in specs]
+
+    @property
+    def jobs(self) -> list[JobSpec]:
+        return [runner.spec for runner in self._runners]
 
     def run(self, stop: threading.Event) -> None:
-        stop.wait()
+        """Tick at each due slot (re-reading the clock at least every second)
+        until ``stop`` is set, then wait up to ``stop_grace_seconds`` for
+        running jobs. Database errors are logged and retried."""
+        logger.info("scheduler started jobs=%s", ",".join(r.spec.name for r in self._runners) or "-")
+        backoff = 0.5
+        try:
+            while not stop.is_set():
+                try:
+                    self.tick()
+                    backoff = 0.5
+                    pause = self._seconds_to_next_due()
+                except DatabaseError as exc:
+                    logger.error("scheduler database error=%s; retrying in %.1fs", exc, backoff)
+                    connections[self.using].close()
+                    pause, backoff = backoff, min(backoff * 2, 10.0)
+                self.clock.wait(stop, pause)
+        finally:
+            if not self.join(self.stop_grace_seconds):
+                logger.warning(
+                    "scheduler stopping with jobs still running jobs=%s: their slots are lost, their locks go with the process",
+                    ",".join(r.spec.name for r in self._runners if r.busy()),
+                )
+            self.close()
+            logger.info("scheduler stopped")
+
+    def tick(self) -> list[threading.Thread]:
+        """Act on every slot due at ``clock.now()``: start a thread for each
+        job whose newest due slot is not yet handled here; return those
+        threads. A job still running from an earlier slot is skipped."""
+        now = self.clock.now()
+        _require_aware(now)
+        fresh = [r for r in self._runners if r.next_due is None]
+        if fresh:
+            self._start(fresh, now)
+        started = []
+        for runner in self._runners:
+            assert runner.next_due is not None
+            if runner.next_due > now:
+                continue
+            slot = runner.spec.prev_slot(now)
+            runner.next_due = runner.spec.next_slot(slot)
+            if now - slot > runner.spec.grace_after(slot):
+                logger.info("slot skipped, too late name=%s slot=%s now=%s", runner.spec.name, slot.isoformat(), now.isoformat())
+                continue
+            if runner.busy():
+                logger.warning(
+                    "job still running, slot skipped name=%s slot=%s running_slot=%s running_for=%.0fs",
+                    runner.spec.name, slot.isoformat(), runner.running_slot.isoformat() if runner.running_slot else "-",
+                    time.monotonic() - runner.running_since,
+                )
+                continue
+            runner.running_slot, runner.running_since = slot, time.monotonic()
+            thread = threading.Thread(target=self._run_slot, args=(runner, slot), name=f"platformkit-job-{runner.spec.name}", daemon=True)
+            runner.thread = thread
+            thread.start()
+            started.append(thread)
+        return started
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait for running jobs; return whether none is left running."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for runner in self._runners:
+            if runner.thread is not None:
+                runner.thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        return not any(r.busy() for r in self._runners)
+
+    def close(self) -> None:
+        """Close the lock connections of jobs not running."""
+        for runner in self._runners:
+            if not runner.busy():
+                runner.close_connection()
+
+    def _seconds_to_next_due(self) -> float:
+        now = self.clock.now()
+        due = [r.next_due for r in self._runners if r.next_due is not None]
+        if not due:
+            return 1.0
+        return min(1.0, max(0.0, (min(due) - now).total_seconds()))
+
+    # -- start-up: catch up the newest slot missed while no worker ran --
+    def _start(self, runners: Sequence[_Runner], now: datetime) -> None:
+        connection = connections[self.using]
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute(f"SELECT name, last_slot FROM {JOBS_TABLE} WHERE name = ANY(%s)", [[r.spec.name for r in runners]])
+                ledger = dict(cursor.fetchall())
+        finally:
+            # The scheduler thread needs no connection between start-ups.
+            if not connection.in_atomic_block:
+                connection.close()
+        for runner in runners:
+            spec = runner.spec
+            last, newest = ledger.get(spec.name), spec.prev_slot(now)
+            runner.next_due = spec.next_slot(now)
+            if last is None or newest <= last:
+                # Never run: nothing was missed; or the newest slot is done.
+                continue
+            if now - newest <= spec.grace_after(newest):
+                logger.info("catching up name=%s slot=%s last_slot=%s", spec.name, newest.isoformat(), last.isoformat())
+                runner.next_due = newest
+            else:
+                logger.info(
+                    "missed slots skipped name=%s last_slot=%s newest_missed=%s grace=%s",
+                    spec.name, last.isoformat(), newest.isoformat(), spec.grace_after(newest),
+                )
+
+    # -- one run, in its own thread --
+    def _run_slot(self, runner: _Runner, slot: datetime) -> None:
+        spec, token = runner.spec, _current_slot.set(slot)
+        try:
+            if not self._lock(runner, slot):
+                return
+            try:
+                self._claim_and_run(runner, slot)
+            finally:
+                self._unlock(runner)
+        except Exception:  # noqa: BLE001 - a thread's last resort: never die silently
+            logger.exception("job run failed before the job ran name=%s slot=%s", spec.name, slot.isoformat())
+            runner.close_connection()
+        finally:
+            _current_slot.reset(token)
+            connections.close_all()
+
+    def _connect(self, runner: _Runner) -> Any:
+        if runner.connection is None or runner.connection.closed:
+            import psycopg
+
+            params = connections[self.using].get_connection_params()
+            for key in ("cursor_factory", "context", "prepare_threshold"):
+                params.pop(key, None)
+            params.setdefault("application_name", f"platformkit job {runner.spec.name}"[:63])
+            runner.connection = psycopg.connect(**params, autocommit=True)
+        return runner.connection
+
+    def _lock(self, runner: _Runner, slot: datetime) -> bool:
+        """Take the job's session-level advisory lock; log why not if not."""
+        import psycopg
+
+        spec = runner.spec
+        for attempt in (1, 2):
+            try:
+                connection = self._connect(runner)
+                if connection.execute("SELECT pg_try_advisory_lock(%s)", [runner.key]).fetchone()[0]:
+                    return True
+                row = connection.execute(_LEDGER_SQL, [spec.name]).fetchone()
+                break
+            except psycopg.OperationalError as exc:
+                # A reused connection may have died while idle: one fresh try.
+                runner.close_connection()
+                if attempt == 2:
+                    logger.error("job lock not taken, database unavailable name=%s slot=%s error=%s", spec.name, slot.isoformat(), exc)
+                    return False
+        last_slot, started_at, finished_at = row or (None, None, None)
+        if last_slot is not None and last_slot < slot and finished_at is None:
+            logger.warning(
+                "job still running in another worker, slot skipped name=%s slot=%s running_slot=%s started_at=%s",
+                spec.name, slot.isoformat(), last_slot.isoformat(), started_at.isoformat() if started_at else "-",
+            )
+        else:
+            logger.debug("job lock held elsewhere name=%s slot=%s", spec.name, slot.isoformat())
+        return False
+
+    def _claim_and_run(self, runner: _Runner, slot: datetime) -> None:
+        import psycopg
+
+        spec, connection = runner.spec, runner.connection
+        # Claim before running: a crash mid-run loses this slot, never doubles it.
+        if connection.execute(_CLAIM_SQL, [spec.name, slot]).fetchone() is None:
+            logger.debug("slot already run name=%s slot=%s", spec.name, slot.isoformat())
+            return
+        logger.info("job started name=%s slot=%s", spec.name, slot.isoformat())
+        started, error = time.monotonic(), ""
+        try:
+            spec.func()
+        except Exception as exc:  # noqa: BLE001 - recorded; the next slot is the retry
+            error = f"{type(exc).__name__}: {exc}\n\n" + "".join(traceback_module.format_exception(exc))
+            logger.error("job failed name=%s slot=%s error=%s: %s", spec.name, slot.isoformat(), type(exc).__name__, exc, exc_info=exc)
+        duration = time.monotonic() - started
+        try:
+            recorded = connection.execute(_FINISH_SQL, [error[:10000], spec.name, slot]).rowcount == 1
+        except psycopg.Error as exc:
+            recorded, error = False, error or str(exc)
+        if not recorded:
+            # The session that held the lock is gone, so another worker may
+            # have run meanwhile: this run can't be reported as a success.
+            logger.error(
+                "job lost its database session during the run name=%s slot=%s duration=%.3fs: its lock was released "
+                "early and its outcome is not recorded", spec.name, slot.isoformat(), duration,
+            )
+            runner.close_connection()
+        elif not error:
+            logger.info("job finished name=%s slot=%s duration=%.3fs", spec.name, slot.isoformat(), duration)
+
+    def _unlock(self, runner: _Runner) -> None:
+        connection = runner.connection
+        if connection is None:
+            return
+        try:
+            released = bool(connection.execute("SELECT pg_advisory_unlock(%s)", [runner.key]).fetchone()[0])
+        except Exception:  # noqa: BLE001 - unconfirmed is as bad as refused
+            released = False
+        if not released:
+            # A connection whose lock state we can't vouch for is never reused:
+            # closing it ends the session, and the session's locks with it.
+            logger.warning("job unlock not confirmed, closing its connection name=%s", runner.spec.name)
+            runner.close_connection()
+
+
+def _registered() -> list[JobSpec]:
+    return jobs()

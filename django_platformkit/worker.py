@@ -37,7 +37,8 @@ EXIT_STUCK_HANDLER = 3
 class Worker:
     """Compose relay, consumers and scheduler over one ``Transport``.
 
-    ``relay``/``consumers``/``scheduler`` switch the parts on. ``burst``:
+    ``relay``/``consumers``/``scheduler`` switch the parts on; ``jobs``
+    names the periodic jobs the scheduler runs (default: all). ``burst``:
     drain the outbox and every consumer (nothing pending, nothing awaiting
     ack or retry), run no jobs, then return. ``health_file``: a JSON file
     rewritten every second with liveness and counts.
@@ -55,6 +56,7 @@ class Worker:
         using: str | None = None,
         health_file: str | os.PathLike[str] | None = None,
         burst_timeout_seconds: float | None = None,
+        jobs: Sequence[str] | None = None,
     ) -> None:
         self.transport = transport or Transport()
         self.using = using or conf.settings.DATABASE_ALIAS
@@ -72,6 +74,7 @@ class Worker:
         self._threads: list[threading.Thread] = []
         self._started = time.monotonic()
         self._scheduler: Any = None
+        self.job_names = None if jobs is None else list(jobs)  # None: every registered job
 
     # -- lifecycle --
     def install_signal_handlers(self) -> None:
@@ -232,7 +235,7 @@ class Worker:
         if self.want_scheduler:
             from .jobs import Scheduler
 
-            self._scheduler = Scheduler(using=self.using)
+            self._scheduler = Scheduler(using=self.using, jobs=self.job_names)
             self._spawn("platformkit-scheduler", self._scheduler.run, self.stop_event)
         self._spawn("platformkit-watchdog", self._watchdog)
         while not self.stop_event.wait(0.5):

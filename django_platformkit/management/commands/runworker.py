@@ -18,6 +18,7 @@ class Command(BaseCommand):
         parser.add_argument("--burst-timeout", type=float, default=None, metavar="SECONDS", help="With --burst: give up and exit 1 if not drained after SECONDS (default: wait).")
         parser.add_argument("--no-relay", action="store_true", help="Don't run the relay (run it elsewhere with runrelay).")
         parser.add_argument("--no-jobs", action="store_true", help="Don't run periodic jobs in this process.")
+        parser.add_argument("--job", action="append", default=None, metavar="NAME", help="Run only this periodic job (repeatable; default: all).")
         parser.add_argument("--subscription", action="append", default=None, metavar="NAME", help="Run only this subscription's consumer (repeatable; default: all).")
         parser.add_argument("--health-file", default=None, metavar="PATH", help="Rewrite PATH every second with JSON liveness and counts (for probes).")
 
@@ -32,9 +33,16 @@ class Command(BaseCommand):
             if missing:
                 raise CommandError(f"unknown subscription(s) {', '.join(missing)}; known: {', '.join(sorted(known)) or '(none)'}")
             subs = [known[n] for n in options["subscription"]]
+        if options["job"]:
+            from ...jobs import jobs
+
+            missing = sorted(set(options["job"]) - {j.name for j in jobs()})
+            if missing:
+                raise CommandError(f"unknown job(s) {', '.join(missing)}; known: {', '.join(j.name for j in jobs()) or '(none)'}")
         worker = Worker(
             relay=not options["no_relay"], scheduler=not options["no_jobs"], burst=options["burst"],
             subscriptions=subs, health_file=options["health_file"], burst_timeout_seconds=options["burst_timeout"],
+            jobs=options["job"],
         )
         worker.install_signal_handlers()
         try:
