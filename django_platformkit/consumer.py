@@ -23,7 +23,7 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from django.apps import apps
 from django.db import DatabaseError, InterfaceError, OperationalError, connections, transaction
@@ -36,6 +36,7 @@ from ._tables import DEAD_LETTER_TABLE, HANDLED_TABLE
 from .transport import Delivery, Transport, consumer_config, durable_name, filter_subject_for, parse_subject
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 SUBSCRIPTION_NAME_PART = r"[A-Za-z_][A-Za-z0-9_]*"
 _NAMESPACE_MALFORMED = uuid.UUID("8a1d6c61-3f5e-4c2c-9a59-1f0a3d6b7e21")
@@ -260,6 +261,13 @@ _CLAIM_SQL = (
     "set_config('idle_in_transaction_session_timeout', %s, true)"
 )
 _CLAIM_TENANT_SQL = _CLAIM_SQL + ", set_config('platformkit.tenant', %s, true)"
+_BATCH_CLAIM_SQL = (
+    f"WITH c AS (INSERT INTO {HANDLED_TABLE} (subscription, event_id, handled_at) "
+    "SELECT %s, e.id, now() FROM unnest(%s::uuid[]) AS e(id) ORDER BY e.id "
+    "ON CONFLICT (subscription, event_id) DO NOTHING RETURNING event_id) "
+    "SELECT c.event_id, s.t, s.i FROM (SELECT set_config('statement_timeout', %s, true) AS t, "
+    "set_config('idle_in_transaction_session_timeout', %s, true) AS i) s LEFT JOIN c ON true"
+)
 _TERMINAL_CLAIM_SQL = (
     f"INSERT INTO {HANDLED_TABLE} (subscription, event_id, handled_at) VALUES (%s, %s, now()) "
     "ON CONFLICT (subscription, event_id) DO NOTHING RETURNING 1"
@@ -307,6 +315,9 @@ class Consumer:
             return 0
         keep = self.transport.keep_alive(deliveries, every_seconds=max(0.2, float(conf.settings.ACK_WAIT_SECONDS) / 3))
         try:
+            if self.subscription.batch:
+                self.process_batch(deliveries, keep)
+                return len(deliveries)
             for index, delivery in enumerate(deliveries):
                 if self.stop.is_set():
                     # Stopping: hand the rest back at once rather than after the ack wait.
@@ -322,36 +333,47 @@ class Consumer:
 
     # -- one delivery --
     def process(self, delivery: Delivery, keep: Any = None) -> str:
-        """Handle one delivery; return what happened: ``handled``,
-        ``skipped`` (already claimed), ``retried``, ``dead_lettered``,
-        ``malformed``, or ``unacked`` (the database is gone; the broker
-        redelivers after the ack wait)."""
+        """Handle one delivery in a transaction of its own; return what
+        happened: ``handled``, ``skipped`` (already claimed), ``retried``,
+        ``dead_lettered``, ``malformed``, or ``unacked`` (the database is
+        gone; the broker redelivers after the ack wait)."""
+        event, settled = self._triage(delivery)
+        if event is None:
+            return settled
+        timeout = float(conf.settings.HANDLER_TIMEOUT_SECONDS)
+        if keep is not None:
+            keep.started(delivery, timeout)  # past its timeout, its ack is no longer extended
+        outcome, error = self._run_until_db_answers(lambda: self._run(event, timeout), event, timeout)
+        return self._conclude(delivery, event, outcome, error)
+
+    def _triage(self, delivery: Delivery) -> tuple[ReceivedEvent | None, str]:
+        """Parse a delivery; settle at once what must not reach the handler."""
         sub = self.subscription
         try:
             event = parse_delivery(delivery)
         except MalformedMessage as exc:
-            return self._malformed(delivery, str(exc))
+            return None, self._malformed(delivery, str(exc))
         if delivery.attempt > sub.max_attempts:
             # The earlier deliveries never reported an outcome: the worker died
             # or hung. Don't run it again, or a handler that kills its worker
             # would loop forever.
-            return self._dead_letter(
+            return None, self._dead_letter(
                 delivery, event, attempts=delivery.attempt - 1,
                 error=f"delivered {delivery.attempt} times, over max_attempts={sub.max_attempts}; the last "
                 "attempts never reported an outcome (the worker died, hung, or lost its ack)",
                 tb="",
             )
-        timeout = float(conf.settings.HANDLER_TIMEOUT_SECONDS)
-        if keep is not None:
-            keep.started(delivery, timeout)  # past its timeout, its ack is no longer extended
-        outcome, error = self._run_until_db_answers(event, timeout)
+        return event, ""
+
+    def _conclude(self, delivery: Delivery, event: ReceivedEvent, outcome: str, error: BaseException | None) -> str:
+        """Ack a success or a skip; retry or dead-letter a failure."""
+        sub = self.subscription
         if error is None:
+            # Acked only now, after the commit: a crash before this line means a
+            # redelivery that finds the claim and skips.
             self._settle(lambda: self.transport.ack(delivery), event, "ack")
             self.counts[outcome] += 1
-            if outcome == "handled":
-                logger.debug("handled subscription=%s event_id=%s attempt=%s", sub.name, event.id, event.attempt)
-            else:
-                logger.debug("skipped, already claimed subscription=%s event_id=%s", sub.name, event.id)
+            logger.debug("%s subscription=%s event_id=%s attempt=%s", outcome, sub.name, event.id, event.attempt)
             return outcome
         tb = "".join(traceback_module.format_exception(error))
         message = f"{type(error).__name__}: {error}"
@@ -366,20 +388,103 @@ class Consumer:
         self.counts["retried"] += 1
         return "retried"
 
+    # -- a batch in one transaction --
+    def process_batch(self, deliveries: Sequence[Delivery], keep: Any = None) -> list[str]:
+        """Handle a fetched batch in ONE transaction: one statement claims
+        every event, each handler runs in a savepoint of its own (a failure
+        undoes that message's writes and claim alone), one commit; then the
+        successes are acked and the failures retried or dead-lettered."""
+        timeout = float(conf.settings.HANDLER_TIMEOUT_SECONDS)
+        ready: list[tuple[Delivery, ReceivedEvent]] = []
+        results: dict[int, str] = {}
+        for delivery in deliveries:
+            event, settled = self._triage(delivery)
+            if event is None:
+                results[id(delivery)] = settled
+            else:
+                ready.append((delivery, event))
+        if ready:
+            if keep is not None:
+                for delivery, _ in ready:
+                    keep.started(delivery, timeout * len(ready))
+            outcomes, error = self._run_until_db_answers(lambda: self._run_batch([e for _, e in ready], timeout), ready[0][1], timeout * len(ready))
+            if error is not None:  # the batch as a whole failed (e.g. the database went away for good)
+                outcomes = {e.id: ("failed", error) for _, e in ready}
+            acks = []
+            for delivery, event in ready:
+                outcome, failure = outcomes[event.id]
+                if failure is None:
+                    acks.append(delivery)
+                    self.counts[outcome] += 1
+                    results[id(delivery)] = outcome
+                else:
+                    results[id(delivery)] = self._conclude(delivery, event, outcome, failure)
+            # After the commit, one trip through the loop for every ack.
+            self._settle(lambda: self.transport.ack_many(acks), ready[0][1], "ack")
+        return [results[id(d)] for d in deliveries]
+
+    def _run_batch(self, events: Sequence[ReceivedEvent], timeout: float) -> dict[uuid.UUID, tuple[str, BaseException | None]]:
+        sub = self.subscription
+        close_old_connections_for(self.using)
+        timeout_ms = str(int(timeout * 1000))
+        outcomes: dict[uuid.UUID, tuple[str, BaseException | None]] = {}
+        failed: list[uuid.UUID] = []
+        with transaction.atomic(using=self.using):
+            with connections[self.using].cursor() as cursor:
+                # Sorted: two workers claiming overlapping batches take the
+                # unique-key locks in the same order, so they can't deadlock.
+                cursor.execute(_BATCH_CLAIM_SQL, [sub.name, sorted({e.id for e in events}), timeout_ms, timeout_ms])
+                claimed = {row[0] for row in cursor.fetchall() if row[0] is not None}
+                tenant: str | None = None
+                for event in events:
+                    if event.id not in claimed or event.id in outcomes:
+                        outcomes.setdefault(event.id, ("skipped", None))
+                        continue
+                    if self._default_tenant_context and (event.tenant or "") != (tenant or ""):
+                        cursor.execute("SAVEPOINT platformkit_message; SELECT set_config('platformkit.tenant', %s, true)", [event.tenant or ""])
+                        tenant = event.tenant
+                    else:
+                        cursor.execute("SAVEPOINT platformkit_message")
+                    self.handler_started = time.monotonic()
+                    token = current_event.set(event)
+                    try:
+                        context = contextlib.nullcontext() if self._default_tenant_context else self._tenant_factory(event.tenant)
+                        with context:
+                            sub.handler(event)
+                        if time.monotonic() - self.handler_started > timeout:
+                            raise HandlerTimeout(f"handler ran past HANDLER_TIMEOUT_SECONDS={timeout:g}; its work was rolled back")
+                    except Exception as exc:  # noqa: BLE001 - this message's outcome, not the batch's
+                        if _connection_lost(exc, self.using):
+                            raise
+                        cursor.execute("ROLLBACK TO SAVEPOINT platformkit_message; RELEASE SAVEPOINT platformkit_message")
+                        tenant = None  # the rollback undid set_config too
+                        outcomes[event.id] = ("failed", exc)
+                        failed.append(event.id)
+                    else:
+                        cursor.execute("RELEASE SAVEPOINT platformkit_message")
+                        outcomes[event.id] = ("handled", None)
+                    finally:
+                        current_event.reset(token)
+                        self.handler_started = None
+                if failed:
+                    # Their claims were taken with the batch's; give them back.
+                    cursor.execute(f"DELETE FROM {HANDLED_TABLE} WHERE subscription = %s AND event_id = ANY(%s)", [sub.name, failed])
+        return outcomes
+
     def _settle(self, action: Callable[[], None], event: ReceivedEvent, what: str) -> None:
         try:
             action()
         except Exception as exc:  # noqa: BLE001 - the claim decides; a lost ack only means a redelivery that skips
             logger.warning("%s failed subscription=%s event_id=%s error=%s", what, self.subscription.name, event.id, exc)
 
-    def _run_until_db_answers(self, event: ReceivedEvent, timeout: float) -> tuple[str, BaseException | None]:
-        """Run the claim and handler. A dead database session is not the
+    def _run_until_db_answers(self, run: Callable[[], T], event: ReceivedEvent, timeout: float) -> tuple[T | str, BaseException | None]:
+        """Run the claim and handler(s). A dead database session is not the
         event's fault: reconnect and try again, without counting an attempt."""
         wait = 0.2
         while True:
             started = time.monotonic()
             try:
-                return self._run(event, timeout), None
+                return run(), None
             except BaseException as exc:  # noqa: BLE001 - every failure of the handler is an outcome
                 if isinstance(exc, (KeyboardInterrupt, SystemExit)):
                     raise

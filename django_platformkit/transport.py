@@ -509,14 +509,16 @@ class Transport:
             pass
 
     def ack(self, delivery: Delivery) -> None:
-        self.call(delivery.msg.ack(), timeout=self.request_timeout_seconds)
+        """Ack without waiting for the loop: an ack is a plain publish, and a
+        lost one only means a redelivery that the claim skips."""
+        self.submit(delivery.msg.ack())
 
     def ack_many(self, deliveries: Sequence[Delivery]) -> None:
         async def _acks() -> None:
             for d in deliveries:
                 await d.msg.ack()
         if deliveries:
-            self.call(_acks(), timeout=self.request_timeout_seconds)
+            self.submit(_acks())
 
     def nak(self, delivery: Delivery, delay_seconds: float | None = None) -> None:
         self.call(delivery.msg.nak(delay=delay_seconds), timeout=self.request_timeout_seconds)

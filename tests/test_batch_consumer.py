@@ -1,0 +1,76 @@
+"""Batch mode: a fetched batch in one transaction, a savepoint per message.
+Each message's claim and writes are undone alone when it fails; the rest
+commit once and are acked."""
+
+import pytest
+from django.db import connection, transaction
+
+from django_platformkit import publish
+from django_platformkit.consumer import Consumer, Subscription
+from django_platformkit.models import DeadLetter, HandledEvent
+from django_platformkit.relay import Relay
+from tests.conftest import wait_for
+from tests.testapp.models import Effect
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def effect_writer(name, fail_when=lambda event: False):
+    def handler(event):
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT current_setting('platformkit.tenant', true)")
+            seen = cursor.fetchone()[0]
+        Effect.objects.create(subscription=name, event_id=event.id, tenant_seen=seen or "", payload=event.payload)
+        if fail_when(event):
+            raise ValueError(f"bad event {event.payload}")
+
+    return handler
+
+
+def test_a_batch_handles_every_event_once_with_each_events_tenant(transport, run_worker):
+    sub = Subscription(name="testapp.batch_writer", event="testapp.order_placed", handler=effect_writer("b"), batch=True)
+    with transaction.atomic():
+        ids = [publish("testapp.order_placed", {"n": i}, tenant=["t1", None, "t2"][i % 3]) for i in range(250)]
+    run_worker(subscriptions=[sub])
+    rows = dict(Effect.objects.filter(subscription="b").values_list("event_id", "tenant_seen"))
+    assert sorted(rows) == sorted(ids)
+    assert Effect.objects.filter(subscription="b").count() == 250
+    for i, event_id in enumerate(ids):
+        assert rows[event_id] == ["t1", "", "t2"][i % 3]
+    assert HandledEvent.objects.filter(subscription="testapp.batch_writer").count() == 250
+
+
+def test_one_failing_message_is_undone_alone_and_retried_while_the_rest_commit(transport, settings, broker):
+    settings.PLATFORMKIT = dict(broker, BACKOFF_SECONDS=[0.1])
+    sub = Subscription(
+        name="testapp.batch_flaky", event="testapp.order_placed", batch=True, max_attempts_override=2,
+        handler=effect_writer("f", fail_when=lambda e: e.payload["n"] == 3),
+    )
+    with transaction.atomic():
+        ids = [publish("testapp.order_placed", {"n": i}) for i in range(6)]
+    Relay(transport).drain()
+    consumer = Consumer(sub, transport)
+    consumer.ensure()
+    assert consumer.poll(timeout=2) == 6
+    assert consumer.counts["handled"] == 5 and consumer.counts["retried"] == 1
+    assert sorted(Effect.objects.values_list("event_id", flat=True)) == sorted(ids[:3] + ids[4:])
+    assert not HandledEvent.objects.filter(event_id=ids[3]).exists()  # its claim went with its savepoint
+    wait_for(lambda: consumer.poll(timeout=0.5) and consumer.counts["dead_lettered"], timeout=10, what="the last attempt")
+    dead = DeadLetter.objects.get()
+    assert dead.event_id == ids[3] and dead.attempts == 2 and "bad event" in dead.error
+    assert Effect.objects.filter(event_id=ids[3]).count() == 0
+    assert Effect.objects.count() == 5
+
+
+def test_claim_is_one_statement_per_batch(transport, django_assert_max_num_queries):
+    sub = Subscription(name="testapp.batch_count", event="testapp.order_placed", handler=lambda e: None, batch=True)
+    with transaction.atomic():
+        for i in range(50):
+            publish("testapp.order_placed", {"n": i})
+    Relay(transport).drain()
+    consumer = Consumer(sub, transport)
+    consumer.ensure()
+    # the claim statement, one savepoint and one release per message: no query per claim
+    with django_assert_max_num_queries(1 + 2 * 50 + 2):
+        wait_for(lambda: consumer.poll(timeout=1), timeout=10)
+    assert consumer.counts["handled"] == 50
