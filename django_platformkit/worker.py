@@ -154,31 +154,52 @@ class Worker:
         finally:
             connections.close_all()
 
-    def _consume_loop(self, consumer: Consumer, idle: threading.Event | None = None) -> None:
-        delay = 0.5
+    def _consume_loop(self, group: list[tuple[Consumer, threading.Event]]) -> None:
+        """Serve a group of subscriptions from one thread (with its own
+        database connection). With several, each fetch waits a share of a
+        second, so an idle subscription can't hold up a busy one for long."""
+        fetch_timeout = max(0.05, 1.0 / len(group))
+        delays = {id(c): 0.5 for c, _ in group}
         while not self.stop_event.is_set():
-            try:
-                fetched = consumer.poll(timeout=1.0)
-                delay = 0.5
-                if idle is not None:
+            for consumer, idle in group:
+                if self.stop_event.is_set():
+                    break
+                delay = delays[id(consumer)]
+                name = consumer.subscription.name
+                try:
+                    fetched = consumer.poll(timeout=fetch_timeout)
+                    delays[id(consumer)] = 0.5
                     if fetched == 0:
                         idle.set()
                     else:
                         idle.clear()
-            except (nats.js.errors.NotFoundError, nats.js.errors.ServiceUnavailableError) as exc:
-                logger.error("consumer subscription=%s error=%s; re-creating the durable", consumer.subscription.name, exc)
-                self.transport.forget_pull(consumer.subscription.durable)
-                self.stop_event.wait(delay)
-                self._retry_until_stopped(consumer.ensure, f"durable {consumer.subscription.durable}")
-            except (BrokerUnavailable, nats.errors.Error, TimeoutError, OSError) as exc:
-                logger.error("consumer subscription=%s broker error=%s; retrying in %.1fs", consumer.subscription.name, exc, delay)
-                self.stop_event.wait(delay)
-                delay = min(delay * 2, 10)
-            except DatabaseError as exc:
-                logger.error("consumer subscription=%s database error=%s; retrying in %.1fs", consumer.subscription.name, exc, delay)
-                connections[self.using].close()
-                self.stop_event.wait(delay)
-                delay = min(delay * 2, 10)
+                except (nats.js.errors.NotFoundError, nats.js.errors.ServiceUnavailableError) as exc:
+                    logger.error("consumer subscription=%s error=%s; re-creating the durable", name, exc)
+                    self.transport.forget_pull(consumer.subscription.durable)
+                    self.stop_event.wait(delay)
+                    self._retry_until_stopped(consumer.ensure, f"durable {consumer.subscription.durable}")
+                except (BrokerUnavailable, nats.errors.Error, TimeoutError, OSError) as exc:
+                    logger.error("consumer subscription=%s broker error=%s; retrying in %.1fs", name, exc, delay)
+                    self.stop_event.wait(delay)
+                    delays[id(consumer)] = min(delay * 2, 10)
+                except DatabaseError as exc:
+                    logger.error("consumer subscription=%s database error=%s; retrying in %.1fs", name, exc, delay)
+                    connections[self.using].close()
+                    self.stop_event.wait(delay)
+                    delays[id(consumer)] = min(delay * 2, 10)
+
+    def _spawn_consumers(self) -> list[threading.Event]:
+        """At most CONSUMER_THREADS threads; subscriptions dealt round-robin."""
+        count = min(int(conf.settings.CONSUMER_THREADS), len(self.consumers))
+        groups: list[list[tuple[Consumer, threading.Event]]] = [[] for _ in range(count)]
+        idles = []
+        for index, consumer in enumerate(self.consumers):
+            idle = threading.Event()
+            idles.append(idle)
+            groups[index % count].append((consumer, idle))
+        for number, group in enumerate(groups):
+            self._spawn(f"platformkit-consumer-{number}", self._consume_loop, group)
+        return idles
 
     def _watchdog(self) -> None:
         timeout = float(conf.settings.HANDLER_TIMEOUT_SECONDS)
@@ -230,8 +251,7 @@ class Worker:
         if self.want_relay:
             self.relay = Relay(self.transport, using=self.using)
             self._spawn("platformkit-relay", self.relay.run, self.stop_event)
-        for consumer in self.consumers:
-            self._spawn(f"platformkit-consumer-{consumer.subscription.name}", self._consume_loop, consumer)
+        self._spawn_consumers()
         if self.want_scheduler:
             from .jobs import Scheduler
 
@@ -246,11 +266,7 @@ class Worker:
         """Drain everything, then stop: nothing pending in the outbox, and no
         durable with messages pending, awaiting ack or awaiting a retry."""
         self.relay = Relay(self.transport, using=self.using) if self.want_relay else None
-        idles: list[threading.Event] = []
-        for consumer in self.consumers:
-            idle = threading.Event()
-            idles.append(idle)
-            self._spawn(f"platformkit-consumer-{consumer.subscription.name}", self._consume_loop, consumer, idle)
+        idles = self._spawn_consumers()
         self._spawn("platformkit-watchdog", self._watchdog)
         deadline = None if self.burst_timeout_seconds is None else time.monotonic() + self.burst_timeout_seconds
         quiet = 0

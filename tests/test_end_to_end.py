@@ -141,3 +141,16 @@ def test_a_row_that_commits_late_still_goes_out(transport):
     thread.join()
     assert Relay(transport).drain().stored == 1
     assert OutboxEvent.objects.pending().count() == 0
+
+
+def test_more_subscriptions_than_consumer_threads_are_all_served(run_worker, settings, broker):
+    from django_platformkit.consumer import Subscription
+
+    settings.PLATFORMKIT = dict(broker, CONSUMER_THREADS=2)
+    seen = {f"testapp.many_{i}": [] for i in range(5)}
+    subs = [Subscription(name=name, event="testapp.order_placed", handler=lambda e, name=name: seen[name].append(e.id)) for name in seen]
+    with transaction.atomic():
+        ids = [publish("testapp.order_placed", {"n": i}) for i in range(20)]
+    worker = run_worker(subscriptions=subs)
+    assert {t.name for t in worker._threads if t.name.startswith("platformkit-consumer")} == {"platformkit-consumer-0", "platformkit-consumer-1"}
+    assert all(sorted(v) == sorted(ids) for v in seen.values())
