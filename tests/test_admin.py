@@ -1,0 +1,350 @@
+"""The admin operators work in: read-only tables with filters, search and
+dates; Replay and Discard as named actions that ask for a reason, run as the
+signed-in user and need the replay permission, not just staff status."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import uuid
+
+import pytest
+from django.contrib.auth.models import Permission, User
+from django.contrib.messages import get_messages
+from django.db import transaction
+from django.urls import reverse
+from django.utils import timezone
+
+from django_platformkit import publish
+from django_platformkit.consumer import record_dead_letter
+from django_platformkit.models import DeadLetter, HandledEvent, JobState, OutboxEvent
+
+pytestmark = pytest.mark.django_db
+
+CHANGELIST = "admin:django_platformkit_deadletter_changelist"
+TRACEBACK = 'Traceback (most recent call last):\n  File "handler.py", line 3\nRuntimeError: card declined'
+
+
+def _user(username: str, *codenames: str) -> User:
+    user = User.objects.create_user(username, is_staff=True)  # no password: no slow hashing
+    user.user_permissions.set(Permission.objects.filter(content_type__app_label="django_platformkit", codename__in=codenames))
+    return user
+
+
+VIEW_ALL = ("view_deadletter", "view_outboxevent", "view_handledevent", "view_jobstate")
+
+
+@pytest.fixture
+def operator() -> User:
+    return _user("olga", *VIEW_ALL, "replay_deadletter")
+
+
+@pytest.fixture
+def viewer() -> User:
+    return _user("victor", *VIEW_ALL)
+
+
+def dead_letter(name: str = "testapp.flaky", *, subscription: str = "testapp.flaky", tenant: str | None = None,
+                payload: dict | None = None, error: str = "RuntimeError: card declined\nsecond line", attempts: int = 3) -> DeadLetter:
+    with transaction.atomic():
+        event_id = publish(name, payload if payload is not None else {"order": 7, "note": "ünïcode"}, tenant=tenant)
+    OutboxEvent.objects.filter(pk=event_id).update(published_at=timezone.now())
+    assert record_dead_letter(subscription=subscription, event_id=event_id, name=name, tenant=tenant,
+                              attempts=attempts, error=error, traceback=TRACEBACK)
+    return DeadLetter.objects.get(event_id=event_id, subscription=subscription)
+
+
+def messages_of(response) -> list[str]:
+    return [str(m) for m in get_messages(response.wsgi_request)]
+
+
+def changelist(client, **params):
+    response = client.get(reverse(CHANGELIST), params)
+    assert response.status_code == 200
+    return response
+
+
+# --- dead letters: list, filters, dates, search, detail -----------------------
+
+def test_the_dead_letter_list_shows_time_event_subscription_tenant_attempts_and_the_first_error_line(client, viewer):
+    dead_letter(tenant="acme", attempts=4)
+    client.force_login(viewer)
+    response = changelist(client)
+    html = response.content.decode()
+    for column in ("column-failed_at", "column-name", "column-subscription", "column-tenant", "column-attempts", "column-error_first_line"):
+        assert column in html
+    assert "testapp.flaky" in html and "acme" in html and ">4<" in html
+    assert "RuntimeError: card declined" in html
+    assert "second line" not in html
+
+
+def test_dead_letters_filter_by_subscription_event_name_and_tenant(client, viewer):
+    dead_letter("testapp.flaky", subscription="testapp.flaky", tenant="acme")
+    dead_letter("testapp.order_placed", subscription="testapp.record_order", tenant="globex")
+    dead_letter("testapp.order_placed", subscription="testapp.count_order")
+    client.force_login(viewer)
+    assert changelist(client).context["cl"].result_count == 3
+    assert changelist(client, subscription="testapp.record_order").context["cl"].result_count == 1
+    assert changelist(client, name="testapp.order_placed").context["cl"].result_count == 2
+    assert changelist(client, tenant="acme").context["cl"].result_count == 1
+    assert changelist(client, tenant__isnull="True").context["cl"].result_count == 1
+
+
+def test_dead_letters_have_a_date_hierarchy_on_the_failure_time(client, viewer):
+    old, new = dead_letter(), dead_letter()
+    DeadLetter.objects.filter(pk=old.pk).update(failed_at=datetime.datetime(2024, 3, 1, 12, tzinfo=datetime.UTC))
+    client.force_login(viewer)
+    response = changelist(client, failed_at__year="2024")
+    assert [row.pk for row in response.context["cl"].result_list] == [old.pk]
+    assert response.context["cl"].date_hierarchy == "failed_at"
+    assert new.pk not in [row.pk for row in response.context["cl"].result_list]
+
+
+def test_dead_letters_search_by_event_id_and_error_text(client, viewer):
+    wanted = dead_letter(error="ValueError: sku 42 unknown")
+    dead_letter(error="RuntimeError: card declined")
+    client.force_login(viewer)
+    by_id = changelist(client, q=str(wanted.event_id))
+    assert [row.pk for row in by_id.context["cl"].result_list] == [wanted.pk]
+    by_part_of_id = changelist(client, q=str(wanted.event_id)[-12:])
+    assert [row.pk for row in by_part_of_id.context["cl"].result_list] == [wanted.pk]
+    by_error = changelist(client, q="sku 42")
+    assert [row.pk for row in by_error.context["cl"].result_list] == [wanted.pk]
+
+
+def test_the_dead_letter_page_shows_the_payload_as_json_the_traceback_and_links_the_outbox_row(client, viewer):
+    row = dead_letter(payload={"order": 7, "lines": [{"sku": "A-1", "qty": 2}]})
+    client.force_login(viewer)
+    response = client.get(reverse("admin:django_platformkit_deadletter_change", args=[row.pk]))
+    assert response.status_code == 200
+    html = response.content.decode()
+    pretty = json.dumps({"order": 7, "lines": [{"sku": "A-1", "qty": 2}]}, indent=2, sort_keys=True).replace('"', "&quot;")
+    assert pretty in html
+    assert "RuntimeError: card declined" in html and "File &quot;handler.py&quot;, line 3" in html
+    assert reverse("admin:django_platformkit_outboxevent_change", args=[row.event_id]) in html
+    assert 'name="_save"' not in html
+    # No replay permission, no Replay/Discard buttons.
+    assert "platformkit-replay" not in html
+
+
+def test_the_dead_letter_page_offers_replay_and_discard_to_an_operator(client, operator):
+    row = dead_letter()
+    client.force_login(operator)
+    html = client.get(reverse("admin:django_platformkit_deadletter_change", args=[row.pk])).content.decode()
+    assert reverse("admin:django_platformkit_deadletter_replay", args=[row.pk]) in html
+    assert reverse("admin:django_platformkit_deadletter_discard", args=[row.pk]) in html
+
+
+def test_a_dead_letter_whose_outbox_row_is_gone_says_so(client, viewer):
+    event_id = uuid.uuid4()
+    record_dead_letter(subscription="testapp.flaky", event_id=event_id, name="(malformed)", tenant=None, attempts=1, error="malformed", traceback="{not json")
+    row = DeadLetter.objects.get(event_id=event_id)
+    client.force_login(viewer)
+    html = client.get(reverse("admin:django_platformkit_deadletter_change", args=[row.pk])).content.decode()
+    assert "not in the outbox" in html
+
+
+def test_nobody_adds_edits_or_deletes_a_dead_letter_by_hand(client, admin_user):
+    row = dead_letter()
+    client.force_login(admin_user)
+    assert client.get(reverse("admin:django_platformkit_deadletter_add")).status_code == 403
+    assert client.post(reverse("admin:django_platformkit_deadletter_change", args=[row.pk]), {"attempts": 1}).status_code == 403
+    assert client.get(reverse("admin:django_platformkit_deadletter_delete", args=[row.pk])).status_code == 403
+    actions = [name for name, _ in changelist(client).context["action_form"].fields["action"].choices]
+    assert "delete_selected" not in actions
+    assert {"replay_selected", "discard_selected"} <= set(actions)
+
+
+def test_staff_without_view_permission_sees_no_dead_letters(client):
+    dead_letter()
+    client.force_login(_user("stan"))
+    assert client.get(reverse(CHANGELIST)).status_code == 403
+
+
+# --- Replay ------------------------------------------------------------------
+
+def _action(client, action: str, rows: list[DeadLetter], **extra):
+    data = {"action": action, "_selected_action": [str(r.pk) for r in rows], **extra}
+    if "confirm" not in extra:
+        data["index"] = "0"
+    return client.post(reverse(CHANGELIST), data)
+
+
+def test_replay_asks_for_a_reason_then_replays_as_the_signed_in_user(client, operator):
+    row = dead_letter()
+    client.force_login(operator)
+    page = _action(client, "replay_selected", [row])
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert 'name="reason"' in html and str(row.event_id) in html
+    assert DeadLetter.objects.filter(pk=row.pk).exists()
+
+    done = _action(client, "replay_selected", [row], confirm="yes", reason="card processor fixed")
+    assert done.status_code == 302
+    assert messages_of(done) == [
+        "Replayed 1 dead letter (testapp.flaky for testapp.flaky): pending again, the relay sends them next."
+    ]
+    assert not DeadLetter.objects.filter(pk=row.pk).exists()
+    assert not HandledEvent.objects.filter(event_id=row.event_id).exists()
+    assert OutboxEvent.objects.get(pk=row.event_id).published_at is None
+    audit = OutboxEvent.objects.get(name="platformkit.event_replayed")
+    assert audit.payload == {
+        "event_id": str(row.event_id), "name": "testapp.flaky", "subscription": "testapp.flaky",
+        "actor": "olga", "reason": "card processor fixed",
+    }
+
+
+def test_replay_without_a_reason_asks_again_and_changes_nothing(client, operator):
+    row = dead_letter()
+    client.force_login(operator)
+    response = _action(client, "replay_selected", [row], confirm="yes", reason="   ")
+    assert response.status_code == 200
+    assert "a reason is required" in response.content.decode()
+    assert DeadLetter.objects.filter(pk=row.pk).exists()
+    assert not OutboxEvent.objects.filter(name="platformkit.event_replayed").exists()
+
+
+def test_replay_of_many_rows_reports_each_outcome(client, operator):
+    first, second = dead_letter(), dead_letter("testapp.order_placed", subscription="testapp.record_order")
+    gone = uuid.uuid4()  # a malformed message: its id is no outbox row
+    record_dead_letter(subscription="testapp.slow", event_id=gone, name="(malformed)", tenant=None, attempts=1, error="malformed", traceback="")
+    malformed = DeadLetter.objects.get(event_id=gone)
+    client.force_login(operator)
+    done = _action(client, "replay_selected", [first, second, malformed], confirm="yes", reason="deploy 42 fixed it")
+    assert done.status_code == 302
+    text = messages_of(done)
+    assert text[0].startswith("Replayed 2 dead letters (")
+    assert text[1] == (
+        f"Did not replay (malformed) {gone} for testapp.slow: event {gone} is not in the outbox "
+        "(never published, or purged): nothing to replay."
+    )
+    assert list(DeadLetter.objects.values_list("pk", flat=True)) == [malformed.pk]
+
+
+def test_replay_needs_the_replay_permission_not_just_staff(client, viewer):
+    row = dead_letter()
+    client.force_login(viewer)
+    response = _action(client, "replay_selected", [row], confirm="yes", reason="trying")
+    assert response.status_code == 200  # the plain list: no action ran
+    assert DeadLetter.objects.filter(pk=row.pk).exists()
+    assert not OutboxEvent.objects.filter(name="platformkit.event_replayed").exists()
+    assert changelist(client).context["action_form"] is None  # no action this user may run
+    assert client.get(reverse("admin:django_platformkit_deadletter_replay", args=[row.pk])).status_code == 403
+    assert client.post(reverse("admin:django_platformkit_deadletter_replay", args=[row.pk]), {"confirm": "yes", "reason": "x"}).status_code == 403
+    assert DeadLetter.objects.filter(pk=row.pk).exists()
+
+
+def test_replay_from_the_dead_letter_page(client, operator):
+    row = dead_letter()
+    client.force_login(operator)
+    url = reverse("admin:django_platformkit_deadletter_replay", args=[row.pk])
+    page = client.get(url)
+    assert page.status_code == 200 and 'name="reason"' in page.content.decode()
+    done = client.post(url, {"confirm": "yes", "reason": "retry after fix"})
+    assert done.status_code == 302 and done["Location"] == reverse(CHANGELIST)
+    assert messages_of(done)[0].startswith("Replayed 1 dead letter")
+    assert not DeadLetter.objects.filter(pk=row.pk).exists()
+
+
+def test_the_page_of_a_dead_letter_that_is_gone_redirects(client, operator):
+    client.force_login(operator)
+    response = client.get(reverse("admin:django_platformkit_deadletter_replay", args=[987654]))
+    assert response.status_code == 302
+
+
+# --- Discard -------------------------------------------------------------------
+
+def test_discard_removes_the_dead_letter_keeps_the_claim_and_leaves_the_row_purgeable(client, operator):
+    row = dead_letter()
+    client.force_login(operator)
+    page = _action(client, "discard_selected", [row])
+    assert page.status_code == 200 and 'name="reason"' in page.content.decode()
+    done = _action(client, "discard_selected", [row], confirm="yes", reason="order was cancelled")
+    assert done.status_code == 302
+    assert messages_of(done) == [
+        "Discarded 1 dead letter (testapp.flaky for testapp.flaky): the failure is accepted, nothing runs them again."
+    ]
+    assert not DeadLetter.objects.filter(pk=row.pk).exists()
+    assert HandledEvent.objects.filter(subscription="testapp.flaky", event_id=row.event_id).exists()
+    outbox = OutboxEvent.objects.get(pk=row.event_id)
+    assert outbox.published_at is not None  # published, no dead letter describes it: purge may take it
+    assert not OutboxEvent.objects.filter(name="platformkit.event_replayed").exists()
+
+
+def test_discard_needs_the_replay_permission_and_a_reason(client, viewer, operator):
+    row = dead_letter()
+    client.force_login(viewer)
+    _action(client, "discard_selected", [row], confirm="yes", reason="no")
+    assert client.post(reverse("admin:django_platformkit_deadletter_discard", args=[row.pk]), {"confirm": "yes", "reason": "x"}).status_code == 403
+    assert DeadLetter.objects.filter(pk=row.pk).exists()
+    client.force_login(operator)
+    response = client.post(reverse("admin:django_platformkit_deadletter_discard", args=[row.pk]), {"confirm": "yes", "reason": ""})
+    assert response.status_code == 200 and "a reason is required" in response.content.decode()
+    assert DeadLetter.objects.filter(pk=row.pk).exists()
+
+
+# --- the outbox, claims and jobs ------------------------------------------------
+
+def test_the_outbox_list_shows_status_age_and_the_relay_lag_at_the_top(client, viewer):
+    with transaction.atomic():
+        pending = publish("testapp.order_placed", {"n": 1}, tenant="acme")
+        published = publish("testapp.flaky", {"n": 2})
+    OutboxEvent.objects.filter(pk=published).update(published_at=timezone.now())
+    OutboxEvent.objects.filter(pk=pending).update(created_at=timezone.now() - datetime.timedelta(minutes=7))
+    client.force_login(viewer)
+    url = reverse("admin:django_platformkit_outboxevent_changelist")
+    response = client.get(url)
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert 'id="platformkit-outbox-lag"' in html
+    assert "Pending: <strong>1</strong>" in html and "oldest pending: <strong>7\xa0minutes</strong> old" in html
+    for column in ("column-status", "column-age", "column-name", "column-tenant"):
+        assert column in html
+    assert [r.pk for r in client.get(url, {"status": "pending"}).context["cl"].result_list] == [pending]
+    assert [r.pk for r in client.get(url, {"status": "published"}).context["cl"].result_list] == [published]
+    assert [r.pk for r in client.get(url, {"name": "testapp.flaky"}).context["cl"].result_list] == [published]
+    assert [r.pk for r in client.get(url, {"q": str(pending)}).context["cl"].result_list] == [pending]
+    assert [r.pk for r in client.get(url, {"q": "order_placed"}).context["cl"].result_list] == [pending]
+
+
+def test_an_empty_outbox_says_nothing_is_waiting(client, viewer):
+    client.force_login(viewer)
+    html = client.get(reverse("admin:django_platformkit_outboxevent_changelist")).content.decode()
+    assert "Pending: <strong>0</strong>" in html and "nothing waiting for the relay" in html
+
+
+def test_an_outbox_row_page_is_read_only_and_links_its_dead_letters_and_claims(client, admin_user):
+    row = dead_letter(payload={"order": 9})
+    client.force_login(admin_user)
+    response = client.get(reverse("admin:django_platformkit_outboxevent_change", args=[row.event_id]))
+    html = response.content.decode()
+    assert response.status_code == 200
+    assert "&quot;order&quot;: 9" in html
+    assert f"{reverse(CHANGELIST)}?q={row.event_id}" in html and "1 dead letter(s)" in html and "1 claim(s)" in html
+    assert 'name="_save"' not in html
+    assert client.get(reverse("admin:django_platformkit_outboxevent_add")).status_code == 403
+    assert client.post(reverse("admin:django_platformkit_outboxevent_change", args=[row.event_id]), {"name": "x"}).status_code == 403
+
+
+def test_claims_are_read_only_with_search_by_event_id(client, admin_user):
+    row = dead_letter()
+    client.force_login(admin_user)
+    url = reverse("admin:django_platformkit_handledevent_changelist")
+    response = client.get(url, {"q": str(row.event_id)})
+    assert response.status_code == 200
+    assert [c.event_id for c in response.context["cl"].result_list] == [row.event_id]
+    claim = HandledEvent.objects.get(event_id=row.event_id)
+    assert client.get(reverse("admin:django_platformkit_handledevent_change", args=[claim.pk])).status_code == 200
+    assert client.get(reverse("admin:django_platformkit_handledevent_add")).status_code == 403
+    assert client.post(reverse("admin:django_platformkit_handledevent_change", args=[claim.pk]), {"subscription": "x"}).status_code == 403
+
+
+def test_job_state_is_read_only(client, admin_user):
+    JobState.objects.create(name="testapp.gone_job", last_error="Boom\nmore")
+    client.force_login(admin_user)
+    response = client.get(reverse("admin:django_platformkit_jobstate_changelist"))
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert "testapp.gone_job" in html and "— (no longer declared)" in html and "Boom" in html
+    assert client.get(reverse("admin:django_platformkit_jobstate_add")).status_code == 403
+    assert client.post(reverse("admin:django_platformkit_jobstate_change", args=["testapp.gone_job"]), {"name": "x"}).status_code == 403
