@@ -1,0 +1,31 @@
+"""``manage.py platformkit_asyncapi``: print the event catalogue as an
+AsyncAPI 3.0 document. Deterministic, so it can be committed and diffed."""
+
+from pathlib import Path
+
+from django.core.management.base import BaseCommand, CommandError
+
+from ...asyncapi import document, render
+
+
+class Command(BaseCommand):
+    help = "Print the declared events and subscriptions as an AsyncAPI 3.0 document (sorted keys, stable output)."
+    # Documentation of the catalogue as it is: `manage.py check` judges it.
+    requires_system_checks: list[str] = []
+
+    def add_arguments(self, parser):
+        parser.add_argument("--format", choices=["json", "yaml"], default="json", help="Output format (default: json; yaml needs PyYAML).")
+        parser.add_argument("--title", default="Event catalogue", help="info.title of the document (default: %(default)s).")
+        parser.add_argument("--api-version", default="1.0.0", help="info.version of the document (default: %(default)s).")
+        parser.add_argument("--output", "-o", type=Path, help="Write to this file instead of stdout.")
+
+    def handle(self, *args, **options):
+        doc = document(title=options["title"], version=options["api_version"])
+        try:
+            text = render(doc, fmt=options["format"])
+        except ImportError:
+            raise CommandError("--format yaml needs PyYAML (pip install pyyaml); --format json needs nothing.") from None
+        if options["output"]:
+            options["output"].write_text(text, encoding="utf-8")
+        else:
+            self.stdout.write(text, ending="")

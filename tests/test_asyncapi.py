@@ -1,0 +1,167 @@
+"""``manage.py platformkit_asyncapi`` prints the catalogue as AsyncAPI 3.0,
+byte for byte the same on every run, so it can be committed and diffed in CI.
+
+The snapshots under ``tests/snapshots/`` are the committed documents; after
+an intended change to a catalogue, rewrite them with
+``UPDATE_SNAPSHOTS=1 pytest tests/test_asyncapi.py`` and review the diff.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from django_platformkit import consumer, declare, subscribe
+from django_platformkit.asyncapi import document
+from tests.test_checks import registries  # noqa: F401 - fixture
+
+ROOT = Path(__file__).resolve().parent.parent
+SNAPSHOTS = Path(__file__).resolve().parent / "snapshots"
+
+
+def _clean_env(**extra: str) -> dict[str, str]:
+    """The environment without the knobs tests turn for worker processes,
+    so the document depends on the committed settings only."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PLATFORMKIT_TEST_") and k != "DJANGO_SETTINGS_MODULE"}
+    env.update(extra)
+    return env
+
+
+def _command_output(manage_py: Path, env: dict[str, str]) -> str:
+    result = subprocess.run(
+        [sys.executable, str(manage_py), "platformkit_asyncapi"],
+        env=env, cwd=manage_py.parent, capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def _matches_snapshot(name: str, text: str) -> None:
+    path = SNAPSHOTS / name
+    if os.environ.get("UPDATE_SNAPSHOTS"):
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    assert path.exists(), f"no snapshot {path}: run UPDATE_SNAPSHOTS=1 pytest {__file__}"
+    assert text == path.read_text(encoding="utf-8"), (
+        f"the AsyncAPI document differs from {path}; if the catalogue changed on purpose, "
+        "rewrite it with UPDATE_SNAPSHOTS=1 and review the diff"
+    )
+
+
+def test_the_test_catalogue_matches_its_committed_snapshot():
+    text = _command_output(ROOT / "tests" / "manage.py", _clean_env(PYTHONPATH=str(ROOT)))
+    _matches_snapshot("asyncapi_testapp.json", text)
+
+
+@pytest.mark.skipif(not (ROOT / "example_project" / "manage.py").exists(), reason="the example project is not in this tree")
+def test_the_example_projects_catalogue_matches_its_committed_snapshot():
+    env = _clean_env(
+        PYTHONPATH=os.pathsep.join([str(ROOT / "example_project"), str(ROOT)]),
+        DJANGO_SETTINGS_MODULE="example_project.settings",
+        # Pinned: the document names the subjects, and the command opens no connection.
+        NATS_URL="nats://127.0.0.1:4222",
+    )
+    text = _command_output(ROOT / "example_project" / "manage.py", env)
+    _matches_snapshot("asyncapi_example_project.json", text)
+
+
+def _render(**options) -> str:
+    out = io.StringIO()
+    call_command("platformkit_asyncapi", stdout=out, **options)
+    return out.getvalue()
+
+
+def test_the_output_is_the_same_on_every_run_with_sorted_keys():
+    first, second = _render(), _render()
+    assert first == second
+    doc = json.loads(first)
+    assert first == json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+    assert doc["asyncapi"] == "3.0.0"
+
+
+def _pointer(doc, ref: str):
+    node = doc
+    for part in ref.removeprefix("#/").split("/"):
+        node = node[part.replace("~1", "/").replace("~0", "~")]
+    return node
+
+
+def _refs(node):
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "$ref":
+                yield value
+            else:
+                yield from _refs(value)
+    elif isinstance(node, list):
+        for item in node:
+            yield from _refs(item)
+
+
+def test_channels_are_subjects_messages_carry_schemas_operations_are_subscriptions(settings):
+    doc = document()
+    prefix = settings.PLATFORMKIT["SUBJECT_PREFIX"]
+    channel = doc["channels"]["testapp.with_schema"]
+    assert channel["address"] == f"{prefix}.{{tenant}}.testapp.with_schema"
+    assert set(channel["parameters"]) == {"tenant"}
+    message = doc["components"]["messages"]["testapp.order_placed"]
+    assert message["summary"] == "An order was placed."
+    assert message["contentType"] == "application/cloudevents+json"
+    assert doc["components"]["schemas"]["testapp.with_schema"]["required"] == ["sku"]
+    assert doc["components"]["schemas"]["testapp.flaky"] == {"type": "object"}
+    receive = doc["operations"]["receive.testapp.flaky"]
+    assert receive["action"] == "receive"
+    assert receive["channel"] == {"$ref": "#/channels/testapp.flaky"}
+    assert receive["x-platformkit-durable"] == "testapp-flaky"
+    assert receive["x-platformkit-max-attempts"] == 3
+    assert doc["operations"]["send.testapp.flaky"]["action"] == "send"
+    assert {op.removeprefix("receive.") for op in doc["operations"] if op.startswith("receive.")} == {
+        s.name for s in consumer.subscriptions()
+    }
+
+
+def test_every_ref_in_the_document_resolves_inside_it(registries):  # noqa: F811
+    declare(
+        "pkdoc.with_defs",
+        schema={
+            "type": "object",
+            "properties": {"line": {"$ref": "#/$defs/line"}},
+            "$defs": {"line": {"type": "object", "properties": {"sku": {"type": "string"}}}},
+        },
+    )
+    doc = document()
+    refs = list(_refs(doc))
+    assert "#/components/schemas/pkdoc.with_defs/$defs/line" in refs
+    for ref in refs:
+        _pointer(doc, ref)  # KeyError if it dangles
+
+
+def test_a_subscription_to_an_undeclared_event_is_left_out(registries):  # noqa: F811
+    @subscribe("pkdoc.never_declared", name="pkdoc.orphan")
+    def orphan(event):
+        pass
+
+    assert "receive.pkdoc.orphan" not in document()["operations"]
+
+
+def test_yaml_is_offered_only_with_pyyaml():
+    try:
+        import yaml
+    except ImportError:
+        with pytest.raises(CommandError, match="needs PyYAML"):
+            _render(format="yaml")
+    else:
+        assert yaml.safe_load(_render(format="yaml")) == json.loads(_render())
+
+
+def test_output_can_go_to_a_file(tmp_path):
+    target = tmp_path / "asyncapi.json"
+    _render(output=target)
+    assert target.read_text(encoding="utf-8") == _render()
