@@ -110,6 +110,16 @@ class Relay:
         self.batch_size = batch_size or conf.settings.RELAY_BATCH_SIZE
         self.publish_timeout_seconds = publish_timeout_seconds
         self.totals = RelayStats()
+        self.missing_stream = False
+
+    def _recreate_stream(self) -> None:
+        """No stream answered: the broker may have lost it (a new server, a
+        wiped store). Create it again rather than retrying into the void."""
+        self.missing_stream = False
+        try:
+            self.transport.ensure_stream()
+        except Exception as exc:  # noqa: BLE001 - retried on the next failure
+            logger.error("relay: stream check failed error=%s", exc)
 
     def relay_batch(self) -> RelayStats:
         """Relay one batch of the oldest pending rows; return its counts."""
@@ -144,6 +154,7 @@ class Relay:
                 else:
                     stats.temporary += 1
                     first_temporary = first_temporary or result.error
+                    self.missing_stream = self.missing_stream or result.error.startswith("no stream answered")
             if done:
                 # Stamp after the broker acknowledged: a crash before this line
                 # re-sends (deduplicated by Nats-Msg-Id), it never loses.
@@ -181,6 +192,8 @@ class Relay:
                     if stats.stored or stats.dead_lettered:
                         logger.info("relayed count=%s duplicates=%s dead_lettered=%s", stats.stored, stats.duplicates, stats.dead_lettered)
                     if stats.temporary:
+                        if self.missing_stream:
+                            self._recreate_stream()
                         stop.wait(backoff)
                         backoff = min(backoff * 2, 10.0)
                         continue

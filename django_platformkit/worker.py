@@ -32,6 +32,10 @@ logger = logging.getLogger(__name__)
 
 #: Exit status when a handler is stuck past HANDLER_TIMEOUT_SECONDS + grace.
 EXIT_STUCK_HANDLER = 3
+#: How often an idle consumer re-checks that its durable still exists.
+DURABLE_CHECK_SECONDS = 30.0
+#: How often the worker logs its counts at INFO when they changed.
+PROGRESS_LOG_SECONDS = 10.0
 
 
 class Worker:
@@ -92,7 +96,7 @@ class Worker:
         """Run until stopped (or drained, with ``burst``). Returns the exit code."""
         if not self.transport.connect_until(self.stop_event):
             return 0
-        self.transport.ensure_stream()
+        self._retry_until_stopped(self.transport.ensure_stream, f"stream {conf.settings.STREAM}")
         if self.want_consumers:
             for subscription in self.subscriptions:
                 consumer = Consumer(subscription, self.transport, using=self.using, stop=self.stop_event)
@@ -160,6 +164,7 @@ class Worker:
         second, so an idle subscription can't hold up a busy one for long."""
         fetch_timeout = max(0.05, 1.0 / len(group))
         delays = {id(c): 0.5 for c, _ in group}
+        verified = {id(c): time.monotonic() for c, _ in group}
         while not self.stop_event.is_set():
             for consumer, idle in group:
                 if self.stop_event.is_set():
@@ -171,6 +176,11 @@ class Worker:
                     delays[id(consumer)] = 0.5
                     if fetched == 0:
                         idle.set()
+                        if time.monotonic() - verified[id(consumer)] > DURABLE_CHECK_SECONDS:
+                            # A pull on a durable that vanished (a broker that lost its
+                            # store) just times out; re-ensure it now and then.
+                            verified[id(consumer)] = time.monotonic()
+                            consumer.ensure()
                     else:
                         idle.clear()
                 except (nats.js.errors.NotFoundError, nats.js.errors.ServiceUnavailableError) as exc:
@@ -205,8 +215,14 @@ class Worker:
         timeout = float(conf.settings.HANDLER_TIMEOUT_SECONDS)
         grace = float(conf.settings.HANDLER_STUCK_GRACE_SECONDS)
         warned: set[int] = set()
+        last_counts, last_logged = self.counts(), time.monotonic()
         while not self.stop_event.wait(1.0):
             now = time.monotonic()
+            if now - last_logged >= PROGRESS_LOG_SECONDS:
+                counts = self.counts()
+                if counts != last_counts:
+                    logger.info("progress %s", " ".join(f"{k}={counts[k] - last_counts.get(k, 0)}" for k in counts))
+                last_counts, last_logged = counts, now
             for consumer in self.consumers:
                 started = consumer.handler_started
                 if started is None:

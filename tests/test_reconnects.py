@@ -139,3 +139,37 @@ def test_a_durable_is_updated_in_place_and_unfixable_drift_is_reported_not_delet
     assert "nats consumer rm" in message
     # still there, untouched
     assert transport.consumer_info("testapp-drifty").config.filter_subject.endswith("testapp.flaky")
+
+
+def test_a_broker_that_lost_its_store_gets_the_stream_and_durable_back(broker, settings, monkeypatch):
+    """A new, empty NATS on the same address: the relay re-creates the stream,
+    the consumer its durable, and events published afterwards are handled."""
+    import django_platformkit.worker as worker_module
+
+    monkeypatch.setattr(worker_module, "DURABLE_CHECK_SECONDS", 1.0)
+    server = NatsServer().start()
+    port = server.port
+    settings.PLATFORMKIT = dict(broker, NATS_URL=server.url)
+    from django_platformkit.consumer import subscriptions
+    from django_platformkit.worker import Worker
+    import threading
+
+    worker = Worker(scheduler=False, subscriptions=[s for s in subscriptions() if s.name == "testapp.record_order"])
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    replacement = None
+    try:
+        with transaction.atomic():
+            first = publish("testapp.order_placed", {"n": 1})
+        wait_for(lambda: effects().filter(event_id=first).exists(), timeout=30, what="the first event")
+        server.cleanup()  # the store is gone with it
+        replacement = NatsServer(port=port).start()
+        with transaction.atomic():
+            second = publish("testapp.order_placed", {"n": 2})
+        wait_for(lambda: effects().filter(event_id=second).exists(), timeout=60, what="the event after the wipe")
+    finally:
+        worker.stop()
+        thread.join(30)
+        if replacement is not None:
+            replacement.cleanup()
+    assert effects().count() == 2
