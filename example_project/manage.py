@@ -22,8 +22,11 @@ def main() -> None:
         from example_project.services import throwaway_services
 
         services = throwaway_services(keep="--keep-servers" in sys.argv)
-    with services:
-        execute_from_command_line(sys.argv)
+    try:
+        with services:
+            execute_from_command_line(sys.argv)
+    except KeyboardInterrupt:
+        sys.exit(130)  # the servers were stopped on the way out
 
 
 if __name__ == "__main__":

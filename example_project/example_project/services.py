@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -62,7 +63,13 @@ def throwaway_services(*, keep: bool = False) -> Iterator[list[Started]]:
     """
     from django_platformkit.devservices import NatsServer, PostgresServer
 
+    def terminate(signum, frame):
+        # SIGTERM would otherwise end Python at once, skipping the cleanup
+        # below and orphaning servers that run in sessions of their own.
+        raise SystemExit(128 + signum)
+
     servers = []
+    previous = signal.signal(signal.SIGTERM, terminate)
     try:
         if not os.environ.get("DATABASE_URL"):
             t0 = time.monotonic()
@@ -80,6 +87,7 @@ def throwaway_services(*, keep: bool = False) -> Iterator[list[Started]]:
             os.environ["NATS_URL"] = nats.url
         yield started
     finally:
+        signal.signal(signal.SIGTERM, previous)
         if servers and not keep:
             t0 = time.monotonic()
             for server in reversed(servers):

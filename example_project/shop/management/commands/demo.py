@@ -14,6 +14,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import signal
 import time
 from decimal import Decimal
 
@@ -79,9 +80,9 @@ class Command(BaseCommand):
         logging.getLogger("django_platformkit").setLevel(LOG_LEVELS.get(worker_verbosity, logging.DEBUG))
         out = self.stdout.write
         subs = [s.name for s in subscriptions() if s.event == "shop.order_placed"]
-        out(f"django_platformkit demo: {n} orders through POST /orders/, then runworker --burst\n")
+        out(f"django_platformkit demo: {n} orders through POST /orders/, then runrelay --once and runworker --burst")
 
-        out("services")
+        out("\nservices")
         for server in services.started:
             out(f"  {server.what:<11} {server.version:<9} {server.url:<48} throwaway, started in {server.startup_seconds:.2f} s")
         names = {s.what for s in services.started}
@@ -120,9 +121,9 @@ class Command(BaseCommand):
             seconds = (last_claim - started_at).total_seconds()
             phases.append(("  of which handling, until the last claim", seconds, _rate(n * len(subs), seconds, "handlings")))
 
-        out("\nphase                                        seconds  rate")
+        out(f"\n{'phase':<46} seconds  rate")
         for name, seconds, note in phases:
-            out(f"  {name:<42} {seconds:7.2f}  {note}")
+            out(f"  {name:<44} {seconds:7.2f}  {note}".rstrip())
 
         stats_after = OrderStats.objects.get(name=STATS_ROW)
         per_subscription = dict(claims.values_list("subscription").annotate(n=Count("id")))
@@ -161,11 +162,17 @@ class Command(BaseCommand):
     def _run(self, *argv: str, verbosity: int) -> tuple[str, float]:
         """``call_command(*argv)``; returns (what it printed, wall seconds)."""
         printed = io.StringIO()
+        # The command installs SIGINT/SIGTERM handlers for its own loop; left
+        # in place they would swallow a later Ctrl-C and orphan the servers.
+        handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
         t0 = time.monotonic()
         try:
             call_command(*argv, verbosity=verbosity, stdout=printed)
         except SystemExit as exc:
             raise CommandError(f"{argv[0]} exited with status {exc.code}: see the log above.") from None
+        finally:
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
         return printed.getvalue().strip(), time.monotonic() - t0
 
     def _place_orders(self, n: int, phases: list) -> tuple[list[int], list[str], int, Decimal]:
