@@ -52,3 +52,7 @@ def slow(event):
         os.kill(os.getpid(), 9)
     time.sleep(float(event.payload.get("sleep", 0)))
     Effect.objects.create(subscription="testapp.slow", event_id=event.id)
+
+
+if os.environ.get("PLATFORMKIT_TEST_JOBS"):
+    from . import _jobs  # noqa: E402,F401 - periodic jobs for tests/test_jobs.py's worker processes

@@ -1,0 +1,217 @@
+"""Purge never eats evidence: pending rows, rows in use, dead-lettered rows and
+the claims that still guard a row stay; old published rows and spent claims
+go, in bounded batches, by the database's clock."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from datetime import timedelta
+from io import StringIO
+
+import psycopg
+import pytest
+from django.core.management import CommandError, call_command
+from django.db import connection
+
+from django_platformkit.jobs import PURGE_JOB, jobs
+from django_platformkit.models import DeadLetter, HandledEvent, OutboxEvent
+from django_platformkit.purge import purge
+from django_platformkit.transport import stream_config
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def add_event(*, published_days_ago: float | None, created_days_ago: float = 10.0) -> uuid.UUID:
+    """One outbox row, backdated by the database clock; ``None``: pending."""
+    event_id = uuid.uuid4()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO platformkit_outbox (id, name, payload, headers, created_at, published_at) "
+            "VALUES (%s, 'testapp.order_placed', '{}', '{}', now() - make_interval(days => %s), "
+            "now() - make_interval(secs => %s * 86400))",
+            [event_id, int(created_days_ago), published_days_ago],
+        )
+    return event_id
+
+
+def add_claim(subscription: str, event_id: uuid.UUID, *, days_ago: float) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO platformkit_handled (subscription, event_id, handled_at) VALUES (%s, %s, now() - make_interval(secs => %s * 86400))",
+            [subscription, event_id, days_ago],
+        )
+
+
+def add_dead_letter(subscription: str, event_id: uuid.UUID, *, days_ago: float = 9.0) -> None:
+    """A dead letter and its terminal claim, as the consumer writes them."""
+    DeadLetter.objects.create(event_id=event_id, subscription=subscription, name="testapp.order_placed", attempts=5, error="boom")
+    add_claim(subscription, event_id, days_ago=days_ago)
+
+
+def outbox_ids() -> set[uuid.UUID]:
+    return set(OutboxEvent.objects.values_list("id", flat=True))
+
+
+def test_old_published_rows_go_and_pending_recent_and_dead_lettered_rows_stay():
+    old = {add_event(published_days_ago=days) for days in (8, 10, 30)}
+    pending = add_event(published_days_ago=None, created_days_ago=30)
+    recent = add_event(published_days_ago=6.9)
+    dead_lettered = add_event(published_days_ago=20)
+    add_dead_letter("testapp.record_order", dead_lettered)
+    refused_by_broker = add_event(published_days_ago=20)
+    add_dead_letter("platformkit.relay", refused_by_broker)
+
+    result = purge(older_than=timedelta(days=7))
+
+    assert result.outbox_deleted == 3 and not result.dry_run
+    assert outbox_ids() == {pending, recent, dead_lettered, refused_by_broker}
+    assert not outbox_ids() & old
+    assert DeadLetter.objects.count() == 2
+    assert HandledEvent.objects.count() == 2  # the terminal claims stay with their dead letters
+
+
+def test_a_row_locked_by_a_relay_is_skipped_not_waited_on():
+    locked = add_event(published_days_ago=10)
+    free = add_event(published_days_ago=10)
+    params = connection.get_connection_params()
+    for key in ("cursor_factory", "context", "prepare_threshold"):
+        params.pop(key, None)
+    with psycopg.connect(**params) as relay:
+        relay.execute("SELECT 1 FROM platformkit_outbox WHERE id = %s FOR UPDATE", [locked])
+        with connection.cursor() as cursor:
+            cursor.execute("SET lock_timeout = '5s'")  # waiting would fail the test, not hang it
+        started = time.monotonic()
+        try:
+            result = purge(older_than=timedelta(days=7))
+        finally:
+            with connection.cursor() as cursor:
+                cursor.execute("RESET lock_timeout")
+        assert time.monotonic() - started < 2
+        assert result.outbox_deleted == 1 and result.skipped_locked == 1
+        assert outbox_ids() == {locked}
+        relay.rollback()
+    assert purge(older_than=timedelta(days=7)).outbox_deleted == 1
+    assert not outbox_ids() and free not in outbox_ids()
+
+
+def test_fifty_thousand_old_rows_go_in_bounded_batches():
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO platformkit_outbox (id, name, payload, headers, created_at, published_at) "
+            "SELECT gen_random_uuid(), 'testapp.order_placed', '{}', '{}', now() - interval '40 days', "
+            "now() - interval '30 days' + n * interval '1 millisecond' FROM generate_series(1, 50000) AS n"
+        )
+        cursor.execute(
+            "INSERT INTO platformkit_handled (subscription, event_id, handled_at) "
+            "SELECT 'testapp.record_order', id, published_at FROM platformkit_outbox"
+        )
+    keep = add_event(published_days_ago=1)
+    statements = []
+
+    def count_batches(execute, sql, params, many, context):
+        statements.append(sql)
+        return execute(sql, params, many, context)
+
+    started = time.monotonic()
+    with connection.execute_wrapper(count_batches):
+        result = purge(older_than=timedelta(days=7), batch_size=2000)
+    elapsed = time.monotonic() - started
+    assert (result.outbox_deleted, result.claims_deleted) == (50000, 50000)
+    assert outbox_ids() == {keep} and HandledEvent.objects.count() == 0
+    # 25 full batches and a short one for each table: no transaction held more than 2000 rows.
+    assert result.batches == 26 + 26
+    assert sum("DELETE FROM platformkit_outbox" in sql for sql in statements) == 26
+    assert elapsed < 60
+
+
+def test_claims_go_when_old_their_row_gone_and_not_the_terminal_claim_of_a_dead_letter():
+    published_old = add_event(published_days_ago=10)  # purged in this run: its claim goes too
+    published_recent = add_event(published_days_ago=1)
+    pending = add_event(published_days_ago=None)
+    gone_long_ago = uuid.uuid4()
+    gone_recently = uuid.uuid4()
+    dead_without_row = uuid.uuid4()  # an operator deleted the row; the dead letter still stands
+    add_claim("testapp.record_order", published_old, days_ago=9)
+    add_claim("testapp.record_order", published_recent, days_ago=9)  # its row is still there
+    add_claim("testapp.record_order", pending, days_ago=9)  # replayed: pending again
+    add_claim("testapp.record_order", gone_long_ago, days_ago=9)
+    add_claim("testapp.record_order", gone_recently, days_ago=2)  # the stream may still redeliver it
+    add_dead_letter("testapp.count_order", dead_without_row, days_ago=9)
+    add_claim("testapp.record_order", dead_without_row, days_ago=9)  # another subscription's plain claim
+
+    dry = purge(older_than=timedelta(days=7), dry_run=True)
+    result = purge(older_than=timedelta(days=7))
+
+    assert (dry.outbox_deleted, dry.claims_deleted) == (result.outbox_deleted, result.claims_deleted) == (1, 3)
+    left = set(HandledEvent.objects.values_list("subscription", "event_id"))
+    assert left == {
+        ("testapp.record_order", published_recent),
+        ("testapp.record_order", pending),
+        ("testapp.record_order", gone_recently),
+        ("testapp.count_order", dead_without_row),
+    }
+
+
+def test_a_dry_run_counts_and_deletes_nothing():
+    for days in (8, 9, 10):
+        add_claim("testapp.record_order", add_event(published_days_ago=days), days_ago=days)
+    add_event(published_days_ago=None)
+    before = (outbox_ids(), HandledEvent.objects.count())
+    out = StringIO()
+    call_command("purgeoutbox", "--older-than", "7d", "--dry-run", stdout=out)
+    assert out.getvalue().startswith("dry run, nothing deleted: would delete outbox=3 claims=3 (published before ")
+    assert (outbox_ids(), HandledEvent.objects.count()) == before
+
+
+def test_purgeoutbox_takes_an_age_in_hours_and_prints_what_it_did():
+    old = add_event(published_days_ago=0.75)  # 18 hours
+    young = add_event(published_days_ago=0.25)  # 6 hours
+    out = StringIO()
+    call_command("purgeoutbox", "--older-than", "12h", "--batch-size", "10", stdout=out)
+    assert out.getvalue().startswith("deleted outbox=1 claims=0 skipped_locked=0 batches=2 (published before ")
+    assert outbox_ids() == {young} and old not in outbox_ids()
+    for bad in ("12", "0d", "1y", "-3h"):
+        with pytest.raises(CommandError, match="is not an age such as 30m, 12h, 7d or 2w"):
+            call_command("purgeoutbox", f"--older-than={bad}")
+    with pytest.raises(CommandError, match="is not a number of rows"):
+        call_command("purgeoutbox", "--batch-size", "0")
+
+
+def test_the_default_age_is_the_retention_and_the_cutoff_is_the_database_clock(settings):
+    settings.PLATFORMKIT = dict(settings.PLATFORMKIT, RETENTION_DAYS=3)
+    stays, goes = add_event(published_days_ago=2.9), add_event(published_days_ago=3.1)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT now()")
+        database_now = cursor.fetchone()[0]
+    result = purge()
+    assert outbox_ids() == {stays} and goes not in outbox_ids()
+    assert abs(result.cutoff - (database_now - timedelta(days=3))) < timedelta(seconds=5)
+    # A message can't outlive the claim that guards it.
+    assert stream_config().max_age == 3 * 86400
+
+
+def test_the_hourly_purge_job_uses_the_retention(settings):
+    settings.PLATFORMKIT = dict(settings.PLATFORMKIT, RETENTION_DAYS=1)
+    spec = next(spec for spec in jobs() if spec.name == PURGE_JOB)
+    assert spec.every == timedelta(hours=1)
+    stays, goes = add_event(published_days_ago=0.5), add_event(published_days_ago=2)
+    spec.func()
+    assert outbox_ids() == {stays} and goes not in outbox_ids()
+
+
+def test_purge_works_with_server_side_cursors_disabled():
+    add_event(published_days_ago=10)
+    connection.settings_dict["DISABLE_SERVER_SIDE_CURSORS"] = True
+    try:
+        assert purge(older_than=timedelta(days=7)).outbox_deleted == 1
+    finally:
+        connection.settings_dict.pop("DISABLE_SERVER_SIDE_CURSORS")
+
+
+def test_purge_refuses_a_bad_age_or_batch_size():
+    with pytest.raises(ValueError, match="older_than must be a positive timedelta"):
+        purge(older_than=timedelta(0))
+    with pytest.raises(ValueError, match="batch_size must be an integer >= 1"):
+        purge(older_than=timedelta(days=1), batch_size=0)
+

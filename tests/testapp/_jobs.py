@@ -1,0 +1,33 @@
+"""Periodic jobs for the worker processes tests/test_jobs.py starts. Imported
+only when PLATFORMKIT_TEST_JOBS is set, so other tests' workers never run
+them. Each run is one row in the test's runs table (created by the test)."""
+
+import os
+import time
+from datetime import timedelta
+
+from django.db import connection
+
+from django_platformkit.jobs import current_slot, job
+
+RUNS_TABLE = "pk_test_job_runs"
+
+
+def record(name: str) -> int:
+    """Note this run (job, slot, pid); return how many runs the job has had."""
+    with connection.cursor() as cursor:
+        cursor.execute(f"INSERT INTO {RUNS_TABLE} (job, slot, pid) VALUES (%s, %s, %s)", [name, current_slot(), os.getpid()])
+        cursor.execute(f"SELECT count(*) FROM {RUNS_TABLE} WHERE job = %s", [name])
+        return cursor.fetchone()[0]
+
+
+@job(every=timedelta(seconds=1), name="testapp.every_second")
+def every_second():
+    record("testapp.every_second")
+
+
+@job(every=timedelta(seconds=1), name="testapp.hangs_first")
+def hangs_first():
+    # The first run hangs (the test kills its worker); later runs are quick.
+    if record("testapp.hangs_first") == 1:
+        time.sleep(120)
