@@ -278,6 +278,12 @@ _DEAD_LETTER_SQL = (
 )
 
 
+#: Batch mode commits at most this many messages per transaction: past 64
+#: subtransactions with writes, PostgreSQL's per-backend subxid cache
+#: overflows and every other session's snapshots get slower.
+MAX_SAVEPOINTS_PER_TRANSACTION = 50
+
+
 class HandlerTimeout(Exception):
     """The handler ran past HANDLER_TIMEOUT_SECONDS: counted as a failed attempt."""
 
@@ -403,6 +409,11 @@ class Consumer:
                 results[id(delivery)] = settled
             else:
                 ready.append((delivery, event))
+        for start in range(0, len(ready), MAX_SAVEPOINTS_PER_TRANSACTION):
+            self._process_chunk(ready[start:start + MAX_SAVEPOINTS_PER_TRANSACTION], keep, timeout, results)
+        return [results[id(d)] for d in deliveries]
+
+    def _process_chunk(self, ready: list[tuple[Delivery, ReceivedEvent]], keep: Any, timeout: float, results: dict[int, str]) -> None:
         if ready:
             if keep is not None:
                 for delivery, _ in ready:
@@ -421,7 +432,6 @@ class Consumer:
                     results[id(delivery)] = self._conclude(delivery, event, outcome, failure)
             # After the commit, one trip through the loop for every ack.
             self._settle(lambda: self.transport.ack_many(acks), ready[0][1], "ack")
-        return [results[id(d)] for d in deliveries]
 
     def _run_batch(self, events: Sequence[ReceivedEvent], timeout: float) -> dict[uuid.UUID, tuple[str, BaseException | None]]:
         sub = self.subscription
@@ -436,15 +446,22 @@ class Consumer:
                 cursor.execute(_BATCH_CLAIM_SQL, [sub.name, sorted({e.id for e in events}), timeout_ms, timeout_ms])
                 claimed = {row[0] for row in cursor.fetchall() if row[0] is not None}
                 tenant: str | None = None
+                savepoint_open = False
                 for event in events:
                     if event.id not in claimed or event.id in outcomes:
                         outcomes.setdefault(event.id, ("skipped", None))
                         continue
+                    # One round trip per message: release the previous savepoint,
+                    # open this one, set the tenant if it changed. No parameters,
+                    # so it also works with server-side binding; the tenant is a
+                    # validated [A-Za-z0-9_-] token, safe as a literal.
+                    sql = "RELEASE SAVEPOINT platformkit_message; " if savepoint_open else ""
+                    sql += "SAVEPOINT platformkit_message"
                     if self._default_tenant_context and (event.tenant or "") != (tenant or ""):
-                        cursor.execute("SAVEPOINT platformkit_message; SELECT set_config('platformkit.tenant', %s, true)", [event.tenant or ""])
+                        sql += f"; SELECT set_config('platformkit.tenant', '{check_tenant(event.tenant) or ''}', true)"
                         tenant = event.tenant
-                    else:
-                        cursor.execute("SAVEPOINT platformkit_message")
+                    cursor.execute(sql)
+                    savepoint_open = True
                     self.handler_started = time.monotonic()
                     token = current_event.set(event)
                     try:
@@ -456,12 +473,11 @@ class Consumer:
                     except Exception as exc:  # noqa: BLE001 - this message's outcome, not the batch's
                         if _connection_lost(exc, self.using):
                             raise
-                        cursor.execute("ROLLBACK TO SAVEPOINT platformkit_message; RELEASE SAVEPOINT platformkit_message")
+                        cursor.execute("ROLLBACK TO SAVEPOINT platformkit_message")
                         tenant = None  # the rollback undid set_config too
                         outcomes[event.id] = ("failed", exc)
                         failed.append(event.id)
                     else:
-                        cursor.execute("RELEASE SAVEPOINT platformkit_message")
                         outcomes[event.id] = ("handled", None)
                     finally:
                         current_event.reset(token)
