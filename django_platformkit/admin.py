@@ -184,11 +184,11 @@ class DeadLetterAdmin(ReadOnlyAdmin):
                 refused.append((row, str(exc)))
         if done:
             what = ", ".join(f"{row.name} for {row.subscription}" for row in done[:5]) + (" …" if len(done) > 5 else "")
-            plural = "" if len(done) == 1 else "s"
+            plural, them = ("", "it") if len(done) == 1 else ("s", "them")
             if verb == "replay":
-                text = f"Replayed {len(done)} dead letter{plural} ({what}): pending again, the relay sends them next."
+                text = f"Replayed {len(done)} dead letter{plural} ({what}): pending again, the relay sends {them} next."
             else:
-                text = f"Discarded {len(done)} dead letter{plural} ({what}): the failure is accepted, nothing runs them again."
+                text = f"Discarded {len(done)} dead letter{plural} ({what}): the failure is accepted, nothing runs {them} again."
             self.message_user(request, text, messages.SUCCESS)
         for row, why in refused:
             self.message_user(request, f"Did not {verb} {row.name} {row.event_id} for {row.subscription}: {why}", messages.ERROR)

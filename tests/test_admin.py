@@ -182,7 +182,7 @@ def test_replay_asks_for_a_reason_then_replays_as_the_signed_in_user(client, ope
     done = _action(client, "replay_selected", [row], confirm="yes", reason="card processor fixed")
     assert done.status_code == 302
     assert messages_of(done) == [
-        "Replayed 1 dead letter (testapp.flaky for testapp.flaky): pending again, the relay sends them next."
+        "Replayed 1 dead letter (testapp.flaky for testapp.flaky): pending again, the relay sends it next."
     ]
     assert not DeadLetter.objects.filter(pk=row.pk).exists()
     assert not HandledEvent.objects.filter(event_id=row.event_id).exists()
@@ -262,7 +262,7 @@ def test_discard_removes_the_dead_letter_keeps_the_claim_and_leaves_the_row_purg
     done = _action(client, "discard_selected", [row], confirm="yes", reason="order was cancelled")
     assert done.status_code == 302
     assert messages_of(done) == [
-        "Discarded 1 dead letter (testapp.flaky for testapp.flaky): the failure is accepted, nothing runs them again."
+        "Discarded 1 dead letter (testapp.flaky for testapp.flaky): the failure is accepted, nothing runs it again."
     ]
     assert not DeadLetter.objects.filter(pk=row.pk).exists()
     assert HandledEvent.objects.filter(subscription="testapp.flaky", event_id=row.event_id).exists()

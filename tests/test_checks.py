@@ -17,6 +17,7 @@ from pathlib import Path
 import psycopg
 import pytest
 from django.apps import apps
+from django.conf import settings as django_settings
 from django.core import checks as django_checks
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connection
@@ -28,15 +29,7 @@ from django_platformkit.checks import MESSAGES
 from django_platformkit.devservices import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
-BASE_APPS = [
-    "django.contrib.admin",
-    "django.contrib.auth",
-    "django.contrib.contenttypes",
-    "django.contrib.sessions",
-    "django.contrib.messages",
-    "django_platformkit",
-    "tests.testapp",
-]
+BASE_APPS = list(django_settings.INSTALLED_APPS)
 
 
 @pytest.fixture
@@ -213,8 +206,6 @@ def test_e002_skips_virtualenvs_and_hidden_directories_inside_an_app(make_app):
 # --- E003 / E004: the outbox's database --------------------------------------
 
 def test_e003_an_outbox_database_that_is_not_postgresql_is_an_error(settings, monkeypatch):
-    from django.conf import settings as django_settings
-
     monkeypatch.setitem(django_settings.DATABASES, "legacy", {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"})
     settings.PLATFORMKIT = {**settings.PLATFORMKIT, "DATABASE_ALIAS": "legacy"}
     message = only(checks.check_database(), "E003")
