@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime
 import json
 import uuid
+import zoneinfo
 
 import pytest
 from django.contrib.auth.models import Permission, User
@@ -15,9 +16,10 @@ from django.db import transaction
 from django.urls import reverse
 from django.utils import timezone
 
-from django_platformkit import publish
+from django_platformkit import jobs, publish
 from django_platformkit.consumer import record_dead_letter
 from django_platformkit.models import DeadLetter, HandledEvent, JobState, OutboxEvent
+from tests.test_checks import registries  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.django_db
 
@@ -348,3 +350,25 @@ def test_job_state_is_read_only(client, admin_user):
     assert "testapp.gone_job" in html and "— (no longer declared)" in html and "Boom" in html
     assert client.get(reverse("admin:django_platformkit_jobstate_add")).status_code == 403
     assert client.post(reverse("admin:django_platformkit_jobstate_change", args=["testapp.gone_job"]), {"name": "x"}).status_code == 403
+
+
+def test_job_state_shows_schedule_time_zone_last_run_and_next_slot(client, admin_user, registries):  # noqa: F811
+    def nightly_report():
+        pass
+
+    jobs.job(cron="0 3 * * *", timezone="Europe/Paris", name="testapp.nightly_report")(nightly_report)
+    slot = datetime.datetime(2026, 1, 5, 2, tzinfo=datetime.UTC)
+    JobState.objects.create(name="testapp.nightly_report", last_slot=slot, started_at=slot, finished_at=slot + datetime.timedelta(seconds=3))
+    client.force_login(admin_user)
+    response = client.get(reverse("admin:django_platformkit_jobstate_changelist"))
+    html = response.content.decode()
+    assert "cron 0 3 * * * (Europe/Paris)" in html
+    assert "column-next_slot" in html and "column-time_zone" in html and "column-last_slot" in html
+    row = JobState.objects.get(name="testapp.nightly_report")
+    before = timezone.now()
+    next_slot = response.context["cl"].model_admin.next_slot(row)
+    spec = {s.name: s for s in jobs.jobs()}["testapp.nightly_report"]
+    assert next_slot == spec.next_slot(before)
+    assert next_slot.astimezone(zoneinfo.ZoneInfo("Europe/Paris")).hour == 3
+    detail = client.get(reverse("admin:django_platformkit_jobstate_change", args=["testapp.nightly_report"]))
+    assert detail.status_code == 200 and "Europe/Paris" in detail.content.decode()

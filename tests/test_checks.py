@@ -6,6 +6,7 @@ the broker down."""
 
 from __future__ import annotations
 
+import datetime
 import os
 import socket
 import subprocess
@@ -24,7 +25,7 @@ from django.db import connection
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 
-from django_platformkit import checks, consumer, events
+from django_platformkit import checks, consumer, events, jobs
 from django_platformkit.checks import MESSAGES
 from django_platformkit.devservices import free_port
 
@@ -35,9 +36,10 @@ BASE_APPS = list(django_settings.INSTALLED_APPS)
 @pytest.fixture
 def registries():
     """Whatever a test declares or subscribes is forgotten afterwards."""
-    saved = dict(events._catalogue), dict(events._validators), dict(consumer._subscriptions)
+    kept = (events._catalogue, events._validators, consumer._subscriptions, jobs._jobs)
+    saved = [dict(registry) for registry in kept]
     yield
-    for registry, before in zip((events._catalogue, events._validators, consumer._subscriptions), saved):
+    for registry, before in zip(kept, saved):
         registry.clear()
         registry.update(before)
 
@@ -274,6 +276,32 @@ def test_fewer_delays_than_retries_and_the_default_list_cut_short_are_fine(setti
     assert checks.check_settings() == []
 
 
+# --- E009: job schedules --------------------------------------------------------
+
+def test_e009_a_job_whose_cron_can_never_fire_is_an_error(registries):
+    def leap_day_report():
+        pass
+
+    # @job refuses this at import; a spec registered some other way is still caught.
+    jobs._jobs["testapp.never"] = jobs.JobSpec(
+        name="testapp.never", func=leap_day_report, cron="0 0 30 2 *", declared_in=handler_path(leap_day_report),
+    )
+    message = only(checks.check_jobs(), "E009")
+    assert message.msg == "job 'testapp.never' has a schedule that can't run"
+    assert message.hint == (
+        "cron '0 0 30 2 *' can never fire: no month it names has day 30 (February has 29 days at most); pick a day that exists"
+    )
+    assert message.obj == handler_path(leap_day_report)
+
+
+def test_e009_a_time_zone_on_an_interval_job_is_an_error(registries):
+    jobs._jobs["testapp.zoned"] = jobs.JobSpec(name="testapp.zoned", func=lambda: None, every=datetime.timedelta(minutes=5), timezone="Mars/Olympus")
+    message = only(checks.check_jobs(), "E009")
+    assert message.msg == "job 'testapp.zoned' has a schedule that can't run"
+    assert message.obj == "testapp.zoned"
+    assert message.hint.startswith("timezone='Mars/Olympus' applies to cron only")
+
+
 # --- W003 / W004: two apps provide runworker ----------------------------------
 
 RUNWORKER = """
@@ -457,3 +485,36 @@ def test_a_subscription_to_an_event_another_app_declares_boots_fine(registries, 
     with _boot("pkboot_ok"):
         assert "pkboot_ok.audit" in {s.name for s in consumer.subscriptions()}
         assert checks.check_subscriptions() == []
+
+
+def test_boot_refuses_a_job_with_an_unknown_time_zone_naming_app_and_function(registries, make_app):
+    make_app("pkboot_zone", {"platformkit.py": """
+        from django_platformkit import job
+
+        @job(cron="0 3 * * *", timezone="Mars/Olympus")
+        def nightly():
+            pass
+    """})
+    with pytest.raises(ImproperlyConfigured) as raised, _boot("pkboot_zone"):
+        pass
+    assert str(raised.value) == (
+        "app 'pkboot_zone' (pkboot_zone.platformkit): @job (pkboot_zone.platformkit.nightly): timezone 'Mars/Olympus' "
+        "is not a time zone zoneinfo knows; use an IANA name such as 'Europe/Paris' or 'UTC'."
+    )
+
+
+def test_boot_refuses_a_job_that_takes_arguments(registries, make_app):
+    make_app("pkboot_jobargs", {"platformkit.py": """
+        from datetime import timedelta
+        from django_platformkit import job
+
+        @job(every=timedelta(minutes=5))
+        def tidy(batch):
+            pass
+    """})
+    with pytest.raises(ImproperlyConfigured) as raised, _boot("pkboot_jobargs"):
+        pass
+    assert str(raised.value) == (
+        "app 'pkboot_jobargs': job pkboot_jobargs.platformkit.tidy can't be called with no arguments "
+        "(missing a required argument: 'batch'). Fix: define it as 'def tidy(): ...' (no arguments)."
+    )
