@@ -290,7 +290,12 @@ class Transport:
     async def _connect(self) -> None:
         if self._nc is not None and not self._nc.is_closed:
             return
-        self._nc = await nats.connect(**self._connect_kwargs())
+        kwargs = self._connect_kwargs()
+        # nats-py applies max_reconnect_attempts to the FIRST connect too, so
+        # "forever" would hang here; try each server a few times, then say so.
+        kwargs["max_reconnect_attempts"] = 2
+        self._nc = await nats.connect(**kwargs)
+        self._nc.options["max_reconnect_attempts"] = -1  # from now on, ride out any outage
         self._js = self._nc.jetstream(timeout=self.request_timeout_seconds)
         self._pulls.clear()
         self.connected.set()
@@ -305,15 +310,22 @@ class Transport:
         except (OSError, nats.errors.Error, asyncio.TimeoutError) as exc:
             raise BrokerUnavailable(f"can't connect to NATS at {self.url}: {exc or type(exc).__name__}") from exc
 
-    def connect_until(self, stop: threading.Event, *, retry_seconds: float = 2.0) -> bool:
+    def connect_until(self, stop: threading.Event, *, retry_seconds: float = 2.0, give_up_after_seconds: float | None = None) -> bool:
         """Connect, retrying with a logged error until it works or ``stop`` is
         set. Returns whether it connected: a worker started during a broker
-        outage waits for the broker instead of crash-looping."""
+        outage waits for the broker instead of crash-looping. With
+        ``give_up_after_seconds`` (run-once modes), raises the last
+        ``BrokerUnavailable`` after that long instead."""
+        import time
+
+        deadline = None if give_up_after_seconds is None else time.monotonic() + give_up_after_seconds
         while not stop.is_set():
             try:
                 self.connect()
                 return True
             except BrokerUnavailable as exc:
+                if deadline is not None and time.monotonic() + retry_seconds > deadline:
+                    raise
                 logger.error("nats unreachable url=%s error=%s; retrying in %.0f s", self.url, exc, retry_seconds)
                 stop.wait(retry_seconds)
         return False

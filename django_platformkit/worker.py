@@ -46,6 +46,8 @@ class Worker:
     drain the outbox and every consumer (nothing pending, nothing awaiting
     ack or retry), run no jobs, then return. ``health_file``: a JSON file
     rewritten every second with liveness and counts.
+    ``connect_timeout_seconds``: with ``burst``, how long to keep trying to
+    reach NATS before failing (a running worker waits for it forever).
     """
 
     def __init__(
@@ -61,6 +63,7 @@ class Worker:
         health_file: str | os.PathLike[str] | None = None,
         burst_timeout_seconds: float | None = None,
         jobs: Sequence[str] | None = None,
+        connect_timeout_seconds: float = 30.0,
     ) -> None:
         self.transport = transport or Transport()
         self.using = using or conf.settings.DATABASE_ALIAS
@@ -69,6 +72,7 @@ class Worker:
         self.want_scheduler = scheduler and not burst
         self.burst = burst
         self.burst_timeout_seconds = burst_timeout_seconds
+        self.connect_timeout_seconds = connect_timeout_seconds
         self.subscriptions = list(registered_subscriptions() if subscriptions is None else subscriptions)
         self.health_file = Path(health_file) if health_file else None
         self.stop_event = threading.Event()
@@ -94,7 +98,8 @@ class Worker:
 
     def run(self) -> int:
         """Run until stopped (or drained, with ``burst``). Returns the exit code."""
-        if not self.transport.connect_until(self.stop_event):
+        # A burst is a script's step: fail it rather than wait forever for a broker.
+        if not self.transport.connect_until(self.stop_event, give_up_after_seconds=self.connect_timeout_seconds if self.burst else None):
             return 0
         self._retry_until_stopped(self.transport.ensure_stream, f"stream {conf.settings.STREAM}")
         if self.want_consumers:

@@ -173,3 +173,16 @@ def test_a_broker_that_lost_its_store_gets_the_stream_and_durable_back(broker, s
         if replacement is not None:
             replacement.cleanup()
     assert effects().count() == 2
+
+
+def test_run_once_modes_fail_with_a_clear_error_when_nats_is_unreachable(broker):
+    import subprocess
+
+    from django_platformkit.devservices import free_port
+
+    env = worker_env(broker, NATS_URL=f"nats://127.0.0.1:{free_port()}")
+    for args in (["runrelay", "--once", "--connect-timeout", "3"], ["runworker", "--burst", "--no-jobs", "--connect-timeout", "3"]):
+        proc = manage(*args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        _, stderr = proc.communicate(timeout=90)
+        assert proc.returncode == 1, (args, stderr)
+        assert "can't connect to NATS at nats://127.0.0.1:" in stderr

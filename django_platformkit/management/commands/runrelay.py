@@ -2,7 +2,9 @@
 
 import threading
 
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
+
+from ...exceptions import BrokerUnavailable, ConfigurationError
 
 from ...relay import Relay
 from ...transport import Transport
@@ -14,6 +16,7 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("--once", action="store_true", help="Relay what is pending now, print the count and exit.")
+        parser.add_argument("--connect-timeout", type=float, default=30.0, metavar="SECONDS", help="With --once: fail if NATS can't be reached within SECONDS (default 30).")
 
     def handle(self, *args, **options):
         import signal
@@ -23,9 +26,9 @@ class Command(BaseCommand):
         signal.signal(signal.SIGTERM, lambda *a: stop.set())
         signal.signal(signal.SIGINT, lambda *a: stop.set())
         transport = Transport(name="django_platformkit relay")
-        if not transport.connect_until(stop):
-            return
         try:
+            if not transport.connect_until(stop, give_up_after_seconds=options["connect_timeout"] if options["once"] else None):
+                return
             transport.ensure_stream()
             relay = Relay(transport)
             if options["once"]:
@@ -35,5 +38,7 @@ class Command(BaseCommand):
                     raise SystemExit(1)
                 return
             relay.run(stop)
+        except (BrokerUnavailable, ConfigurationError) as exc:
+            raise CommandError(str(exc)) from None
         finally:
             transport.close()

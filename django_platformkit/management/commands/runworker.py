@@ -2,7 +2,7 @@
 
 from django.core.management.base import BaseCommand, CommandError
 
-from ...exceptions import ConsumerDrift
+from ...exceptions import BrokerUnavailable, ConfigurationError, ConsumerDrift
 from ...worker import Worker
 from ._base import configure_logging
 
@@ -16,6 +16,7 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("--burst", action="store_true", help="Drain the outbox and every consumer (nothing pending, awaiting ack or retry), run no jobs, then exit 0.")
         parser.add_argument("--burst-timeout", type=float, default=None, metavar="SECONDS", help="With --burst: give up and exit 1 if not drained after SECONDS (default: wait).")
+        parser.add_argument("--connect-timeout", type=float, default=30.0, metavar="SECONDS", help="With --burst: fail if NATS can't be reached within SECONDS (default 30; without --burst the worker waits for NATS).")
         parser.add_argument("--no-relay", action="store_true", help="Don't run the relay (run it elsewhere with runrelay).")
         parser.add_argument("--no-jobs", action="store_true", help="Don't run periodic jobs in this process.")
         parser.add_argument("--job", action="append", default=None, metavar="NAME", help="Run only this periodic job (repeatable; default: all).")
@@ -42,12 +43,13 @@ class Command(BaseCommand):
         worker = Worker(
             relay=not options["no_relay"], scheduler=not options["no_jobs"], burst=options["burst"],
             subscriptions=subs, health_file=options["health_file"], burst_timeout_seconds=options["burst_timeout"],
+            connect_timeout_seconds=options["connect_timeout"],
             jobs=options["job"],
         )
         worker.install_signal_handlers()
         try:
             code = worker.run()
-        except ConsumerDrift as exc:
+        except (ConsumerDrift, BrokerUnavailable, ConfigurationError) as exc:
             raise CommandError(str(exc)) from None
         if options["burst"] and options["verbosity"] >= 1:
             counts = worker.counts()
