@@ -1,0 +1,116 @@
+"""6-7: a large backlog. The relay's rate with 10k vs 1M pending rows (the
+pending-rows partial index keeps its query independent of table size; the
+EXPLAIN is printed), then the peak RSS of a worker process relaying and
+handling over what is left of the 1M rows."""
+
+from __future__ import annotations
+
+import signal
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from django.db import connection, transaction
+
+from django_platformkit.relay import _SELECT_SQL, Relay
+from django_platformkit.transport import durable_name
+
+from .benchapp.platformkit import BACKLOG
+from .harness import Result, Sizes, fill_outbox, log, manage, pending, reset_broker, reset_tables, rss_kib, scalar, sql
+
+SUBSCRIPTION = "bench.sink_backlog"
+
+
+def explain(batch_size: int) -> str:
+    """EXPLAIN (ANALYZE, BUFFERS) of the relay's SELECT, rolled back (it locks rows)."""
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute("EXPLAIN (ANALYZE, BUFFERS) " + _SELECT_SQL, [batch_size])
+            plan = "\n".join(r[0] for r in cursor.fetchall())
+        transaction.set_rollback(True)
+    return plan
+
+
+def relay_rows(transport, rows: int) -> float:
+    """Relay ``rows`` of the oldest pending rows, batch by batch; events/s."""
+    relay = Relay(transport)
+    done = 0
+    started = time.perf_counter()
+    while done < rows:
+        stats = relay.relay_batch()
+        if not stats.stored:
+            raise RuntimeError(f"relay stopped after {done} rows: {stats}")
+        done += stats.stored
+    return done / (time.perf_counter() - started)
+
+
+def run_backlog(sizes: Sizes, transport) -> list[Result]:
+    small, big, n = 10_000, sizes.backlog_rows, sizes.backlog_relay_rows
+    n = min(n, small)
+    log(f"relay at {small} pending: relay {n} rows (x{sizes.reps})")
+    at_small = []
+    plan_small = ""
+    for _ in range(sizes.reps):
+        reset_tables()
+        reset_broker(transport, durable_name(SUBSCRIPTION))
+        fill_outbox(BACKLOG.name, small)
+        sql("ANALYZE platformkit_outbox")
+        plan_small = explain(Relay(transport).batch_size)
+        at_small.append(relay_rows(transport, n))
+    reset_tables()
+    reset_broker(transport, durable_name(SUBSCRIPTION))
+    log(f"filling the outbox with {big:,} pending rows (one INSERT ... SELECT generate_series)")
+    started = time.perf_counter()
+    fill_outbox(BACKLOG.name, big)
+    sql("ANALYZE platformkit_outbox")
+    log(f"  filled in {time.perf_counter() - started:.1f}s; relay at {big:,} pending: relay {n} rows (x{sizes.reps})")
+    plan_big = explain(Relay(transport).batch_size)
+    at_big = [relay_rows(transport, n) for _ in range(sizes.reps)]
+    print(f"\nEXPLAIN of the relay's SELECT at {small:,} pending rows:\n{plan_small}\n")
+    print(f"EXPLAIN of the relay's SELECT at {pending():,} pending rows (of {big:,} in the table):\n{plan_big}\n", flush=True)
+    flat = Result(
+        "relay_flat", f"relay rate at {big:,} pending", statistics.median(at_big), "events/s",
+        floor=statistics.median(at_small), floor_what=f"relay rate at {small:,} pending", target=">= 0.8x",
+        samples={"ours": at_big, "floor": at_small}, detail={"explain_small": plan_small, "explain_big": plan_big},
+    )
+    flat.ratio = flat.ours / flat.floor
+    flat.met = flat.ratio >= 0.8
+    flat.note = "uses platformkit_outbox_pending" if "platformkit_outbox_pending" in plan_big else "NOT using the pending index"
+    return [flat, _rss(sizes, big)]
+
+
+def _rss(sizes: Sizes, big: int) -> Result:
+    window = sizes.rss_window_seconds
+    before = pending()
+    health = Path(tempfile.mkdtemp(prefix="bench-")) / "health.json"
+    log(f"worker RSS: runworker (relay + consumer) over {before:,} pending rows for {window:g}s")
+    worker = manage("runworker", "--no-jobs", "--subscription", SUBSCRIPTION, "--health-file", str(health), "-v", "0")
+    peak_sampled = 0
+    try:
+        deadline = time.monotonic() + 60
+        while not health.exists():
+            if worker.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("the worker did not start")
+            time.sleep(0.05)
+        start_rss, _ = rss_kib(worker.pid)
+        end = time.monotonic() + window
+        while time.monotonic() < end and worker.poll() is None:
+            current, _ = rss_kib(worker.pid)
+            peak_sampled = max(peak_sampled, current)
+            time.sleep(0.25)
+        _, hwm = rss_kib(worker.pid)
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        try:
+            worker.wait(60)
+        except Exception:  # noqa: BLE001
+            worker.kill()
+    after = pending()
+    handled = scalar("SELECT count(*) FROM bench_sink WHERE kind = 'backlog'")
+    peak_mib = max(hwm, peak_sampled) / 1024
+    return Result(
+        "worker_rss", f"worker peak RSS, {big:,}-row backlog", peak_mib, "MiB", target="< 150 MiB", met=peak_mib < 150,
+        note=f"relayed {before - after:,} and handled {handled:,} in {window:g}s; RSS at start {start_rss / 1024:.0f} MiB",
+        detail={"pending_before": before, "pending_after": after, "handled": handled, "start_rss_mib": start_rss / 1024, "hwm_mib": hwm / 1024, "sampled_peak_mib": peak_sampled / 1024},
+    )

@@ -1,0 +1,37 @@
+"""A relay process for the 1-vs-2-process measurement: sets up, says
+``ready``, waits for ``go`` on stdin, drains the outbox once and prints
+``{"stored": N, "started": t, "finished": t}`` (time.time()), so process
+start-up is outside the measured span."""
+
+import json
+import os
+import sys
+import time
+
+
+def main() -> None:
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "bench.settings")
+    import django
+
+    django.setup()
+    from django.db import connection
+
+    from django_platformkit.relay import Relay
+    from django_platformkit.transport import Transport
+
+    transport = Transport(name="bench relay")
+    transport.connect()
+    transport.ensure_stream()
+    relay = Relay(transport)
+    connection.ensure_connection()
+    print("ready", flush=True)
+    sys.stdin.readline()
+    started = time.time()
+    stats = relay.drain()
+    finished = time.time()
+    print(json.dumps({"stored": stats.stored, "temporary": stats.temporary, "started": started, "finished": finished}), flush=True)
+    transport.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,44 @@
+"""Django settings of the benchmark (and of the worker and relay processes
+it starts). ``bench/run.py`` chooses the servers and puts them in the
+environment before Django starts: ``BENCH_DATABASE_URL`` (a database the
+benchmark owns: its tables are truncated between measurements),
+``BENCH_NATS_URL``, ``BENCH_STREAM`` and ``BENCH_SUBJECT_PREFIX``."""
+
+import os
+
+from django_platformkit.devservices import database_settings
+
+SECRET_KEY = "bench-only"
+DEBUG = False  # DEBUG keeps every query in memory: it would skew both speed and RSS
+USE_TZ = True
+TIME_ZONE = "UTC"
+ALLOWED_HOSTS: list[str] = []
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+INSTALLED_APPS = [
+    "django.contrib.contenttypes",
+    "django.contrib.auth",
+    "django_platformkit",
+    "bench.benchapp",
+]
+
+DATABASES = {"default": database_settings(os.environ.get("BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/platformkit_bench"))}
+# Django's default (0: a connection per request) unless BENCH_CONN_MAX_AGE says
+# otherwise ("none" = keep forever): the worker's per-message path honours it.
+if os.environ.get("BENCH_CONN_MAX_AGE"):
+    _age = os.environ["BENCH_CONN_MAX_AGE"]
+    DATABASES["default"]["CONN_MAX_AGE"] = None if _age.lower() == "none" else int(_age)
+
+PLATFORMKIT = {
+    "NATS_URL": os.environ.get("BENCH_NATS_URL", "nats://127.0.0.1:4222"),
+    "STREAM": os.environ.get("BENCH_STREAM", "PLATFORMKIT_BENCH"),
+    "SUBJECT_PREFIX": os.environ.get("BENCH_SUBJECT_PREFIX", "pkbench"),
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "formatters": {"plain": {"format": "%(asctime)s %(process)d %(levelname)s %(name)s %(message)s"}},
+    "loggers": {"django_platformkit": {"handlers": ["stderr"], "level": os.environ.get("BENCH_LOG_LEVEL", "WARNING"), "propagate": False}},
+}
