@@ -453,6 +453,8 @@ class Scheduler:
             for key in ("cursor_factory", "context", "prepare_threshold"):
                 params.pop(key, None)
             params.setdefault("application_name", f"platformkit job {runner.spec.name}"[:63])
+            # A database that doesn't answer must not pin the run thread forever.
+            params.setdefault("connect_timeout", 10)
             runner.connection = psycopg.connect(**params, autocommit=True)
         return runner.connection
 
@@ -492,7 +494,7 @@ class Scheduler:
         if connection.execute(_CLAIM_SQL, [spec.name, slot]).fetchone() is None:
             logger.debug("slot already run name=%s slot=%s", spec.name, slot.isoformat())
             return
-        logger.info("job started name=%s slot=%s", spec.name, slot.isoformat())
+        logger.debug("job started name=%s slot=%s", spec.name, slot.isoformat())
         started, error = time.monotonic(), ""
         try:
             spec.func()

@@ -491,7 +491,7 @@ def test_three_worker_processes_run_an_every_second_job_once_per_slot(broker, ru
     procs, logs = start_workers(broker, tmp_path, name, 3)
     try:
         watch_from = datetime.now(UTC)
-        time.sleep(6)
+        time.sleep(5)
         watch_to = datetime.now(UTC)
     finally:
         stop_workers(procs)
