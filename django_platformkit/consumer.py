@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, TypeVar
 
+import psycopg
 from django.apps import apps
 from django.db import DatabaseError, InterfaceError, OperationalError, connections, transaction
 from django.utils.module_loading import import_string
@@ -32,7 +33,7 @@ from django.utils.module_loading import import_string
 from . import conf
 from .events import check_event_name, check_tenant, current_event
 from .exceptions import ConfigurationError, InvalidEventName
-from ._tables import DEAD_LETTER_TABLE, HANDLED_TABLE
+from ._tables import DEAD_LETTER_TABLE, HANDLED_TABLE, OUTBOX_TABLE
 from .transport import Delivery, Transport, consumer_config, durable_name, filter_subject_for, parse_subject
 
 logger = logging.getLogger(__name__)
@@ -269,7 +270,9 @@ _BATCH_CLAIM_SQL = (
     "set_config('idle_in_transaction_session_timeout', %s, true) AS i) s LEFT JOIN c ON true"
 )
 _TERMINAL_CLAIM_SQL = (
-    f"INSERT INTO {HANDLED_TABLE} (subscription, event_id, handled_at) VALUES (%s, %s, now()) "
+    f"WITH row AS (SELECT 1 FROM {OUTBOX_TABLE} WHERE id = %s FOR KEY SHARE) "
+    f"INSERT INTO {HANDLED_TABLE} (subscription, event_id, handled_at) "
+    "SELECT %s, %s, now() FROM (SELECT count(*) FROM row) locked "
     "ON CONFLICT (subscription, event_id) DO NOTHING RETURNING 1"
 )
 _DEAD_LETTER_SQL = (
@@ -293,6 +296,14 @@ def _connection_lost(exc: BaseException, alias: str) -> bool:
     the handler's logic: then nothing is counted against the event."""
     if not isinstance(exc, (OperationalError, InterfaceError)):
         return False
+    # Leaving the failed atomic block makes Django reconnect, so after
+    # pg_terminate_backend the connection looks healthy again: judge by the
+    # error too. No SQLSTATE = libpq lost the socket; 08xxx = connection
+    # exception; 57P01-57P03 = the server shut the session down. (57014, a
+    # statement timeout, stays the handler's failure.)
+    cause = exc.__cause__
+    if isinstance(cause, psycopg.OperationalError) and (cause.sqlstate is None or cause.sqlstate[:2] == "08" or cause.sqlstate in ("57P01", "57P02", "57P03")):
+        return True
     connection = connections[alias]
     return connection.connection is None or not connection.is_usable()
 
@@ -607,7 +618,9 @@ def record_dead_letter(*, subscription: str, event_id: uuid.UUID, name: str, ten
     Idempotent: both inserts are ``ON CONFLICT DO NOTHING``."""
     alias = using or conf.settings.DATABASE_ALIAS
     with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
-        cursor.execute(_TERMINAL_CLAIM_SQL, [subscription, event_id])
+        # Hold the outbox row (it has the payload's only copy) while the dead
+        # letter is written: purge locks FOR UPDATE SKIP LOCKED, so it skips it.
+        cursor.execute(_TERMINAL_CLAIM_SQL, [event_id, subscription, event_id])
         if cursor.fetchone() is None:
             return False
         cursor.execute(_DEAD_LETTER_SQL, [event_id, subscription, name, tenant, attempts, error[:10000], traceback[:50000]])
