@@ -276,12 +276,13 @@ class Rig:
             time.sleep(0.5)
         raise AssertionError(f"scenario {self.name} did not settle within {timeout:.0f} s: {tally}\n{self.logs()}")
 
-    def report(self, tally: Tally) -> str:
-        """Print the scenario's one line and return it."""
+    def report(self, tally: Tally, *, extra_duplicates: int = 0) -> str:
+        """Print the scenario's one line and return it. ``extra_duplicates``:
+        doubles counted elsewhere (a job run twice for one slot)."""
         seconds = time.monotonic() - self.started
         line = (
             f"scenario={self.name} events={tally.events} faults={self.faults} "
-            f"lost={tally.lost} duplicated={tally.duplicated + tally.stray} seconds={seconds:.1f}"
+            f"lost={tally.lost} duplicated={tally.duplicated + tally.stray + extra_duplicates} seconds={seconds:.1f}"
         )
         REPORTED.append(line)
         print(line, flush=True)
