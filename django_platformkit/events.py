@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Iterable, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any
 
 from django.core.serializers.json import DjangoJSONEncoder
@@ -235,6 +236,10 @@ def _normalize(value: Any, path: str, depth: int) -> Any:
         _check_text(value, path, "string")
         return str(value)
     if isinstance(value, int):
+        try:
+            str(value)
+        except ValueError:  # past Python's 4300-digit limit: json can't write it, the consumer couldn't read it
+            raise InvalidPayload(f"integer at {path} has more than 4300 digits: send it as a string.", path=path) from None
         return int(value)
     if isinstance(value, float):
         if not math.isfinite(value):
@@ -256,7 +261,7 @@ def _normalize(value: Any, path: str, depth: int) -> Any:
         return [_normalize(item, _path(path, i), depth + 1) for i, item in enumerate(value)]
     try:
         converted = _django_encoder.default(value)
-    except TypeError:
+    except (TypeError, ValueError):  # ValueError: a time with a time zone
         raise InvalidPayload(
             f"{type(value).__name__} at {path} is not JSON-encodable by DjangoJSONEncoder: "
             "convert it to a string, number, list or dict.",
@@ -265,6 +270,21 @@ def _normalize(value: Any, path: str, depth: int) -> Any:
     if isinstance(converted, float) and not math.isfinite(converted):  # e.g. Decimal('NaN') subclasses
         raise InvalidPayload(f"{value!r} at {path} is not a finite number.", path=path)
     return _normalize(converted, path, depth + 1)
+
+
+def _plain_number_growth(data: Any) -> int:
+    """Bytes PostgreSQL adds by printing jsonb numbers in plain notation
+    (``1e+300`` comes back as 1 and 300 zeros, ``5e-324`` as 0.000...5) - the
+    text the relay sends: without it a small payload could grow past the
+    server's max_payload and be refused for good."""
+    if isinstance(data, float):
+        text = repr(data)
+        return len(format(Decimal(text), "f")) - len(text) if "e" in text else 0
+    if isinstance(data, dict):
+        return sum(_plain_number_growth(v) for v in data.values())
+    if isinstance(data, list):
+        return sum(_plain_number_growth(v) for v in data)
+    return 0
 
 
 def encode_payload(payload: Any, event_type: EventType | None = None, *, max_bytes: int | None = None) -> tuple[str, Any]:
@@ -282,7 +302,7 @@ def encode_payload(payload: Any, event_type: EventType | None = None, *, max_byt
     data = _normalize(payload, "$", 0)
     text = json.dumps(data, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
     limit = conf.settings.MAX_PAYLOAD_BYTES if max_bytes is None else max_bytes
-    size = len(text.encode("utf-8"))
+    size = len(text.encode("utf-8")) + _plain_number_growth(data)
     if size > limit:
         raise InvalidPayload(
             f"payload is {size} bytes of JSON, over MAX_PAYLOAD_BYTES ({limit}): "
