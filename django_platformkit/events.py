@@ -101,7 +101,9 @@ def _caller_module(depth: int = 2) -> str:
 def check_event_name(name: Any) -> str:
     """Return ``name`` if it follows ``<module>.<event>`` (each part
     ``[a-z][a-z0-9_]*``), else raise ``InvalidEventName`` saying so."""
-    if not isinstance(name, str) or not EVENT_NAME.match(name):
+    # fullmatch: with match(), '$' also matches before a final newline, and
+    # 'shop.order\n' would reach the NATS protocol line as a subject.
+    if not isinstance(name, str) or not EVENT_NAME.fullmatch(name):
         raise InvalidEventName(
             f"{name!r} is not an event name: use '<module>.<event>', lower case, "
             "each part [a-z][a-z0-9_]*, exactly one dot (e.g. 'shop.order_placed')."
@@ -117,7 +119,7 @@ def check_tenant(tenant: Any) -> str | None:
         return None
     if isinstance(tenant, uuid.UUID):
         tenant = str(tenant)
-    if not isinstance(tenant, str) or not TENANT.match(tenant):
+    if not isinstance(tenant, str) or not TENANT.fullmatch(tenant):
         raise InvalidEventName(
             f"tenant {tenant!r} is not a tenant token: use 1 to 64 characters of "
             "[A-Za-z0-9_-] (a UUID fits), or None for no tenant."
