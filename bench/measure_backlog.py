@@ -77,10 +77,10 @@ def run_backlog(sizes: Sizes, transport) -> list[Result]:
     flat.ratio = flat.ours / flat.floor
     flat.met = flat.ratio >= 0.8
     flat.note = "uses platformkit_outbox_pending" if "platformkit_outbox_pending" in plan_big else "NOT using the pending index"
-    return [flat, _rss(sizes, big)]
+    return [flat, *_rss(sizes, big)]
 
 
-def _rss(sizes: Sizes, big: int) -> Result:
+def _rss(sizes: Sizes, big: int) -> list[Result]:
     window = sizes.rss_window_seconds
     before = pending()
     health = Path(tempfile.mkdtemp(prefix="bench-")) / "health.json"
@@ -94,10 +94,16 @@ def _rss(sizes: Sizes, big: int) -> Result:
                 raise RuntimeError("the worker did not start")
             time.sleep(0.05)
         start_rss, _ = rss_kib(worker.pid)
-        end = time.monotonic() + window
+        t0 = time.monotonic()
+        end = t0 + window
+        timeline: list[tuple[float, int]] = [(0.0, before)]  # (seconds, pending rows)
+        next_count = t0 + 2.0
         while time.monotonic() < end and worker.poll() is None:
             current, _ = rss_kib(worker.pid)
             peak_sampled = max(peak_sampled, current)
+            if time.monotonic() >= next_count:
+                timeline.append((time.monotonic() - t0, pending()))
+                next_count += 2.0
             time.sleep(0.25)
         _, hwm = rss_kib(worker.pid)
     finally:
@@ -109,8 +115,32 @@ def _rss(sizes: Sizes, big: int) -> Result:
     after = pending()
     handled = scalar("SELECT count(*) FROM bench_sink WHERE kind = 'backlog'")
     peak_mib = max(hwm, peak_sampled) / 1024
-    return Result(
+    rss = Result(
         "worker_rss", f"worker peak RSS, {big:,}-row backlog", peak_mib, "MiB", target="< 150 MiB", met=peak_mib < 150,
         note=f"relayed {before - after:,} and handled {handled:,} in {window:g}s; RSS at start {start_rss / 1024:.0f} MiB",
-        detail={"pending_before": before, "pending_after": after, "handled": handled, "start_rss_mib": start_rss / 1024, "hwm_mib": hwm / 1024, "sampled_peak_mib": peak_sampled / 1024},
+        detail={"pending_before": before, "pending_after": after, "handled": handled, "start_rss_mib": start_rss / 1024,
+                "hwm_mib": hwm / 1024, "sampled_peak_mib": peak_sampled / 1024, "pending_timeline": timeline},
     )
+    return [rss, *_drain_curve(timeline)]
+
+
+def _drain_curve(timeline: list[tuple[float, int]]) -> list[Result]:
+    """The worker's relay rate early vs late in the drain: dead index entries
+    of stamped rows pile up in front of the pending ones until VACUUM."""
+    rates = [((p0 - p1) / (t1 - t0), p0) for (t0, p0), (t1, p1) in zip(timeline, timeline[1:]) if t1 > t0]
+    busy = [(rate, p) for rate, p in rates if p > 0]
+    if len(busy) < 4:
+        return []
+    quarter = max(1, len(busy) // 4)
+    early = [r for r, _ in busy[:quarter]]
+    late = [r for r, _ in busy[-quarter:]]
+    if busy[-1][0] == 0:
+        late = [r for r, _ in busy[-quarter - 1:-1]]
+    result = Result(
+        "relay_drain_curve", "(info) worker relay rate, last quarter of the window", statistics.median(late), "events/s",
+        floor=statistics.median(early), floor_what="first quarter", target="info",
+        note=f"relayed {timeline[0][1] - timeline[-1][1]:,} rows in {timeline[-1][0]:.0f}s (pending sampled every 2s)",
+        samples={"ours": late, "floor": early},
+    )
+    result.ratio = result.ours / result.floor if result.floor else None
+    return [result]

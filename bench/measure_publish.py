@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import time
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.test import override_settings
+from django.test.utils import CaptureQueriesContext
 
 from django_platformkit import conf, publish
 from django_platformkit.events import publish_many
@@ -63,15 +64,29 @@ def _interleaved(reps: int, a, b) -> tuple[list[float], list[float]]:
     return xs, ys
 
 
+def _statements(func) -> int:
+    """Statements one call sends inside its transaction (BEGIN and COMMIT aside)."""
+    with transaction.atomic(), CaptureQueriesContext(connection) as captured:
+        func()
+    return len(captured.captured_queries)
+
+
 def run_publish(sizes: Sizes) -> list[Result]:
     n = sizes.publish_events
+    trips = {
+        "publish": _statements(lambda: publish(PUBLISH, _payload(0))),
+        "create": _statements(lambda: Row.objects.create(name="bench.publish", payload=_payload(0))),
+        "publish_many_100": _statements(lambda: publish_many([(PUBLISH, _payload(i)) for i in range(100)])),
+        "bulk_create_100": _statements(lambda: Row.objects.bulk_create([Row(name="bench.publish", payload=_payload(i)) for i in range(100)])),
+    }
     _publish_rate(200), _create_rate(200)  # warm up connections and caches
     log(f"publish(): {n} events, one transaction each, vs Row.objects.create (x{sizes.reps})")
     ours, floor = _interleaved(sizes.reps, lambda: _publish_rate(n), lambda: _create_rate(n))
     results = [ratio_result(
         "publish", "publish() per event in atomic()", ours, floor, unit="events/s",
         floor_what="Model.objects.create in atomic()", at_least=0.85,
-        note=f"RELAY_LISTEN={conf.settings.RELAY_LISTEN}: INSERT + pg_notify in one statement",
+        note=f"RELAY_LISTEN={conf.settings.RELAY_LISTEN}; statements per event: publish() {trips['publish']}, create() {trips['create']}",
+        detail={"statements": trips},
     )]
     # Where the cost goes: the same publish() without the wake-up NOTIFY.
     with override_settings(PLATFORMKIT={**conf.settings.user_settings, "RELAY_LISTEN": False}):
@@ -89,6 +104,7 @@ def run_publish(sizes: Sizes) -> list[Result]:
     results.append(ratio_result(
         "publish_many", "publish_many() of 100 per atomic()", ours, floor, unit="events/s",
         floor_what="bulk_create(100 rows) in atomic()", at_least=0.8,
+        note=f"statements per 100: publish_many() {trips['publish_many_100']}, bulk_create() {trips['bulk_create_100']}",
     ))
     reset_tables()
     return results

@@ -23,11 +23,12 @@ INSTALLED_APPS = [
 ]
 
 DATABASES = {"default": database_settings(os.environ.get("BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/platformkit_bench"))}
-# Django's default (0: a connection per request) unless BENCH_CONN_MAX_AGE says
-# otherwise ("none" = keep forever): the worker's per-message path honours it.
-if os.environ.get("BENCH_CONN_MAX_AGE"):
-    _age = os.environ["BENCH_CONN_MAX_AGE"]
-    DATABASES["default"]["CONN_MAX_AGE"] = None if _age.lower() == "none" else int(_age)
+# Persistent connections (CONN_MAX_AGE=None), as procrastinate's and
+# pgqueuer's pools have: the comparisons are of queue designs, not of
+# reconnects. BENCH_CONN_MAX_AGE=0 (Django's default) is what the rows marked
+# "CONN_MAX_AGE=0" run with; "none" means None.
+_age = os.environ.get("BENCH_CONN_MAX_AGE", "none")
+DATABASES["default"]["CONN_MAX_AGE"] = None if _age.lower() == "none" else int(_age)
 
 PLATFORMKIT = {
     "NATS_URL": os.environ.get("BENCH_NATS_URL", "nats://127.0.0.1:4222"),
