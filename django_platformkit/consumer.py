@@ -591,7 +591,10 @@ class Consumer:
             with transaction.atomic(using=self.using), connections[self.using].cursor() as cursor:
                 cursor.execute(
                     _DEAD_LETTER_SQL,
-                    [event_id, sub.name, "(malformed)", None, delivery.attempt, error, delivery.data[:4000].decode("utf-8", "replace")],
+                    # NUL can't be stored in PostgreSQL text: unescaped, a body holding one
+                    # could never be recorded and would come back after every ack wait.
+                    [event_id, sub.name, "(malformed)", None, delivery.attempt, error.replace("\x00", "\\x00"),
+                     delivery.data[:4000].decode("utf-8", "replace").replace("\x00", "\\x00")],
                 )
         except DatabaseError as exc:
             logger.error("malformed message not recorded, will retry subscription=%s stream_seq=%s error=%s", sub.name, delivery.stream_seq, exc)
