@@ -207,6 +207,7 @@ class Transport:
         self._pulls: dict[str, Any] = {}
         self.connected = threading.Event()
         self._error_logged = False
+        self._last_error: BaseException | None = None  # the server's reason, for a failed connect
         self._closing = False
 
     # -- the bridge --
@@ -275,6 +276,7 @@ class Transport:
         # One line per outage, not one per reconnect attempt (twice a second).
         level = logging.DEBUG if self._error_logged else logging.WARNING
         self._error_logged = True
+        self._last_error = exc
         logger.log(level, "nats error=%s", exc or type(exc).__name__)
 
     async def _on_disconnected(self) -> None:
@@ -290,6 +292,7 @@ class Transport:
     async def _connect(self) -> None:
         if self._nc is not None and not self._nc.is_closed:
             return
+        self._last_error = None
         kwargs = self._connect_kwargs()
         # nats-py applies max_reconnect_attempts to the FIRST connect too, so
         # "forever" would hang here; try each server a few times, then say so.
@@ -308,7 +311,11 @@ class Transport:
         except BrokerUnavailable:
             raise
         except (OSError, nats.errors.Error, asyncio.TimeoutError) as exc:
-            raise BrokerUnavailable(f"can't connect to NATS at {self.url}: {exc or type(exc).__name__}") from exc
+            # nats-py ends with "no servers available"; the server's reason
+            # ('Authorization Violation', a TLS failure) came to error_cb.
+            cause = self._last_error
+            why = f"{exc or type(exc).__name__}" + (f" (last error: {cause})" if cause and str(cause) != str(exc) else "")
+            raise BrokerUnavailable(f"can't connect to NATS at {self.url}: {why}") from exc
 
     def connect_until(self, stop: threading.Event, *, retry_seconds: float = 2.0, give_up_after_seconds: float | None = None) -> bool:
         """Connect, retrying with a logged error until it works or ``stop`` is
