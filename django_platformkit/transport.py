@@ -308,7 +308,11 @@ class Transport:
         (after the first connection, reconnects happen by themselves)."""
         try:
             self.call(self._connect(), timeout=15)
-        except BrokerUnavailable:
+        except BrokerUnavailable as exc:
+            # nats-py never returns from a first connect whose TLS handshake
+            # failed verification: the bridge's timeout ends it; say why.
+            if self._last_error is not None:
+                raise BrokerUnavailable(f"can't connect to NATS at {self.url}: {exc} (last error: {self._last_error})") from exc
             raise
         except (OSError, nats.errors.Error, asyncio.TimeoutError) as exc:
             # nats-py ends with "no servers available"; the server's reason
