@@ -217,6 +217,19 @@ def _path(parent: str, key: Any) -> str:
     return f"{parent}[{json.dumps(key, ensure_ascii=True)}]"
 
 
+def _render(at: tuple) -> str:
+    """The JSON path of a location kept as nested ``(parent, key)`` pairs:
+    built only when there is an error to report, never on the happy path."""
+    keys = []
+    while at:
+        at, key = at
+        keys.append(key)
+    path = "$"
+    for key in reversed(keys):
+        path = _path(path, key)
+    return path
+
+
 def _check_text(text: str, path: str, what: str) -> None:
     if "\x00" in text:
         raise InvalidPayload(f"{what} at {path} contains a NUL character (\\u0000), which PostgreSQL jsonb can't store: remove it.", path=path)
@@ -226,67 +239,94 @@ def _check_text(text: str, path: str, what: str) -> None:
         raise InvalidPayload(f"{what} at {path} contains a lone surrogate, which is not valid Unicode: fix the string.", path=path) from None
 
 
-def _normalize(value: Any, path: str, depth: int) -> Any:
+#: Python refuses to print integers past 4300 digits (~14,300 bits).
+_MAX_INT_BITS = 14_000
+
+
+def _normalize(value: Any, at: tuple, depth: int, growth: list[int]) -> Any:
     """Return ``value`` as plain JSON data (dict/list/str/int/float/bool/None),
     converting what ``DjangoJSONEncoder`` converts; raise ``InvalidPayload``
-    naming the path of anything else."""
+    naming the path of anything else. Strings are checked later, on the
+    encoded text, in one pass. ``growth[0]`` collects the bytes PostgreSQL
+    adds by printing floats in plain notation (``1e+300`` -> 301 digits)."""
     if depth > MAX_DEPTH:
+        path = _render(at)
         raise InvalidPayload(f"payload nests deeper than {MAX_DEPTH} levels at {path}: flatten it.", path=path)
-    if value is None or value is True or value is False:
+    kind = type(value)
+    if kind is str or value is None or kind is bool:
+        return value
+    if kind is dict:  # the common containers first, by exact type (ABC checks are slow)
+        out = {}
+        for key, item in value.items():
+            if type(key) is not str:
+                break
+            out[key] = _normalize(item, (at, key), depth + 1, growth)
+        else:
+            return out
+    elif kind is list:
+        return [_normalize(item, (at, i), depth + 1, growth) for i, item in enumerate(value)]
+    elif kind is int and value.bit_length() <= _MAX_INT_BITS:
         return value
     if isinstance(value, str):
-        _check_text(value, path, "string")
         return str(value)
     if isinstance(value, int):
-        try:
-            str(value)
-        except ValueError:  # past Python's 4300-digit limit: json can't write it, the consumer couldn't read it
-            raise InvalidPayload(f"integer at {path} has more than 4300 digits: send it as a string.", path=path) from None
+        if value.bit_length() > _MAX_INT_BITS:
+            try:
+                str(value)
+            except ValueError:  # json can't write it, the consumer couldn't read it
+                path = _render(at)
+                raise InvalidPayload(f"integer at {path} has more than 4300 digits: send it as a string.", path=path) from None
         return int(value)
     if isinstance(value, float):
         if not math.isfinite(value):
+            path = _render(at)
             raise InvalidPayload(f"{value!r} at {path} is not a JSON number (NaN and Infinity aren't JSON): send null or a string.", path=path)
+        text = repr(value)
+        if "e" in text:
+            growth[0] += len(format(Decimal(text), "f")) - len(text)
         return float(value)
     if isinstance(value, Mapping):
         out = {}
         for key, item in value.items():
-            if not isinstance(key, str):
-                raise InvalidPayload(
-                    f"key {key!r} at {path} is a {type(key).__name__}: JSON object keys must be strings; convert it with str().",
-                    path=path,
-                )
-            child = _path(path, key)
-            _check_text(key, child, "key")
-            out[key] = _normalize(item, child, depth + 1)
+            if type(key) is not str:
+                if not isinstance(key, str):
+                    path = _render(at)
+                    raise InvalidPayload(
+                        f"key {key!r} at {path} is a {type(key).__name__}: JSON object keys must be strings; convert it with str().",
+                        path=path,
+                    )
+                key = str(key)
+            out[key] = _normalize(item, (at, key), depth + 1, growth)
         return out
     if isinstance(value, (list, tuple)):
-        return [_normalize(item, _path(path, i), depth + 1) for i, item in enumerate(value)]
+        return [_normalize(item, (at, i), depth + 1, growth) for i, item in enumerate(value)]
     try:
         converted = _django_encoder.default(value)
     except (TypeError, ValueError):  # ValueError: a time with a time zone
+        path = _render(at)
         raise InvalidPayload(
             f"{type(value).__name__} at {path} is not JSON-encodable by DjangoJSONEncoder: "
             "convert it to a string, number, list or dict.",
             path=path,
         ) from None
     if isinstance(converted, float) and not math.isfinite(converted):  # e.g. Decimal('NaN') subclasses
+        path = _render(at)
         raise InvalidPayload(f"{value!r} at {path} is not a finite number.", path=path)
-    return _normalize(converted, path, depth + 1)
+    return _normalize(converted, at, depth + 1, growth)
 
 
-def _plain_number_growth(data: Any) -> int:
-    """Bytes PostgreSQL adds by printing jsonb numbers in plain notation
-    (``1e+300`` comes back as 1 and 300 zeros, ``5e-324`` as 0.000...5) - the
-    text the relay sends: without it a small payload could grow past the
-    server's max_payload and be refused for good."""
-    if isinstance(data, float):
-        text = repr(data)
-        return len(format(Decimal(text), "f")) - len(text) if "e" in text else 0
-    if isinstance(data, dict):
-        return sum(_plain_number_growth(v) for v in data.values())
-    if isinstance(data, list):
-        return sum(_plain_number_growth(v) for v in data)
-    return 0
+def _find_bad_text(data: Any, at: tuple = ()) -> None:
+    """Raise ``InvalidPayload`` for the first key or string holding a NUL or a
+    lone surrogate (the slow path, run only when the encoded text has one)."""
+    if isinstance(data, str):
+        _check_text(data, _render(at), "string")
+    elif isinstance(data, dict):
+        for key, item in data.items():
+            _check_text(key, _render((at, key)), "key")
+            _find_bad_text(item, (at, key))
+    elif isinstance(data, list):
+        for i, item in enumerate(data):
+            _find_bad_text(item, (at, i))
 
 
 def encode_payload(payload: Any, event_type: EventType | None = None, *, max_bytes: int | None = None) -> tuple[str, Any]:
@@ -301,10 +341,18 @@ def encode_payload(payload: Any, event_type: EventType | None = None, *, max_byt
     """
     if not isinstance(payload, Mapping):
         raise InvalidPayload(f"payload must be a dict (a JSON object), got {type(payload).__name__}.")
-    data = _normalize(payload, "$", 0)
+    growth = [0]
+    data = _normalize(payload, (), 0, growth)
     text = json.dumps(data, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    try:
+        encoded = text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate somewhere: say where
+        _find_bad_text(data)
+        raise
+    if "\\u0000" in text:  # json escapes NUL; jsonb refuses it (a literal backslash-u0000 string is fine)
+        _find_bad_text(data)
     limit = conf.settings.MAX_PAYLOAD_BYTES if max_bytes is None else max_bytes
-    size = len(text.encode("utf-8")) + _plain_number_growth(data)
+    size = len(encoded) + growth[0]
     if size > limit:
         raise InvalidPayload(
             f"payload is {size} bytes of JSON, over MAX_PAYLOAD_BYTES ({limit}): "
@@ -329,13 +377,22 @@ current_event: ContextVar[Any] = ContextVar("platformkit_current_event", default
 _publish_listeners: list = []  # testing.capture_events() hooks in here
 
 
+_propagate: Any = None
+
+
 def _trace_headers() -> str:
-    try:
-        from opentelemetry import propagate
-    except ImportError:
+    """The W3C trace context of the current span, if OpenTelemetry is installed."""
+    global _propagate
+    if _propagate is None:
+        try:
+            from opentelemetry import propagate
+        except ImportError:  # looked up once: a failed import costs a filesystem walk every time
+            propagate = False
+        _propagate = propagate
+    if _propagate is False:
         return "{}"
     carrier: dict[str, str] = {}
-    propagate.inject(carrier)
+    _propagate.inject(carrier)
     if not carrier:
         return "{}"
     return json.dumps({k: v for k, v in carrier.items() if k in ("traceparent", "tracestate")})
