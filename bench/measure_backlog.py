@@ -20,6 +20,8 @@ from .benchapp.platformkit import BACKLOG
 from .harness import Result, Sizes, fill_outbox, log, manage, pending, reset_broker, reset_tables, rss_kib, scalar, sql
 
 SUBSCRIPTION = "bench.sink_backlog"
+#: How long the worker gets to exit after SIGTERM before it is killed.
+STOP_WAIT_SECONDS = 30.0
 
 
 def explain(batch_size: int) -> str:
@@ -106,22 +108,34 @@ def _rss(sizes: Sizes, big: int) -> list[Result]:
                 next_count += 2.0
             time.sleep(0.25)
         _, hwm = rss_kib(worker.pid)
+        timeline.append((time.monotonic() - t0, pending()))
     finally:
+        stopping = time.monotonic()
         worker.send_signal(signal.SIGTERM)
+        killed = False
         try:
-            worker.wait(60)
+            worker.wait(STOP_WAIT_SECONDS)
         except Exception:  # noqa: BLE001
+            killed = True
             worker.kill()
+            worker.wait(10)
+        stop_seconds = time.monotonic() - stopping
     after = pending()
     handled = scalar("SELECT count(*) FROM bench_sink WHERE kind = 'backlog'")
     peak_mib = max(hwm, peak_sampled) / 1024
+    relayed_after_window = (timeline[-1][1] if timeline else before) - after
+    stop = Result(
+        "worker_stop", "(info) worker exit after SIGTERM, mid-backlog", stop_seconds, "s", target="info",
+        note=(f"killed after {STOP_WAIT_SECONDS:g}s; " if killed else "") + f"it relayed {relayed_after_window:,} more rows after the SIGTERM",
+        detail={"killed": killed, "relayed_after_sigterm": relayed_after_window},
+    )
     rss = Result(
         "worker_rss", f"worker peak RSS, {big:,}-row backlog", peak_mib, "MiB", target="< 150 MiB", met=peak_mib < 150,
-        note=f"relayed {before - after:,} and handled {handled:,} in {window:g}s; RSS at start {start_rss / 1024:.0f} MiB",
+        note=f"relayed {before - (timeline[-1][1] if timeline else after):,} and handled {handled:,} in {window:g}s; RSS at start {start_rss / 1024:.0f} MiB",
         detail={"pending_before": before, "pending_after": after, "handled": handled, "start_rss_mib": start_rss / 1024,
                 "hwm_mib": hwm / 1024, "sampled_peak_mib": peak_sampled / 1024, "pending_timeline": timeline},
     )
-    return [rss, *_drain_curve(timeline)]
+    return [rss, *_drain_curve(timeline), stop]
 
 
 def _drain_curve(timeline: list[tuple[float, int]]) -> list[Result]:

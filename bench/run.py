@@ -42,6 +42,8 @@ def _fmt(value: float | None, unit: str) -> str:
         return f"{value:,.0f}/s"
     if unit == "ms":
         return f"{value:.1f} ms"
+    if unit == "s":
+        return f"{value:.1f} s"
     if unit == "MiB":
         return f"{value:.1f} MiB"
     return f"{value:.3g} {unit}"
