@@ -38,7 +38,8 @@ _SELECT_SQL = (
     f"SELECT id, name, tenant, payload::text, headers, created_at FROM {OUTBOX_TABLE} "
     "WHERE published_at IS NULL ORDER BY created_at, id LIMIT %s FOR UPDATE SKIP LOCKED"
 )
-_STAMP_SQL = f"UPDATE {OUTBOX_TABLE} SET published_at = now() WHERE id = ANY(%s)"
+# clock_timestamp(): the moment the acks were in, not the batch transaction's start.
+_STAMP_SQL = f"UPDATE {OUTBOX_TABLE} SET published_at = clock_timestamp() WHERE id = ANY(%s)"
 
 
 @dataclass
