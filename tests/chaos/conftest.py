@@ -14,7 +14,9 @@ import pytest
 
 from django_platformkit.devservices import NatsServer, PostgresServer
 
-from .harness import REPORTED, ROOT, Rig
+pytest.register_assert_rewrite("tests.chaos.harness")  # its asserts explain themselves like a test's
+
+from .harness import REPORTED, ROOT, Rig  # noqa: E402
 
 TEMPLATE_DB = "chaos_template"
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -21,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import psycopg
+
+from tests.conftest import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 EVENT = "testapp.order_placed"
@@ -189,6 +192,22 @@ class Rig:
             out.append(process)
         return out
 
+    def faults_while_handling(self, events: int, *, rounds: int, seed: int, inject: Callable[[Process], None]) -> None:
+        """Publish ``events`` up front, start a relay and two workers, then
+        ``rounds`` times, 1.5 to 3 s apart and only while events are still
+        unhandled, call ``inject`` on each worker in turn once it is working."""
+        rng = random.Random(seed)
+        self.wait_for_writers(self.writers(1, events, seconds=0))
+        self.relay()
+        workers = [self.worker(1), self.worker(2)]
+        for round_ in range(rounds):
+            time.sleep(rng.uniform(1.5, 3.0))
+            if self.tally().complete(events):
+                return  # nothing left to handle: a fault now would prove nothing
+            victim = workers[round_ % 2]
+            victim.wait_for_log("worker started")  # at work, not mid start-up
+            inject(victim)
+
     def wait_for_writers(self, writers: Sequence[Process], timeout: float = 180.0) -> None:
         wait_for(lambda: all(not w.running for w in writers), timeout=timeout, what="the writers")
         codes = [w.popen.returncode for w in writers]
@@ -252,6 +271,14 @@ class Rig:
             handled={s: handled.get(s, 0) for s in SUBSCRIPTIONS},
         )
 
+    def assert_exactly_once(self, tally: Tally, events: int | None = None) -> None:
+        """Every event (``events`` of them, if given) reached every
+        subscription once: nothing lost, doubled, stray, pending or dead-lettered."""
+        if events is not None:
+            assert tally.events == events
+        assert (tally.lost, tally.duplicated, tally.stray, tally.pending) == (0, 0, 0, 0), (tally, self.dead_letter_errors(), self.logs())
+        assert tally.dead_letters == 0, self.dead_letter_errors()
+
     def dead_letter_errors(self, limit: int = 5) -> list[str]:
         with psycopg.connect(self.database_url, autocommit=True) as conn:
             return [r[0] for r in conn.execute("SELECT subscription || ': ' || error FROM platformkit_dead_letters LIMIT %s", [limit])]
@@ -291,7 +318,7 @@ class Rig:
 
 # --- NATS, read directly (the rig's own view, not the library's) --------------
 
-def _nats_call(urls: str, coro_factory, timeout: float = 10.0):
+def nats_call(urls: str, coro_factory, timeout: float = 10.0):
     import nats
 
     async def run():
@@ -315,7 +342,7 @@ def consumers_idle(urls: str) -> bool:
         return True
 
     try:
-        return _nats_call(urls, check)
+        return nats_call(urls, check)
     except Exception:  # noqa: BLE001 - not idle if the broker can't say so
         return False
 
@@ -327,17 +354,8 @@ def stream_leader(urls: str) -> str | None:
         return info.cluster.leader if info.cluster else None
 
     try:
-        return _nats_call(urls, leader)
+        return nats_call(urls, leader)
     except Exception:  # noqa: BLE001
         return None
 
 
-def wait_for(predicate: Callable[[], object], *, timeout: float, what: str, interval: float = 0.2):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(interval)

@@ -41,6 +41,4 @@ def test_two_relays_and_three_workers_with_a_periodic_job_double_nothing(make_ri
     print(f"job {JOB}: runs={runs} slots={slots} doubled={doubled_slots} skipped={span - slots} of {span} seconds, by {pids} workers")
     assert doubled_slots == 0
     assert slots >= 10, "the job hardly ran: the scheduler did not keep up"
-    assert tally.events == events
-    assert (tally.lost, tally.duplicated, tally.stray, tally.pending) == (0, 0, 0, 0), (tally, rig.dead_letter_errors(), rig.logs())
-    assert tally.dead_letters == 0, rig.dead_letter_errors()
+    rig.assert_exactly_once(tally, events)

@@ -44,8 +44,7 @@ def test_nats_sigkilled_and_restarted_and_database_sessions_terminated_mid_flow(
     for process in (relay, *workers):
         code, _ = process.terminate()
         assert code == 0, process.tail()
-    assert (tally.lost, tally.duplicated, tally.stray, tally.pending) == (0, 0, 0, 0), (tally, rig.dead_letter_errors(), rig.logs())
-    assert tally.dead_letters == 0, rig.dead_letter_errors()
+    rig.assert_exactly_once(tally)
 
 
 @pytest.mark.django_db(transaction=True)
