@@ -318,6 +318,7 @@ class Consumer:
         self.stop = stop or threading.Event()
         self.handler_started: float | None = None  # monotonic; read by the worker's watchdog
         self.counts = {"handled": 0, "skipped": 0, "retried": 0, "dead_lettered": 0, "malformed": 0}
+        self._keep: tuple[Any, dict[uuid.UUID, Delivery]] | None = None  # this batch's keep-alive
         self._tenant_factory = tenant_context_factory()
         self._default_tenant_context = self._tenant_factory is set_config_tenant
 
@@ -358,10 +359,23 @@ class Consumer:
         if event is None:
             return settled
         timeout = float(conf.settings.HANDLER_TIMEOUT_SECONDS)
-        if keep is not None:
-            keep.started(delivery, timeout)  # past its timeout, its ack is no longer extended
-        outcome, error = self._run_until_db_answers(lambda: self._run(event, timeout), event, timeout)
+        self._keep = (keep, {event.id: delivery})
+        try:
+            outcome, error = self._run_until_db_answers(lambda: self._run(event, timeout), event, timeout)
+        finally:
+            self._keep = None
         return self._conclude(delivery, event, outcome, error)
+
+    def _handler_starts(self, event: ReceivedEvent, timeout: float) -> None:
+        """The claim is in; the handler starts now. From here its message's
+        ack is extended for ``timeout`` seconds only. Not before: while the
+        worker waits for a database that went away, the ack keeps being
+        extended, so an outage can't push healthy events past MAX_ATTEMPTS."""
+        self.handler_started = time.monotonic()
+        if self._keep is not None and self._keep[0] is not None:
+            delivery = self._keep[1].get(event.id)
+            if delivery is not None:
+                self._keep[0].started(delivery, timeout)
 
     def _triage(self, delivery: Delivery) -> tuple[ReceivedEvent | None, str]:
         """Parse a delivery; settle at once what must not reach the handler."""
@@ -426,10 +440,11 @@ class Consumer:
 
     def _process_chunk(self, ready: list[tuple[Delivery, ReceivedEvent]], keep: Any, timeout: float, results: dict[int, str]) -> None:
         if ready:
-            if keep is not None:
-                for delivery, _ in ready:
-                    keep.started(delivery, timeout * len(ready))
-            outcomes, error = self._run_until_db_answers(lambda: self._run_batch([e for _, e in ready], timeout), ready[0][1], timeout * len(ready))
+            self._keep = (keep, {e.id: d for d, e in ready})
+            try:
+                outcomes, error = self._run_until_db_answers(lambda: self._run_batch([e for _, e in ready], timeout), ready[0][1], timeout * len(ready))
+            finally:
+                self._keep = None
             if error is not None:  # the batch as a whole failed (e.g. the database went away for good)
                 outcomes = {e.id: ("failed", error) for _, e in ready}
             acks = []
@@ -473,7 +488,7 @@ class Consumer:
                         tenant = event.tenant
                     cursor.execute(sql)
                     savepoint_open = True
-                    self.handler_started = time.monotonic()
+                    self._handler_starts(event, timeout)
                     token = current_event.set(event)
                     try:
                         context = contextlib.nullcontext() if self._default_tenant_context else self._tenant_factory(event.tenant)
@@ -542,7 +557,7 @@ class Consumer:
                 claimed = cursor.fetchone()[0]
             if not claimed:
                 return "skipped"
-            self.handler_started = time.monotonic()
+            self._handler_starts(event, timeout)
             token = current_event.set(event)
             try:
                 context = contextlib.nullcontext() if self._default_tenant_context else self._tenant_factory(event.tenant)

@@ -186,3 +186,71 @@ def test_run_once_modes_fail_with_a_clear_error_when_nats_is_unreachable(broker)
         _, stderr = proc.communicate(timeout=90)
         assert proc.returncode == 1, (args, stderr)
         assert "can't connect to NATS at nats://127.0.0.1:" in stderr
+
+
+def test_a_database_outage_longer_than_the_ack_wait_does_not_use_up_attempts(broker, settings):
+    """While the worker waits for its database, it keeps extending the ack:
+    the broker doesn't redeliver, the attempt count stays at 1, and a healthy
+    event is handled once when the database is back - not dead-lettered."""
+    import threading
+
+    import psycopg
+
+    from django_platformkit.consumer import Consumer, subscriptions
+
+    settings.PLATFORMKIT = dict(broker, ACK_WAIT_SECONDS=1.5, HANDLER_TIMEOUT_SECONDS=1)
+    flaky = next(s for s in subscriptions() if s.name == "testapp.flaky")  # max_attempts=3
+    db = connection.settings_dict["NAME"]
+    with transaction.atomic():
+        event_id = publish("testapp.flaky", {})
+    t = Transport()
+    t.connect()
+    t.ensure_stream()
+    admin = psycopg.connect(host=connection.settings_dict["HOST"], port=connection.settings_dict["PORT"], user=connection.settings_dict["USER"], dbname="postgres", autocommit=True)
+    consumer = Consumer(flaky, t)
+    try:
+        Relay(t).drain()
+        consumer.ensure()
+        connection.close()
+        admin.execute(f'ALTER DATABASE "{db}" ALLOW_CONNECTIONS false')
+        def consume():
+            from django.db import connections
+
+            try:
+                consumer.poll(timeout=2)
+            finally:
+                connections.close_all()
+
+        # A second worker pulls meanwhile: a redelivery would reach it.
+        other = Consumer(flaky, t)
+        done = threading.Event()
+
+        def other_consumes():
+            from django.db import connections
+
+            try:
+                while not done.is_set():
+                    other.poll(timeout=0.5)
+            finally:
+                connections.close_all()
+
+        threads = [threading.Thread(target=consume), threading.Thread(target=other_consumes)]
+        for thread in threads:
+            thread.start()
+        time.sleep(10)  # several ack waits (the broker may take a few to redeliver)
+        admin.execute(f'ALTER DATABASE "{db}" ALLOW_CONNECTIONS true')
+        threads[0].join(30)
+        done.set()
+        threads[1].join(30)
+        assert not any(thread.is_alive() for thread in threads)
+    finally:
+        admin.execute(f'ALTER DATABASE "{db}" ALLOW_CONNECTIONS true')
+        admin.close()
+        t.close()
+    # one delivery in all: the other worker never got a redelivery to skip
+    assert sum(consumer.counts.values()) + sum(other.counts.values()) == 1, (consumer.counts, other.counts)
+    from tests.testapp.models import Attempt
+
+    assert list(Attempt.objects.filter(event_id=event_id).values_list("attempt", flat=True)) == [1]
+    assert Effect.objects.filter(event_id=event_id).count() == 1
+    assert not DeadLetter.objects.exists()
