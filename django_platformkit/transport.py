@@ -207,7 +207,7 @@ class Transport:
         self._pulls: dict[str, Any] = {}
         self.connected = threading.Event()
         self._error_logged = False
-        self._last_error: BaseException | None = None  # the server's reason, for a failed connect
+        self._last_error: BaseException | None = None  # the server's reason, for a failed connect (first error since connecting began)
         self._closing = False
 
     # -- the bridge --
@@ -276,7 +276,9 @@ class Transport:
         # One line per outage, not one per reconnect attempt (twice a second).
         level = logging.DEBUG if self._error_logged else logging.WARNING
         self._error_logged = True
-        self._last_error = exc
+        # Keep the first: a refused connect retries, and the later errors
+        # ("connection reset") hide the reason ('Authorization Violation').
+        self._last_error = self._last_error or exc
         logger.log(level, "nats error=%s", exc or type(exc).__name__)
 
     async def _on_disconnected(self) -> None:
