@@ -63,7 +63,7 @@ def relay_rate(transport, rows: int) -> float:
     return rows / elapsed
 
 
-def processes_rate(transport, rows: int, processes: int) -> float:
+def processes_rate(transport, rows: int, processes: int, cpu_share: dict[int, list]) -> float:
     """``processes`` relay processes drain ``rows`` together; rate over the
     span from the first start to the last finish."""
     reset_tables()
@@ -92,6 +92,9 @@ def processes_rate(transport, rows: int, processes: int) -> float:
     if stored != rows or pending():
         raise RuntimeError(f"{processes} relays stored {stored} of {rows}, {pending()} left pending")
     span = max(r["finished"] for r in reports) - min(r["started"] for r in reports)
+    # CPU each relay process used per second of the span: near 1.0 means
+    # the relay is bound by its own Python, not by PostgreSQL or NATS.
+    cpu_share.setdefault(processes, []).append([round(r["cpu_seconds"] / span, 2) for r in reports])
     return rows / span
 
 
@@ -112,12 +115,15 @@ def run_relay(sizes: Sizes, transport) -> list[Result]:
     )]
     log(f"relay: 2 processes vs 1 over {rows} rows (x{sizes.reps})")
     one, two = [], []
+    cpu_share: dict[int, list] = {}
     for _ in range(sizes.reps):
-        one.append(processes_rate(transport, rows, 1))
-        two.append(processes_rate(transport, rows, 2))
+        one.append(processes_rate(transport, rows, 1, cpu_share))
+        two.append(processes_rate(transport, rows, 2, cpu_share))
     results.append(ratio_result(
         "relay_2proc", "relay drain, 2 processes", two, one, unit="events/s",
         floor_what="the same, 1 process", at_least=1.3,
+        note=f"CPU per relay process (s/s): 1 process {cpu_share[1]}, 2 processes {cpu_share[2]}",
+        detail={"cpu_share": cpu_share},
     ))
     reset_tables()
     reset_broker(transport)

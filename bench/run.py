@@ -114,12 +114,17 @@ def main(argv: list[str] | None = None) -> int:
             "cpus": os.cpu_count(), "versions": _versions(),
         }
         log(f"postgres {meta['postgres']} ({services.origin['postgres']}), nats {meta['nats']} ({services.origin['nats']})")
+        meta["load"] = {}
         for name in chosen:
+            load_before, began = os.getloadavg()[0], time.monotonic()
             try:
                 results += _run(name, sizes, transport)
             except Exception:  # noqa: BLE001 - report it, go on with the rest
                 errors[name] = traceback.format_exc()
                 log(f"{name} FAILED:\n{errors[name]}")
+            # Other processes on the machine skew every figure (the ratios less):
+            # say how busy it was, so a reader can tell noise from a regression.
+            meta["load"][name] = {"loadavg_1min_before": load_before, "loadavg_1min_after": os.getloadavg()[0], "seconds": round(time.monotonic() - began, 1)}
         try:
             transport.call(delete_stream(), timeout=60)
         finally:
@@ -137,6 +142,12 @@ def main(argv: list[str] | None = None) -> int:
     for r in results:
         if r.note:
             print(f"  {r.key}: {r.note}")
+    if missed:
+        print("missed: " + ", ".join(f"{r.key} ({_fmt(r.ours, r.unit) if r.ratio is None else f'{r.ratio:.2f}x'} vs {r.target})" for r in missed))
+    busy = {name: max(v["loadavg_1min_before"], v["loadavg_1min_after"]) for name, v in meta.get("load", {}).items()}
+    print("load average (1 min) around each measurement: " + ", ".join(f"{k} {v:.1f}" for k, v in busy.items()) + f" on {os.cpu_count()} CPUs")
+    if any(v > (os.cpu_count() or 1) for v in busy.values()):
+        print("  the machine was busy with other work during this run: absolute figures are low and noisy, latency most of all")
     path = Path(args.json)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"meta": meta, "results": [r.as_dict() for r in results], "errors": errors}, indent=2, default=str))
