@@ -14,6 +14,7 @@ letter and a terminal claim, and the message is terminated.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import logging
 import threading
@@ -146,6 +147,12 @@ def subscribe(event: Any, *, name: str | None = None, max_attempts: int | None =
 
     def decorator(func: Callable[[ReceivedEvent], None]) -> Callable[[ReceivedEvent], None]:
         where = f" ({func.__module__}.{func.__qualname__})"
+        if inspect.iscoroutinefunction(func):
+            raise ConfigurationError(
+                f"@subscribe{where}: handlers run synchronously inside a database transaction; an "
+                "'async def' handler would be marked handled without running. Make it a plain 'def' "
+                "(call async code with asgiref's async_to_sync if you must)."
+            )
         try:
             check_event_name(event_name)
         except InvalidEventName as exc:
@@ -389,7 +396,7 @@ class Consumer:
             # or hung. Don't run it again, or a handler that kills its worker
             # would loop forever.
             return None, self._dead_letter(
-                delivery, event, attempts=delivery.attempt - 1,
+                delivery, event, attempts=delivery.attempt,
                 error=f"delivered {delivery.attempt} times, over max_attempts={sub.max_attempts}; the last "
                 "attempts never reported an outcome (the worker died, hung, or lost its ack)",
                 tb="",
@@ -471,21 +478,21 @@ class Consumer:
                 # unique-key locks in the same order, so they can't deadlock.
                 cursor.execute(_BATCH_CLAIM_SQL, [sub.name, sorted({e.id for e in events}), timeout_ms, timeout_ms])
                 claimed = {row[0] for row in cursor.fetchall() if row[0] is not None}
-                tenant: str | None = None
                 savepoint_open = False
                 for event in events:
                     if event.id not in claimed or event.id in outcomes:
                         outcomes.setdefault(event.id, ("skipped", None))
                         continue
                     # One round trip per message: release the previous savepoint,
-                    # open this one, set the tenant if it changed. No parameters,
-                    # so it also works with server-side binding; the tenant is a
-                    # validated [A-Za-z0-9_-] token, safe as a literal.
+                    # open this one, set this event's tenant - every time, never
+                    # "only if it changed": a rolled-back savepoint can leave an
+                    # earlier event's tenant in force, and RLS must never see it.
+                    # No parameters, so it also works with server-side binding;
+                    # the tenant is a validated [A-Za-z0-9_-] token, safe as a literal.
                     sql = "RELEASE SAVEPOINT platformkit_message; " if savepoint_open else ""
                     sql += "SAVEPOINT platformkit_message"
-                    if self._default_tenant_context and (event.tenant or "") != (tenant or ""):
+                    if self._default_tenant_context:
                         sql += f"; SELECT set_config('platformkit.tenant', '{check_tenant(event.tenant) or ''}', true)"
-                        tenant = event.tenant
                     cursor.execute(sql)
                     savepoint_open = True
                     self._handler_starts(event, timeout)
@@ -500,7 +507,6 @@ class Consumer:
                         if _connection_lost(exc, self.using):
                             raise
                         cursor.execute("ROLLBACK TO SAVEPOINT platformkit_message")
-                        tenant = None  # the rollback undid set_config too
                         outcomes[event.id] = ("failed", exc)
                         failed.append(event.id)
                     else:

@@ -12,6 +12,7 @@ lock (its next slots are skipped, not doubled) and delays no other job.
 from __future__ import annotations
 
 import contextvars
+import inspect
 import logging
 import re
 import threading
@@ -198,6 +199,11 @@ def job(*, every: timedelta | None = None, cron: str | None = None, timezone: st
 
     def decorator(func: Callable[[], None]) -> Callable[[], None]:
         declared_in = f"{func.__module__}.{func.__qualname__}"
+        if inspect.iscoroutinefunction(func):
+            raise ConfigurationError(
+                f"@job ({declared_in}): jobs run in a thread of their own; an 'async def' job would "
+                "never run. Make it a plain 'def' (call async code with asgiref's async_to_sync)."
+            )
         problems = validate_schedule(every=every, cron=cron, timezone=timezone)
         if grace is not None and (not isinstance(grace, timedelta) or grace < timedelta(0)):
             problems.append(f"grace must be a datetime.timedelta >= 0, got {grace!r}")

@@ -273,18 +273,22 @@ class ReplayResult:
     audit_event_id: uuid.UUID
 
 
-def replay(event_id: uuid.UUID | str, *, subscription: str | None = None, actor: str, reason: str, using: str | None = None) -> ReplayResult:
+def replay(event_id: uuid.UUID | str, *, subscription: str | None = None, actor: str, reason: str, include_handled: bool = False, using: str | None = None) -> ReplayResult:
     """Send an event again to the subscriptions that gave up on it.
 
-    In one transaction: lock the outbox row, delete the dead letter(s) and the
-    claim(s) of ``subscription`` (or of every subscription when None), set
-    the row pending again with a fresh ``Nats-Msg-Id``, and publish
-    ``platformkit.event_replayed`` {event_id, name, subscription, actor,
-    reason}. Subscriptions that still hold a claim skip the re-send.
+    In one transaction: lock the outbox row; delete the dead letter and its
+    terminal claim for ``subscription`` - or, when None, for every
+    subscription that dead-lettered this event (the relay's
+    ``platformkit.relay`` included); set the row pending again with a fresh
+    ``Nats-Msg-Id``; and publish ``platformkit.event_replayed`` {event_id,
+    name, subscription, actor, reason}. Subscriptions that handled the event
+    keep their claims and skip the re-send. ``include_handled=True`` (with a
+    named ``subscription``) also clears a success claim, to run a handler
+    again on purpose.
 
     Raises ``ReplayRefused`` (a ``ValueError``), writing nothing, when
     ``actor`` or ``reason`` is empty, the event is unknown (or purged), or
-    there is nothing to clear.
+    there is no dead letter to replay.
     """
     actor = str(actor or "").strip()
     reason = str(reason or "").strip()
@@ -292,6 +296,8 @@ def replay(event_id: uuid.UUID | str, *, subscription: str | None = None, actor:
         raise ReplayRefused("replay() needs an actor: who is replaying (e.g. the operator's username).")
     if not reason:
         raise ReplayRefused("replay() needs a reason: say why this event is sent again (it is kept in the audit event).")
+    if include_handled and subscription is None:
+        raise ReplayRefused("include_handled=True needs a subscription: name the one handler to run again.")
     try:
         event_id = uuid.UUID(str(event_id))
     except ValueError:
@@ -310,12 +316,19 @@ def replay(event_id: uuid.UUID | str, *, subscription: str | None = None, actor:
             where += " AND subscription = %s"
             params.append(subscription)
         cursor.execute(f"DELETE FROM {DEAD_LETTER_TABLE} WHERE {where} RETURNING subscription", params)
-        dead = [r[0] for r in cursor.fetchall()]
-        cursor.execute(f"DELETE FROM {HANDLED_TABLE} WHERE {where} RETURNING subscription", params)
-        cleared = sorted(set(dead) | {r[0] for r in cursor.fetchall()})
+        dead = sorted(r[0] for r in cursor.fetchall())
+        cleared = list(dead)
+        if include_handled and not dead:
+            cleared = [subscription]
         if not cleared:
             target = f"subscription {subscription!r}" if subscription else "any subscription"
-            raise ReplayRefused(f"event {event_id} has no dead letter or claim for {target}: nothing to replay.")
+            raise ReplayRefused(
+                f"event {event_id} has no dead letter for {target}: nothing to replay. "
+                "(To run a handler that succeeded again, pass subscription=... and include_handled=True.)"
+            )
+        # Only the claims of what is replayed: a subscription that handled the
+        # event keeps its claim and skips the re-send.
+        cursor.execute(f"DELETE FROM {HANDLED_TABLE} WHERE event_id = %s AND subscription = ANY(%s)", [event_id, cleared])
         count = int((headers or {}).get("platformkit_replay") or 0) + 1
         cursor.execute(
             f"UPDATE {OUTBOX_TABLE} SET published_at = NULL, headers = headers || %s::jsonb WHERE id = %s",

@@ -74,3 +74,24 @@ def test_claim_is_one_statement_per_batch(transport, django_assert_max_num_queri
     with django_assert_max_num_queries(1 + 50 + 2):
         wait_for(lambda: consumer.poll(timeout=1), timeout=10)
     assert consumer.counts["handled"] == 50
+
+
+def test_a_failed_message_never_leaks_its_tenant_to_the_next_one(transport, settings, broker):
+    settings.PLATFORMKIT = dict(broker, BACKOFF_SECONDS=[30])
+    sub = Subscription(
+        name="testapp.batch_tenants", event="testapp.order_placed", batch=True,
+        handler=effect_writer("t", fail_when=lambda e: e.payload.get("fail")),
+    )
+    with transaction.atomic():
+        ids = [
+            publish("testapp.order_placed", {"n": 0}, tenant="t9"),
+            publish("testapp.order_placed", {"n": 1, "fail": True}, tenant="t9"),
+            publish("testapp.order_placed", {"n": 2}),
+            publish("testapp.order_placed", {"n": 3}),
+        ]
+    Relay(transport).drain()
+    consumer = Consumer(sub, transport)
+    consumer.ensure()
+    assert consumer.poll(timeout=2) == 4
+    seen = dict(Effect.objects.values_list("event_id", "tenant_seen"))
+    assert seen == {ids[0]: "t9", ids[2]: "", ids[3]: ""}

@@ -137,8 +137,8 @@ def test_a_delivery_beyond_max_attempts_is_dead_lettered_without_running(broker,
         t.close()
     assert ran == []
     dead = DeadLetter.objects.get()
-    assert dead.event_id == event_id and dead.attempts == 1
-    assert "over max_attempts=1" in dead.error
+    assert dead.event_id == event_id and dead.attempts == 2  # deliveries, as the error says
+    assert "delivered 2 times, over max_attempts=1" in dead.error
     assert HandledEvent.objects.filter(subscription="testapp.once_only").count() == 1
 
 
@@ -377,3 +377,39 @@ def test_a_custom_tenant_context_is_entered_inside_the_handlers_transaction(brok
     _consume_until_settled(sub_)
     assert seen == ["acme"]
     assert RecordingTenantContext.entered == [("acme", True)]
+
+
+def test_replay_of_all_reruns_only_the_subscriptions_that_dead_lettered(run_worker):
+    from django_platformkit import replay
+    from django_platformkit.exceptions import ReplayRefused
+
+    broken = [True]
+    runs = {"a": 0, "b": 0}
+
+    def a(event):
+        runs["a"] += 1
+        if broken[0]:
+            raise RuntimeError("a is broken")
+
+    def b(event):
+        runs["b"] += 1
+
+    subs = [
+        Subscription(name="testapp.replay_a", event="testapp.flaky", handler=a, max_attempts_override=1),
+        Subscription(name="testapp.replay_b", event="testapp.flaky", handler=b),
+    ]
+    with transaction.atomic():
+        event_id = publish("testapp.flaky", {})
+    run_worker(subscriptions=subs)
+    assert runs == {"a": 1, "b": 1}
+    with pytest.raises(ReplayRefused, match="no dead letter"):
+        replay(event_id, subscription="testapp.replay_b", actor="ops", reason="b never failed")
+    broken[0] = False
+    result = replay(event_id, actor="ops", reason="a fixed")
+    assert result.subscriptions == ("testapp.replay_a",)
+    run_worker(subscriptions=subs)
+    assert runs == {"a": 2, "b": 1}  # b held its claim and skipped the re-send
+    # running a handler that succeeded again is possible, but only on purpose
+    replay(event_id, subscription="testapp.replay_b", actor="ops", reason="recompute", include_handled=True)
+    run_worker(subscriptions=subs)
+    assert runs == {"a": 2, "b": 2}
