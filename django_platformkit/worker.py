@@ -82,12 +82,21 @@ class Worker:
         self._threads: list[threading.Thread] = []
         self._started = time.monotonic()
         self._scheduler: Any = None
+        self._watchdog_thread: threading.Thread | None = None
+        self._threads_done = threading.Event()
         self.job_names = None if jobs is None else list(jobs)  # None: every registered job
 
     # -- lifecycle --
     def install_signal_handlers(self) -> None:
         def handle(signum: int, frame: Any) -> None:
-            logger.info("worker stopping signal=%s: finishing in-flight handlers", signal.Signals(signum).name)
+            name = signal.Signals(signum).name
+            if self.stop_event.is_set():
+                # Asked twice: the operator means it. In-flight transactions roll
+                # back with the connections; their messages are redelivered.
+                logger.warning("worker stopping now signal=%s (second request): in-flight handlers are abandoned", name)
+                logging.shutdown()
+                os._exit(1)
+            logger.info("worker stopping signal=%s: finishing in-flight handlers (send it again to stop at once)", name)
             self.stop_event.set()
 
         signal.signal(signal.SIGTERM, handle)
@@ -119,8 +128,15 @@ class Worker:
                 self._run_forever()
         finally:
             self.stop_event.set()
+            # The watchdog keeps watching until the others are done: a handler
+            # stuck past its timeout + grace still ends the process (status 3)
+            # instead of hanging the shutdown forever.
             for thread in self._threads:
-                thread.join()
+                if thread is not self._watchdog_thread:
+                    thread.join()
+            self._threads_done.set()
+            if self._watchdog_thread is not None:
+                self._watchdog_thread.join()
             self.transport.close()
             connections.close_all()
             counts = self.counts()
@@ -148,10 +164,11 @@ class Worker:
         return totals
 
     # -- threads --
-    def _spawn(self, name: str, target, *args) -> None:
+    def _spawn(self, name: str, target, *args) -> threading.Thread:
         thread = threading.Thread(target=self._guard, args=(name, target, *args), name=name, daemon=True)
         thread.start()
         self._threads.append(thread)
+        return thread
 
     def _guard(self, name: str, target, *args) -> None:
         try:
@@ -221,7 +238,7 @@ class Worker:
         grace = float(conf.settings.HANDLER_STUCK_GRACE_SECONDS)
         warned: set[int] = set()
         last_counts, last_logged = self.counts(), time.monotonic()
-        while not self.stop_event.wait(1.0):
+        while not self._threads_done.wait(1.0):
             now = time.monotonic()
             if now - last_logged >= PROGRESS_LOG_SECONDS:
                 counts = self.counts()
@@ -265,8 +282,11 @@ class Worker:
         if self.health_file is None:
             return
         tmp = self.health_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.health(stuck)))
-        tmp.replace(self.health_file)
+        try:
+            tmp.write_text(json.dumps(self.health(stuck)))
+            tmp.replace(self.health_file)
+        except OSError as exc:  # a full disk must not take the worker down; the probe will notice
+            logger.warning("health file not written path=%s error=%s", self.health_file, exc)
 
     def _run_forever(self) -> None:
         if self.want_relay:
@@ -278,7 +298,7 @@ class Worker:
 
             self._scheduler = Scheduler(using=self.using, jobs=self.job_names)
             self._spawn("platformkit-scheduler", self._scheduler.run, self.stop_event)
-        self._spawn("platformkit-watchdog", self._watchdog)
+        self._watchdog_thread = self._spawn("platformkit-watchdog", self._watchdog)
         while not self.stop_event.wait(0.5):
             pass
 
@@ -288,7 +308,7 @@ class Worker:
         durable with messages pending, awaiting ack or awaiting a retry."""
         self.relay = Relay(self.transport, using=self.using) if self.want_relay else None
         idles = self._spawn_consumers()
-        self._spawn("platformkit-watchdog", self._watchdog)
+        self._watchdog_thread = self._spawn("platformkit-watchdog", self._watchdog)
         deadline = None if self.burst_timeout_seconds is None else time.monotonic() + self.burst_timeout_seconds
         quiet = 0
         while not self.stop_event.is_set():

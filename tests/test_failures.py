@@ -413,3 +413,24 @@ def test_replay_of_all_reruns_only_the_subscriptions_that_dead_lettered(run_work
     replay(event_id, subscription="testapp.replay_b", actor="ops", reason="recompute", include_handled=True)
     run_worker(subscriptions=subs)
     assert runs == {"a": 2, "b": 2}
+
+
+@pytest.mark.parametrize("signals,expected", [(1, 3), (2, 1)], ids=["sigterm-waits-then-exits-3", "second-sigterm-exits-at-once"])
+def test_sigterm_with_a_stuck_handler_still_ends_the_worker(broker, signals, expected):
+    import subprocess
+
+    env = worker_env(broker, PLATFORMKIT_TEST_ACK_WAIT="3", PLATFORMKIT_TEST_HANDLER_TIMEOUT="1", PLATFORMKIT_TEST_STUCK_GRACE="2")
+    with transaction.atomic():
+        event_id = publish("testapp.slow", {"sleep": 120})
+    worker = manage("runworker", "--subscription", "testapp.slow", "--no-jobs", env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: Attempt.objects.filter(event_id=event_id).exists(), timeout=30, what="the handler to start")
+        for _ in range(signals):
+            worker.send_signal(signal.SIGTERM)
+            time.sleep(0.3)
+        _, stderr = worker.communicate(timeout=30)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.communicate()
+    assert worker.returncode == expected, stderr

@@ -25,6 +25,12 @@ class Command(BaseCommand):
 
     def handle(self, *args, **options):
         configure_logging(options["verbosity"])
+        if options["health_file"]:
+            import os
+
+            folder = os.path.dirname(os.path.abspath(options["health_file"]))
+            if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+                raise CommandError(f"--health-file {options['health_file']}: the folder {folder} doesn't exist or isn't writable.")
         from ...consumer import subscriptions
 
         subs = subscriptions()
