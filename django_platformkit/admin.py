@@ -132,7 +132,8 @@ class DeadLetterAdmin(ReadOnlyAdmin):
         """Replay or Discard from a dead letter's own page."""
         if not (self.has_view_permission(request) and self.has_replay_permission(request)):
             raise PermissionDenied
-        queryset = self.get_queryset(request).filter(pk=object_id)
+        # The URL takes any text: an id that isn't a number is "not found", not a 500.
+        queryset = self.get_queryset(request).filter(pk=object_id) if str(object_id).isdigit() else self.get_queryset(request).none()
         if not queryset.exists():
             return self._get_obj_does_not_exist_redirect(request, self.model._meta, object_id)
         response = self._confirm(request, queryset, verb, from_object=True)

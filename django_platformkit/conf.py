@@ -38,6 +38,20 @@ def _string(key: str, value: Any) -> str:
     return value
 
 
+_NATS_SCHEMES = ("nats://", "tls://", "ws://", "wss://")
+
+
+def _nats_url(key: str, value: Any) -> str:
+    _string(key, value)
+    for url in (u.strip() for u in value.split(",")):
+        if not url.startswith(_NATS_SCHEMES):
+            raise ConfigurationError(
+                f"PLATFORMKIT[{key!r}] holds {url!r}: each comma-separated URL must start with "
+                "nats://, tls://, ws:// or wss:// (e.g. 'nats://127.0.0.1:4222')."
+            )
+    return value
+
+
 def _subject_prefix(key: str, value: Any) -> str:
     _string(key, value)
     if not all(_SUBJECT_TOKEN.match(part) for part in value.split(".")):
@@ -99,7 +113,7 @@ NATS_OPTION_KEYS = frozenset(
 
 # key -> (default, validator). The one place defaults live.
 DEFAULTS: dict[str, tuple[Any, Callable[[str, Any], Any]]] = {
-    "NATS_URL": ("nats://127.0.0.1:4222", _string),
+    "NATS_URL": ("nats://127.0.0.1:4222", _nats_url),
     "NATS_OPTIONS": ({}, _nats_options),
     "STREAM": ("PLATFORMKIT", _stream),
     "SUBJECT_PREFIX": ("platformkit", _subject_prefix),

@@ -38,6 +38,8 @@ TENANT = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 #: Deeper nesting is refused: PostgreSQL's jsonb parser and Python's json
 #: module both recurse, and no event needs this much structure.
 MAX_DEPTH = 100
+#: Event module reserved for the package's own events (``platformkit.event_replayed``).
+RESERVED_MODULE = "platformkit"
 #: The LISTEN/NOTIFY channel ``publish()`` wakes the relay on.
 NOTIFY_CHANNEL = "platformkit_outbox"
 
@@ -142,6 +144,11 @@ def declare(name: str, *, schema: Mapping[str, Any] | None = None, description: 
         check_event_name(name)
     except InvalidEventName as exc:
         raise ConfigurationError(f"declare() in {where}: {exc}") from None
+    if name.startswith(RESERVED_MODULE + ".") and not where.startswith("django_platformkit"):
+        raise ConfigurationError(
+            f"declare({name!r}) in {where}: the module {RESERVED_MODULE!r} belongs to django_platformkit's "
+            "own events; name your event after your app (e.g. 'shop.order_placed')."
+        )
     if schema is not None:
         if not isinstance(schema, Mapping):
             raise ConfigurationError(f"declare({name!r}) in {where}: schema must be a dict (a JSON Schema), got {type(schema).__name__}.")

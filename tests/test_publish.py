@@ -164,3 +164,21 @@ def test_publish_is_one_query(django_assert_num_queries):
     with transaction.atomic():
         with django_assert_num_queries(1):
             publish("testapp.order_placed", {"n": 1})
+
+
+def test_the_platformkit_event_module_is_reserved():
+    from django_platformkit import declare
+    from django_platformkit.exceptions import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="belongs to django_platformkit"):
+        declare("platformkit.my_event")
+
+
+def test_nats_url_must_be_a_nats_url(settings):
+    from django.core.exceptions import ImproperlyConfigured
+
+    from django_platformkit import conf
+
+    settings.PLATFORMKIT = {"NATS_URL": "nats://a:4222, http://b:4222"}
+    with pytest.raises(ImproperlyConfigured, match="'http://b:4222'.*must start with nats://"):
+        conf.settings.NATS_URL

@@ -26,6 +26,9 @@ class Command(BaseCommand):
         except ImportError:
             raise CommandError("--format yaml needs PyYAML (pip install pyyaml); --format json needs nothing.") from None
         if options["output"]:
-            options["output"].write_text(text, encoding="utf-8")
+            try:
+                options["output"].write_text(text, encoding="utf-8")
+            except OSError as exc:
+                raise CommandError(f"can't write {options['output']}: {exc.strerror or exc}") from None
         else:
             self.stdout.write(text, ending="")
