@@ -86,7 +86,7 @@ class Process:
         log.close()
         return self
 
-    def wait_for_log(self, text: str, timeout: float = 60.0) -> None:
+    def wait_for_log(self, text: str, timeout: float = 120.0) -> None:
         """Block until this run of the process has logged ``text`` (e.g.
         "worker started": a fault before that would hit start-up, not work)."""
         def logged() -> bool:
@@ -202,13 +202,14 @@ class Rig:
         workers = [self.worker(1), self.worker(2)]
         for round_ in range(rounds):
             time.sleep(rng.uniform(1.5, 3.0))
-            if self.tally().complete(events):
+            _, _, effects = self.progress()
+            if all(effects.get(s, 0) >= events for s in SUBSCRIPTIONS):
                 return  # nothing left to handle: a fault now would prove nothing
             victim = workers[round_ % 2]
             victim.wait_for_log("worker started")  # at work, not mid start-up
             inject(victim)
 
-    def wait_for_writers(self, writers: Sequence[Process], timeout: float = 180.0) -> None:
+    def wait_for_writers(self, writers: Sequence[Process], timeout: float = 300.0) -> None:
         wait_for(lambda: all(not w.running for w in writers), timeout=timeout, what="the writers")
         codes = [w.popen.returncode for w in writers]
         assert codes == [0] * len(writers), f"writers exited {codes}\n{self.logs()}"
@@ -283,24 +284,34 @@ class Rig:
         with psycopg.connect(self.database_url, autocommit=True) as conn:
             return [r[0] for r in conn.execute("SELECT subscription || ': ' || error FROM platformkit_dead_letters LIMIT %s", [limit])]
 
-    def wait_until_settled(self, expected: int, *, timeout: float, tick: Callable[[], None] | None = None) -> Tally:
+    def progress(self) -> tuple[int, int, dict[str, int]]:
+        """``(events, pending, effect rows per subscription)``: cheap enough
+        to poll every second without slowing the scenario it watches."""
+        with psycopg.connect(self.database_url, autocommit=True) as conn:
+            events, pending = conn.execute(
+                "SELECT count(*), count(*) FILTER (WHERE published_at IS NULL) FROM platformkit_outbox WHERE name = %s", [EVENT]
+            ).fetchone()
+            effects = dict(conn.execute("SELECT subscription, count(*) FROM testapp_effect GROUP BY 1").fetchall())
+        return events, pending, effects
+
+    def wait_until_settled(self, expected: int, *, timeout: float) -> Tally:
         """Poll until every one of ``expected`` events has an effect in every
         subscription, nothing is pending in the outbox and no durable has a
         message pending or awaiting its ack; then wait one ack wait more, so
         a redelivery that would double an effect has time to show."""
         deadline = time.monotonic() + timeout
-        tally = self.tally()
+        tally = None
         while time.monotonic() < deadline:
-            if tick is not None:
-                tick()
-            tally = self.tally()
-            idle = tally.complete(expected) and consumers_idle(self.nats_urls)
+            events, pending, effects = self.progress()
             with open(self.workdir / "progress.log", "a") as log:
-                log.write(f"{time.monotonic() - self.started:8.2f}s {tally} idle={idle}\n")
-            if idle:
-                time.sleep(ACK_WAIT_SECONDS + 1)
-                return self.tally()
-            time.sleep(0.5)
+                log.write(f"{time.monotonic() - self.started:8.2f}s events={events} pending={pending} effects={effects}\n")
+            if events >= expected and not pending and all(effects.get(s, 0) >= expected for s in SUBSCRIPTIONS):
+                tally = self.tally()
+                if tally.complete(expected) and consumers_idle(self.nats_urls):
+                    time.sleep(ACK_WAIT_SECONDS + 1)
+                    return self.tally()
+            time.sleep(1.0)
+        tally = tally or self.tally()
         raise AssertionError(f"scenario {self.name} did not settle within {timeout:.0f} s: {tally}\n{self.logs()}")
 
     def report(self, tally: Tally, *, extra_duplicates: int = 0) -> str:

@@ -16,7 +16,7 @@ from tests.conftest import wait_for
 
 from .harness import STREAM, nats_call, scaled, stream_leader
 
-pytestmark = [pytest.mark.chaos, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.chaos, pytest.mark.timeout(1200)]
 
 
 def cluster_config(name: str, route_port: int, route_ports: list[int]) -> str:
@@ -80,7 +80,7 @@ def test_killing_the_stream_leader_of_a_three_replica_cluster_mid_relay_loses_an
         time.sleep(max(0.0, rig.started + restart_at - time.monotonic()))
         nats_cluster[leader].start()  # same port, same store: it catches up as a follower
     rig.wait_for_writers(writers)
-    tally = rig.wait_until_settled(events, timeout=300)
+    tally = rig.wait_until_settled(events, timeout=600)
     rig.report(tally)
     print(f"killed leaders: {killed}; leader now {stream_leader(urls)}")
     assert all(p.running and p.generation == 1 for p in (relay, *workers)), rig.logs()

@@ -12,7 +12,7 @@ from tests.testapp._jobs import RUNS_TABLE
 
 from .harness import scaled
 
-pytestmark = [pytest.mark.chaos, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.chaos, pytest.mark.timeout(1200)]
 
 JOB = "testapp.every_second"
 
@@ -27,7 +27,7 @@ def test_two_relays_and_three_workers_with_a_periodic_job_double_nothing(make_ri
     for process in [*relays, *workers]:
         process.wait_for_log("started")
     rig.wait_for_writers(rig.writers(4, events, seconds=24))
-    tally = rig.wait_until_settled(events, timeout=400)
+    tally = rig.wait_until_settled(events, timeout=900)
     for process in [*relays, *workers]:
         code, _ = process.terminate()
         assert code == 0, process.tail()
