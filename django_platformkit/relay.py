@@ -165,14 +165,15 @@ class Relay:
         self.totals += stats
         return stats
 
-    def drain(self) -> RelayStats:
+    def drain(self, stop: threading.Event | None = None) -> RelayStats:
         """Relay batches until one comes back short (or the broker is
-        refusing for now). Returns the summed counts."""
+        refusing for now, or ``stop`` is set: a stopping worker doesn't
+        drain a million-row backlog first). Returns the summed counts."""
         total = RelayStats()
         while True:
             stats = self.relay_batch()
             total += stats
-            if stats.selected < self.batch_size or stats.temporary:
+            if stats.selected < self.batch_size or stats.temporary or (stop is not None and stop.is_set()):
                 return total
 
     def run(self, stop: threading.Event) -> None:
@@ -189,7 +190,7 @@ class Relay:
                 try:
                     if listener is not None:
                         listener.ensure()
-                    stats = self.drain()
+                    stats = self.drain(stop)
                     if stats.stored or stats.dead_lettered:
                         logger.info("relayed count=%s duplicates=%s dead_lettered=%s", stats.stored, stats.duplicates, stats.dead_lettered)
                     if stats.temporary:

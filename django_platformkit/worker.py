@@ -314,7 +314,7 @@ class Worker:
         while not self.stop_event.is_set():
             if self.relay is not None:
                 try:
-                    self.relay.drain()
+                    self.relay.drain(self.stop_event)
                 except DatabaseError as exc:
                     logger.error("relay database error=%s", exc)
                     connections[self.using].close()

@@ -154,3 +154,41 @@ def test_more_subscriptions_than_consumer_threads_are_all_served(run_worker, set
     worker = run_worker(subscriptions=subs)
     assert {t.name for t in worker._threads if t.name.startswith("platformkit-consumer")} == {"platformkit-consumer-0", "platformkit-consumer-1"}
     assert all(sorted(v) == sorted(ids) for v in seen.values())
+
+
+def test_a_worker_keeps_its_connection_at_the_default_conn_max_age(run_worker, settings):
+    """CONN_MAX_AGE = 0 means 'close after each request' to Django; a worker
+    is one long request, and must not reconnect per event."""
+    from django.db import connections
+
+    from django_platformkit.consumer import Consumer, subscriptions
+
+    assert connections["default"].settings_dict["CONN_MAX_AGE"] == 0
+    with transaction.atomic():
+        for i in range(30):
+            publish("testapp.order_placed", {"n": i})
+    from django_platformkit.transport import Transport
+
+    t = Transport()
+    t.connect()
+    t.ensure_stream()
+    try:
+        Relay(t).drain()
+        consumer = Consumer(next(s for s in subscriptions() if s.name == "testapp.record_order"), t)
+        consumer.ensure()
+        backends = set()
+        original = consumer._run
+
+        def run(event, timeout):
+            result = original(event, timeout)
+            with connections["default"].cursor() as cursor:
+                cursor.execute("SELECT pg_backend_pid()")
+                backends.add(cursor.fetchone()[0])
+            return result
+
+        consumer._run = run
+        while consumer.counts["handled"] < 30:
+            consumer.poll(timeout=1)
+    finally:
+        t.close()
+    assert len(backends) == 1
