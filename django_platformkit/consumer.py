@@ -373,6 +373,22 @@ class Consumer:
             self._keep = None
         return self._conclude(delivery, event, outcome, error)
 
+    def _call_handler(self, event: ReceivedEvent, timeout: float) -> None:
+        """Run the handler inside its transaction (claim already taken): in
+        the event's tenant context, with ``publish()`` defaulting to the
+        event's tenant. Past ``timeout`` it raises ``HandlerTimeout``, so its
+        work rolls back and the attempt counts as failed."""
+        self._handler_starts(event, timeout)
+        token = current_event.set(event)
+        try:
+            context = contextlib.nullcontext() if self._default_tenant_context else self._tenant_factory(event.tenant)
+            with context:
+                self.subscription.handler(event)
+        finally:
+            current_event.reset(token)
+        if time.monotonic() - self.handler_started > timeout:
+            raise HandlerTimeout(f"handler ran past HANDLER_TIMEOUT_SECONDS={timeout:g}; its work was rolled back")
+
     def _handler_starts(self, event: ReceivedEvent, timeout: float) -> None:
         """The claim is in; the handler starts now. From here its message's
         ack is extended for ``timeout`` seconds only. Not before: while the
@@ -495,14 +511,8 @@ class Consumer:
                         sql += f"; SELECT set_config('platformkit.tenant', '{check_tenant(event.tenant) or ''}', true)"
                     cursor.execute(sql)
                     savepoint_open = True
-                    self._handler_starts(event, timeout)
-                    token = current_event.set(event)
                     try:
-                        context = contextlib.nullcontext() if self._default_tenant_context else self._tenant_factory(event.tenant)
-                        with context:
-                            sub.handler(event)
-                        if time.monotonic() - self.handler_started > timeout:
-                            raise HandlerTimeout(f"handler ran past HANDLER_TIMEOUT_SECONDS={timeout:g}; its work was rolled back")
+                        self._call_handler(event, timeout)
                     except Exception as exc:  # noqa: BLE001 - this message's outcome, not the batch's
                         if _connection_lost(exc, self.using):
                             raise
@@ -512,7 +522,6 @@ class Consumer:
                     else:
                         outcomes[event.id] = ("handled", None)
                     finally:
-                        current_event.reset(token)
                         self.handler_started = None
                 if failed:
                     # Their claims were taken with the batch's; give them back.
@@ -563,16 +572,7 @@ class Consumer:
                 claimed = cursor.fetchone()[0]
             if not claimed:
                 return "skipped"
-            self._handler_starts(event, timeout)
-            token = current_event.set(event)
-            try:
-                context = contextlib.nullcontext() if self._default_tenant_context else self._tenant_factory(event.tenant)
-                with context:
-                    sub.handler(event)
-            finally:
-                current_event.reset(token)
-            if time.monotonic() - self.handler_started > timeout:
-                raise HandlerTimeout(f"handler ran past HANDLER_TIMEOUT_SECONDS={timeout:g}; its work was rolled back")
+            self._call_handler(event, timeout)
         return "handled"
 
     # -- giving up --
