@@ -193,21 +193,25 @@ class Rig:
         return out
 
     def faults_while_handling(self, events: int, *, rounds: int, seed: int, inject: Callable[[Process], None]) -> None:
-        """Publish ``events`` up front, start a relay and two workers, then
-        ``rounds`` times, 1.5 to 3 s apart and only while events are still
-        unhandled, call ``inject`` on each worker in turn once it is working."""
+        """Start a relay and two workers, let two writers publish ``events``
+        over 20 s - a fixed window, so a fast machine can't finish before
+        the faults land - and meanwhile, ``rounds`` times 1.5 to 2.5 s apart,
+        call ``inject`` on each worker in turn once it is at work."""
         rng = random.Random(seed)
-        self.wait_for_writers(self.writers(1, events, seconds=0))
         self.relay()
         workers = [self.worker(1), self.worker(2)]
+        for worker in workers:
+            worker.wait_for_log("worker started")
+        writers = self.writers(2, events, seconds=20)
         for round_ in range(rounds):
-            time.sleep(rng.uniform(1.5, 3.0))
+            time.sleep(rng.uniform(1.5, 2.5))
             _, _, effects = self.progress()
-            if all(effects.get(s, 0) >= events for s in SUBSCRIPTIONS):
-                return  # nothing left to handle: a fault now would prove nothing
+            if not any(w.running for w in writers) and all(effects.get(s, 0) >= events for s in SUBSCRIPTIONS):
+                break  # nothing left to handle: a fault now would prove nothing
             victim = workers[round_ % 2]
             victim.wait_for_log("worker started")  # at work, not mid start-up
             inject(victim)
+        self.wait_for_writers(writers)
 
     def wait_for_writers(self, writers: Sequence[Process], timeout: float = 300.0) -> None:
         wait_for(lambda: all(not w.running for w in writers), timeout=timeout, what="the writers")
@@ -313,6 +317,14 @@ class Rig:
             time.sleep(1.0)
         tally = tally or self.tally()
         raise AssertionError(f"scenario {self.name} did not settle within {timeout:.0f} s: {tally}\n{self.logs()}")
+
+    def finish(self, expected: int, *, timeout: float) -> Tally:
+        """Wait until settled, print the scenario's line, and assert every
+        one of ``expected`` events reached every subscription exactly once."""
+        tally = self.wait_until_settled(expected, timeout=timeout)
+        self.report(tally)
+        self.assert_exactly_once(tally, expected)
+        return tally
 
     def report(self, tally: Tally, *, extra_duplicates: int = 0) -> str:
         """Print the scenario's one line and return it. ``extra_duplicates``:

@@ -34,9 +34,7 @@ def test_relay_sigkilled_ten_times_while_four_writers_publish_loses_and_doubles_
         rig.fault("SIGKILL relay")
         relay.start()
     rig.wait_for_writers(writers)
-    tally = rig.wait_until_settled(events, timeout=900)
-    rig.report(tally)
-    rig.assert_exactly_once(tally, events)
+    rig.finish(events, timeout=900)
 
 
 def test_workers_sigkilled_repeatedly_while_handling_handle_every_event_once(make_rig, nats_server):
@@ -50,9 +48,7 @@ def test_workers_sigkilled_repeatedly_while_handling_handle_every_event_once(mak
 
     rig.faults_while_handling(events, rounds=10, seed=2, inject=kill)
     assert rig.faults >= 5, "the workers finished before five kills: raise the event count"
-    tally = rig.wait_until_settled(events, timeout=600)
-    rig.report(tally)
-    rig.assert_exactly_once(tally, events)
+    rig.finish(events, timeout=600)
 
 
 def test_sigterm_under_load_exits_zero_within_the_drain_time_and_loses_nothing(make_rig, nats_server):
@@ -68,9 +64,7 @@ def test_sigterm_under_load_exits_zero_within_the_drain_time_and_loses_nothing(m
 
     rig.faults_while_handling(events, rounds=8, seed=4, inject=terminate)
     assert len(exits) >= 4, "the workers finished before four SIGTERMs: raise the event count"
-    tally = rig.wait_until_settled(events, timeout=600)
-    rig.report(tally)
+    rig.finish(events, timeout=600)
     print(f"sigterm exits (status, seconds): {exits}; drain bound {DRAIN_SECONDS:.1f}s")
     assert all(code == 0 for code, _ in exits), exits
     assert max(seconds for _, seconds in exits) <= DRAIN_SECONDS, exits
-    rig.assert_exactly_once(tally, events)
