@@ -155,7 +155,7 @@ class Relay:
                 else:
                     stats.temporary += 1
                     first_temporary = first_temporary or result.error
-                    self.missing_stream = self.missing_stream or result.error.startswith("no stream answered")
+                    self.missing_stream = self.missing_stream or result.no_stream
             if done:
                 # Stamp after the broker acknowledged: a crash before this line
                 # re-sends (deduplicated by Nats-Msg-Id), it never loses.

@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import json
 import logging
 import ssl
 import threading
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -153,6 +152,7 @@ class PublishResult:
     error: str = ""
     duplicate: bool = False
     seq: int | None = None
+    no_stream: bool = False  # no stream answered: the broker may have lost it
 
 
 @dataclass
@@ -180,7 +180,7 @@ def classify_publish_error(exc: BaseException) -> PublishResult:
             return PublishResult(Outcome.PERMANENT, f"the stream refused it: {exc.description} (code {exc.code}, err_code {exc.err_code})")
         return PublishResult(Outcome.TEMPORARY, f"the stream is unavailable: {exc.description} (code {exc.code})")
     if isinstance(exc, nats.js.errors.NoStreamResponseError):
-        return PublishResult(Outcome.TEMPORARY, "no stream answered (no responders): is the stream there and JetStream up?")
+        return PublishResult(Outcome.TEMPORARY, "no stream answered (no responders): is the stream there and JetStream up?", no_stream=True)
     return PublishResult(Outcome.TEMPORARY, f"{type(exc).__name__}: {exc}".rstrip(": "))
 
 
