@@ -150,12 +150,14 @@ class Settings:
 
     @property
     def user_settings(self) -> Mapping[str, Any]:
+        """The raw ``settings.PLATFORMKIT`` dict ({} when unset). Raises ``ConfigurationError`` if it is not a dict."""
         value = getattr(django_settings, "PLATFORMKIT", {})
         if not isinstance(value, Mapping):
             raise ConfigurationError(f"settings.PLATFORMKIT must be a dict, got {type(value).__name__}.")
         return value
 
     def unknown_keys(self) -> list[str]:
+        """Sorted keys of ``PLATFORMKIT`` that are not settings (reported by ``manage.py check``)."""
         return sorted(set(self.user_settings) - set(DEFAULTS))
 
     def __getattr__(self, key: str) -> Any:
@@ -171,6 +173,7 @@ class Settings:
         return value
 
     def clear(self) -> None:
+        """Forget validated values; the next read re-reads ``settings.PLATFORMKIT`` (on ``setting_changed``)."""
         self._cache.clear()
 
 

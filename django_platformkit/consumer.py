@@ -80,18 +80,22 @@ class Subscription:
 
     @property
     def durable(self) -> str:
+        """The durable consumer name: the subscription name with ``.`` -> ``-``."""
         return durable_name(self.name)
 
     @property
     def filter_subject(self) -> str:
+        """``<SUBJECT_PREFIX>.*.<module>.<event>``: this event, every tenant."""
         return filter_subject_for(self.event)
 
     @property
     def max_attempts(self) -> int:
+        """Deliveries before a failing event is dead-lettered: the override, else ``MAX_ATTEMPTS``."""
         return self.max_attempts_override or conf.settings.MAX_ATTEMPTS
 
     @property
     def backoff_seconds(self) -> tuple[float, ...]:
+        """Seconds before each retry (the last repeats): the override, else ``BACKOFF_SECONDS``."""
         return self.backoff_seconds_override or conf.settings.BACKOFF_SECONDS
 
     def delay_after(self, attempt: int) -> float:
@@ -101,6 +105,7 @@ class Subscription:
         return float(delays[min(attempt, len(delays)) - 1])
 
     def consumer_config(self):
+        """The ``nats.js.api.ConsumerConfig`` this build wants for the durable (``transport.consumer_config``)."""
         return consumer_config(self.name, self.event)
 
 
@@ -120,6 +125,7 @@ def _default_name(func: Callable[..., Any]) -> str:
 
 
 def check_subscription_name(name: Any, where: str = "") -> str:
+    """Return ``name`` if it is dot-separated identifiers without ``-`` (at most 200 characters), else raise ``ConfigurationError`` mentioning ``where``."""
     import re
 
     if not isinstance(name, str) or not re.fullmatch(rf"{SUBSCRIPTION_NAME_PART}(\.{SUBSCRIPTION_NAME_PART})*", name) or len(name) > 200:
@@ -202,6 +208,7 @@ def set_config_tenant(tenant: str | None) -> Iterator[None]:
 
 
 def tenant_context_factory() -> Callable[[str | None], contextlib.AbstractContextManager[Any]]:
+    """Import ``TENANT_CONTEXT``: a ``(tenant or None) -> context manager`` callable. Raises ``ConfigurationError`` if the path does not import."""
     path = conf.settings.TENANT_CONTEXT
     try:
         return import_string(path)
@@ -331,6 +338,7 @@ class Consumer:
 
     # -- the loop --
     def ensure(self) -> None:
+        """Create or update this subscription's durable (``Transport.ensure_consumer``); raises ``ConsumerDrift`` for a change the broker can't make."""
         self.transport.ensure_consumer(self.subscription.consumer_config())
 
     def poll(self, *, batch: int | None = None, timeout: float = 1.0) -> int:

@@ -345,6 +345,7 @@ class Transport:
 
     @property
     def max_payload(self) -> int:
+        """The connected server's ``max_payload`` in bytes (from its INFO)."""
         return int(self._nc.max_payload)
 
     def close(self) -> None:
@@ -411,6 +412,7 @@ class Transport:
         return info
 
     def stream_info(self) -> api.StreamInfo:
+        """The stream's info (config, message counts, cluster). Raises ``BrokerUnavailable`` on timeout."""
         return self.call(self._js.stream_info(conf.settings.STREAM), timeout=self.request_timeout_seconds + 1)
 
     # -- publishing --
@@ -487,6 +489,7 @@ class Transport:
         return info
 
     def consumer_info(self, durable: str) -> api.ConsumerInfo:
+        """A durable's info (pending, ack pending, delivered). Raises ``BrokerUnavailable`` on timeout, ``nats.js.errors.NotFoundError`` if it doesn't exist."""
         return self.call(self._js.consumer_info(conf.settings.STREAM, durable), timeout=self.request_timeout_seconds + 1)
 
     async def _pull(self, durable: str):
@@ -539,6 +542,7 @@ class Transport:
         self.submit(delivery.msg.ack())
 
     def ack_many(self, deliveries: Sequence[Delivery]) -> None:
+        """Ack several deliveries in one trip through the loop, without waiting (see ``ack``)."""
         async def _acks() -> None:
             for d in deliveries:
                 await d.msg.ack()
@@ -546,12 +550,15 @@ class Transport:
             self.submit(_acks())
 
     def nak(self, delivery: Delivery, delay_seconds: float | None = None) -> None:
+        """Hand a delivery back for redelivery after ``delay_seconds`` (None: at once). Raises ``BrokerUnavailable`` on timeout."""
         self.call(delivery.msg.nak(delay=delay_seconds), timeout=self.request_timeout_seconds)
 
     def term(self, delivery: Delivery) -> None:
+        """Tell the broker never to deliver this message again. Raises ``BrokerUnavailable`` on timeout."""
         self.call(delivery.msg.term(), timeout=self.request_timeout_seconds)
 
     def in_progress(self, delivery: Delivery) -> None:
+        """Restart the delivery's ack wait (work in progress). Raises ``BrokerUnavailable`` on timeout."""
         self.call(delivery.msg.in_progress(), timeout=self.request_timeout_seconds)
 
     def keep_alive(self, deliveries: Sequence[Delivery], every_seconds: float) -> "KeepAlive":
@@ -575,22 +582,26 @@ class KeepAlive:
         self.future: Any = None
 
     def started(self, delivery: Delivery, timeout_seconds: float) -> None:
+        """The delivery's handler starts now: extend its ack for ``timeout_seconds`` more, then stop."""
         import time
 
         with self._lock:
             self._deadlines[id(delivery)] = time.monotonic() + timeout_seconds
 
     def settled(self, delivery: Delivery) -> None:
+        """The delivery was acked, naked or termed: stop extending it."""
         with self._lock:
             self._pending.pop(id(delivery), None)
 
     def stop(self) -> None:
+        """Stop extending every delivery of the batch and end the beat task."""
         with self._lock:
             self._pending.clear()
         if self.future is not None:
             self.future.cancel()
 
     async def beat(self, every_seconds: float) -> None:
+        """The loop-side task: every ``every_seconds``, an in-progress ack for each delivery still due."""
         import time
 
         while True:
