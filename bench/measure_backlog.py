@@ -13,11 +13,11 @@ from pathlib import Path
 
 from django.db import connection, transaction
 
-from django_platformkit.relay import _SELECT_SQL, Relay
+from django_platformkit.relay import _PLAN_SQL, _SELECT_SQL, Relay
 from django_platformkit.transport import durable_name
 
 from .benchapp.platformkit import BACKLOG
-from .harness import Result, Sizes, fill_outbox, log, manage, pending, reset_broker, reset_tables, rss_kib, scalar, sql
+from .harness import Result, Sizes, fill_outbox, log, manage, pending, reset_broker, reset_tables, rss_kib, scalar
 
 SUBSCRIPTION = "bench.sink_backlog"
 #: How long the worker gets to exit after SIGTERM before it is killed.
@@ -25,9 +25,11 @@ STOP_WAIT_SECONDS = 30.0
 
 
 def explain(batch_size: int) -> str:
-    """EXPLAIN (ANALYZE, BUFFERS) of the relay's SELECT, rolled back (it locks rows)."""
+    """EXPLAIN (ANALYZE, BUFFERS) of the relay's SELECT, planned as the relay
+    plans it, rolled back (it locks rows)."""
     with transaction.atomic():
         with connection.cursor() as cursor:
+            cursor.execute(_PLAN_SQL)
             cursor.execute("EXPLAIN (ANALYZE, BUFFERS) " + _SELECT_SQL, [batch_size])
             plan = "\n".join(r[0] for r in cursor.fetchall())
         transaction.set_rollback(True)
@@ -50,8 +52,7 @@ def relay_rows(transport, rows: int) -> float:
 def _at_small(transport, small: int, n: int) -> tuple[float, str]:
     reset_tables()
     reset_broker(transport, durable_name(SUBSCRIPTION))
-    fill_outbox(BACKLOG.name, small)
-    sql("ANALYZE platformkit_outbox")
+    fill_outbox(BACKLOG.name, small)  # no ANALYZE: the statistics are as stale as after a real burst
     plan = explain(Relay(transport).batch_size)
     return relay_rows(transport, n), plan
 
@@ -70,8 +71,7 @@ def run_backlog(sizes: Sizes, transport) -> list[Result]:
     reset_broker(transport, durable_name(SUBSCRIPTION))
     log(f"filling the outbox with {big:,} pending rows (one INSERT ... SELECT generate_series)")
     started = time.perf_counter()
-    fill_outbox(BACKLOG.name, big)
-    sql("ANALYZE platformkit_outbox")
+    fill_outbox(BACKLOG.name, big)  # no ANALYZE, as above
     log(f"  filled in {time.perf_counter() - started:.1f}s; relay at {big:,} pending: relay {n} rows (x{sizes.reps})")
     plan_big = explain(Relay(transport).batch_size)
     at_big = [relay_rows(transport, n) for _ in range(sizes.reps)]

@@ -11,6 +11,7 @@ create a durable *and* to compare an existing one - is defined here once.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import enum
 import logging
 import ssl
@@ -128,6 +129,11 @@ def consumer_differences(want: api.ConsumerConfig, have: api.ConsumerConfig) -> 
     return updatable, fixed
 
 
+# nats-py bounds in-flight async publishes (publish_async_max_pending, 4000
+# by default); below this many pending acks a publish can't stall.
+_NO_STALL_BELOW = 3000
+
+
 # --- values crossing the bridge ---------------------------------------------
 
 @dataclass(frozen=True)
@@ -205,6 +211,7 @@ class Transport:
         self._nc: Any = None
         self._js: Any = None
         self._pulls: dict[str, Any] = {}
+        self._send_lock: asyncio.Lock | None = None
         self.connected = threading.Event()
         self._error_logged = False
         self._last_error: BaseException | None = None  # the server's reason, for a failed connect (first error since connecting began)
@@ -228,6 +235,7 @@ class Transport:
             self._thread = threading.Thread(target=run, name="platformkit-nats", daemon=True)
             self._thread.start()
             ready.wait()
+            self._send_lock = asyncio.Lock()  # one per loop: an asyncio.Lock binds to the loop it first waits on
             self._loop = loop
         return self._loop
 
@@ -420,29 +428,44 @@ class Transport:
         """Publish pipelined - every message is sent before any ack is
         awaited; in-flight acks are bounded by nats-py's pending limit - and
         return one ``PublishResult`` per message, in order."""
+        return self.publish_start(messages, timeout=timeout).results()
+
+    def publish_start(self, messages: Sequence[OutgoingMessage], *, timeout: float = 10.0) -> "PendingPublish":
+        """Hand ``messages`` to the loop and return at once; ``.results()``
+        waits for the acks. Batches are sent in the order they were started,
+        never interleaved, so a caller that starts batch N+1 while batch N's
+        acks are outstanding keeps relay order on the wire. ``timeout``
+        (seconds) bounds a stalled send and the wait for the acks."""
         if not messages:
-            return []
-        try:
-            return self.call(self._publish_many(messages, timeout), timeout=timeout + 5)
-        except BrokerUnavailable as exc:
-            return [PublishResult(Outcome.TEMPORARY, str(exc))] * len(messages)
+            return PendingPublish(None, 0, timeout)
+        future = asyncio.run_coroutine_threadsafe(self._publish_many(messages, timeout), self._ensure_loop())
+        return PendingPublish(future, len(messages), timeout)
 
     async def _publish_many(self, messages: Sequence[OutgoingMessage], timeout: float) -> list[PublishResult]:
         results: list[PublishResult | None] = [None] * len(messages)
         futures: list[tuple[int, asyncio.Future]] = []
-        if self._nc is None or self._nc.is_closed:
-            return [PublishResult(Outcome.TEMPORARY, "not connected to NATS")] * len(messages)
-        for i, message in enumerate(messages):
-            try:
-                future = await self._js.publish_async(
-                    message.subject, message.body, headers={"Nats-Msg-Id": message.msg_id}, wait_stall=timeout,
-                )
-            except Exception as exc:  # noqa: BLE001 - classified, never lost: the row stays pending
-                results[i] = classify_publish_error(exc)
-                continue
-            futures.append((i, future))
+        # FIFO: the batch started first sends first, whole (see publish_start).
+        async with self._send_lock:
+            if self._nc is None or self._nc.is_closed:
+                return [PublishResult(Outcome.TEMPORARY, "not connected to NATS")] * len(messages)
+            js = self._js
+            for i, message in enumerate(messages):
+                # A stall timeout costs a timer per message; it is only needed
+                # when nats-py's in-flight limit could make publish_async wait.
+                stall = timeout if js.publish_async_pending() >= _NO_STALL_BELOW else None
+                try:
+                    future = await js.publish_async(message.subject, message.body, headers={"Nats-Msg-Id": message.msg_id}, wait_stall=stall)
+                except Exception as exc:  # noqa: BLE001 - classified, never lost: the row stays pending
+                    results[i] = classify_publish_error(exc)
+                    continue
+                futures.append((i, future))
         if futures:
-            await asyncio.wait([f for _, f in futures], timeout=timeout)
+            # Acks come back in order: wait for the last one, then for any stragglers.
+            deadline = asyncio.get_running_loop().time() + timeout
+            await asyncio.wait([futures[-1][1]], timeout=timeout)
+            late = [f for _, f in futures if not f.done()]
+            if late:
+                await asyncio.wait(late, timeout=max(0.0, deadline - asyncio.get_running_loop().time()))
         for i, future in futures:
             if not future.done():
                 future.cancel()
@@ -570,6 +593,28 @@ class Transport:
         keep = KeepAlive(deliveries)
         keep.future = self.submit(keep.beat(every_seconds))
         return keep
+
+
+class PendingPublish:
+    """A batch handed to the loop by ``Transport.publish_start()``."""
+
+    def __init__(self, future: "concurrent.futures.Future[list[PublishResult]] | None", count: int, timeout: float) -> None:
+        self._future = future
+        self._count = count
+        self._timeout = timeout
+
+    def results(self) -> list[PublishResult]:
+        """Wait for the acks: one ``PublishResult`` per message, in order.
+        Never raises: a loop that doesn't answer (a batch queued behind
+        another's stalled send, then its own ack wait) makes every message
+        TEMPORARY, so the rows stay pending."""
+        if self._future is None:
+            return []
+        try:
+            return self._future.result(2 * self._timeout + 5)
+        except concurrent.futures.TimeoutError:
+            self._future.cancel()
+            return [PublishResult(Outcome.TEMPORARY, f"NATS did not answer within {2 * self._timeout + 5:.0f} s")] * self._count
 
 
 class KeepAlive:

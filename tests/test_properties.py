@@ -403,5 +403,13 @@ def test_arbitrary_bytes_and_headers_on_our_subjects_are_recorded_terminated_and
             assert DeadLetter.objects.filter(subscription=subscription.name, name="(malformed)", error__contains=f"stream_seq={ack.seq}:").exists()
 
     fuzz()
-    info = transport.consumer_info(subscription.durable)
-    assert (info.num_pending, info.num_ack_pending, info.num_redelivered) == (0, 0, 0)  # every bad message terminated, none redelivered
+    # The last ack/term is on its way: the server applies it to the consumer
+    # asynchronously, so give it a moment before reading the counts.
+    def counts():
+        info = transport.consumer_info(subscription.durable)
+        return (info.num_pending, info.num_ack_pending, info.num_redelivered)
+
+    deadline = time.monotonic() + 5
+    while counts() != (0, 0, 0) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert counts() == (0, 0, 0)  # every bad message terminated, none redelivered

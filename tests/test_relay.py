@@ -1,0 +1,99 @@
+"""The relay under a backlog: lanes keep relay order on the wire and give
+their connections back; the batch query's plan doesn't depend on table
+statistics."""
+
+import json
+
+import pytest
+from django.db import connection, transaction
+
+from django_platformkit.models import OutboxEvent
+from django_platformkit.relay import _PLAN_SQL, _SELECT_SQL, _STAMP_SQL, Relay
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def fill(rows: int) -> None:
+    """``rows`` pending rows in one statement, created_at in insertion order."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO platformkit_outbox (id, name, tenant, payload, headers, created_at) "
+            "SELECT gen_random_uuid(), 'testapp.order_placed', NULL, jsonb_build_object('n', g), '{}'::jsonb, clock_timestamp() "
+            "FROM generate_series(1, %s) AS g",
+            [rows],
+        )
+
+
+def stream_order(transport, broker, count: int) -> list[int]:
+    """The ``n`` of every message on the stream, in stream order."""
+
+    async def read():
+        sub = await transport._js.pull_subscribe(f"{broker['SUBJECT_PREFIX']}.>", durable=None, stream=broker["STREAM"])
+        seen: list[int] = []
+        while len(seen) < count:
+            try:
+                batch = await sub.fetch(min(500, count - len(seen)), timeout=5)
+            except TimeoutError:
+                raise AssertionError(f"the stream ran dry after {len(seen)} of {count} messages") from None
+            for msg in batch:
+                seen.append(json.loads(msg.data)["data"]["n"])
+                await msg.ack()  # the consumer stops delivering at max_ack_pending
+        await sub.unsubscribe()
+        return seen
+
+    return transport.call(read(), timeout=60)
+
+
+def backend_connections() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND backend_type = 'client backend'")
+        return cursor.fetchone()[0]
+
+
+def test_lanes_drain_a_backlog_in_relay_order_and_close_their_connections(transport, broker):
+    rows = 2_300
+    fill(rows)
+    before = backend_connections()
+    relay = Relay(transport, batch_size=200, lanes=3)
+    stats = relay.drain()
+    assert (stats.selected, stats.stored, stats.temporary) == (rows, rows, 0)
+    assert not OutboxEvent.objects.pending().exists()
+    # Lanes overlap their acks and stamps, never their sends: the stream
+    # holds the rows in (created_at, id) order, as one lane would send them.
+    assert stream_order(transport, broker, rows) == list(range(1, rows + 1))
+    assert transport.stream_info().state.messages == rows
+    # The helper lanes' connections end with the drain.
+    assert backend_connections() == before
+
+
+def test_a_short_first_batch_ends_the_drain_in_one_transaction(transport, django_assert_num_queries):
+    fill(5)
+    relay = Relay(transport, batch_size=200, lanes=3)
+    # BEGIN, plan, select, stamp, COMMIT: no second batch, so no lane beyond the first.
+    with django_assert_num_queries(5):
+        assert relay.drain().stored == 5
+
+
+def explain(cursor, sql: str, params: list) -> str:
+    cursor.execute("EXPLAIN " + sql, params)
+    return "\n".join(row[0] for row in cursor.fetchall())
+
+
+def test_the_batch_query_walks_the_pending_index_and_stamps_by_tid_even_with_stale_statistics():
+    # Statistics taken while the table was empty, then a burst: until
+    # autovacuum analyzes again the planner believes the table is tiny.
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE platformkit_outbox")
+    fill(20_000)
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(_PLAN_SQL)
+        select_plan = explain(cursor, _SELECT_SQL, [1000])
+        cursor.execute(_SELECT_SQL, [1000])
+        ctids = [row[0] for row in cursor.fetchall()]
+        stamp_plan = explain(cursor, _STAMP_SQL, ['{"' + '","'.join(ctids) + '"}'])
+        transaction.set_rollback(True)
+    # Relay order straight off the partial index: no sort of the whole backlog.
+    assert "Index Scan using platformkit_outbox_pending" in select_plan, select_plan
+    assert "Sort" not in select_plan and "Seq Scan" not in select_plan, select_plan
+    # The stamp visits exactly the locked rows, not the table.
+    assert "Tid Scan" in stamp_plan and "Seq Scan" not in stamp_plan, stamp_plan
