@@ -496,8 +496,9 @@ class Consumer:
         timeout_ms = str(int(timeout * 1000))
         outcomes: dict[uuid.UUID, tuple[str, BaseException | None]] = {}
         failed: list[uuid.UUID] = []
+        connection = connections[self.using]
         with transaction.atomic(using=self.using):
-            with connections[self.using].cursor() as cursor:
+            with connection.cursor() as cursor:
                 # Sorted: two workers claiming overlapping batches take the
                 # unique-key locks in the same order, so they can't deadlock.
                 cursor.execute(_BATCH_CLAIM_SQL, [sub.name, sorted({e.id for e in events}), timeout_ms, timeout_ms])
@@ -519,12 +520,17 @@ class Consumer:
                         sql += f"; SELECT set_config('platformkit.tenant', '{check_tenant(event.tenant) or ''}', true)"
                     cursor.execute(sql)
                     savepoint_open = True
+                    # Django discards on_commit callbacks only for savepoints it
+                    # made itself; this one is ours, so drop a failed handler's
+                    # callbacks by hand (they must not run when the batch commits).
+                    on_commit_mark = len(connection.run_on_commit)
                     try:
                         self._call_handler(event, timeout)
                     except Exception as exc:  # noqa: BLE001 - this message's outcome, not the batch's
                         if _connection_lost(exc, self.using):
                             raise
                         cursor.execute("ROLLBACK TO SAVEPOINT platformkit_message")
+                        del connection.run_on_commit[on_commit_mark:]
                         outcomes[event.id] = ("failed", exc)
                         failed.append(event.id)
                     else:

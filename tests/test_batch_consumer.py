@@ -95,3 +95,28 @@ def test_a_failed_message_never_leaks_its_tenant_to_the_next_one(transport, sett
     assert consumer.poll(timeout=2) == 4
     seen = dict(Effect.objects.values_list("event_id", "tenant_seen"))
     assert seen == {ids[0]: "t9", ids[2]: "", ids[3]: ""}
+
+
+def test_a_failed_messages_on_commit_callbacks_never_run(transport, settings, broker):
+    """A handler's ``transaction.on_commit()`` belongs to its savepoint: the
+    batch commits, but the failed message's callback must not fire (it will
+    be registered again by the retry that succeeds)."""
+    settings.PLATFORMKIT = dict(broker, BACKOFF_SECONDS=[30])
+    fired: list[int] = []
+
+    def handler(event):
+        n = event.payload["n"]
+        transaction.on_commit(lambda: fired.append(n))
+        if n == 2:
+            raise ValueError("bad event")
+
+    sub = Subscription(name="testapp.batch_on_commit", event="testapp.order_placed", handler=handler, batch=True)
+    with transaction.atomic():
+        for i in range(5):
+            publish("testapp.order_placed", {"n": i})
+    Relay(transport).drain()
+    consumer = Consumer(sub, transport)
+    consumer.ensure()
+    assert consumer.poll(timeout=2) == 5
+    assert consumer.counts["handled"] == 4 and consumer.counts["retried"] == 1
+    assert sorted(fired) == [0, 1, 3, 4]
