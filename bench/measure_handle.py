@@ -21,7 +21,7 @@ from django_platformkit.relay import Relay
 from django_platformkit.transport import Transport, durable_name
 from django_platformkit.worker import Worker
 
-from .benchapp.platformkit import BATCH_SUPPORTED, HANDLE, HANDLE_BATCH
+from .benchapp.platformkit import BATCH_SUPPORTED, CONCURRENCY, CONCURRENCY_SUPPORTED, HANDLE, HANDLE_BATCH, HANDLE_BATCH_CONCURRENT
 from .harness import Result, Sizes, conn_max_age, fill_outbox, log, ratio_result, reset_broker, reset_tables, scalar, sink_rate, sql
 
 PROCRASTINATE_CONCURRENCY = 10
@@ -152,7 +152,7 @@ def run_handle(sizes: Sizes, transport: Transport) -> list[Result]:
     competitors' pools) against procrastinate and pgqueuer; then ours again
     at Django's default CONN_MAX_AGE=0, which must cost nothing more."""
     slow, fast = sizes.handle_events_slow, sizes.handle_events
-    kinds = ("tx", "batch", "procrastinate", "pgqueuer", "tx_default", "batch_default")
+    kinds = ("tx", "batch", "batch_concurrent", "procrastinate", "pgqueuer", "tx_default", "batch_default")
     samples: dict[str, list[dict]] = {k: [] for k in kinds}
     reconnecting = max(500, slow // 3)  # fewer: at CONN_MAX_AGE=0 each message may reconnect
     batch_note = ""
@@ -168,6 +168,11 @@ def run_handle(sizes: Sizes, transport: Transport) -> list[Result]:
             if BATCH_SUPPORTED:
                 log(f"{step} ours batch=True ({fast})")
                 samples["batch"].append(ours_rate(transport, "bench.sink_batch", HANDLE_BATCH.name, "batch", fast))
+            if CONCURRENCY_SUPPORTED:
+                log(f"{step} ours batch=True, concurrency={CONCURRENCY} ({fast})")
+                samples["batch_concurrent"].append(
+                    ours_rate(transport, "bench.sink_batch_concurrent", HANDLE_BATCH_CONCURRENT.name, "batch_concurrent", fast)
+                )
         log(f"{step} procrastinate ({slow})")
         samples["procrastinate"].append(procrastinate_rate(slow))
         log(f"{step} pgqueuer ({fast})")
@@ -186,10 +191,17 @@ def run_handle(sizes: Sizes, transport: Transport) -> list[Result]:
             ratio_result("handle_batch_vs_procrastinate", "handled/s, batch=True", steady["batch"], steady["procrastinate"], unit="events/s",
                          floor_what=f"procrastinate, concurrency {PROCRASTINATE_CONCURRENCY}", at_least=3.0, note=batch_note, detail=detail),
             ratio_result("handle_batch_vs_pgqueuer", "handled/s, batch=True", steady["batch"], steady["pgqueuer"], unit="events/s",
-                         floor_what=f"pgqueuer, batch_size {PGQUEUER_BATCH_SIZE}", at_least=1.0),
+                         floor_what=f"pgqueuer, batch_size {PGQUEUER_BATCH_SIZE}", at_least=1.0,
+                         note=f"one consumer thread; pgqueuer runs on a pool of {PGQUEUER_POOL_SIZE} connections"),
             ratio_result("handle_batch_vs_tx", "handled/s, batch=True", steady["batch"], steady["tx"], unit="events/s",
                          floor_what="ours, one transaction per message", at_least=2.5),
         ]
+        if CONCURRENCY_SUPPORTED:
+            results.append(ratio_result(
+                "handle_batch_concurrent_vs_pgqueuer", f"handled/s, batch=True, concurrency={CONCURRENCY}", steady["batch_concurrent"],
+                steady["pgqueuer"], unit="events/s", floor_what=f"pgqueuer, batch_size {PGQUEUER_BATCH_SIZE}, pool {PGQUEUER_POOL_SIZE}",
+                at_least=1.0, note="added row: as many consumer threads (connections) as pgqueuer's pool",
+            ))
     else:
         results.append(Result("handle_batch", "handled/s, batch=True", None, "events/s", target="skipped", note=batch_note))
     for key, what in (("procrastinate", "procrastinate"), ("pgqueuer", "pgqueuer")):

@@ -77,6 +77,7 @@ class Subscription:
     backoff_seconds_override: tuple[float, ...] | None = None
     declared_in: str = ""
     batch: bool = False
+    concurrency: int = 1
 
     @property
     def durable(self) -> str:
@@ -136,7 +137,7 @@ def check_subscription_name(name: Any, where: str = "") -> str:
     return name
 
 
-def subscribe(event: Any, *, name: str | None = None, max_attempts: int | None = None, backoff_seconds: Sequence[float] | None = None, batch: bool = False) -> Callable[[Callable[[ReceivedEvent], None]], Callable[[ReceivedEvent], None]]:
+def subscribe(event: Any, *, name: str | None = None, max_attempts: int | None = None, backoff_seconds: Sequence[float] | None = None, batch: bool = False, concurrency: int = 1) -> Callable[[Callable[[ReceivedEvent], None]], Callable[[ReceivedEvent], None]]:
     """Decorator: run ``handler(event: ReceivedEvent) -> None`` once per
     published ``event`` (a name or ``EventType``).
 
@@ -144,7 +145,11 @@ def subscribe(event: Any, *, name: str | None = None, max_attempts: int | None =
     and ``backoff_seconds`` (one delay in seconds per retry; the last repeats)
     override ``MAX_ATTEMPTS`` / ``BACKOFF_SECONDS``. ``batch=True`` handles a
     fetched batch in one transaction with a savepoint per message (faster;
-    the handler must not need to commit alone). Subscribing to an undeclared
+    the handler must not need to commit alone). ``concurrency``: how many
+    of a worker's consumer threads (``CONSUMER_THREADS`` bounds them) fetch
+    and handle this subscription at once, each with its own database
+    connection; above 1 the subscription gives up stream order (events are
+    handled side by side; each still exactly once). Subscribing to an undeclared
     event is a system-check error, not an import error. Raises
     ``ConfigurationError`` for a malformed name or option, or a name already
     used by another handler.
@@ -166,6 +171,8 @@ def subscribe(event: Any, *, name: str | None = None, max_attempts: int | None =
         sub_name = check_subscription_name(name if name is not None else _default_name(func), where)
         if max_attempts is not None and (isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1):
             raise ConfigurationError(f"@subscribe{where}: max_attempts must be an integer >= 1, got {max_attempts!r}.")
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+            raise ConfigurationError(f"@subscribe{where}: concurrency must be an integer >= 1, got {concurrency!r}.")
         delays = None
         if backoff_seconds is not None:
             delays = tuple(backoff_seconds)
@@ -174,6 +181,7 @@ def subscribe(event: Any, *, name: str | None = None, max_attempts: int | None =
         subscription = Subscription(
             name=sub_name, event=event_name, handler=func, max_attempts_override=max_attempts,
             backoff_seconds_override=delays, declared_in=f"{func.__module__}.{func.__qualname__}", batch=batch,
+            concurrency=concurrency,
         )
         existing = _subscriptions.get(sub_name)
         # Same function and event again is a re-import; one function stacked
@@ -325,8 +333,9 @@ def _connection_lost(exc: BaseException, alias: str) -> bool:
 class Consumer:
     """Runs one subscription's handler over deliveries from its durable."""
 
-    def __init__(self, subscription: Subscription, transport: Transport, *, using: str | None = None, stop: threading.Event | None = None) -> None:
+    def __init__(self, subscription: Subscription, transport: Transport, *, using: str | None = None, stop: threading.Event | None = None, instance: int = 0) -> None:
         self.subscription = subscription
+        self.instance = instance  # which of the subscription's concurrent consumers: each pulls on its own
         self.transport = transport
         self.using = using or conf.settings.DATABASE_ALIAS
         self.stop = stop or threading.Event()
@@ -343,7 +352,7 @@ class Consumer:
 
     def poll(self, *, batch: int | None = None, timeout: float = 1.0) -> int:
         """Fetch once and handle what came; return how many were fetched."""
-        deliveries = self.transport.fetch(self.subscription.durable, batch or conf.settings.CONSUMER_BATCH_SIZE, timeout=timeout)
+        deliveries = self.transport.fetch(self.subscription.durable, batch or conf.settings.CONSUMER_BATCH_SIZE, timeout=timeout, puller=self.instance)
         if not deliveries:
             return 0
         keep = self.transport.keep_alive(deliveries, every_seconds=max(0.2, float(conf.settings.ACK_WAIT_SECONDS) / 3))

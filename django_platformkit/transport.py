@@ -210,7 +210,7 @@ class Transport:
         self._thread: threading.Thread | None = None
         self._nc: Any = None
         self._js: Any = None
-        self._pulls: dict[str, Any] = {}
+        self._pulls: dict[tuple[str, int], Any] = {}
         self._send_lock: asyncio.Lock | None = None
         self.connected = threading.Event()
         self._error_logged = False
@@ -515,21 +515,25 @@ class Transport:
         """A durable's info (pending, ack pending, delivered). Raises ``BrokerUnavailable`` on timeout, ``nats.js.errors.NotFoundError`` if it doesn't exist."""
         return self.call(self._js.consumer_info(conf.settings.STREAM, durable), timeout=self.request_timeout_seconds + 1)
 
-    async def _pull(self, durable: str):
-        sub = self._pulls.get(durable)
+    async def _pull(self, durable: str, puller: int = 0):
+        # One pull subscription per (durable, puller): nats-py's fetch() is not
+        # safe for two concurrent callers on one subscription.
+        sub = self._pulls.get((durable, puller))
         if sub is None:
             sub = await self._js.pull_subscribe_bind(durable=durable, stream=conf.settings.STREAM)
-            self._pulls[durable] = sub
+            self._pulls[(durable, puller)] = sub
         return sub
 
-    def fetch(self, durable: str, batch: int, *, timeout: float = 1.0) -> list[Delivery]:
+    def fetch(self, durable: str, batch: int, *, timeout: float = 1.0, puller: int = 0) -> list[Delivery]:
         """Up to ``batch`` messages for ``durable``, waiting at most
         ``timeout`` seconds; ``[]`` when there is nothing. A pull request
-        always carries an expiry, so an orphaned one can't hang the loop."""
-        return self.call(self._fetch(durable, batch, timeout), timeout=timeout + self.request_timeout_seconds + 5)
+        always carries an expiry, so an orphaned one can't hang the loop.
+        Threads fetching the same durable at once pass distinct ``puller``
+        numbers (each gets a pull subscription of its own)."""
+        return self.call(self._fetch(durable, batch, timeout, puller), timeout=timeout + self.request_timeout_seconds + 5)
 
-    async def _fetch(self, durable: str, batch: int, timeout: float) -> list[Delivery]:
-        sub = await self._pull(durable)
+    async def _fetch(self, durable: str, batch: int, timeout: float, puller: int = 0) -> list[Delivery]:
+        sub = await self._pull(durable, puller)
         try:
             msgs = await sub.fetch(batch, timeout=timeout, heartbeat=1.0 if timeout >= 3.0 else None)
         except (nats.errors.TimeoutError, asyncio.TimeoutError):
@@ -548,10 +552,9 @@ class Transport:
     def forget_pull(self, durable: str) -> None:
         """Drop a cached pull subscription (after the durable was recreated)."""
         async def _forget() -> None:
-            sub = self._pulls.pop(durable, None)
-            if sub is not None:
+            for key in [k for k in self._pulls if k[0] == durable]:
                 try:
-                    await sub.unsubscribe()
+                    await self._pulls.pop(key).unsubscribe()
                 except Exception:  # noqa: BLE001
                     pass
         try:

@@ -116,6 +116,13 @@ class Worker:
                 consumer = Consumer(subscription, self.transport, using=self.using, stop=self.stop_event)
                 self._retry_until_stopped(consumer.ensure, f"durable {subscription.durable}")
                 self.consumers.append(consumer)
+            # A subscription's further concurrent consumers come after every
+            # subscription's first, so dealing round-robin puts them on other threads.
+            for instance in range(1, max((s.concurrency for s in self.subscriptions), default=1)):
+                self.consumers += [
+                    Consumer(s, self.transport, using=self.using, stop=self.stop_event, instance=instance)
+                    for s in self.subscriptions if s.concurrency > instance
+                ]
         logger.info(
             "worker started pid=%s relay=%s subscriptions=%s scheduler=%s burst=%s",
             os.getpid(), self.want_relay, ",".join(s.name for s in self.subscriptions) if self.want_consumers else "-",
@@ -267,7 +274,7 @@ class Worker:
     def health(self, stuck: str | None = None) -> dict[str, Any]:
         now = time.monotonic()
         timeout = float(conf.settings.HANDLER_TIMEOUT_SECONDS)
-        stuck_subscriptions = [c.subscription.name for c in self.consumers if c.handler_started is not None and now - c.handler_started > timeout]
+        stuck_subscriptions = sorted({c.subscription.name for c in self.consumers if c.handler_started is not None and now - c.handler_started > timeout})
         return {
             "pid": os.getpid(),
             "uptime_seconds": round(now - self._started, 1),
@@ -340,12 +347,12 @@ class Worker:
         if not all(idle.is_set() for idle in idles):
             logger.debug("burst check: consumers still fetching")
             return False
-        for consumer in self.consumers:
+        for durable in dict.fromkeys(c.subscription.durable for c in self.consumers):
             try:
-                info = self.transport.consumer_info(consumer.subscription.durable)
+                info = self.transport.consumer_info(durable)
             except Exception:  # noqa: BLE001
                 return False
-            logger.debug("burst check consumer=%s pending=%s ack_pending=%s", consumer.subscription.durable, info.num_pending, info.num_ack_pending)
+            logger.debug("burst check consumer=%s pending=%s ack_pending=%s", durable, info.num_pending, info.num_ack_pending)
             if info.num_pending or info.num_ack_pending:
                 return False
         return True

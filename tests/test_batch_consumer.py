@@ -120,3 +120,33 @@ def test_a_failed_messages_on_commit_callbacks_never_run(transport, settings, br
     assert consumer.poll(timeout=2) == 5
     assert consumer.counts["handled"] == 4 and consumer.counts["retried"] == 1
     assert sorted(fired) == [0, 1, 3, 4]
+
+
+@pytest.mark.parametrize("batch", [False, True])
+def test_a_subscription_with_concurrency_is_handled_by_several_threads_exactly_once(run_worker, batch):
+    import threading
+    import time
+
+    running, most, threads = [0], [0], set()
+    lock = threading.Lock()
+
+    def handler(event):
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+            threads.add(threading.current_thread().name)
+        try:
+            Effect.objects.create(subscription="c", event_id=event.id, tenant_seen="", payload=event.payload)
+            time.sleep(0.005)  # long enough for the other consumers to be inside a handler too
+        finally:
+            with lock:
+                running[0] -= 1
+
+    sub = Subscription(name="testapp.concurrent", event="testapp.order_placed", handler=handler, batch=batch, concurrency=3)
+    with transaction.atomic():
+        ids = [publish("testapp.order_placed", {"n": i}) for i in range(300)]
+    worker = run_worker(subscriptions=[sub])
+    assert sorted(Effect.objects.filter(subscription="c").values_list("event_id", flat=True)) == sorted(ids)
+    assert HandledEvent.objects.filter(subscription="testapp.concurrent").count() == 300
+    assert worker.counts()["handled"] == 300
+    assert len(threads) == 3 and most[0] >= 2, (threads, most)

@@ -27,6 +27,7 @@ from django.test.utils import CaptureQueriesContext
 
 from django_platformkit import checks, consumer, events, jobs
 from django_platformkit.checks import MESSAGES
+from django_platformkit.exceptions import ConfigurationError
 from django_platformkit.devservices import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -126,6 +127,16 @@ def test_w002_a_subscription_backoff_longer_than_its_retries_warns(registries):
     assert message.msg == "subscription 'testapp.overlong': 3 delays; max_attempts=2 uses 1"
     assert message.hint == "One delay per retry, so the extra delays never run: drop them or raise max_attempts."
     assert message.obj == handler_path(overlong)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, "2"])
+def test_subscribe_refuses_a_concurrency_that_is_not_a_positive_integer(registries, bad):
+    def handler(event):
+        pass
+
+    with pytest.raises(ConfigurationError, match=r"concurrency must be an integer >= 1, got "):
+        consumer.subscribe("testapp.flaky", name="testapp.concurrent_bad", concurrency=bad)(handler)
+    assert "testapp.concurrent_bad" not in {s.name for s in consumer.subscriptions()}
 
 
 def test_a_subscription_backoff_shorter_than_its_retries_is_fine_the_last_delay_repeats(registries):
