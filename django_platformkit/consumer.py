@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 import psycopg
 from django.apps import apps
 from django.db import DatabaseError, InterfaceError, OperationalError, connections, transaction
+from django.db.transaction import TransactionManagementError
 from django.utils.module_loading import import_string
 
 from . import conf
@@ -403,6 +404,13 @@ class Consumer:
                 self.subscription.handler(event)
         finally:
             current_event.reset(token)
+        if connections[self.using].needs_rollback:
+            # Django's atomic() would roll this back without a word, claim
+            # included, and the event would be acked as handled: fail the attempt.
+            raise TransactionManagementError(
+                "the handler caught a database error and returned, so its transaction can only roll back: "
+                "let the error propagate, or wrap the statement that may fail in transaction.atomic()"
+            )
         if time.monotonic() - self.handler_started > timeout:
             raise HandlerTimeout(f"handler ran past HANDLER_TIMEOUT_SECONDS={timeout:g}; its work was rolled back")
 
@@ -538,6 +546,9 @@ class Consumer:
                     except Exception as exc:  # noqa: BLE001 - this message's outcome, not the batch's
                         if _connection_lost(exc, self.using):
                             raise
+                        # An ORM error marks the whole transaction for rollback;
+                        # ours is a savepoint's, as in Django's own atomic().
+                        connection.needs_rollback = False
                         cursor.execute("ROLLBACK TO SAVEPOINT platformkit_message")
                         del connection.run_on_commit[on_commit_mark:]
                         outcomes[event.id] = ("failed", exc)

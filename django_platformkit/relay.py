@@ -155,8 +155,10 @@ class Relay:
     connection: while one lane waits for its acks and stamps, the next
     selects and sends, so neither PostgreSQL nor NATS idles while the
     other works. Lanes select and send one after another, whole batches,
-    so the stream receives rows in relay order as with one lane; a lane's
-    rows are stamped only after all of its acks arrived.
+    so the stream receives rows in relay order as with one lane (while
+    nothing fails: a row refused for now goes out again after the batches
+    already sent behind it); a lane's rows are stamped only after all of
+    its acks arrived.
     """
 
     def __init__(self, transport: Transport, *, using: str | None = None, batch_size: int | None = None, publish_timeout_seconds: float = 10.0, lanes: int | None = None) -> None:
@@ -247,7 +249,8 @@ class Relay:
         The first batch runs alone in the calling thread; only when it is
         full (a backlog) do the other lanes start, each a thread with its
         own database connection, closed when the drain ends. Raises the
-        first ``DatabaseError`` any lane met, after every lane stopped."""
+        first exception any lane met (typically a ``DatabaseError``) once
+        every lane stopped; the others are logged."""
         total = RelayStats()
         stats = self.relay_batch()
         total += stats
@@ -290,6 +293,8 @@ class Relay:
             over.set()
             for thread in helpers:
                 thread.join()
+        for extra in errors[1:]:
+            logger.error("relay lane failed too error=%s", extra)
         if errors:
             raise errors[0]
         return total

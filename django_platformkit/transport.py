@@ -295,6 +295,10 @@ class Transport:
             logger.warning("nats disconnected url=%s; reconnecting", self.url)
 
     async def _on_reconnected(self) -> None:
+        # A fresh JetStream context: nats-py registers a publish's ack future
+        # before it writes, so a publish that failed in the outage can leave a
+        # future (and an in-flight permit) that never completes.
+        self._js = self._nc.jetstream(timeout=self.request_timeout_seconds)
         self.connected.set()
         self._error_logged = False
         logger.info("nats reconnected url=%s", self._nc.connected_url.netloc if self._nc and self._nc.connected_url else self.url)
@@ -434,8 +438,11 @@ class Transport:
         """Hand ``messages`` to the loop and return at once; ``.results()``
         waits for the acks. Batches are sent in the order they were started,
         never interleaved, so a caller that starts batch N+1 while batch N's
-        acks are outstanding keeps relay order on the wire. ``timeout``
-        (seconds) bounds a stalled send and the wait for the acks."""
+        acks are outstanding keeps relay order on the wire (while nothing
+        fails: a message refused for now is sent again later, after the
+        batches behind it). ``timeout`` (seconds) bounds each stalled send
+        and the wait for the acks; the first message that can't be sent for
+        now ends the batch's sending, the rest counting as TEMPORARY."""
         if not messages:
             return PendingPublish(None, 0, timeout)
         future = asyncio.run_coroutine_threadsafe(self._publish_many(messages, timeout), self._ensure_loop())
@@ -449,14 +456,25 @@ class Transport:
             if self._nc is None or self._nc.is_closed:
                 return [PublishResult(Outcome.TEMPORARY, "not connected to NATS")] * len(messages)
             js = self._js
+            task = asyncio.current_task()
             for i, message in enumerate(messages):
+                if task is not None and task.cancelling():
+                    # The caller gave up on this batch (its rows stay pending): send no more of it.
+                    results[i:] = [PublishResult(Outcome.TEMPORARY, "publish cancelled")] * (len(messages) - i)
+                    break
                 # A stall timeout costs a timer per message; it is only needed
                 # when nats-py's in-flight limit could make publish_async wait.
                 stall = timeout if js.publish_async_pending() >= _NO_STALL_BELOW else None
                 try:
                     future = await js.publish_async(message.subject, message.body, headers={"Nats-Msg-Id": message.msg_id}, wait_stall=stall)
                 except Exception as exc:  # noqa: BLE001 - classified, never lost: the row stays pending
-                    results[i] = classify_publish_error(exc)
+                    result = classify_publish_error(exc)
+                    results[i] = result
+                    if result.outcome is not Outcome.PERMANENT:
+                        # A stall, a lost connection, a cancel: the rest would fail
+                        # the same way, one timeout each. They stay pending.
+                        results[i + 1:] = [result] * (len(messages) - i - 1)
+                        break
                     continue
                 futures.append((i, future))
         if futures:
@@ -618,6 +636,9 @@ class PendingPublish:
         except concurrent.futures.TimeoutError:
             self._future.cancel()
             return [PublishResult(Outcome.TEMPORARY, f"NATS did not answer within {2 * self._timeout + 5:.0f} s")] * self._count
+        except Exception as exc:  # noqa: BLE001 - a bug in the loop must not lose rows: they stay pending
+            logger.exception("publish batch failed")
+            return [PublishResult(Outcome.TEMPORARY, f"{type(exc).__name__}: {exc}")] * self._count
 
 
 class KeepAlive:

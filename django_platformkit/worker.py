@@ -116,12 +116,13 @@ class Worker:
                 consumer = Consumer(subscription, self.transport, using=self.using, stop=self.stop_event)
                 self._retry_until_stopped(consumer.ensure, f"durable {subscription.durable}")
                 self.consumers.append(consumer)
-            # A subscription's further concurrent consumers come after every
-            # subscription's first, so dealing round-robin puts them on other threads.
-            for instance in range(1, max((s.concurrency for s in self.subscriptions), default=1)):
+            # A subscription's further concurrent consumers (no more than there
+            # are threads: two on one thread would only take turns).
+            threads = int(conf.settings.CONSUMER_THREADS)
+            for subscription in self.subscriptions:
                 self.consumers += [
-                    Consumer(s, self.transport, using=self.using, stop=self.stop_event, instance=instance)
-                    for s in self.subscriptions if s.concurrency > instance
+                    Consumer(subscription, self.transport, using=self.using, stop=self.stop_event, instance=instance)
+                    for instance in range(1, min(subscription.concurrency, threads))
                 ]
         logger.info(
             "worker started pid=%s relay=%s subscriptions=%s scheduler=%s burst=%s",
@@ -228,14 +229,20 @@ class Worker:
                     delays[id(consumer)] = min(delay * 2, 10)
 
     def _spawn_consumers(self) -> list[threading.Event]:
-        """At most CONSUMER_THREADS threads; subscriptions dealt round-robin."""
+        """At most CONSUMER_THREADS threads; subscriptions dealt round-robin,
+        and the k-th further consumer of a subscription k threads past its
+        first, so a subscription's consumers never share a thread."""
         count = min(int(conf.settings.CONSUMER_THREADS), len(self.consumers))
         groups: list[list[tuple[Consumer, threading.Event]]] = [[] for _ in range(count)]
         idles = []
-        for index, consumer in enumerate(self.consumers):
+        first: dict[str, int] = {}
+        for consumer in self.consumers:
+            if consumer.instance == 0:
+                first[consumer.subscription.name] = len(first)
+        for consumer in self.consumers:
             idle = threading.Event()
             idles.append(idle)
-            groups[index % count].append((consumer, idle))
+            groups[(first[consumer.subscription.name] + consumer.instance) % count].append((consumer, idle))
         for number, group in enumerate(groups):
             self._spawn(f"platformkit-consumer-{number}", self._consume_loop, group)
         return idles

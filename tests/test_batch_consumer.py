@@ -27,6 +27,17 @@ def effect_writer(name, fail_when=lambda event: False):
     return handler
 
 
+def publish_and_relay(transport, sub, count):
+    """``count`` events ``{"n": i}`` published and relayed; returns their ids
+    and a Consumer of ``sub`` whose durable exists."""
+    with transaction.atomic():
+        ids = [publish("testapp.order_placed", {"n": i}) for i in range(count)]
+    Relay(transport).drain()
+    consumer = Consumer(sub, transport)
+    consumer.ensure()
+    return ids, consumer
+
+
 def test_a_batch_handles_every_event_once_with_each_events_tenant(transport, run_worker):
     sub = Subscription(name="testapp.batch_writer", event="testapp.order_placed", handler=effect_writer("b"), batch=True)
     with transaction.atomic():
@@ -46,11 +57,7 @@ def test_one_failing_message_is_undone_alone_and_retried_while_the_rest_commit(t
         name="testapp.batch_flaky", event="testapp.order_placed", batch=True, max_attempts_override=2,
         handler=effect_writer("f", fail_when=lambda e: e.payload["n"] == 3),
     )
-    with transaction.atomic():
-        ids = [publish("testapp.order_placed", {"n": i}) for i in range(6)]
-    Relay(transport).drain()
-    consumer = Consumer(sub, transport)
-    consumer.ensure()
+    ids, consumer = publish_and_relay(transport, sub, 6)
     assert consumer.poll(timeout=2) == 6
     assert consumer.counts["handled"] == 5 and consumer.counts["retried"] == 1
     assert sorted(Effect.objects.values_list("event_id", flat=True)) == sorted(ids[:3] + ids[4:])
@@ -111,12 +118,7 @@ def test_a_failed_messages_on_commit_callbacks_never_run(transport, settings, br
             raise ValueError("bad event")
 
     sub = Subscription(name="testapp.batch_on_commit", event="testapp.order_placed", handler=handler, batch=True)
-    with transaction.atomic():
-        for i in range(5):
-            publish("testapp.order_placed", {"n": i})
-    Relay(transport).drain()
-    consumer = Consumer(sub, transport)
-    consumer.ensure()
+    _, consumer = publish_and_relay(transport, sub, 5)
     assert consumer.poll(timeout=2) == 5
     assert consumer.counts["handled"] == 4 and consumer.counts["retried"] == 1
     assert sorted(fired) == [0, 1, 3, 4]
@@ -150,3 +152,69 @@ def test_a_subscription_with_concurrency_is_handled_by_several_threads_exactly_o
     assert HandledEvent.objects.filter(subscription="testapp.concurrent").count() == 300
     assert worker.counts()["handled"] == 300
     assert len(threads) == 3 and most[0] >= 2, (threads, most)
+
+
+def test_an_orm_error_in_one_message_fails_that_message_alone(transport, settings, broker):
+    """Model.save() marks the transaction for rollback on an IntegrityError;
+    in batch mode that is the message's savepoint, not the batch."""
+    settings.PLATFORMKIT = dict(broker, BACKOFF_SECONDS=[30])
+
+    def handler(event):
+        n = event.payload["n"]
+        Effect.objects.create(subscription="orm", event_id=None if n == 2 else event.id)  # NOT NULL violation for n=2
+
+    sub = Subscription(name="testapp.batch_orm_error", event="testapp.order_placed", handler=handler, batch=True)
+    ids, consumer = publish_and_relay(transport, sub, 5)
+    assert consumer.poll(timeout=2) == 5
+    assert consumer.counts["handled"] == 4 and consumer.counts["retried"] == 1
+    assert sorted(Effect.objects.values_list("event_id", flat=True)) == sorted(ids[:2] + ids[3:])
+    assert not HandledEvent.objects.filter(event_id=ids[2]).exists()
+
+
+@pytest.mark.parametrize("batch", [False, True])
+def test_a_handler_that_swallows_a_database_error_fails_its_attempt_instead_of_being_acked(transport, settings, broker, batch):
+    """After a caught ORM error the transaction can only roll back: Django
+    would do so silently, claim included, and the event would be acked as
+    handled and never run again. The attempt fails instead."""
+    from django.db import IntegrityError
+
+    settings.PLATFORMKIT = dict(broker, BACKOFF_SECONDS=[30])
+
+    def handler(event):
+        try:
+            Effect.objects.create(subscription="swallow", event_id=None)
+        except IntegrityError:
+            pass
+
+    sub = Subscription(name="testapp.swallows", event="testapp.order_placed", handler=handler, batch=batch)
+    (event_id,), consumer = publish_and_relay(transport, sub, 1)
+    assert consumer.poll(timeout=2) == 1
+    assert consumer.counts["handled"] == 0 and consumer.counts["retried"] == 1
+    assert not HandledEvent.objects.filter(event_id=event_id).exists()
+
+
+def test_a_subscriptions_concurrent_consumers_never_share_a_thread(run_worker, settings, broker):
+    import threading
+    import time
+
+    settings.PLATFORMKIT = dict(broker, CONSUMER_THREADS=4)
+    threads: dict[str, set[str]] = {}
+
+    def recorder(name):
+        def handler(event):
+            threads.setdefault(name, set()).add(threading.current_thread().name)
+            if name == "a":
+                time.sleep(0.005)  # A's first fetched batch takes half a second: its other consumer gets the rest
+        return handler
+
+    # Dealt plainly round-robin, A's second consumer (the fifth) would land on A's own thread.
+    subs = [Subscription(name="testapp.conc_a", event="testapp.order_placed", handler=recorder("a"), concurrency=2)] + [
+        Subscription(name=f"testapp.conc_{x}", event="testapp.order_placed", handler=recorder(x)) for x in "bcd"
+    ]
+    with transaction.atomic():
+        for i in range(200):
+            publish("testapp.order_placed", {"n": i})
+    worker = run_worker(subscriptions=subs)
+    assert worker.counts()["handled"] == 800
+    assert len({c.instance for c in worker.consumers if c.subscription.name == "testapp.conc_a"}) == 2
+    assert len(threads["a"]) == 2, threads
