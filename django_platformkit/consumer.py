@@ -518,7 +518,9 @@ class Consumer:
             with connection.cursor() as cursor:
                 # Sorted: two workers claiming overlapping batches take the
                 # unique-key locks in the same order, so they can't deadlock.
-                cursor.execute(_BATCH_CLAIM_SQL, [sub.name, sorted({e.id for e in events}), timeout_ms, timeout_ms])
+                # One array literal: psycopg would adapt a list item by item.
+                ids = "{" + ",".join(str(i) for i in sorted({e.id for e in events})) + "}"
+                cursor.execute(_BATCH_CLAIM_SQL, [sub.name, ids, timeout_ms, timeout_ms])
                 claimed = {row[0] for row in cursor.fetchall() if row[0] is not None}
                 savepoint_open = False
                 for event in events:
