@@ -254,3 +254,32 @@ def test_a_database_outage_longer_than_the_ack_wait_does_not_use_up_attempts(bro
     assert list(Attempt.objects.filter(event_id=event_id).values_list("attempt", flat=True)) == [1]
     assert Effect.objects.filter(event_id=event_id).count() == 1
     assert not DeadLetter.objects.exists()
+
+
+def test_runrelay_waits_for_a_stream_it_cannot_reach_yet_and_once_mode_gives_up_clearly(broker):
+    """NATS answers but JetStream doesn't (here: an account without
+    JetStream; in life also a cluster still electing its leader): the relay
+    retries with a logged error instead of exiting, as the worker does."""
+    import subprocess
+
+    server = NatsServer(config="accounts { NOJS { users: [ { user: nojs, password: nojs } ] } }\n").start()
+    try:
+        env = worker_env(broker, NATS_URL=f"nats://nojs:nojs@127.0.0.1:{server.port}")
+        proc = manage("runrelay", env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = time.monotonic() + 60
+            seen = ""
+            while "not available" not in seen and time.monotonic() < deadline and proc.poll() is None:
+                seen += proc.stderr.readline()
+            assert proc.poll() is None, f"runrelay exited {proc.returncode}: {seen}"
+            assert f"stream {broker['STREAM']} not available" in seen and "retrying in" in seen, seen
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.communicate(timeout=60)
+        assert proc.returncode == 0
+        once = manage("runrelay", "--once", "--connect-timeout", "3", env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        _, stderr = once.communicate(timeout=90)
+        assert once.returncode == 1, stderr
+        assert f"the stream {broker['STREAM']} is not available" in stderr
+    finally:
+        server.cleanup()

@@ -1,14 +1,40 @@
 """``manage.py runrelay``: the relay alone (pending outbox rows -> JetStream)."""
 
+import logging
 import threading
+import time
+
+import nats.errors
 
 from django.core.management.base import BaseCommand, CommandError
 
+from ... import conf
 from ...exceptions import BrokerUnavailable, ConfigurationError
-
 from ...relay import Relay
 from ...transport import Transport
 from ._base import configure_logging
+
+logger = logging.getLogger("django_platformkit.relay")
+
+
+def ensure_stream_until(transport: Transport, stop: threading.Event, give_up_at: float | None) -> bool:
+    """Create or check the stream, retrying while the broker can't answer
+    (JetStream starting, a cluster electing its leader) - as the worker
+    does. Returns False if ``stop`` was set first. Raises
+    ``BrokerUnavailable`` past ``give_up_at`` (monotonic seconds), and
+    ``ConfigurationError`` at once."""
+    delay = 0.5
+    while not stop.is_set():
+        try:
+            transport.ensure_stream()
+            return True
+        except (BrokerUnavailable, nats.errors.Error, TimeoutError) as exc:
+            if give_up_at is not None and time.monotonic() + delay > give_up_at:
+                raise BrokerUnavailable(f"the stream {conf.settings.STREAM} is not available: {exc or type(exc).__name__}") from exc
+            logger.error("stream %s not available error=%s; retrying in %.1fs", conf.settings.STREAM, exc or type(exc).__name__, delay)
+            stop.wait(delay)
+            delay = min(delay * 2, 10.0)
+    return False
 
 
 class Command(BaseCommand):
@@ -16,7 +42,7 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("--once", action="store_true", help="Relay what is pending now, print the count and exit.")
-        parser.add_argument("--connect-timeout", type=float, default=30.0, metavar="SECONDS", help="With --once: fail if NATS can't be reached within SECONDS (default 30).")
+        parser.add_argument("--connect-timeout", type=float, default=30.0, metavar="SECONDS", help="With --once: fail if NATS or its stream can't be reached within SECONDS (default 30).")
 
     def handle(self, *args, **options):
         import signal
@@ -26,10 +52,12 @@ class Command(BaseCommand):
         signal.signal(signal.SIGTERM, lambda *a: stop.set())
         signal.signal(signal.SIGINT, lambda *a: stop.set())
         transport = Transport(name="django_platformkit relay")
+        give_up_at = time.monotonic() + options["connect_timeout"] if options["once"] else None
         try:
             if not transport.connect_until(stop, give_up_after_seconds=options["connect_timeout"] if options["once"] else None):
                 return
-            transport.ensure_stream()
+            if not ensure_stream_until(transport, stop, give_up_at):
+                return
             relay = Relay(transport)
             if options["once"]:
                 stats = relay.drain()
