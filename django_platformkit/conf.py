@@ -89,6 +89,16 @@ def _replicas(key: str, value: Any) -> int:
     return value
 
 
+def _lanes(key: str, value: Any) -> int:
+    _positive_int(key, value)
+    if value > 16:
+        raise ConfigurationError(
+            f"PLATFORMKIT[{key!r}] must be 1 to 16, got {value!r}: each lane holds a database connection while a "
+            "backlog drains, and past a few lanes the relay is bound by NATS, not by waiting. Run more runrelay processes instead."
+        )
+    return value
+
+
 def _boolean(key: str, value: Any) -> bool:
     if not isinstance(value, bool):
         raise ConfigurationError(f"PLATFORMKIT[{key!r}] must be True or False, got {value!r}.")
@@ -120,7 +130,7 @@ DEFAULTS: dict[str, tuple[Any, Callable[[str, Any], Any]]] = {
     "DATABASE_ALIAS": ("default", _string),
     "RELAY_INTERVAL_SECONDS": (1.0, _positive_number),
     "RELAY_BATCH_SIZE": (1000, _positive_int),
-    "RELAY_LANES": (2, _positive_int),
+    "RELAY_LANES": (2, _lanes),
     "RELAY_LISTEN": (True, _boolean),
     "MAX_ATTEMPTS": (5, _positive_int),
     "BACKOFF_SECONDS": ((1, 5, 15, 30), _backoff),

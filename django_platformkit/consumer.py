@@ -404,9 +404,14 @@ class Consumer:
                 self.subscription.handler(event)
         finally:
             current_event.reset(token)
-        if connections[self.using].needs_rollback:
-            # Django's atomic() would roll this back without a word, claim
-            # included, and the event would be acked as handled: fail the attempt.
+        wrapper = connections[self.using]
+        if wrapper.needs_rollback or (
+            wrapper.connection is not None and wrapper.connection.info.transaction_status == psycopg.pq.TransactionStatus.INERROR
+        ):
+            # An ORM error marks the transaction for rollback; a raw cursor's
+            # error leaves it aborted in PostgreSQL. Either way the commit
+            # would roll back without a word, claim included, and the event
+            # would be acked as handled: fail the attempt instead.
             raise TransactionManagementError(
                 "the handler caught a database error and returned, so its transaction can only roll back: "
                 "let the error propagate, or wrap the statement that may fail in transaction.atomic()"
@@ -557,6 +562,13 @@ class Consumer:
                         failed.append(event.id)
                     else:
                         outcomes[event.id] = ("handled", None)
+                        # Per message, a callback that raises after the commit
+                        # touches that message alone; in a batch Django would
+                        # skip every later message's callbacks. Make this
+                        # message's callbacks robust (logged, the rest run).
+                        connection.run_on_commit[on_commit_mark:] = [
+                            (sids, func, True) for sids, func, *_ in connection.run_on_commit[on_commit_mark:]
+                        ]
                     finally:
                         self.handler_started = None
                 if failed:

@@ -243,6 +243,7 @@ class Worker:
             idle = threading.Event()
             idles.append(idle)
             groups[(first[consumer.subscription.name] + consumer.instance) % count].append((consumer, idle))
+        groups = [group for group in groups if group]  # the offsets can leave a thread without work
         for number, group in enumerate(groups):
             self._spawn(f"platformkit-consumer-{number}", self._consume_loop, group)
         return idles

@@ -172,25 +172,59 @@ def test_an_orm_error_in_one_message_fails_that_message_alone(transport, setting
 
 
 @pytest.mark.parametrize("batch", [False, True])
-def test_a_handler_that_swallows_a_database_error_fails_its_attempt_instead_of_being_acked(transport, settings, broker, batch):
-    """After a caught ORM error the transaction can only roll back: Django
-    would do so silently, claim included, and the event would be acked as
-    handled and never run again. The attempt fails instead."""
-    from django.db import IntegrityError
+@pytest.mark.parametrize("error", ["orm", "raw"])
+def test_a_handler_that_swallows_a_database_error_fails_its_attempt_instead_of_being_acked(transport, settings, broker, batch, error):
+    """After a caught database error the transaction can only roll back - an
+    ORM error marks it so in Django, a raw cursor's error leaves it aborted
+    in PostgreSQL. The commit would roll back silently, claim included, and
+    the event would be acked as handled and never run again (in a batch, its
+    neighbours too). The attempt fails instead; the neighbours are handled."""
+    from django.db import DatabaseError
 
     settings.PLATFORMKIT = dict(broker, BACKOFF_SECONDS=[30])
 
     def handler(event):
+        if event.payload["n"] != 1:
+            Effect.objects.create(subscription="swallow", event_id=event.id)
+            return
         try:
-            Effect.objects.create(subscription="swallow", event_id=None)
-        except IntegrityError:
+            if error == "orm":
+                Effect.objects.create(subscription="swallow", event_id=None)
+            else:
+                with connection.cursor() as cursor:
+                    cursor.execute("SELECT 1/0")
+        except DatabaseError:
             pass
 
     sub = Subscription(name="testapp.swallows", event="testapp.order_placed", handler=handler, batch=batch)
-    (event_id,), consumer = publish_and_relay(transport, sub, 1)
-    assert consumer.poll(timeout=2) == 1
-    assert consumer.counts["handled"] == 0 and consumer.counts["retried"] == 1
-    assert not HandledEvent.objects.filter(event_id=event_id).exists()
+    ids, consumer = publish_and_relay(transport, sub, 3)
+    assert consumer.poll(timeout=2) == 3
+    assert consumer.counts["handled"] == 2 and consumer.counts["retried"] == 1
+    assert sorted(HandledEvent.objects.values_list("event_id", flat=True)) == sorted([ids[0], ids[2]])
+    assert sorted(Effect.objects.values_list("event_id", flat=True)) == sorted([ids[0], ids[2]])
+
+
+def test_a_failing_on_commit_callback_in_a_batch_leaves_the_other_messages_callbacks_running(transport):
+    """Per message, a callback that raises after the commit touches its own
+    message only; a batch behaves the same (Django would otherwise skip every
+    callback registered after it)."""
+    fired: list[int] = []
+
+    def handler(event):
+        n = event.payload["n"]
+
+        def callback():
+            if n == 1:
+                raise RuntimeError("callback failed")
+            fired.append(n)
+
+        transaction.on_commit(callback)
+
+    sub = Subscription(name="testapp.batch_robust_callbacks", event="testapp.order_placed", handler=handler, batch=True)
+    _, consumer = publish_and_relay(transport, sub, 5)
+    assert consumer.poll(timeout=2) == 5
+    assert consumer.counts["handled"] == 5 and consumer.counts["retried"] == 0
+    assert sorted(fired) == [0, 2, 3, 4]
 
 
 def test_a_subscriptions_concurrent_consumers_never_share_a_thread(run_worker, settings, broker):
@@ -218,3 +252,18 @@ def test_a_subscriptions_concurrent_consumers_never_share_a_thread(run_worker, s
     assert worker.counts()["handled"] == 800
     assert len({c.instance for c in worker.consumers if c.subscription.name == "testapp.conc_a"}) == 2
     assert len(threads["a"]) == 2, threads
+
+
+
+def test_a_concurrent_subscription_beside_a_single_one_starts(run_worker):
+    """Two subscriptions, one with concurrency=2: three consumers whose
+    offsets leave a thread of the four without work (it used to divide by zero)."""
+    subs = [
+        Subscription(name="testapp.mixed_a", event="testapp.order_placed", handler=lambda e: None, batch=True, concurrency=2),
+        Subscription(name="testapp.mixed_b", event="testapp.order_placed", handler=lambda e: None),
+    ]
+    with transaction.atomic():
+        for i in range(20):
+            publish("testapp.order_placed", {"n": i})
+    worker = run_worker(subscriptions=subs)
+    assert worker.counts()["handled"] == 40

@@ -264,6 +264,14 @@ def test_e007_invalid_values_are_errors_naming_the_key(settings):
     ]
 
 
+def test_e007_relay_lanes_past_16_is_an_error_saying_what_to_do_instead(settings):
+    settings.PLATFORMKIT = {**settings.PLATFORMKIT, "RELAY_LANES": 150}
+    (message,) = [m for m in checks.check_settings() if m.id == "platformkit.E007"]
+    assert message.msg == "PLATFORMKIT['RELAY_LANES'] is invalid"
+    assert message.hint.startswith("PLATFORMKIT['RELAY_LANES'] must be 1 to 16, got 150: each lane holds a database connection")
+    assert message.hint.endswith("Run more runrelay processes instead.")
+
+
 def test_e008_a_handler_timeout_not_below_the_ack_wait_is_an_error(settings):
     settings.PLATFORMKIT = {**settings.PLATFORMKIT, "HANDLER_TIMEOUT_SECONDS": 30, "ACK_WAIT_SECONDS": 30}
     message = only(checks.check_settings(), "E008")
