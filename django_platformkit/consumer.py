@@ -397,6 +397,8 @@ class Consumer:
         event's tenant. Past ``timeout`` it raises ``HandlerTimeout``, so its
         work rolls back and the attempt counts as failed."""
         self._handler_starts(event, timeout)
+        wrapper = connections[self.using]
+        on_commit_mark = len(wrapper.run_on_commit)
         token = current_event.set(event)
         try:
             context = contextlib.nullcontext() if self._default_tenant_context else self._tenant_factory(event.tenant)
@@ -404,7 +406,6 @@ class Consumer:
                 self.subscription.handler(event)
         finally:
             current_event.reset(token)
-        wrapper = connections[self.using]
         if wrapper.needs_rollback or (
             wrapper.connection is not None and wrapper.connection.info.transaction_status == psycopg.pq.TransactionStatus.INERROR
         ):
@@ -418,6 +419,11 @@ class Consumer:
             )
         if time.monotonic() - self.handler_started > timeout:
             raise HandlerTimeout(f"handler ran past HANDLER_TIMEOUT_SECONDS={timeout:g}; its work was rolled back")
+        # The handler's transaction.on_commit() callbacks run after the commit,
+        # when the event is handled for good: one that raises is logged
+        # (Django's robust=True) instead of failing an attempt that
+        # succeeded - or, in a batch, skipping every later message's callbacks.
+        wrapper.run_on_commit[on_commit_mark:] = [(sids, func, True) for sids, func, *_ in wrapper.run_on_commit[on_commit_mark:]]
 
     def _handler_starts(self, event: ReceivedEvent, timeout: float) -> None:
         """The claim is in; the handler starts now. From here its message's
@@ -562,13 +568,6 @@ class Consumer:
                         failed.append(event.id)
                     else:
                         outcomes[event.id] = ("handled", None)
-                        # Per message, a callback that raises after the commit
-                        # touches that message alone; in a batch Django would
-                        # skip every later message's callbacks. Make this
-                        # message's callbacks robust (logged, the rest run).
-                        connection.run_on_commit[on_commit_mark:] = [
-                            (sids, func, True) for sids, func, *_ in connection.run_on_commit[on_commit_mark:]
-                        ]
                     finally:
                         self.handler_started = None
                 if failed:
