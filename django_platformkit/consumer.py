@@ -404,21 +404,26 @@ class Consumer:
             context = contextlib.nullcontext() if self._default_tenant_context else self._tenant_factory(event.tenant)
             with context:
                 self.subscription.handler(event)
+            if wrapper.needs_rollback or (
+                wrapper.connection is not None and wrapper.connection.info.transaction_status == psycopg.pq.TransactionStatus.INERROR
+            ):
+                # An ORM error marks the transaction for rollback; a raw cursor's
+                # error leaves it aborted in PostgreSQL. Either way the commit
+                # would roll back without a word, claim included, and the event
+                # would be acked as handled: fail the attempt instead.
+                raise TransactionManagementError(
+                    "the handler caught a database error and returned, so its transaction can only roll back: "
+                    "let the error propagate, or wrap the statement that may fail in transaction.atomic()"
+                )
+            if time.monotonic() - self.handler_started > timeout:
+                raise HandlerTimeout(f"handler ran past HANDLER_TIMEOUT_SECONDS={timeout:g}; its work was rolled back")
+        except BaseException:
+            # A failed attempt's callbacks must never run. Django drops them
+            # itself only for savepoints it made; a batch's are ours.
+            del wrapper.run_on_commit[on_commit_mark:]
+            raise
         finally:
             current_event.reset(token)
-        if wrapper.needs_rollback or (
-            wrapper.connection is not None and wrapper.connection.info.transaction_status == psycopg.pq.TransactionStatus.INERROR
-        ):
-            # An ORM error marks the transaction for rollback; a raw cursor's
-            # error leaves it aborted in PostgreSQL. Either way the commit
-            # would roll back without a word, claim included, and the event
-            # would be acked as handled: fail the attempt instead.
-            raise TransactionManagementError(
-                "the handler caught a database error and returned, so its transaction can only roll back: "
-                "let the error propagate, or wrap the statement that may fail in transaction.atomic()"
-            )
-        if time.monotonic() - self.handler_started > timeout:
-            raise HandlerTimeout(f"handler ran past HANDLER_TIMEOUT_SECONDS={timeout:g}; its work was rolled back")
         # The handler's transaction.on_commit() callbacks run after the commit,
         # when the event is handled for good: one that raises is logged
         # (Django's robust=True) instead of failing an attempt that
@@ -550,10 +555,6 @@ class Consumer:
                         sql += f"; SELECT set_config('platformkit.tenant', '{check_tenant(event.tenant) or ''}', true)"
                     cursor.execute(sql)
                     savepoint_open = True
-                    # Django discards on_commit callbacks only for savepoints it
-                    # made itself; this one is ours, so drop a failed handler's
-                    # callbacks by hand (they must not run when the batch commits).
-                    on_commit_mark = len(connection.run_on_commit)
                     try:
                         self._call_handler(event, timeout)
                     except Exception as exc:  # noqa: BLE001 - this message's outcome, not the batch's
@@ -562,8 +563,7 @@ class Consumer:
                         # An ORM error marks the whole transaction for rollback;
                         # ours is a savepoint's, as in Django's own atomic().
                         connection.needs_rollback = False
-                        cursor.execute("ROLLBACK TO SAVEPOINT platformkit_message")
-                        del connection.run_on_commit[on_commit_mark:]
+                        cursor.execute("ROLLBACK TO SAVEPOINT platformkit_message")  # _call_handler dropped its on_commit callbacks
                         outcomes[event.id] = ("failed", exc)
                         failed.append(event.id)
                     else:

@@ -256,12 +256,6 @@ class Relay:
         total += stats
         if self._finished(stats, stop):
             return total
-        if self.lanes == 1:
-            while True:
-                stats = self.relay_batch()
-                total += stats
-                if self._finished(stats, stop):
-                    return total
         over = threading.Event()
         lock = threading.Lock()
         errors: list[BaseException] = []
