@@ -1,0 +1,43 @@
+"""Django signals for what the outbox, the consumer and the scheduler do.
+
+In the style of ``django/tasks/signals.py``: plain ``Signal()`` objects that
+metrics, error trackers and test helpers connect to. Every signal is sent
+once per occurrence, after the fact, and a receiver that raises is logged,
+never allowed to change an outcome (they are sent with ``send_robust``).
+
+``sender`` is the ``Subscription`` (handled/failed/dead-lettered), the
+``EventType`` (published) or the ``JobSpec`` (job_finished).
+"""
+
+from __future__ import annotations
+
+from django.dispatch import Signal
+
+#: ``publish()``/``publish_many()`` wrote an outbox row (in the caller's
+#: transaction: it may still roll back). kwargs: ``event_id`` (UUID),
+#: ``name`` (str), ``tenant`` (str | None), ``payload_text`` (str, the JSON as
+#: stored), ``using`` (database alias).
+event_published = Signal()
+
+#: A delivery was settled without error. kwargs: ``subscription`` (name),
+#: ``event`` (``ReceivedEvent``), ``outcome`` (``"handled"``: the handler
+#: ran and committed; ``"skipped"``: a claim already existed),
+#: ``duration_seconds`` (float, the handler's run; 0.0 when skipped).
+event_handled = Signal()
+
+#: One attempt of a handler failed (the last one included, before its dead
+#: letter). kwargs: ``subscription``, ``event`` (``ReceivedEvent``),
+#: ``error`` (the exception), ``attempt`` (int, 1-based handler runs),
+#: ``will_retry`` (bool), ``duration_seconds`` (float).
+event_failed = Signal()
+
+#: A dead letter was written. kwargs: ``subscription``, ``event_id`` (UUID),
+#: ``name`` (str), ``tenant`` (str | None), ``attempts`` (int), ``error``
+#: (str, one line), ``exception`` (the last exception, or None when the event
+#: was dead-lettered without running: malformed, never reported).
+event_dead_lettered = Signal()
+
+#: A periodic job's run ended. kwargs: ``job`` (name), ``slot`` (aware
+#: datetime), ``outcome`` (``"succeeded"`` or ``"failed"``), ``error`` (the
+#: exception or None), ``duration_seconds`` (float).
+job_finished = Signal()
