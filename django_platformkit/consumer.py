@@ -32,7 +32,7 @@ from django.db import DatabaseError, InterfaceError, OperationalError, connectio
 from django.db.transaction import TransactionManagementError
 from django.utils.module_loading import import_string
 
-from . import conf
+from . import conf, signals, tracing
 from .events import check_event_name, check_tenant, current_event
 from .exceptions import ConfigurationError, InvalidEventName
 from ._tables import DEAD_LETTER_TABLE, HANDLED_TABLE, OUTBOX_TABLE
@@ -343,6 +343,7 @@ class Consumer:
         self.handler_started: float | None = None  # monotonic; read by the worker's watchdog
         self.counts = {"handled": 0, "skipped": 0, "retried": 0, "dead_lettered": 0, "malformed": 0}
         self._keep: tuple[Any, dict[uuid.UUID, Delivery]] | None = None  # this batch's keep-alive
+        self._durations: dict[uuid.UUID, float] = {}  # event id -> the handler's run, for the signals
         self._tenant_factory = tenant_context_factory()
         self._default_tenant_context = self._tenant_factory is set_config_tenant
 
@@ -402,8 +403,13 @@ class Consumer:
         token = current_event.set(event)
         try:
             context = contextlib.nullcontext() if self._default_tenant_context else self._tenant_factory(event.tenant)
-            with context:
-                self.subscription.handler(event)
+            try:
+                with context, tracing.consumer_span(
+                    subscription=self.subscription.name, event_id=event.id, name=event.name, headers=event.headers, attempt=event.attempt,
+                ):
+                    self.subscription.handler(event)
+            finally:
+                self._durations[event.id] = time.monotonic() - self.handler_started
             if wrapper.needs_rollback or (
                 wrapper.connection is not None and wrapper.connection.info.transaction_status == psycopg.pq.TransactionStatus.INERROR
             ):
@@ -468,12 +474,17 @@ class Consumer:
             # redelivery that finds the claim and skips.
             self._settle(lambda: self.transport.ack(delivery), event, "ack")
             self.counts[outcome] += 1
+            self._send_handled(event, outcome)
             logger.debug("%s subscription=%s event_id=%s attempt=%s", outcome, sub.name, event.id, event.attempt)
             return outcome
         tb = "".join(traceback_module.format_exception(error))
         message = f"{type(error).__name__}: {error}"
+        signals.event_failed.send_robust(
+            sender=sub, subscription=sub.name, event=event, error=error, attempt=event.attempt,
+            will_retry=delivery.attempt < sub.max_attempts, duration_seconds=self._durations.pop(event.id, 0.0),
+        )
         if delivery.attempt >= sub.max_attempts:
-            return self._dead_letter(delivery, event, attempts=delivery.attempt, error=message, tb=tb)
+            return self._dead_letter(delivery, event, attempts=delivery.attempt, error=message, tb=tb, exception=error)
         delay = sub.delay_after(delivery.attempt)
         logger.warning(
             "handler failed, retrying subscription=%s event_id=%s attempt=%s/%s retry_in=%ss error=%s",
@@ -518,6 +529,7 @@ class Consumer:
                     acks.append(delivery)
                     self.counts[outcome] += 1
                     results[id(delivery)] = outcome
+                    self._send_handled(event, outcome)
                 else:
                     results[id(delivery)] = self._conclude(delivery, event, outcome, failure)
             # After the commit, one trip through the loop for every ack.
@@ -575,6 +587,13 @@ class Consumer:
                     cursor.execute(f"DELETE FROM {HANDLED_TABLE} WHERE subscription = %s AND event_id = ANY(%s)", [sub.name, failed])
         return outcomes
 
+    def _send_handled(self, event: ReceivedEvent, outcome: str) -> None:
+        sub = self.subscription
+        signals.event_handled.send_robust(
+            sender=sub, subscription=sub.name, event=event, outcome=outcome,
+            duration_seconds=self._durations.pop(event.id, 0.0),
+        )
+
     def _settle(self, action: Callable[[], None], event: ReceivedEvent, what: str) -> None:
         try:
             action()
@@ -623,7 +642,7 @@ class Consumer:
         return "handled"
 
     # -- giving up --
-    def _dead_letter(self, delivery: Delivery, event: ReceivedEvent, *, attempts: int, error: str, tb: str) -> str:
+    def _dead_letter(self, delivery: Delivery, event: ReceivedEvent, *, attempts: int, error: str, tb: str, exception: BaseException | None = None) -> str:
         sub = self.subscription
         try:
             written = record_dead_letter(
@@ -642,6 +661,10 @@ class Consumer:
                 sub.name, event.id, event.name, attempts, error, tb,
             )
             self.counts["dead_lettered"] += 1
+            signals.event_dead_lettered.send_robust(
+                sender=sub, subscription=sub.name, event_id=event.id, name=event.name, tenant=event.tenant,
+                attempts=attempts, error=error, exception=exception,
+            )
         else:
             logger.info("already claimed, no dead letter subscription=%s event_id=%s", sub.name, event.id)
         self._settle(lambda: self.transport.term(delivery), event, "term")

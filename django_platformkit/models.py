@@ -1,6 +1,7 @@
-"""The four tables: the outbox (event log and job queue in one), the claims
-that make handling exactly-once, the dead letters an operator acts on, and
-the slot ledger behind "once per slot". Table names are part of the public
+"""The tables: the outbox (event log and job queue in one), the claims that
+make handling exactly-once, the attempts that say how often a handler really
+ran, the dead letters an operator acts on, and the slot ledger behind "once
+per slot". Table names are part of the public
 contract (DESIGN.md), defined once in ``_tables``.
 """
 
@@ -10,7 +11,7 @@ from django.db import models
 from django.db.models.functions import Now
 
 from ._ids import uuid7
-from ._tables import DEAD_LETTER_TABLE, HANDLED_TABLE, JOBS_TABLE, OUTBOX_TABLE
+from ._tables import ATTEMPTS_TABLE, DEAD_LETTER_TABLE, HANDLED_TABLE, JOBS_TABLE, OUTBOX_TABLE
 
 #: ``clock_timestamp()`` rather than ``now()``: ``now()`` is the transaction's
 #: start, so every event of one transaction would tie and lose its order.
@@ -92,6 +93,62 @@ class HandledEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.subscription} handled {self.event_id}"
+
+
+class AttemptQuerySet(models.QuerySet):
+    def for_event(self, event_id, subscription: str | None = None) -> "AttemptQuerySet":
+        rows = self.filter(event_id=event_id)
+        return rows if subscription is None else rows.filter(subscription=subscription)
+
+    def counted(self) -> "AttemptQuerySet":
+        """The runs that count against ``max_attempts``: failed, or started
+        and never reported (the worker died or hung in them)."""
+        return self.filter(outcome__in=[Attempt.FAILED, Attempt.RUNNING])
+
+
+class Attempt(models.Model):
+    """One run of a handler for (subscription, event), the history behind
+    ``ReceivedEvent.attempt`` and a dead letter's ``attempts`` (DESIGN.md
+    "Attempts"). Written only when it carries news: a failure (after its
+    transaction rolled back), or the start of a run on a redelivery, so a
+    run that never reports still counts. The first, usual delivery that
+    succeeds writes no row at all.
+
+    ``outcome``: ``running`` (started, no outcome yet - counts: the worker
+    died or hung in it), ``failed`` (counts), ``handled``, or ``interrupted``
+    (the run was cut short by a database outage or a stopping worker through
+    no fault of the handler - does not count)."""
+
+    RUNNING = "running"
+    FAILED = "failed"
+    HANDLED = "handled"
+    INTERRUPTED = "interrupted"
+    OUTCOMES = [(RUNNING, "running"), (FAILED, "failed"), (HANDLED, "handled"), (INTERRUPTED, "interrupted")]
+
+    id = models.BigAutoField(primary_key=True)
+    subscription = models.CharField(max_length=200)
+    event_id = models.UUIDField()
+    attempt = models.PositiveIntegerField(help_text="1-based: the how-many-th run of the handler")
+    outcome = models.CharField(max_length=16, choices=OUTCOMES, default=RUNNING)
+    started_at = models.DateTimeField(db_default=Now())
+    finished_at = models.DateTimeField(null=True, blank=True)
+    error = models.TextField(blank=True, default="")
+    traceback = models.TextField(blank=True, default="")
+    worker = models.CharField(max_length=200, blank=True, default="", help_text="host:pid of the worker that ran it")
+
+    objects = AttemptQuerySet.as_manager()
+
+    class Meta:
+        db_table = ATTEMPTS_TABLE
+        verbose_name = "attempt"
+        ordering = ["subscription", "event_id", "attempt"]
+        constraints = [
+            models.UniqueConstraint(fields=["subscription", "event_id", "attempt"], name="platformkit_attempt_once"),
+        ]
+        indexes = [models.Index(fields=["event_id"], name="platformkit_attempt_event")]
+
+    def __str__(self) -> str:
+        return f"{self.subscription} attempt {self.attempt} of {self.event_id}: {self.outcome}"
 
 
 class DeadLetter(models.Model):
