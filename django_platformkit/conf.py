@@ -41,6 +41,13 @@ def _string(key: str, value: Any) -> str:
 _NATS_SCHEMES = ("nats://", "tls://", "ws://", "wss://")
 
 
+def redact_url(url: str) -> str:
+    """``url`` (one URL or a comma-separated list) with any user info replaced
+    by ``***``: ``nats://worker:s3cret@host:4222`` -> ``nats://***@host:4222``.
+    Use it for every URL that reaches a log line, an error or a page."""
+    return ",".join(re.sub(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^@/]*@", r"\1***@", part.strip()) for part in url.split(","))
+
+
 def _nats_url(key: str, value: Any) -> str:
     _string(key, value)
     for url in (u.strip() for u in value.split(",")):
