@@ -33,11 +33,12 @@ PREFIX = "chaos"
 #: Short, so a killed worker's messages come back quickly.
 ACK_WAIT_SECONDS = 2.5
 HANDLER_TIMEOUT_SECONDS = 2.0
-#: Every SIGKILL of a worker counts one delivery against each message of the
-#: batch it held; the default (5) would dead-letter healthy events after a
-#: handful of kills in a row, which is the documented crash-loop guard, not
-#: what these scenarios measure.
-MAX_ATTEMPTS = 50
+#: The attempt limit of every scenario: the default (``MAX_ATTEMPTS`` 5)
+#: unless ``PLATFORMKIT_CHAOS_MAX_ATTEMPTS`` says otherwise. It used to be 50,
+#: which hid the bug the default exposes: a worker killed or stopped with
+#: fetched, unstarted messages had each hand-back counted as an attempt,
+#: dead-lettering healthy events that never ran (issue 11).
+MAX_ATTEMPTS = os.environ.get("PLATFORMKIT_CHAOS_MAX_ATTEMPTS")
 
 #: Lines printed by the scenarios, repeated in pytest's terminal summary.
 REPORTED: list[str] = []
@@ -153,9 +154,12 @@ class Rig:
             PLATFORMKIT_TEST_PREFIX=PREFIX,
             PLATFORMKIT_TEST_ACK_WAIT=str(ACK_WAIT_SECONDS),
             PLATFORMKIT_TEST_HANDLER_TIMEOUT=str(HANDLER_TIMEOUT_SECONDS),
-            PLATFORMKIT_TEST_MAX_ATTEMPTS=str(MAX_ATTEMPTS),
             PLATFORMKIT_LOG_LEVEL="INFO",
         )
+        # Not inherited from this process either: tests/settings.py's default is the library's.
+        env.pop("PLATFORMKIT_TEST_MAX_ATTEMPTS", None)
+        if MAX_ATTEMPTS:
+            env["PLATFORMKIT_TEST_MAX_ATTEMPTS"] = MAX_ATTEMPTS
         env.update(self.settings_env)
         env.update(extra)
         return env

@@ -56,3 +56,5 @@ def slow(event):
 
 if os.environ.get("PLATFORMKIT_TEST_JOBS"):
     from . import _jobs  # noqa: E402,F401 - periodic jobs for tests/test_jobs.py's worker processes
+if os.environ.get("PLATFORMKIT_TEST_SCENARIOS"):
+    from . import _scenarios  # noqa: E402,F401 - the worker-runtime scenarios' subscriptions (tests/chaos/test_deploys.py)
