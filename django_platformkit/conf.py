@@ -106,6 +106,10 @@ def _lanes(key: str, value: Any) -> int:
     return value
 
 
+def _optional_positive_int(key: str, value: Any) -> int | None:
+    return None if value is None else _positive_int(key, value)
+
+
 def _boolean(key: str, value: Any) -> bool:
     if not isinstance(value, bool):
         raise ConfigurationError(f"PLATFORMKIT[{key!r}] must be True or False, got {value!r}.")
@@ -146,6 +150,9 @@ DEFAULTS: dict[str, tuple[Any, Callable[[str, Any], Any]]] = {
     "HANDLER_STUCK_GRACE_SECONDS": (60, _positive_number),
     "CONSUMER_BATCH_SIZE": (100, _positive_int),
     "CONSUMER_THREADS": (4, _positive_int),
+    # None: derived per subscription (transport.max_ack_pending_for): in-flight
+    # credit twice over plus room for 20,000 events parked for retry.
+    "MAX_ACK_PENDING": (None, _optional_positive_int),
     "MAX_PAYLOAD_BYTES": (512 * 1024, _positive_int),
     "RETENTION_DAYS": (7, _positive_number),
     "DUPLICATE_WINDOW_SECONDS": (120, _positive_number),

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import enum
+import json
 import logging
 import ssl
 import threading
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -38,6 +40,12 @@ ENVELOPE_OVERHEAD_BYTES = 4096
 #: sends that text as is, so a compact payload can grow by at most half.
 JSONB_TEXT_GROWTH = 1.5
 NO_TENANT = "_"
+#: A waiting pull request's expiry: an idle subscription costs one request
+#: per this many seconds (re-issued as it expires), not a timer per 50 ms.
+PULL_LINGER_SECONDS = 30.0
+#: Idle heartbeats of a waiting pull: two missed mean the request is gone
+#: (a reconnect, a durable deleted under us) and a new one is sent.
+PULL_HEARTBEAT_SECONDS = 5.0
 
 
 # --- the wire scheme, defined once ------------------------------------------
@@ -86,11 +94,34 @@ def stream_config() -> api.StreamConfig:
     )
 
 
-def consumer_config(subscription_name: str, event_name: str, *, max_ack_pending: int = 1000) -> api.ConsumerConfig:
+#: Room above the in-flight credit for events parked for retry: a NAK with a
+#: delay keeps a message "ack pending" on the broker until it comes back, and
+#: at max_ack_pending the broker delivers nothing else (1,100 parked retries
+#: under JetStream's default 1,000 held a healthy event back for 44 s).
+RETRY_BACKLOG_HEADROOM = 20_000
+
+
+def max_ack_pending_for(concurrency: int = 1, override: int | None = None) -> int:
+    """The ``max_ack_pending`` of a subscription's durable: its
+    ``subscribe(max_ack_pending=...)`` override, else ``MAX_ACK_PENDING``,
+    else derived: ``CONSUMER_BATCH_SIZE x concurrency x 2`` (what can be in
+    flight, twice over) plus ``RETRY_BACKLOG_HEADROOM`` for parked retries."""
+    if override:
+        return int(override)
+    configured = conf.settings.MAX_ACK_PENDING
+    if configured is not None:
+        return int(configured)
+    return int(conf.settings.CONSUMER_BATCH_SIZE) * max(1, int(concurrency)) * 2 + RETRY_BACKLOG_HEADROOM
+
+
+def consumer_config(subscription_name: str, event_name: str, *, max_ack_pending: int | None = None) -> api.ConsumerConfig:
     """The durable consumer of one subscription, used to create it and to
     compare an existing one. ``max_deliver`` is unlimited on purpose: the
     worker counts attempts itself and dead-letters, so the broker never drops
-    a message silently after its own count."""
+    a message silently after its own count. ``max_ack_pending`` None: the
+    ``max_ack_pending_for()`` default (a change is applied in place)."""
+    if max_ack_pending is None:
+        max_ack_pending = max_ack_pending_for()
     durable = durable_name(subscription_name)
     return api.ConsumerConfig(
         durable_name=durable,
@@ -172,6 +203,21 @@ class Delivery:
     attempt: int
     stream_seq: int
     msg: Any = field(repr=False)
+
+
+def to_deliveries(msgs: Sequence[Any]) -> list[Delivery]:
+    """JetStream messages as ``Delivery`` values (a message without JetStream
+    metadata can't be acked either: logged and skipped)."""
+    out = []
+    for msg in msgs:
+        try:
+            metadata = msg.metadata
+            attempt, seq = int(metadata.num_delivered), int(metadata.sequence.stream)
+        except Exception:  # noqa: BLE001 - not a JetStream delivery; can't be acked either
+            logger.warning("fetch got a non-JetStream message subject=%s", msg.subject)
+            continue
+        out.append(Delivery(subject=msg.subject, data=msg.data, headers=dict(msg.headers or {}), attempt=attempt, stream_seq=seq, msg=msg))
+    return out
 
 
 def classify_publish_error(exc: BaseException) -> PublishResult:
@@ -556,16 +602,17 @@ class Transport:
             msgs = await sub.fetch(batch, timeout=timeout, heartbeat=1.0 if timeout >= 3.0 else None)
         except (nats.errors.TimeoutError, asyncio.TimeoutError):
             return []
-        out = []
-        for msg in msgs:
-            try:
-                metadata = msg.metadata
-                attempt, seq = int(metadata.num_delivered), int(metadata.sequence.stream)
-            except Exception:  # noqa: BLE001 - not a JetStream delivery; can't be acked either
-                logger.warning("fetch got a non-JetStream message subject=%s", msg.subject)
-                continue
-            out.append(Delivery(subject=msg.subject, data=msg.data, headers=dict(msg.headers or {}), attempt=attempt, stream_seq=seq, msg=msg))
-        return out
+        return to_deliveries(msgs)
+
+    def pull_lane(
+        self, want: api.ConsumerConfig, *, credit: Callable[[], int], deliver: Callable[[list[Delivery]], None],
+        batch_size: int, linger_seconds: float = PULL_LINGER_SECONDS, heartbeat_seconds: float = PULL_HEARTBEAT_SECONDS,
+    ) -> "PullLane":
+        """Start pulling ``want``'s durable on the loop, for as long as the
+        transport lives or until ``PullLane.stop()``; see ``PullLane``."""
+        lane = PullLane(self, want, credit=credit, deliver=deliver, batch_size=batch_size, linger_seconds=linger_seconds, heartbeat_seconds=heartbeat_seconds)
+        lane.start()
+        return lane
 
     def forget_pull(self, durable: str) -> None:
         """Drop a cached pull subscription (after the durable was recreated)."""
@@ -685,3 +732,194 @@ class KeepAlive:
                     await delivery.msg.in_progress()
                 except Exception as exc:  # noqa: BLE001 - the ack wait is the fallback
                     logger.debug("in-progress ack failed seq=%s error=%s", delivery.stream_seq, exc)
+
+
+class PullLost(Exception):
+    """A pull request went unanswered (no message, status or heartbeat in time)."""
+
+
+class PullLane:
+    """The pulls of one durable, run on the transport's loop: waiting on the
+    broker costs a request, never a thread.
+
+    While ``credit()`` (called on the loop; must be quick and thread-safe)
+    is above 0, it asks for ``min(credit(), batch_size)`` messages with a
+    ``no_wait`` request (what is there now); if none are there, one
+    long-poll request for a single message (``expires`` =
+    ``linger_seconds``, idle heartbeats every ``heartbeat_seconds``), re-sent
+    as it expires; once that one message arrives, a ``no_wait`` request for
+    the rest of the credit. So a fetch never asks for more than can start
+    now, and nothing fetched waits for a message that isn't there.
+    ``deliver(deliveries)`` gets each fetched unit (1 to ``batch_size``, on
+    the loop thread: it must only hand them over) and must lower the credit.
+    Status messages: 100 (heartbeat) is skipped, 404/408 end a request, 409
+    and 503 (no responders: the durable or JetStream is gone) and a missed
+    heartbeat make the lane re-ensure the durable with backoff. Each request
+    has its own reply subject, so a late status of an abandoned request is
+    recognised and ignored. Borrowed from the JetStream pull protocol
+    (ADR-13) and nats-py's ``_fetch_n``, without its wait for a full batch.
+    """
+
+    def __init__(self, transport: Transport, want: api.ConsumerConfig, *, credit: Callable[[], int], deliver: Callable[[list[Delivery]], None], batch_size: int, linger_seconds: float, heartbeat_seconds: float) -> None:
+        self.transport = transport
+        self.want = want
+        self.durable = want.durable_name
+        self._credit = credit
+        self._deliver = deliver
+        self.batch_size = max(1, int(batch_size))
+        self.linger_seconds = float(linger_seconds)
+        self.heartbeat_seconds = float(heartbeat_seconds)
+        self.idle = threading.Event()  # set: the last look found nothing, and nothing fetched since
+        self.error: BaseException | None = None  # an unexpected crash of the lane task (the worker exits on it)
+        self._wake: asyncio.Event | None = None
+        self._stopped = False
+        self._seq = 0
+        self._sub: Any = None
+        self._inbox = ""
+        self._held: list[Any] = []  # received, not yet handed over: NAKed if the lane stops in between
+        self.future: Any = None
+
+    def start(self) -> None:
+        self.future = self.transport.submit(self._run())
+
+    def wake(self) -> None:
+        """Thread-safe: the credit may have grown; look again now."""
+        loop = self.transport._loop
+        if loop is not None and self._wake is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._wake.set)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop pulling; NAK at once whatever was received but not handed over. Waits up to ``timeout`` s."""
+        self._stopped = True
+        if self.future is None:
+            return
+        loop = self.transport._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self.future.cancel)
+        with contextlib.suppress(Exception):
+            self.future.result(timeout)
+
+    async def _run(self) -> None:
+        self._wake = asyncio.Event()
+        delay = 0.5
+        try:
+            while not self._stopped:
+                want = min(self._credit(), self.batch_size)
+                if want <= 0:
+                    self._wake.clear()
+                    if min(self._credit(), self.batch_size) <= 0:  # re-read after clear(): a wake in between is not lost
+                        await self._wake.wait()
+                    continue
+                try:
+                    msgs = await self._request(want, linger=False)
+                    if not msgs:
+                        self.idle.set()
+                        msgs = await self._request(1, linger=True)
+                        if msgs and want > 1:
+                            msgs += await self._request(want - 1, linger=False)
+                    delay = 0.5
+                except (PullLost, nats.js.errors.APIError, nats.errors.NoRespondersError) as exc:
+                    logger.error("pull failed consumer=%s error=%s; re-ensuring the durable in %.1fs", self.durable, exc or type(exc).__name__, delay)
+                    await self._reset()
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 10.0)
+                    await self._reensure()
+                    continue
+                except (nats.errors.Error, OSError, asyncio.TimeoutError) as exc:
+                    logger.error("pull failed consumer=%s broker error=%s; retrying in %.1fs", self.durable, exc or type(exc).__name__, delay)
+                    await self._reset()
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 10.0)
+                    continue
+                deliveries = to_deliveries(msgs)
+                self._held = []
+                if deliveries:
+                    self.idle.clear()
+                    self._deliver(deliveries)
+        except asyncio.CancelledError:
+            pass
+        except BaseException as exc:  # noqa: BLE001 - recorded: the worker's watchdog ends the process on it
+            self.error = exc
+            logger.exception("pull lane crashed consumer=%s", self.durable)
+        finally:
+            await self._nak_held()
+            await self._reset()
+
+    async def _ensure_sub(self) -> Any:
+        if self._sub is None:
+            nc = self.transport._nc
+            self._inbox = nc.new_inbox()
+            self._sub = await nc.subscribe(self._inbox + ".*")
+        return self._sub
+
+    async def _reset(self) -> None:
+        sub, self._sub = self._sub, None
+        if sub is not None:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+
+    async def _nak_held(self) -> None:
+        # A stopping worker hands back at once what it holds, not after the ack wait.
+        held, self._held = self._held, []
+        if self._sub is not None:
+            while True:
+                try:
+                    msg = self._sub._pending_queue.get_nowait()
+                except Exception:  # noqa: BLE001 - empty
+                    break
+                if not (msg.headers or {}).get("Status"):
+                    held.append(msg)
+        for msg in held:
+            with contextlib.suppress(Exception):
+                await msg.nak()
+
+    async def _reensure(self) -> None:
+        try:
+            await self.transport._ensure_consumer(self.want)
+        except ConsumerDrift:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the next pull tries again
+            logger.error("durable not ensured consumer=%s error=%s", self.durable, exc or type(exc).__name__)
+
+    async def _request(self, batch: int, *, linger: bool) -> list[Any]:
+        sub = await self._ensure_sub()
+        self._seq += 1
+        reply = f"{self._inbox}.{self._seq}"
+        request: dict[str, Any] = {"batch": int(batch)}
+        if linger:
+            request["expires"] = int(self.linger_seconds * 1e9)
+            request["idle_heartbeat"] = int(self.heartbeat_seconds * 1e9)
+            # Two missed heartbeats: the request is gone; the expiry answers with a 408 first.
+            gap = 2 * self.heartbeat_seconds + 1.0
+        else:
+            request["no_wait"] = True  # no expires: with one the server would linger
+            gap = self.transport.request_timeout_seconds
+        nc = self.transport._nc
+        await nc.publish(f"$JS.API.CONSUMER.MSG.NEXT.{conf.settings.STREAM}.{self.durable}", json.dumps(request).encode(), reply=reply)
+        msgs = self._held = []
+        while len(msgs) < batch and not self._stopped:
+            try:
+                msg = await sub.next_msg(timeout=gap)
+            except (nats.errors.TimeoutError, asyncio.TimeoutError):
+                if msgs:
+                    return msgs
+                raise PullLost(f"no answer to a pull request within {gap:g} s") from None
+            status = (msg.headers or {}).get("Status")
+            if not status:
+                msgs.append(msg)
+                if not linger:
+                    gap = self.transport.request_timeout_seconds
+                continue
+            if msg.subject != reply:
+                continue  # a late status of an earlier request
+            if status == "100":
+                continue
+            if status in ("404", "408"):
+                break
+            description = (msg.headers or {}).get("Description", "")
+            if status == "503":
+                raise PullLost(f"no responders for consumer {self.durable} (deleted, or JetStream down)")
+            if msgs:
+                return msgs  # hand over what came; the next request meets the error again
+            raise nats.js.errors.APIError(code=int(status), description=description)
+        return msgs

@@ -1,12 +1,28 @@
-"""The worker process: relay + one consumer thread per subscription + the
-scheduler, sharing one NATS connection. Stopping is cooperative: SIGTERM or
-SIGINT stops fetching, lets in-flight handlers finish and ack, and exits 0.
-A handler stuck past its timeout plus a grace period makes the process exit
-non-zero so its supervisor restarts it (a Python thread can't be killed).
+"""The worker process: relay + the consumer runtime + the scheduler, sharing
+one NATS connection.
+
+The consumer runtime owns how deliveries reach handlers. Each subscription
+is a *lane*: its pulls wait on the transport's event loop (``PullLane``:
+long-poll requests with heartbeats, so waiting costs no thread and an idle
+subscription never delays a busy one), and it asks only for what can start
+now (credit: one unit of 1 to ``CONSUMER_BATCH_SIZE`` deliveries per free
+slot of its ``concurrency``). A pool of ``CONSUMER_THREADS`` threads, each
+with its own database connection, takes units round-robin over the lanes
+that have one ready, so a busy subscription can't starve the others.
+
+Stopping is cooperative: SIGTERM or SIGINT stops pulling, NAKs at once what
+was fetched and not started, lets in-flight units finish and ack, and exits
+0. A handler stuck past its timeout plus a grace period makes the process
+exit 3, and a crash of any worker thread or of the event loop makes it exit
+1, so its supervisor restarts it (never a live process that no longer
+consumes). ``run_supervisor`` runs the relay and scheduler in one process
+and N consumer processes under one parent (``runworker --processes N``).
 """
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import json
 import logging
 import os
@@ -18,7 +34,6 @@ from pathlib import Path
 from typing import Any
 
 import nats.errors
-import nats.js.errors
 from django.db import DatabaseError, connections
 
 from . import conf
@@ -26,26 +41,56 @@ from .consumer import Consumer, Subscription, subscriptions as registered_subscr
 from .exceptions import BrokerUnavailable, ConsumerDrift
 from .models import OutboxEvent
 from .relay import Relay
-from .transport import Transport
+from .transport import Delivery, PullLane, Transport, max_ack_pending_for
 
 logger = logging.getLogger(__name__)
 
 #: Exit status when a handler is stuck past HANDLER_TIMEOUT_SECONDS + grace.
 EXIT_STUCK_HANDLER = 3
-#: How often an idle consumer re-checks that its durable still exists.
-DURABLE_CHECK_SECONDS = 30.0
+#: Exit status when a worker thread or the event loop died.
+EXIT_CRASHED = 1
 #: How often the worker logs its counts at INFO when they changed.
 PROGRESS_LOG_SECONDS = 10.0
+#: How long a pool thread backs off after a database or broker error outside a handler.
+POOL_ERROR_BACKOFF_SECONDS = 1.0
+
+
+class _Lane:
+    """One subscription in the runtime: its consumers (one per
+    ``concurrency`` slot), the units fetched and not started, and its puller.
+    Guarded by the runtime's condition lock."""
+
+    def __init__(self, subscription: Subscription, consumers: list[Consumer]) -> None:
+        self.subscription = subscription
+        self.consumers = consumers
+        self.free = list(consumers)  # not running a unit
+        self.available = len(consumers)  # slots neither running nor holding a queued unit: the credit
+        self.queue: collections.deque[tuple[list[Delivery], Any]] = collections.deque()
+        self.puller: PullLane | None = None
+
+    @property
+    def busy(self) -> bool:
+        return self.available < len(self.consumers)
+
+
+def desired_consumer_config(subscription: Subscription):
+    """The durable config the runtime wants for ``subscription``: its
+    ``consumer_config()`` with the ``max_ack_pending`` that fits its
+    concurrency and ``max_ack_pending`` override."""
+    want = subscription.consumer_config()
+    want.max_ack_pending = max_ack_pending_for(subscription.concurrency, getattr(subscription, "max_ack_pending_override", None))
+    return want
 
 
 class Worker:
-    """Compose relay, consumers and scheduler over one ``Transport``.
+    """Compose relay, consumer runtime and scheduler over one ``Transport``.
 
     ``relay``/``consumers``/``scheduler`` switch the parts on; ``jobs``
     names the periodic jobs the scheduler runs (default: all). ``burst``:
     drain the outbox and every consumer (nothing pending, nothing awaiting
     ack or retry), run no jobs, then return. ``health_file``: a JSON file
-    rewritten every second with liveness and counts.
+    rewritten every second with liveness and counts, and a final
+    ``{"healthy": false, "stopped": true}`` when the worker ends.
     ``connect_timeout_seconds``: with ``burst``, how long to keep trying to
     reach NATS before failing (a running worker waits for it forever).
     """
@@ -80,20 +125,35 @@ class Worker:
         self.consumers: list[Consumer] = []
         self.exit_code = 0
         self._threads: list[threading.Thread] = []
+        self._pool: list[threading.Thread] = []
         self._started = time.monotonic()
         self._scheduler: Any = None
         self._watchdog_thread: threading.Thread | None = None
         self._threads_done = threading.Event()
         self.job_names = None if jobs is None else list(jobs)  # None: every registered job
+        self._lanes: list[_Lane] = []
+        self._cond = threading.Condition()
+        self._ready: collections.deque[_Lane] = collections.deque()  # lanes with a unit queued, in turn
+        self._starting = True
+        self._crashed: str | None = None
 
     # -- lifecycle --
     def install_signal_handlers(self) -> None:
         def handle(signum: int, frame: Any) -> None:
             name = signal.Signals(signum).name
+            if self._starting:
+                # Nothing is fetched or running yet: nothing to finish. Leave now
+                # rather than after a connect or durable check that may take long.
+                logger.info("worker stopping signal=%s during start-up: nothing in flight; exit=0", name)
+                self.stop_event.set()
+                self._write_final_health()
+                logging.shutdown()
+                os._exit(0)
             if self.stop_event.is_set():
                 # Asked twice: the operator means it. In-flight transactions roll
                 # back with the connections; their messages are redelivered.
                 logger.warning("worker stopping now signal=%s (second request): in-flight handlers are abandoned", name)
+                self._write_final_health()
                 logging.shutdown()
                 os._exit(1)
             logger.info("worker stopping signal=%s: finishing in-flight handlers (send it again to stop at once)", name)
@@ -107,27 +167,32 @@ class Worker:
 
     def run(self) -> int:
         """Run until stopped (or drained, with ``burst``). Returns the exit code."""
-        # A burst is a script's step: fail it rather than wait forever for a broker.
-        if not self.transport.connect_until(self.stop_event, give_up_after_seconds=self.connect_timeout_seconds if self.burst else None):
-            return 0
-        self._retry_until_stopped(self.transport.ensure_stream, f"stream {conf.settings.STREAM}")
-        if self.want_consumers:
-            for subscription in self.subscriptions:
-                consumer = Consumer(subscription, self.transport, using=self.using, stop=self.stop_event)
-                self._retry_until_stopped(consumer.ensure, f"durable {subscription.durable}")
-                self.consumers.append(consumer)
-            # A subscription's further concurrent consumers (no more than there
-            # are threads: two on one thread would only take turns).
-            threads = int(conf.settings.CONSUMER_THREADS)
-            for subscription in self.subscriptions:
-                self.consumers += [
-                    Consumer(subscription, self.transport, using=self.using, stop=self.stop_event, instance=instance)
-                    for instance in range(1, min(subscription.concurrency, threads))
-                ]
+        try:
+            # A burst is a script's step: fail it rather than wait forever for a broker.
+            if not self.transport.connect_until(self.stop_event, give_up_after_seconds=self.connect_timeout_seconds if self.burst else None):
+                return self._stopped_in_start_up()
+            self._retry_until_stopped(self.transport.ensure_stream, f"stream {conf.settings.STREAM}")
+            if self.want_consumers:
+                for subscription in self.subscriptions:
+                    want = desired_consumer_config(subscription)
+                    self._retry_until_stopped(lambda want=want: self.transport.ensure_consumer(want), f"durable {subscription.durable}")
+                    consumers = [
+                        Consumer(subscription, self.transport, using=self.using, stop=self.stop_event, instance=instance)
+                        for instance in range(subscription.concurrency)
+                    ]
+                    self.consumers += consumers
+                    self._lanes.append(_Lane(subscription, consumers))
+            if self.stop_event.is_set():
+                return self._stopped_in_start_up()
+        except BaseException:
+            self._write_final_health()
+            self.transport.close()
+            raise
         logger.info(
-            "worker started pid=%s relay=%s subscriptions=%s scheduler=%s burst=%s",
-            os.getpid(), self.want_relay, ",".join(s.name for s in self.subscriptions) if self.want_consumers else "-",
-            self.want_scheduler, self.burst,
+            "worker started pid=%s relay=%s subscriptions=%s threads=%s batch_size=%s scheduler=%s burst=%s",
+            os.getpid(), self.want_relay, len(self._lanes) if self.want_consumers else "-",
+            min(int(conf.settings.CONSUMER_THREADS), max(1, sum(len(lane.consumers) for lane in self._lanes))) if self._lanes else 0,
+            conf.settings.CONSUMER_BATCH_SIZE, self.want_scheduler, self.burst,
         )
         try:
             if self.burst:
@@ -136,20 +201,56 @@ class Worker:
                 self._run_forever()
         finally:
             self.stop_event.set()
-            # The watchdog keeps watching until the others are done: a handler
-            # stuck past its timeout + grace still ends the process (status 3)
-            # instead of hanging the shutdown forever.
-            for thread in self._threads:
-                if thread is not self._watchdog_thread:
-                    thread.join()
-            self._threads_done.set()
-            if self._watchdog_thread is not None:
-                self._watchdog_thread.join()
-            self.transport.close()
-            connections.close_all()
-            counts = self.counts()
-            logger.info("worker stopped exit=%s %s", self.exit_code, " ".join(f"{k}={v}" for k, v in counts.items()))
+            self._shutdown()
         return self.exit_code
+
+    def _stopped_in_start_up(self) -> int:
+        logger.info("worker stopped during start-up exit=0")
+        self._write_final_health()
+        self.transport.close()
+        return 0
+
+    def _shutdown(self) -> None:
+        self._starting = False
+        with self._cond:
+            self._cond.notify_all()
+        for lane in self._lanes:
+            if lane.puller is not None:
+                lane.puller.stop()
+        # The watchdog keeps watching until the others are done: a handler
+        # stuck past its timeout + grace still ends the process (status 3)
+        # instead of hanging the shutdown forever.
+        for thread in self._threads:
+            if thread is not self._watchdog_thread:
+                thread.join()
+        self._hand_back_queued()
+        self._threads_done.set()
+        if self._watchdog_thread is not None:
+            self._watchdog_thread.join()
+        self.transport.close()
+        connections.close_all()
+        self._write_final_health()
+        logger.info(
+            "worker stopped exit=%s uptime=%.0fs totals %s", self.exit_code, time.monotonic() - self._started,
+            " ".join(f"{k}={v}" for k, v in self.counts().items()),
+        )
+
+    def _hand_back_queued(self) -> None:
+        """NAK at once every unit fetched and not started (a stopping worker
+        hands back what it must now, not after the ack wait)."""
+        with self._cond:
+            units = [unit for lane in self._lanes for unit in lane.queue]
+            for lane in self._lanes:
+                lane.queue.clear()
+            self._ready.clear()
+        for deliveries, keep in units:
+            with contextlib.suppress(Exception):
+                keep.stop()
+            for delivery in deliveries:
+                with contextlib.suppress(Exception):
+                    self.transport.nak(delivery)
+        if units:
+            logger.info("handed back unstarted deliveries=%s", sum(len(d) for d, _ in units))
 
     def _retry_until_stopped(self, func, what: str) -> None:
         delay = 0.5
@@ -181,73 +282,117 @@ class Worker:
     def _guard(self, name: str, target, *args) -> None:
         try:
             target(*args)
-        except Exception:
-            logger.exception("worker thread crashed thread=%s; stopping the worker", name)
-            self.exit_code = 1
-            self.stop_event.set()
+        except BaseException as exc:  # noqa: BLE001 - SystemExit too: a dead thread must end the process
+            self._crash(name, exc)
         finally:
             connections.close_all()
 
-    def _consume_loop(self, group: list[tuple[Consumer, threading.Event]]) -> None:
-        """Serve a group of subscriptions from one thread (with its own
-        database connection). With several, each fetch waits a share of a
-        second, so an idle subscription can't hold up a busy one for long."""
-        fetch_timeout = max(0.05, 1.0 / len(group))
-        delays = {id(c): 0.5 for c, _ in group}
-        verified = {id(c): time.monotonic() for c, _ in group}
-        while not self.stop_event.is_set():
-            for consumer, idle in group:
-                if self.stop_event.is_set():
-                    break
-                delay = delays[id(consumer)]
-                name = consumer.subscription.name
-                try:
-                    fetched = consumer.poll(timeout=fetch_timeout)
-                    delays[id(consumer)] = 0.5
-                    if fetched == 0:
-                        idle.set()
-                        if time.monotonic() - verified[id(consumer)] > DURABLE_CHECK_SECONDS:
-                            # A pull on a durable that vanished (a broker that lost its
-                            # store) just times out; re-ensure it now and then.
-                            verified[id(consumer)] = time.monotonic()
-                            consumer.ensure()
-                    else:
-                        idle.clear()
-                except (nats.js.errors.NotFoundError, nats.js.errors.ServiceUnavailableError) as exc:
-                    logger.error("consumer subscription=%s error=%s; re-creating the durable", name, exc)
-                    self.transport.forget_pull(consumer.subscription.durable)
-                    self.stop_event.wait(delay)
-                    self._retry_until_stopped(consumer.ensure, f"durable {consumer.subscription.durable}")
-                except (BrokerUnavailable, nats.errors.Error, TimeoutError, OSError) as exc:
-                    logger.error("consumer subscription=%s broker error=%s; retrying in %.1fs", name, exc, delay)
-                    self.stop_event.wait(delay)
-                    delays[id(consumer)] = min(delay * 2, 10)
-                except DatabaseError as exc:
-                    logger.error("consumer subscription=%s database error=%s; retrying in %.1fs", name, exc, delay)
-                    connections[self.using].close()
-                    self.stop_event.wait(delay)
-                    delays[id(consumer)] = min(delay * 2, 10)
+    def _crash(self, name: str, exc: BaseException | None) -> None:
+        # Never a live process that no longer consumes: stop everything and
+        # exit non-zero so the supervisor starts a fresh one.
+        logger.critical("worker thread crashed thread=%s error=%r; stopping the worker exit=%s", name, exc, EXIT_CRASHED, exc_info=exc)
+        self._crashed = name
+        self.exit_code = EXIT_CRASHED
+        self.stop_event.set()
+        with self._cond:
+            self._cond.notify_all()
 
-    def _spawn_consumers(self) -> list[threading.Event]:
-        """At most CONSUMER_THREADS threads; subscriptions dealt round-robin,
-        and the k-th further consumer of a subscription k threads past its
-        first, so a subscription's consumers never share a thread."""
-        count = min(int(conf.settings.CONSUMER_THREADS), len(self.consumers))
-        groups: list[list[tuple[Consumer, threading.Event]]] = [[] for _ in range(count)]
-        idles = []
-        first: dict[str, int] = {}
-        for consumer in self.consumers:
-            if consumer.instance == 0:
-                first[consumer.subscription.name] = len(first)
-        for consumer in self.consumers:
-            idle = threading.Event()
-            idles.append(idle)
-            groups[(first[consumer.subscription.name] + consumer.instance) % count].append((consumer, idle))
-        groups = [group for group in groups if group]  # the offsets can leave a thread without work
-        for number, group in enumerate(groups):
-            self._spawn(f"platformkit-consumer-{number}", self._consume_loop, group)
-        return idles
+    # -- the consumer runtime --
+    def _start_runtime(self) -> None:
+        """Start every lane's puller and the handler pool."""
+        if not self._lanes:
+            return
+        batch_size = int(conf.settings.CONSUMER_BATCH_SIZE)
+        for lane in self._lanes:
+            lane.puller = self.transport.pull_lane(
+                desired_consumer_config(lane.subscription),
+                credit=lambda lane=lane: self._credit(lane, batch_size),
+                deliver=lambda deliveries, lane=lane: self._delivered(lane, deliveries),
+                batch_size=batch_size,
+            )
+        # No more threads than units could ever run at once.
+        count = min(int(conf.settings.CONSUMER_THREADS), sum(len(lane.consumers) for lane in self._lanes))
+        for number in range(count):
+            self._pool.append(self._spawn(f"platformkit-consumer-{number}", self._pool_loop))
 
+    def _credit(self, lane: _Lane, batch_size: int) -> int:
+        """Called on the loop: how many messages ``lane`` may fetch now."""
+        if self.stop_event.is_set():
+            return 0
+        with self._cond:
+            return batch_size if lane.available > 0 else 0
+
+    def _delivered(self, lane: _Lane, deliveries: list[Delivery]) -> None:
+        """Called on the loop with a fetched unit: queue it for the pool."""
+        # Acks extended from fetch time: a unit waiting for a thread ages against its ack wait too.
+        keep = self.transport.keep_alive(deliveries, every_seconds=max(0.2, float(conf.settings.ACK_WAIT_SECONDS) / 3))
+        with self._cond:
+            lane.available -= 1
+            lane.queue.append((deliveries, keep))
+            if len(lane.queue) == 1:
+                self._ready.append(lane)
+            self._cond.notify()
+
+    def _take(self) -> tuple[_Lane, Consumer, list[Delivery], Any] | None:
+        """The next unit, round-robin over the lanes with one ready; None when stopping."""
+        with self._cond:
+            while not self._ready and not self.stop_event.is_set():
+                self._cond.wait(1.0)
+            if self.stop_event.is_set():
+                return None
+            lane = self._ready.popleft()
+            deliveries, keep = lane.queue.popleft()
+            if lane.queue:
+                self._ready.append(lane)  # its next unit waits for its turn
+            consumer = lane.free.pop()
+            return lane, consumer, deliveries, keep
+
+    def _pool_loop(self) -> None:
+        while True:
+            taken = self._take()
+            if taken is None:
+                return
+            lane, consumer, deliveries, keep = taken
+            try:
+                self._handle(consumer, deliveries, keep)
+            finally:
+                with contextlib.suppress(Exception):
+                    keep.stop()
+                with self._cond:
+                    lane.free.append(consumer)
+                    lane.available += 1
+                if lane.puller is not None:
+                    lane.puller.wake()
+
+    def _handle(self, consumer: Consumer, deliveries: list[Delivery], keep: Any) -> None:
+        handle = getattr(consumer, "handle", None)
+        try:
+            if handle is not None:
+                handle(deliveries, keep)
+            elif consumer.subscription.batch:
+                consumer.process_batch(deliveries, keep)
+            else:
+                for index, delivery in enumerate(deliveries):
+                    if self.stop_event.is_set():
+                        # Stopping: hand the rest back at once rather than after the ack wait.
+                        for rest in deliveries[index:]:
+                            with contextlib.suppress(Exception):
+                                self.transport.nak(rest)
+                        break
+                    consumer.process(delivery, keep)
+                    keep.settled(delivery)
+        except (DatabaseError, BrokerUnavailable, nats.errors.Error, TimeoutError, OSError) as exc:
+            # Outside a handler (the consumer settles a handler's own errors):
+            # an outage. Hand the unit back; the claim makes a redo harmless.
+            logger.error("consumer subscription=%s error=%s; handing back deliveries=%s, retrying in %.1fs", consumer.subscription.name, exc, len(deliveries), POOL_ERROR_BACKOFF_SECONDS)
+            with contextlib.suppress(Exception):
+                connections[self.using].close()
+            for delivery in deliveries:
+                with contextlib.suppress(Exception):
+                    self.transport.nak(delivery, POOL_ERROR_BACKOFF_SECONDS)
+            self.stop_event.wait(POOL_ERROR_BACKOFF_SECONDS)
+
+    # -- watchdog, progress, health --
     def _watchdog(self) -> None:
         timeout = float(conf.settings.HANDLER_TIMEOUT_SECONDS)
         grace = float(conf.settings.HANDLER_STUCK_GRACE_SECONDS)
@@ -258,8 +403,13 @@ class Worker:
             if now - last_logged >= PROGRESS_LOG_SECONDS:
                 counts = self.counts()
                 if counts != last_counts:
-                    logger.info("progress %s", " ".join(f"{k}={counts[k] - last_counts.get(k, 0)}" for k in counts))
+                    logger.info(
+                        "progress interval=%.0fs %s", now - last_logged,
+                        " ".join(f"{k}={counts[k] - last_counts.get(k, 0)}" for k in counts),
+                    )
                 last_counts, last_logged = counts, now
+            if not self.stop_event.is_set():
+                self._check_alive()
             for consumer in self.consumers:
                 started = consumer.handler_started
                 if started is None:
@@ -277,37 +427,62 @@ class Worker:
                     self._write_health(stuck=consumer.subscription.name)
                     logging.shutdown()
                     os._exit(EXIT_STUCK_HANDLER)
-            self._write_health()
+            if not self.stop_event.is_set():
+                self._write_health()
+
+    def _check_alive(self) -> None:
+        """A dead event loop or a crashed lane means nothing is fetched any more: end the process."""
+        loop_thread = self.transport._thread
+        if loop_thread is not None and not loop_thread.is_alive():
+            self._crash("platformkit-nats", RuntimeError("the NATS event loop thread died"))
+            return
+        for lane in self._lanes:
+            puller = lane.puller
+            if puller is not None and (puller.error is not None or (puller.future is not None and puller.future.done())):
+                self._crash(f"pull-{puller.durable}", puller.error or RuntimeError("the pull lane ended"))
+                return
 
     def health(self, stuck: str | None = None) -> dict[str, Any]:
         now = time.monotonic()
         timeout = float(conf.settings.HANDLER_TIMEOUT_SECONDS)
         stuck_subscriptions = sorted({c.subscription.name for c in self.consumers if c.handler_started is not None and now - c.handler_started > timeout})
+        stopped = self.stop_event.is_set()
         return {
             "pid": os.getpid(),
             "uptime_seconds": round(now - self._started, 1),
             "broker_connected": self.transport.connected.is_set(),
             "stuck_handlers": stuck_subscriptions or ([stuck] if stuck else []),
-            "healthy": not stuck_subscriptions and not stuck and self.transport.connected.is_set(),
+            "healthy": not stuck_subscriptions and not stuck and not stopped and self._crashed is None and self.transport.connected.is_set(),
+            "stopped": stopped,
+            "crashed": self._crashed,
             "counts": self.counts(),
             "time": time.time(),
         }
 
-    def _write_health(self, stuck: str | None = None) -> None:
+    def _write_health(self, stuck: str | None = None, final: bool = False) -> None:
         if self.health_file is None:
             return
         tmp = self.health_file.with_suffix(".tmp")
         try:
-            tmp.write_text(json.dumps(self.health(stuck)))
+            state = self.health(stuck)
+            if final:
+                state.update(healthy=False, stopped=True, exit_code=self.exit_code)
+            tmp.write_text(json.dumps(state))
             tmp.replace(self.health_file)
         except OSError as exc:  # a full disk must not take the worker down; the probe will notice
             logger.warning("health file not written path=%s error=%s", self.health_file, exc)
 
+    def _write_final_health(self) -> None:
+        # A probe must never read "healthy" from a worker that has exited.
+        with contextlib.suppress(Exception):
+            self._write_health(final=True)
+
     def _run_forever(self) -> None:
+        self._starting = False  # from here a signal stops gracefully: units may be in flight
         if self.want_relay:
             self.relay = Relay(self.transport, using=self.using)
             self._spawn("platformkit-relay", self.relay.run, self.stop_event)
-        self._spawn_consumers()
+        self._start_runtime()
         if self.want_scheduler:
             from .jobs import Scheduler
 
@@ -321,8 +496,9 @@ class Worker:
     def _run_burst(self) -> None:
         """Drain everything, then stop: nothing pending in the outbox, and no
         durable with messages pending, awaiting ack or awaiting a retry."""
+        self._starting = False
         self.relay = Relay(self.transport, using=self.using) if self.want_relay else None
-        idles = self._spawn_consumers()
+        self._start_runtime()
         self._watchdog_thread = self._spawn("platformkit-watchdog", self._watchdog)
         deadline = None if self.burst_timeout_seconds is None else time.monotonic() + self.burst_timeout_seconds
         quiet = 0
@@ -333,7 +509,7 @@ class Worker:
                 except DatabaseError as exc:
                     logger.error("relay database error=%s", exc)
                     connections[self.using].close()
-            if self._drained(idles):
+            if self._drained():
                 quiet += 1
                 if quiet >= 2:
                     return
@@ -345,22 +521,25 @@ class Worker:
                 return
             self.stop_event.wait(0.2)
 
-    def _drained(self, idles: list[threading.Event]) -> bool:
+    def _drained(self) -> bool:
         try:
             if self.want_relay and OutboxEvent.objects.using(self.using).pending().exists():
                 return False
         except DatabaseError:
             connections[self.using].close()
             return False
-        if not all(idle.is_set() for idle in idles):
+        with self._cond:
+            if any(lane.busy or lane.queue for lane in self._lanes):
+                return False
+        if not all(lane.puller is None or lane.puller.idle.is_set() for lane in self._lanes):
             logger.debug("burst check: consumers still fetching")
             return False
-        for durable in dict.fromkeys(c.subscription.durable for c in self.consumers):
+        for lane in self._lanes:
             try:
-                info = self.transport.consumer_info(durable)
+                info = self.transport.consumer_info(lane.subscription.durable)
             except Exception:  # noqa: BLE001
                 return False
-            logger.debug("burst check consumer=%s pending=%s ack_pending=%s", durable, info.num_pending, info.num_ack_pending)
+            logger.debug("burst check consumer=%s pending=%s ack_pending=%s", lane.subscription.durable, info.num_pending, info.num_ack_pending)
             if info.num_pending or info.num_ack_pending:
                 return False
         return True
