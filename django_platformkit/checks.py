@@ -51,6 +51,10 @@ MESSAGES: dict[str, tuple[str, str]] = {
              "List 'django_platformkit' before {other!r} in INSTALLED_APPS: the first app listed wins."),
     "W004": ("runworker of {other!r} is hidden by django_platformkit's",
              "List {other!r} first if you need its worker (ours is then hidden), or silence platformkit.W004."),
+    "W005": ("subscription {subscription!r}: max_ack_pending={value} leaves room for {room} events parked for retry",
+             "The broker stops delivering at max_ack_pending, and events NAKed for a retry count until they come back: "
+             "{value} is below CONSUMER_BATCH_SIZE x concurrency ({credit}) + {headroom}. Raise MAX_ACK_PENDING "
+             "(or the subscription's max_ack_pending), or leave it unset for the derived default."),
 }
 
 FIXES = {
@@ -409,3 +413,31 @@ def check_runworker(app_configs: list[AppConfig] | None = None, **kwargs: Any) -
     for other in providers[providers.index("django_platformkit") + 1:]:
         warnings.append(_warning("W004", "settings.INSTALLED_APPS", other=other))
     return warnings
+
+
+#: Parked retries a durable must carry beyond its in-flight credit before W005 stays quiet.
+MIN_RETRY_ROOM = 1000
+
+
+@checks.register(TAG)
+def check_max_ack_pending(app_configs: list[AppConfig] | None = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """``W005``: a durable's ``max_ack_pending`` can't carry the credit the
+    runtime fetches (``CONSUMER_BATCH_SIZE x concurrency``) plus
+    ``MIN_RETRY_ROOM`` parked retries: healthy events would wait behind them."""
+    from .consumer import subscriptions
+    from .transport import max_ack_pending_for
+
+    try:
+        batch = int(conf.settings.CONSUMER_BATCH_SIZE)
+    except Exception:  # noqa: BLE001 - a bad setting is E007's to report
+        return []
+    messages: list[checks.CheckMessage] = []
+    for sub in subscriptions():
+        try:
+            value = max_ack_pending_for(sub.concurrency, getattr(sub, "max_ack_pending_override", None))
+        except Exception:  # noqa: BLE001 - a bad setting is E007's to report
+            return []
+        credit = batch * sub.concurrency
+        if value < credit + MIN_RETRY_ROOM:
+            messages.append(_warning("W005", sub.declared_in or sub.name, subscription=sub.name, value=value, room=max(0, value - credit), credit=credit, headroom=MIN_RETRY_ROOM))
+    return messages

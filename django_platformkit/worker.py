@@ -49,8 +49,18 @@ logger = logging.getLogger(__name__)
 EXIT_STUCK_HANDLER = 3
 #: Exit status when a worker thread or the event loop died.
 EXIT_CRASHED = 1
+#: Kept for compatibility: the runtime no longer polls durables. A pull lane
+#: notices a lost durable (a broker that lost its store) by two missed idle
+#: heartbeats of its waiting request (PULL_HEARTBEAT_SECONDS) and re-ensures it.
+DURABLE_CHECK_SECONDS = 30.0
 #: How often the worker logs its counts at INFO when they changed.
 PROGRESS_LOG_SECONDS = 10.0
+#: A unit (the deliveries one pool thread takes at once) is sized so it runs
+#: about this long: fast handlers get whole batches (one transaction, one
+#: claim statement), a slow one gets one message at a time, so nothing
+#: fetched waits long behind a slow handler. Sizes start at 1 and at most
+#: double per unit, so a backlog of slow events never arrives as one batch.
+UNIT_TARGET_SECONDS = 0.05
 #: How long a pool thread backs off after a database or broker error outside a handler.
 POOL_ERROR_BACKOFF_SECONDS = 1.0
 
@@ -67,6 +77,13 @@ class _Lane:
         self.available = len(consumers)  # slots neither running nor holding a queued unit: the credit
         self.queue: collections.deque[tuple[list[Delivery], Any]] = collections.deque()
         self.puller: PullLane | None = None
+        self.unit_size = 1  # deliveries to fetch per unit; see UNIT_TARGET_SECONDS
+
+    def measured(self, deliveries: int, elapsed_seconds: float, batch_size: int) -> None:
+        """Resize the next units from how long this one took (caller holds the lock)."""
+        per_message = max(elapsed_seconds / max(1, deliveries), 1e-5)
+        fits = int(UNIT_TARGET_SECONDS / per_message)
+        self.unit_size = max(1, min(batch_size, fits, self.unit_size * 2))
 
     @property
     def busy(self) -> bool:
@@ -136,6 +153,7 @@ class Worker:
         self._ready: collections.deque[_Lane] = collections.deque()  # lanes with a unit queued, in turn
         self._starting = True
         self._crashed: str | None = None
+        self._batch_size = int(conf.settings.CONSUMER_BATCH_SIZE)
 
     # -- lifecycle --
     def install_signal_handlers(self) -> None:
@@ -302,7 +320,7 @@ class Worker:
         """Start every lane's puller and the handler pool."""
         if not self._lanes:
             return
-        batch_size = int(conf.settings.CONSUMER_BATCH_SIZE)
+        batch_size = self._batch_size = int(conf.settings.CONSUMER_BATCH_SIZE)
         for lane in self._lanes:
             lane.puller = self.transport.pull_lane(
                 desired_consumer_config(lane.subscription),
@@ -320,7 +338,7 @@ class Worker:
         if self.stop_event.is_set():
             return 0
         with self._cond:
-            return batch_size if lane.available > 0 else 0
+            return min(batch_size, lane.unit_size) if lane.available > 0 else 0
 
     def _delivered(self, lane: _Lane, deliveries: list[Delivery]) -> None:
         """Called on the loop with a fetched unit: queue it for the pool."""
@@ -353,12 +371,14 @@ class Worker:
             if taken is None:
                 return
             lane, consumer, deliveries, keep = taken
+            started = time.monotonic()
             try:
                 self._handle(consumer, deliveries, keep)
             finally:
                 with contextlib.suppress(Exception):
                     keep.stop()
                 with self._cond:
+                    lane.measured(len(deliveries), time.monotonic() - started, self._batch_size)
                     lane.free.append(consumer)
                     lane.available += 1
                 if lane.puller is not None:

@@ -1,15 +1,20 @@
-"""``manage.py runworker``: relay + every subscription's consumer + the scheduler."""
+"""``manage.py runworker``: relay + every subscription's consumer + the scheduler.
+
+With ``--processes N``: a small supervisor (this process) runs the relay and
+the scheduler in one child and the consumers in N more (see
+``django_platformkit.supervisor``).
+"""
 
 from django.core.management.base import BaseCommand, CommandError
 
 from ...exceptions import BrokerUnavailable, ConfigurationError, ConsumerDrift
-from ...worker import Worker
 from ._base import configure_logging
 
 
 class Command(BaseCommand):
     help = (
-        "Run the relay, every subscription's durable consumer and the job scheduler in one process. "
+        "Run the relay, every subscription's durable consumer and the job scheduler in one process "
+        "(or, with --processes N, the relay and scheduler in one child and the consumers in N more). "
         "SIGTERM/SIGINT finish in-flight handlers, ack them and exit 0."
     )
 
@@ -19,12 +24,21 @@ class Command(BaseCommand):
         parser.add_argument("--connect-timeout", type=float, default=30.0, metavar="SECONDS", help="With --burst: fail if NATS can't be reached within SECONDS (default 30; without --burst the worker waits for NATS).")
         parser.add_argument("--no-relay", action="store_true", help="Don't run the relay (run it elsewhere with runrelay).")
         parser.add_argument("--no-jobs", action="store_true", help="Don't run periodic jobs in this process.")
+        parser.add_argument("--no-consumers", action="store_true", help="Don't consume (run only the relay and/or the scheduler).")
         parser.add_argument("--job", action="append", default=None, metavar="NAME", help="Run only this periodic job (repeatable; default: all).")
         parser.add_argument("--subscription", action="append", default=None, metavar="NAME", help="Run only this subscription's consumer (repeatable; default: all).")
         parser.add_argument("--health-file", default=None, metavar="PATH", help="Rewrite PATH every second with JSON liveness and counts (for probes).")
+        parser.add_argument(
+            "--processes", type=int, default=None, metavar="N",
+            help="Run the relay and scheduler in one child process and the consumers in N child processes under this one "
+            "(uses the cores: one Python process uses one). One SIGTERM/SIGINT stops them all; a child that dies is "
+            "restarted with backoff, and the supervisor exits 1 if one keeps dying.",
+        )
 
     def handle(self, *args, **options):
         configure_logging(options["verbosity"])
+        from ...worker import Worker
+
         if options["health_file"]:
             import os
 
@@ -46,10 +60,31 @@ class Command(BaseCommand):
             missing = sorted(set(options["job"]) - {j.name for j in jobs()})
             if missing:
                 raise CommandError(f"unknown job(s) {', '.join(missing)}; known: {', '.join(j.name for j in jobs()) or '(none)'}")
+        if options["processes"] is not None:
+            if options["processes"] < 1:
+                raise CommandError(f"--processes must be 1 or more, got {options['processes']}.")
+            if options["burst"]:
+                raise CommandError(
+                    "--burst can't be combined with --processes: a burst drains and exits, and one process does that "
+                    "(run several `runworker --burst --no-relay` side by side if you need more)."
+                )
+            if options["no_consumers"]:
+                raise CommandError("--processes N runs N consumer processes; drop --no-consumers (or --processes).")
+            from ...supervisor import Supervisor
+
+            supervisor = Supervisor(
+                processes=options["processes"], relay=not options["no_relay"], scheduler=not options["no_jobs"],
+                subscriptions=subs, jobs=options["job"], health_file=options["health_file"],
+            )
+            supervisor.install_signal_handlers()
+            code = supervisor.run()
+            if code:
+                raise SystemExit(code)
+            return
         worker = Worker(
-            relay=not options["no_relay"], scheduler=not options["no_jobs"], burst=options["burst"],
-            subscriptions=subs, health_file=options["health_file"], burst_timeout_seconds=options["burst_timeout"],
-            connect_timeout_seconds=options["connect_timeout"],
+            relay=not options["no_relay"], scheduler=not options["no_jobs"], consumers=not options["no_consumers"],
+            burst=options["burst"], subscriptions=subs, health_file=options["health_file"],
+            burst_timeout_seconds=options["burst_timeout"], connect_timeout_seconds=options["connect_timeout"],
             jobs=options["job"],
         )
         worker.install_signal_handlers()

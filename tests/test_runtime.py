@@ -1,0 +1,186 @@
+"""The consumer runtime's own behaviour (issue 11, issue 12 items 6 and 15),
+against the real PostgreSQL and NATS: credit-based fetching, the durable's
+max_ack_pending, ``runworker --processes``, SIGTERM during start-up, and a
+dead worker thread ending the process instead of leaving it alive and idle.
+(The named scenarios - deploys, 24 subscriptions, parked retries - are in
+tests/test_runtime_scenarios.py and tests/chaos/.)"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+
+import pytest
+from django.db import transaction
+
+from django_platformkit import publish
+from tests.conftest import manage, wait_for, worker_env
+from tests.testapp.models import Effect
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(240)]
+
+
+def _subscription(name):
+    from django_platformkit.consumer import subscriptions
+
+    return [s for s in subscriptions() if s.name == name]
+
+
+def test_a_slow_handler_has_no_more_fetched_than_can_start(broker, background_worker):
+    """Credit: with a 0.3 s handler (concurrency 1), the broker never shows
+    more than one message of the backlog handed to the worker and unacked -
+    the rest stay on the broker, where a stopping worker needn't hand them
+    back and another worker can take them."""
+    from django_platformkit.transport import Transport
+
+    with transaction.atomic():
+        ids = [publish("testapp.slow", {"sleep": 0.3, "n": n}) for n in range(12)]
+    worker = background_worker(subscriptions=_subscription("testapp.slow"))
+    observer = Transport()
+    observer.connect()
+    try:
+        wait_for(lambda: Effect.objects.filter(subscription="testapp.slow").exists(), timeout=30, what="the first slow event")
+        seen = []
+        while Effect.objects.filter(subscription="testapp.slow").count() < len(ids):
+            info = observer.consumer_info("testapp-slow")
+            seen.append(info.num_ack_pending)
+            assert time.monotonic() < worker._started + 60, "backlog not drained"
+            time.sleep(0.05)
+    finally:
+        observer.close()
+    assert seen, "sampled nothing"
+    # One unit of one message in flight (a delivery acked a moment late may
+    # still show while the next is fetched): never the backlog.
+    assert max(seen) <= 2, f"fetched ahead of the handler: num_ack_pending samples {seen}"
+    assert set(Effect.objects.filter(subscription="testapp.slow").values_list("event_id", flat=True)) == set(ids)
+
+
+def test_max_ack_pending_is_the_setting_and_is_updated_in_place(broker, settings, transport, run_worker):
+    """A durable created with JetStream's 1,000 gets the derived default
+    (room for thousands of parked retries) in place; the setting overrides it."""
+    from django_platformkit.transport import RETRY_BACKLOG_HEADROOM, consumer_config
+
+    transport.ensure_consumer(consumer_config("testapp.flaky", "testapp.flaky", max_ack_pending=1000))
+    run_worker(subscriptions=_subscription("testapp.flaky"), scheduler=False)
+    derived = transport.consumer_info("testapp-flaky").config.max_ack_pending
+    assert derived >= RETRY_BACKLOG_HEADROOM > 1000
+    settings.PLATFORMKIT = dict(broker, MAX_ACK_PENDING=5000)
+    run_worker(subscriptions=_subscription("testapp.flaky"), scheduler=False)
+    assert transport.consumer_info("testapp-flaky").config.max_ack_pending == 5000
+
+
+def test_a_max_ack_pending_too_small_for_the_credit_and_retries_is_a_check_warning(broker, settings):
+    from django_platformkit.checks import check_max_ack_pending
+
+    settings.PLATFORMKIT = dict(broker, MAX_ACK_PENDING=1000, CONSUMER_BATCH_SIZE=100)
+    warnings = [m for m in check_max_ack_pending() if m.id == "platformkit.W005"]
+    assert warnings and "max_ack_pending=1000" in warnings[0].msg
+    settings.PLATFORMKIT = dict(broker)
+    assert not [m for m in check_max_ack_pending() if m.id == "platformkit.W005"]
+
+
+def test_a_crashed_pool_thread_ends_the_worker_non_zero_and_unhealthy(broker, tmp_path, monkeypatch):
+    """Issue 12 item 6: an exception escaping a pool thread (SystemExit too)
+    must not leave a live process that no longer consumes."""
+    from django_platformkit.worker import EXIT_CRASHED, Worker
+
+    def explode(self, consumer, deliveries, keep):
+        raise SystemExit("a handler's SystemExit that got past the consumer")
+
+    monkeypatch.setattr(Worker, "_handle", explode)
+    health = tmp_path / "health.json"
+    worker = Worker(scheduler=False, subscriptions=_subscription("testapp.record_order"), health_file=health)
+    result = []
+    thread = threading.Thread(target=lambda: result.append(worker.run()), daemon=True)
+    thread.start()
+    with transaction.atomic():
+        publish("testapp.order_placed", {"n": 1})
+    thread.join(60)
+    assert not thread.is_alive(), "the worker kept running after its pool thread died"
+    assert result == [EXIT_CRASHED]
+    state = json.loads(health.read_text())
+    assert state["healthy"] is False and state["stopped"] is True and state["crashed"]
+
+
+def test_sigterm_during_start_up_exits_0_promptly_with_a_log_line_and_a_final_health_state(broker, tmp_path):
+    """Issue 12 item 15: while the worker waits for NATS at start-up."""
+    from django_platformkit.devservices import free_port
+
+    health = tmp_path / "health.json"
+    log = tmp_path / "worker.log"
+    env = worker_env(broker, NATS_URL=f"nats://127.0.0.1:{free_port()}")
+    with open(log, "wb") as out:
+        proc = manage("runworker", "--no-jobs", "--health-file", str(health), env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: "nats unreachable" in log.read_text(), timeout=60, what="the worker waiting for NATS")
+        proc.send_signal(signal.SIGTERM)
+        started = time.monotonic()
+        code = proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert code == 0, log.read_text()
+    assert time.monotonic() - started < 5
+    assert "during start-up" in log.read_text()
+    state = json.loads(health.read_text())
+    assert state["healthy"] is False and state["stopped"] is True
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie of a dead child counts as gone
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_processes_2_start_handle_and_stop_on_one_sigterm(broker, tmp_path):
+    """``runworker --processes 2``: a relay+scheduler child and two consumer
+    children; events are handled exactly once; one SIGTERM to the parent
+    stops every child and the parent exits 0."""
+    health = tmp_path / "health.json"
+    log = tmp_path / "worker.log"
+    with open(log, "wb") as out:
+        proc = manage(
+            "runworker", "--processes", "2", "--no-jobs", "--subscription", "testapp.record_order", "--health-file", str(health),
+            env=worker_env(broker), stdout=out, stderr=subprocess.STDOUT,
+        )
+    try:
+        state = wait_for(lambda: health.exists() and json.loads(health.read_text()), timeout=60, what="the supervisor's health file")
+        assert set(state["children"]) == {"relay", "consumer0", "consumer1"}
+        children = wait_for(
+            lambda: (s := json.loads(health.read_text())) and all(c["up"] and c["healthy"] for c in s["children"].values()) and s["children"],
+            timeout=60, what="every child healthy",
+        )
+        with transaction.atomic():
+            ids = [publish("testapp.order_placed", {"n": n}) for n in range(40)]
+        wait_for(lambda: Effect.objects.filter(subscription="testapp.record_order").count() >= len(ids), timeout=60, what="40 events handled")
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = log.read_text()
+    assert code == 0, text
+    assert sorted(Effect.objects.filter(subscription="testapp.record_order").values_list("event_id", flat=True)) == sorted(ids)
+    for child in children.values():
+        assert not _alive(child["pid"]), f"child {child['pid']} outlived the supervisor"
+    assert "supervisor stopped exit=0" in text
+    final = json.loads(health.read_text())
+    assert final["healthy"] is False and final["stopped"] is True
+
+
+def test_processes_refuses_burst_with_a_clear_error(broker):
+    proc = manage("runworker", "--processes", "2", "--burst", env=worker_env(broker), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode != 0
+    assert "--burst can't be combined with --processes" in stderr
