@@ -17,12 +17,15 @@ import contextlib
 import inspect
 import json
 import logging
+import os
+import re
+import socket
 import threading
 import time
 import traceback as traceback_module
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -30,12 +33,13 @@ import psycopg
 from django.apps import apps
 from django.db import DatabaseError, InterfaceError, OperationalError, connections, transaction
 from django.db.transaction import TransactionManagementError
+from django.utils import timezone
 from django.utils.module_loading import import_string
 
 from . import conf, signals, tracing
 from .events import check_event_name, check_tenant, current_event
 from .exceptions import ConfigurationError, InvalidEventName
-from ._tables import DEAD_LETTER_TABLE, HANDLED_TABLE, OUTBOX_TABLE
+from ._tables import ATTEMPTS_TABLE, DEAD_LETTER_TABLE, HANDLED_TABLE, OUTBOX_TABLE
 from .transport import Delivery, Transport, consumer_config, durable_name, filter_subject_for, parse_subject
 
 logger = logging.getLogger(__name__)
@@ -53,7 +57,10 @@ class ReceivedEvent:
     ``name``: the event name; ``tenant``: the tenant token or None;
     ``payload``: the JSON object published (as decoded from JSON);
     ``occurred_at``: aware datetime of the outbox insert (database clock);
-    ``attempt``: 1-based, the broker's delivery count; ``headers``: message
+    ``attempt``: 1-based, how many times the handler has started for this
+    (subscription, event), this run included - hand-backs, outages and
+    deliveries that never reached the handler don't count (DESIGN.md
+    "Attempts"); ``headers``: message
     headers (``traceparent``/``tracestate`` when the publisher had a trace).
     """
 
@@ -77,8 +84,12 @@ class Subscription:
     max_attempts_override: int | None = None
     backoff_seconds_override: tuple[float, ...] | None = None
     declared_in: str = ""
-    batch: bool = False
+    batch: bool = True
     concurrency: int = 1
+    #: Run for events other services published on a shared broker (the message body is trusted, its schema checked); default: only for events this project's outbox holds.
+    external: bool = False
+    #: The durable's ``max_ack_pending`` for this subscription, or None for the derived default.
+    max_ack_pending_override: int | None = None
 
     @property
     def durable(self) -> str:
@@ -92,7 +103,7 @@ class Subscription:
 
     @property
     def max_attempts(self) -> int:
-        """Deliveries before a failing event is dead-lettered: the override, else ``MAX_ATTEMPTS``."""
+        """Handler runs before a failing event is dead-lettered: the override, else ``MAX_ATTEMPTS``."""
         return self.max_attempts_override or conf.settings.MAX_ATTEMPTS
 
     @property
@@ -138,15 +149,24 @@ def check_subscription_name(name: Any, where: str = "") -> str:
     return name
 
 
-def subscribe(event: Any, *, name: str | None = None, max_attempts: int | None = None, backoff_seconds: Sequence[float] | None = None, batch: bool = False, concurrency: int = 1) -> Callable[[Callable[[ReceivedEvent], None]], Callable[[ReceivedEvent], None]]:
+def subscribe(event: Any, *, name: str | None = None, max_attempts: int | None = None, backoff_seconds: Sequence[float] | None = None, batch: bool = True, concurrency: int = 1, external: bool = False, max_ack_pending: int | None = None) -> Callable[[Callable[[ReceivedEvent], None]], Callable[[ReceivedEvent], None]]:
     """Decorator: run ``handler(event: ReceivedEvent) -> None`` once per
     published ``event`` (a name or ``EventType``).
 
     ``name`` defaults to ``"<app_label>.<function name>"``. ``max_attempts``
     and ``backoff_seconds`` (one delay in seconds per retry; the last repeats)
-    override ``MAX_ATTEMPTS`` / ``BACKOFF_SECONDS``. ``batch=True`` handles a
-    fetched batch in one transaction with a savepoint per message (faster;
-    the handler must not need to commit alone). ``concurrency``: how many
+    override ``MAX_ATTEMPTS`` / ``BACKOFF_SECONDS``. ``batch=True`` (the
+    default, the fast path) claims consecutive first deliveries in one
+    statement and runs their handlers in one transaction; a failure rolls it
+    back and the rest is redone with a savepoint per message, so each
+    message still succeeds or fails alone (effects outside the database may
+    then happen twice, as with any retry). ``batch=False``: each handler
+    commits alone. ``external=True``: also run for events other services
+    published on a shared broker (the message body is trusted and checked
+    against the declared schema); by default a handler runs only for an
+    event this project's outbox holds, with the outbox's payload (DESIGN.md
+    "Trust model"). ``max_ack_pending``: this durable's cap on unacked
+    messages (default derived by the worker). ``concurrency``: how many
     of a worker's consumer threads (``CONSUMER_THREADS`` bounds them) fetch
     and handle this subscription at once, each with its own database
     connection; above 1 the subscription gives up stream order (events are
@@ -172,8 +192,14 @@ def subscribe(event: Any, *, name: str | None = None, max_attempts: int | None =
         sub_name = check_subscription_name(name if name is not None else _default_name(func), where)
         if max_attempts is not None and (isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1):
             raise ConfigurationError(f"@subscribe{where}: max_attempts must be an integer >= 1, got {max_attempts!r}.")
-        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
-            raise ConfigurationError(f"@subscribe{where}: concurrency must be an integer >= 1, got {concurrency!r}.")
+        try:
+            conf._positive_int("concurrency", concurrency)
+            if max_ack_pending is not None:
+                conf._positive_int("max_ack_pending", max_ack_pending)
+            conf._boolean("batch", batch)
+            conf._boolean("external", external)
+        except ConfigurationError as exc:
+            raise ConfigurationError(f"@subscribe{where}: " + re.sub(r"PLATFORMKIT\['(\w+)'\]", r"\1", str(exc))) from None
         delays = None
         if backoff_seconds is not None:
             delays = tuple(backoff_seconds)
@@ -182,7 +208,7 @@ def subscribe(event: Any, *, name: str | None = None, max_attempts: int | None =
         subscription = Subscription(
             name=sub_name, event=event_name, handler=func, max_attempts_override=max_attempts,
             backoff_seconds_override=delays, declared_in=f"{func.__module__}.{func.__qualname__}", batch=batch,
-            concurrency=concurrency,
+            concurrency=concurrency, external=external, max_ack_pending_override=max_ack_pending,
         )
         existing = _subscriptions.get(sub_name)
         # Same function and event again is a re-import; one function stacked
@@ -278,20 +304,61 @@ def parse_delivery(delivery: Delivery) -> ReceivedEvent:
 
 # --- handling ----------------------------------------------------------------
 
-_CLAIM_SQL = (
-    f"WITH c AS (INSERT INTO {HANDLED_TABLE} (subscription, event_id, handled_at) VALUES (%s, %s, now()) "
-    "ON CONFLICT (subscription, event_id) DO NOTHING RETURNING 1) "
-    "SELECT (SELECT count(*) FROM c), set_config('statement_timeout', %s, true), "
-    "set_config('idle_in_transaction_session_timeout', %s, true)"
+def _claim_sql(trust_outbox: bool) -> str:
+    """The one statement that starts a unit of work: claim every event of the
+    unit, (trusted subscriptions) read each event's row from the outbox in the
+    same round trip, mark a redelivery's ``running`` attempt handled when its
+    claim is new, and bound the transaction by the handler timeout.
+
+    Parameters, in order: ids (a ``{uuid,...}`` array literal), the event name
+    (trusted) or any text (external), the subscription, the attempt row id
+    (or None), statement timeout ms, idle-in-transaction timeout ms, tenant.
+    One statement, never several: psycopg's server-side binding and prepared
+    statements refuse "multiple commands in a prepared statement".
+    """
+    if trust_outbox:
+        rows = f"SELECT id, name, tenant, payload::text AS payload, created_at FROM {OUTBOX_TABLE} WHERE id = ANY(%s::uuid[]) AND name = %s"
+    else:
+        rows = ("SELECT u.id, NULL::text AS name, NULL::text AS tenant, NULL::text AS payload, NULL::timestamptz AS created_at "
+                "FROM unnest(%s::uuid[]) AS u(id) WHERE %s::text IS NOT NULL")
+    return (
+        f"WITH o AS ({rows}), "
+        # Sorted: two workers claiming overlapping units take the unique-key
+        # locks in the same order, so they can't deadlock.
+        f"c AS (INSERT INTO {HANDLED_TABLE} (subscription, event_id, handled_at) SELECT %s, o.id, now() FROM o ORDER BY o.id "
+        "ON CONFLICT (subscription, event_id) DO NOTHING RETURNING event_id), "
+        f"u AS (UPDATE {ATTEMPTS_TABLE} SET outcome = 'handled', finished_at = clock_timestamp() WHERE id = %s::bigint AND EXISTS (SELECT 1 FROM c)) "
+        "SELECT o.id, o.name, o.tenant, o.payload, o.created_at, c.event_id IS NOT NULL FROM "
+        "(SELECT set_config('statement_timeout', %s, true) AS t, set_config('idle_in_transaction_session_timeout', %s, true) AS i, "
+        "set_config('platformkit.tenant', %s, true) AS n) s LEFT JOIN o ON true LEFT JOIN c ON c.event_id = o.id"
+    )
+
+
+_CLAIM_TRUSTED_SQL = _claim_sql(True)
+_CLAIM_EXTERNAL_SQL = _claim_sql(False)
+_ALREADY_CLAIMED_SQL = f"SELECT event_id FROM {HANDLED_TABLE} WHERE subscription = %s AND event_id = ANY(%s::uuid[])"
+_SET_TENANT_SQL = "SELECT set_config('platformkit.tenant', %s, true)"
+#: A redelivery's history, and whether it was handled meanwhile (a lost ack), in one round trip.
+_HISTORY_SQL = (
+    f"SELECT EXISTS (SELECT 1 FROM {HANDLED_TABLE} WHERE subscription = %s AND event_id = %s), "
+    f"a.attempt, a.outcome, a.error, a.traceback, a.started_at, a.worker FROM (SELECT 1) one "
+    f"LEFT JOIN {ATTEMPTS_TABLE} a ON a.subscription = %s AND a.event_id = %s ORDER BY a.attempt"
 )
-_CLAIM_TENANT_SQL = _CLAIM_SQL + ", set_config('platformkit.tenant', %s, true)"
-_BATCH_CLAIM_SQL = (
-    f"WITH c AS (INSERT INTO {HANDLED_TABLE} (subscription, event_id, handled_at) "
-    "SELECT %s, e.id, now() FROM unnest(%s::uuid[]) AS e(id) ORDER BY e.id "
-    "ON CONFLICT (subscription, event_id) DO NOTHING RETURNING event_id) "
-    "SELECT c.event_id, s.t, s.i FROM (SELECT set_config('statement_timeout', %s, true) AS t, "
-    "set_config('idle_in_transaction_session_timeout', %s, true) AS i) s LEFT JOIN c ON true"
+_START_SQL = (
+    f"INSERT INTO {ATTEMPTS_TABLE} (subscription, event_id, attempt, outcome, started_at, error, traceback, worker) "
+    "VALUES (%s, %s, %s, 'running', clock_timestamp(), '', '', %s) "
+    "ON CONFLICT (subscription, event_id, attempt) DO NOTHING RETURNING id"
 )
+_FAILED_ROW_SQL = (
+    f"UPDATE {ATTEMPTS_TABLE} SET outcome = 'failed', finished_at = clock_timestamp(), error = %s, traceback = %s WHERE id = %s"
+)
+#: A first delivery's failure: its row is the next number after whatever is there.
+_FAILED_NEW_SQL = (
+    f"INSERT INTO {ATTEMPTS_TABLE} (subscription, event_id, attempt, outcome, started_at, finished_at, error, traceback, worker) "
+    f"SELECT %s, %s, COALESCE(MAX(attempt), 0) + 1, 'failed', %s, clock_timestamp(), %s, %s, %s FROM {ATTEMPTS_TABLE} "
+    "WHERE subscription = %s AND event_id = %s ON CONFLICT (subscription, event_id, attempt) DO NOTHING"
+)
+_INTERRUPTED_SQL = f"UPDATE {ATTEMPTS_TABLE} SET outcome = 'interrupted', finished_at = clock_timestamp() WHERE id = %s AND outcome = 'running'"
 _TERMINAL_CLAIM_SQL = (
     f"WITH row AS (SELECT 1 FROM {OUTBOX_TABLE} WHERE id = %s FOR KEY SHARE) "
     f"INSERT INTO {HANDLED_TABLE} (subscription, event_id, handled_at) "
@@ -303,36 +370,106 @@ _DEAD_LETTER_SQL = (
     "VALUES (%s, %s, %s, %s, %s, %s, %s, now()) ON CONFLICT (subscription, event_id) DO NOTHING"
 )
 
+#: The reason a trusted subscription gives for a message whose id the outbox doesn't hold (DESIGN.md "Trust model").
+NOT_IN_OUTBOX = "not in this project's outbox: forged, from another project, or purged"
 
-#: Batch mode commits at most this many messages per transaction: past 64
-#: subtransactions with writes, PostgreSQL's per-backend subxid cache
+#: A unit of work commits at most this many messages per transaction: after a
+#: failure the unit is redone with a savepoint per message, and past 64
+#: subtransactions with writes PostgreSQL's per-backend subxid cache
 #: overflows and every other session's snapshots get slower.
 MAX_SAVEPOINTS_PER_TRANSACTION = 50
+
+#: SQLSTATEs that are the database's state, never the handler's fault: the
+#: unit waits and is retried, nothing counted. 08 = connection exception,
+#: 57P01-57P03 = admin/crash shutdown, cannot connect now; 53300 = too many
+#: connections; 25006 = read-only transaction (a failover, a replica promoted
+#: late); 40001/40P01 = serialization failure / deadlock (retry is the cure).
+#: (57014, a statement timeout, stays the handler's failure.)
+NOT_THE_HANDLERS_FAULT = frozenset({"57P01", "57P02", "57P03", "53300", "25006", "40001", "40P01"})
+
+WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"
+
+
+def clean_text(text: str) -> str:
+    """Error text as PostgreSQL can store it: NUL (``\\x00``) escaped to the
+    four characters ``\\x00``. Unescaped, a ``ValueError("a\\x00b")`` could
+    never be recorded and its failure record would be lost."""
+    return text.replace("\x00", "\\x00")
 
 
 class HandlerTimeout(Exception):
     """The handler ran past HANDLER_TIMEOUT_SECONDS: counted as a failed attempt."""
 
 
-def _connection_lost(exc: BaseException, alias: str) -> bool:
-    """True when ``exc`` came from a dead database session rather than from
-    the handler's logic: then nothing is counted against the event."""
+def not_the_handlers_fault(exc: BaseException, alias: str | None = None) -> bool:
+    """True when ``exc`` is the database's state (lost session, cannot
+    connect, shutdown, too many connections, read-only, serialization or
+    deadlock), not the handler's logic: then nothing is counted against the
+    event. Django wraps psycopg's errors; the SQLSTATE is on ``__cause__``."""
+    if not isinstance(exc, DatabaseError):
+        return False
+    cause = exc.__cause__
+    sqlstate = getattr(cause, "sqlstate", None)
+    if sqlstate is not None:
+        return sqlstate[:2] == "08" or sqlstate in NOT_THE_HANDLERS_FAULT
     if not isinstance(exc, (OperationalError, InterfaceError)):
         return False
-    # Leaving the failed atomic block makes Django reconnect, so after
-    # pg_terminate_backend the connection looks healthy again: judge by the
-    # error too. No SQLSTATE = libpq lost the socket; 08xxx = connection
-    # exception; 57P01-57P03 = the server shut the session down. (57014, a
-    # statement timeout, stays the handler's failure.)
-    cause = exc.__cause__
-    if isinstance(cause, psycopg.OperationalError) and (cause.sqlstate is None or cause.sqlstate[:2] == "08" or cause.sqlstate in ("57P01", "57P02", "57P03")):
+    # No SQLSTATE = libpq lost the socket. Leaving the failed atomic block
+    # makes Django reconnect, so after pg_terminate_backend the connection
+    # looks healthy again: judge by the error first, then by the connection.
+    if isinstance(cause, psycopg.OperationalError) or isinstance(cause, psycopg.InterfaceError):
         return True
+    if alias is None:
+        return False
     connection = connections[alias]
     return connection.connection is None or not connection.is_usable()
 
 
+def _connection_lost(exc: BaseException, alias: str) -> bool:
+    """Kept for callers of the old name: ``not_the_handlers_fault``."""
+    return not_the_handlers_fault(exc, alias)
+
+
+class _Redo(Exception):
+    """Leave the unit's transaction (rolling everything back) to redo it
+    without the message whose handler failed."""
+
+
+class _Stopping(Exception):
+    """The database is away and the worker is stopping: hand the unit back."""
+
+
+@dataclass
+class _Work:
+    """One delivery on its way through handle()."""
+
+    delivery: Delivery
+    event: ReceivedEvent
+    attempt_row: int | None = None  # our ``running`` Attempt row (redeliveries only)
+    started_at: datetime | None = None
+    outcome: str = ""
+    error: BaseException | None = None
+    tb: str = ""
+
+
+def _history_text(rows: Sequence[tuple]) -> str:
+    parts = []
+    for attempt, outcome, error, _tb, started_at, worker in rows:
+        at = started_at.isoformat(timespec="seconds") if started_at else "?"
+        if outcome == "failed":
+            parts.append(f"run {attempt} failed (started {at} on {worker or '?'}): {(error or '').splitlines()[0] if error else '?'}")
+        elif outcome == "running":
+            parts.append(f"run {attempt} started {at} on {worker or '?'} and never reported (the worker died, hung, or lost its session)")
+        else:
+            parts.append(f"run {attempt} {outcome} (started {at})")
+    return "; ".join(parts) or "no runs recorded"
+
+
 class Consumer:
-    """Runs one subscription's handler over deliveries from its durable."""
+    """Runs one subscription's handler over deliveries from its durable.
+
+    ``handle()`` may be called from several threads at once (each with its
+    own database connection): per-run state is kept per thread."""
 
     def __init__(self, subscription: Subscription, transport: Transport, *, using: str | None = None, stop: threading.Event | None = None, instance: int = 0) -> None:
         self.subscription = subscription
@@ -340,12 +477,24 @@ class Consumer:
         self.transport = transport
         self.using = using or conf.settings.DATABASE_ALIAS
         self.stop = stop or threading.Event()
-        self.handler_started: float | None = None  # monotonic; read by the worker's watchdog
+        self.handlers_started: dict[int, float] = {}  # thread ident -> monotonic start; read by the watchdog
         self.counts = {"handled": 0, "skipped": 0, "retried": 0, "dead_lettered": 0, "malformed": 0}
-        self._keep: tuple[Any, dict[uuid.UUID, Delivery]] | None = None  # this batch's keep-alive
+        self._local = threading.local()  # .keep: (KeepAlive | None, {event id: Delivery}) of this thread's unit
         self._durations: dict[uuid.UUID, float] = {}  # event id -> the handler's run, for the signals
         self._tenant_factory = tenant_context_factory()
         self._default_tenant_context = self._tenant_factory is set_config_tenant
+
+    @property
+    def handler_started(self) -> float | None:
+        """Monotonic start of the oldest handler running now, or None."""
+        return min(self.handlers_started.values(), default=None)
+
+    @handler_started.setter
+    def handler_started(self, value: float | None) -> None:
+        if value is None:
+            self.handlers_started.pop(threading.get_ident(), None)
+        else:
+            self.handlers_started[threading.get_ident()] = value
 
     # -- the loop --
     def ensure(self) -> None:
@@ -353,44 +502,342 @@ class Consumer:
         self.transport.ensure_consumer(self.subscription.consumer_config())
 
     def poll(self, *, batch: int | None = None, timeout: float = 1.0) -> int:
-        """Fetch once and handle what came; return how many were fetched."""
+        """Fetch once and ``handle()`` what came; return how many were fetched."""
         deliveries = self.transport.fetch(self.subscription.durable, batch or conf.settings.CONSUMER_BATCH_SIZE, timeout=timeout, puller=self.instance)
-        if not deliveries:
-            return 0
-        keep = self.transport.keep_alive(deliveries, every_seconds=max(0.2, float(conf.settings.ACK_WAIT_SECONDS) / 3))
-        try:
-            if self.subscription.batch:
-                self.process_batch(deliveries, keep)
-                return len(deliveries)
-            for index, delivery in enumerate(deliveries):
-                if self.stop.is_set():
-                    # Stopping: hand the rest back at once rather than after the ack wait.
-                    for rest in deliveries[index:]:
-                        with contextlib.suppress(Exception):
-                            self.transport.nak(rest)
-                    break
-                self.process(delivery, keep)
-                keep.settled(delivery)
-        finally:
-            keep.stop()
+        if deliveries:
+            self.handle(deliveries)
         return len(deliveries)
 
-    # -- one delivery --
-    def process(self, delivery: Delivery, keep: Any = None) -> str:
-        """Handle one delivery in a transaction of its own; return what
-        happened: ``handled``, ``skipped`` (already claimed), ``retried``,
-        ``dead_lettered``, ``malformed``, or ``unacked`` (the database is
-        gone; the broker redelivers after the ack wait)."""
-        event, settled = self._triage(delivery)
-        if event is None:
-            return settled
-        timeout = float(conf.settings.HANDLER_TIMEOUT_SECONDS)
-        self._keep = (keep, {event.id: delivery})
+    def handle(self, deliveries: Sequence[Delivery], keep: Any = None) -> list[str]:
+        """Handle deliveries of this subscription; return one outcome per
+        delivery, in order: ``handled``, ``skipped`` (a claim existed),
+        ``retried`` (naked with its backoff), ``dead_lettered``,
+        ``malformed`` (termed, recorded as a ``(malformed)`` dead letter),
+        ``unacked`` (the database is gone: left for redelivery) or
+        ``handed_back`` (the worker is stopping: naked, not counted).
+
+        Every delivery is settled (ack / nak / term) before this returns,
+        except ``unacked`` ones. First deliveries (broker count 1) are
+        handled in units: one claim statement, one transaction (``batch=True``)
+        or one each (``batch=False``); a redelivery is always a unit of its
+        own, its run recorded before the handler starts (DESIGN.md
+        "Attempts"). ``keep``: a ``transport.KeepAlive`` covering the
+        deliveries, or None to make one here.
+        """
+        own_keep = keep is None
+        if own_keep:
+            keep = self.transport.keep_alive(deliveries, every_seconds=max(0.2, float(conf.settings.ACK_WAIT_SECONDS) / 3))
+        results: dict[int, str] = {}
         try:
-            outcome, error = self._run_until_db_answers(lambda: self._run(event, timeout), event, timeout)
+            units: list[list[_Work]] = []
+            chunk: list[_Work] = []
+            for delivery in deliveries:
+                event, reason = self._decode(delivery)
+                if event is None:
+                    results[id(delivery)] = self._malformed(delivery, reason)
+                    self._settled(keep, delivery)
+                    continue
+                work = _Work(delivery, event)
+                if delivery.attempt > 1:
+                    # Never inside a batch: a poison message that killed the worker
+                    # must not count against the neighbours it was fetched with.
+                    if chunk:
+                        units.append(chunk)
+                        chunk = []
+                    units.append([work])
+                    continue
+                chunk.append(work)
+                if not self.subscription.batch or len(chunk) >= MAX_SAVEPOINTS_PER_TRANSACTION:
+                    units.append(chunk)
+                    chunk = []
+            if chunk:
+                units.append(chunk)
+            for unit in units:
+                if self.stop.is_set():
+                    for work in unit:
+                        results[id(work.delivery)] = self._hand_back(work)
+                        self._settled(keep, work.delivery)
+                    continue
+                for work in self._handle_unit(unit, keep):
+                    results[id(work.delivery)] = work.outcome
+                    self._settled(keep, work.delivery)
         finally:
-            self._keep = None
-        return self._conclude(delivery, event, outcome, error)
+            if own_keep:
+                keep.stop()
+        return [results.get(id(d), "unacked") for d in deliveries]
+
+    def run_event(self, event: ReceivedEvent, *, timeout: float | None = None) -> str:
+        """No broker: claim ``event`` and run the handler in one transaction,
+        in this thread, as the worker does (``testing.run_pending``). Returns
+        ``handled`` or ``skipped`` (a claim existed); the handler's exception
+        propagates after its transaction rolled back. No attempt is recorded."""
+        budget = float(conf.settings.HANDLER_TIMEOUT_SECONDS) if timeout is None else timeout
+        work = _Work(delivery=None, event=event)  # type: ignore[arg-type]
+        try:
+            self._execute([work], safe=False, skip=set(), trust_outbox=False, timeout=budget)
+        except _Redo:
+            raise work.error from None  # type: ignore[misc]
+        return work.outcome
+
+    # -- decoding and trust --
+    def _decode(self, delivery: Delivery) -> tuple[ReceivedEvent | None, str]:
+        try:
+            event = parse_delivery(delivery)
+            if self.subscription.external:
+                self._check_schema(event)
+            return event, ""
+        except MalformedMessage as exc:
+            return None, str(exc)
+        except Exception as exc:  # noqa: BLE001 - any bytes on our subjects (RecursionError from 200 KB of nesting...) end as malformed
+            return None, f"cannot decode ({type(exc).__name__}: {str(exc)[:200]})"
+
+    def _check_schema(self, event: ReceivedEvent) -> None:
+        from .events import catalogue
+
+        event_type = catalogue().get(self.subscription.event)
+        validator = getattr(event_type, "validator", None)
+        if validator is None:
+            return
+        error = next(iter(validator.iter_errors(event.payload)), None)
+        if error is not None:
+            raise MalformedMessage(f"external event fails the schema of {self.subscription.event!r}: {error.message}")
+
+    # -- one unit --
+    def _handle_unit(self, unit: list[_Work], keep: Any) -> list[_Work]:
+        sub = self.subscription
+        timeout = float(conf.settings.HANDLER_TIMEOUT_SECONDS)
+        self._local.keep = (keep, {w.event.id: w.delivery for w in unit})
+        try:
+            if unit[0].delivery.attempt > 1:
+                try:
+                    ready = self._until_db_answers(unit, lambda: self._start_redelivery(unit[0]), timeout, keep)
+                except _Stopping:
+                    return [self._done(unit[0], self._hand_back(unit[0]))]
+                except DatabaseError as exc:
+                    logger.error("redelivery not started, left for the broker subscription=%s event_id=%s error=%s", sub.name, unit[0].event.id, exc)
+                    with contextlib.suppress(Exception):
+                        connections[self.using].close()
+                    return [self._done(unit[0], "unacked")]
+                if not ready:
+                    if unit[0].outcome == "skipped":  # handled meanwhile: its ack was lost
+                        self._settle(lambda: self.transport.ack(unit[0].delivery), unit[0].event, "ack")
+                        self.counts["skipped"] += 1
+                        self._send_handled(unit[0].event, "skipped")
+                    return unit
+            skip: set[int] = set()
+            safe = False
+            while True:
+                try:
+                    self._until_db_answers(unit, lambda: self._execute(unit, safe=safe, skip=skip, trust_outbox=not sub.external, timeout=timeout), timeout * len(unit), keep)
+                    break
+                except _Redo:
+                    # A handler failed: everything rolled back. Redo the rest of
+                    # the unit with a savepoint per message, without the failed one.
+                    skip.update(id(w) for w in unit if w.outcome == "failed")
+                    safe = True
+                except _Stopping:
+                    for work in unit:
+                        if not work.outcome or work.outcome not in ("failed",):
+                            work.outcome = self._hand_back(work)
+                    return unit
+                except Exception as exc:  # noqa: BLE001 - the unit as a whole failed (not a handler): each message retries
+                    tb = "".join(traceback_module.format_exception(exc))
+                    for work in unit:
+                        if work.outcome != "failed":
+                            work.outcome, work.error, work.tb = "failed", exc, tb
+                    break
+            acks = []
+            for work in unit:
+                if work.outcome in ("handled", "skipped"):
+                    acks.append(work.delivery)
+                    self.counts[work.outcome] += 1
+                    self._send_handled(work.event, work.outcome)
+                    logger.debug("%s subscription=%s event_id=%s attempt=%s", work.outcome, sub.name, work.event.id, work.event.attempt)
+            # Acked only now, after the commit: a crash before this line means
+            # redeliveries that find the claims and skip.
+            if acks:
+                self._settle(lambda: self.transport.ack_many(acks), unit[0].event, "ack")
+            for work in unit:
+                if work.outcome == "not_in_outbox":
+                    self._mark_interrupted(work)
+                    work.outcome = self._malformed(work.delivery, NOT_IN_OUTBOX)
+                elif work.outcome == "failed":
+                    work.outcome = self._failed(work)
+            return unit
+        finally:
+            self._local.keep = None
+
+    def _done(self, work: _Work, outcome: str) -> _Work:
+        work.outcome = outcome
+        return work
+
+    def _until_db_answers(self, unit: list[_Work], run: Callable[[], T], timeout: float, keep: Any) -> T:
+        """Run ``run``; while the database is away or refuses for reasons
+        that are not the handler's (``not_the_handlers_fault``), wait with
+        backoff, keep the unit's acks alive and try again - never an attempt.
+        Raises ``_Stopping`` when the worker stops meanwhile."""
+        wait = 0.2
+        while True:
+            started = time.monotonic()
+            try:
+                return run()
+            except (_Redo, _Stopping):
+                raise
+            except BaseException as exc:  # noqa: BLE001 - classified below
+                # A session killed because the handler overran its timeout
+                # (idle_in_transaction_session_timeout) is the handler's fault.
+                if not (not_the_handlers_fault(exc, self.using) and time.monotonic() - started < timeout):
+                    raise
+                if self.stop.is_set():
+                    raise _Stopping() from exc
+                logger.warning(
+                    "database unavailable, retrying (not an attempt) subscription=%s event_id=%s retry_in=%.1fs error=%s",
+                    self.subscription.name, unit[0].event.id, wait, str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__,
+                )
+                with contextlib.suppress(Exception):
+                    connections[self.using].close()
+                if keep is not None:
+                    for work in unit:
+                        # The ack stays alive through the outage (+ one handler run).
+                        with contextlib.suppress(Exception):
+                            keep.started(work.delivery, wait + 5 + timeout)
+                self.stop.wait(wait)
+                wait = min(wait * 2, 5.0)
+            finally:
+                self.handler_started = None
+
+    def _start_redelivery(self, work: _Work) -> bool:
+        """Before a redelivery runs: read its history. Already claimed (a
+        lost ack): ack, skip. Counted runs at ``max_attempts``: dead-letter
+        without running. Else commit a ``running`` row for this run, so a run
+        that kills or hangs its worker still counts. Returns whether to run."""
+        sub = self.subscription
+        event = work.event
+        close_old_connections_for(self.using)
+        for _ in range(3):
+            with connections[self.using].cursor() as cursor:
+                cursor.execute(_HISTORY_SQL, [sub.name, event.id, sub.name, event.id])
+                fetched = cursor.fetchall()
+            if fetched[0][0]:
+                work.outcome = "skipped"
+                return False
+            rows = [r[1:] for r in fetched if r[1] is not None]
+            counted = [r for r in rows if r[1] in ("failed", "running")]
+            if len(counted) >= sub.max_attempts:
+                work.outcome = self._dead_letter_without_running(work, rows, counted)
+                return False
+            number = max((r[0] for r in rows), default=0) + 1
+            with connections[self.using].cursor() as cursor:
+                cursor.execute(_START_SQL, [sub.name, event.id, number, WORKER_ID])
+                row = cursor.fetchone()
+            if row is not None:
+                work.attempt_row = row[0]
+                work.event = replace(event, attempt=len(counted) + 1)
+                return True
+        # Another worker is starting this very run (a redelivery raced ours): let it.
+        self._settle(lambda: self.transport.nak(work.delivery, 1.0), event, "nak")
+        work.outcome = "handed_back"
+        return False
+
+    def _dead_letter_without_running(self, work: _Work, rows: Sequence[tuple], counted: Sequence[tuple]) -> str:
+        sub = self.subscription
+        last_failed = next((r for r in reversed(rows) if r[1] == "failed" and r[2]), None)
+        why = (
+            f"dead-lettered without running again: the handler already started {len(counted)} times for this event "
+            f"(max_attempts={sub.max_attempts}); history: {_history_text(rows)}"
+        )
+        error = f"{last_failed[2]}\n{why}" if last_failed else why
+        return self._dead_letter(work.delivery, work.event, attempts=len(counted), error=error, tb=last_failed[3] if last_failed else "")
+
+    def _execute(self, unit: list[_Work], *, safe: bool, skip: set[int], trust_outbox: bool, timeout: float) -> None:
+        """One transaction for the unit: one claim statement, then each
+        handler. ``safe``: a savepoint per message (after a failure); else a
+        handler's failure raises ``_Redo`` and everything rolls back."""
+        todo = [w for w in unit if id(w) not in skip]
+        if not todo:
+            return
+        sub = self.subscription
+        close_old_connections_for(self.using)
+        connection = connections[self.using]
+        timeout_ms = str(int(timeout * 1000))
+        outcomes: dict[int, str] = {}
+        events: dict[int, ReceivedEvent] = {}
+        failures: list[_Work] = []
+        with transaction.atomic(using=self.using):
+            with connection.cursor() as cursor:
+                # One array literal: psycopg would adapt a list item by item.
+                ids = "{" + ",".join(sorted({str(w.event.id) for w in todo})) + "}"
+                tenant = check_tenant(todo[0].event.tenant) or ""
+                cursor.execute(
+                    _CLAIM_TRUSTED_SQL if trust_outbox else _CLAIM_EXTERNAL_SQL,
+                    [ids, sub.event, sub.name, todo[0].attempt_row if len(todo) == 1 else None, timeout_ms, timeout_ms, tenant],
+                )
+                rows = {row[0]: row for row in cursor.fetchall() if row[0] is not None}
+                missing = [w for w in todo if w.event.id not in rows]
+                if missing:
+                    cursor.execute(_ALREADY_CLAIMED_SQL, [sub.name, "{" + ",".join(str(w.event.id) for w in missing) + "}"])
+                    claimed_before = {r[0] for r in cursor.fetchall()}
+                    for work in missing:
+                        outcomes[id(work)] = "skipped" if work.event.id in claimed_before else "not_in_outbox"
+                seen: set[uuid.UUID] = set()
+                for work in todo:
+                    if id(work) in outcomes:
+                        continue
+                    _, name, row_tenant, payload, created_at, claimed = rows[work.event.id]
+                    if not claimed or work.event.id in seen:
+                        outcomes[id(work)] = "skipped"
+                        continue
+                    seen.add(work.event.id)
+                    event = work.event
+                    if trust_outbox:
+                        # The outbox is the authority: a same-id copy with another payload runs with ours.
+                        event = replace(event, name=name, tenant=row_tenant, payload=json.loads(payload), occurred_at=created_at)
+                    events[id(work)] = event
+                    event_tenant = check_tenant(event.tenant) or ""
+                    if safe:
+                        cursor.execute("SAVEPOINT platformkit_message")
+                    if self._default_tenant_context and (safe or event_tenant != tenant):
+                        # Every time in safe mode, never "only if it changed": a
+                        # rolled-back savepoint can leave an earlier event's tenant
+                        # in force, and RLS must never see it.
+                        cursor.execute(_SET_TENANT_SQL, [event_tenant])
+                        tenant = event_tenant
+                    work.started_at = timezone.now()
+                    try:
+                        self._call_handler(event, timeout)
+                    except BaseException as exc:  # noqa: BLE001 - SystemExit & co. fail the attempt too, never the thread
+                        if not_the_handlers_fault(exc, self.using):
+                            raise
+                        work.error, work.tb, work.outcome = exc, "".join(traceback_module.format_exception(exc)), "failed"
+                        work.event = event
+                        if not safe:
+                            raise _Redo() from None
+                        # An ORM error marks the whole transaction for rollback;
+                        # ours is a savepoint's, as in Django's own atomic().
+                        connection.needs_rollback = False
+                        cursor.execute("ROLLBACK TO SAVEPOINT platformkit_message")  # _call_handler dropped its on_commit callbacks
+                        failures.append(work)
+                        tenant = None  # unknown after the rollback: set it again
+                        continue
+                    finally:
+                        self.handler_started = None
+                    if safe:
+                        cursor.execute("RELEASE SAVEPOINT platformkit_message")
+                    outcomes[id(work)] = "handled"
+                    # Done, but acked only after the unit commits: keep its ack
+                    # alive while the rest of the unit runs (each within its timeout).
+                    self._awaits_commit(work, timeout * (len(todo) + 1))
+                if failures:
+                    # Their claims were taken with the unit's; give them back.
+                    cursor.execute(
+                        f"DELETE FROM {HANDLED_TABLE} WHERE subscription = %s AND event_id = ANY(%s::uuid[])",
+                        [sub.name, "{" + ",".join(str(w.event.id) for w in failures) + "}"],
+                    )
+        # Committed: only now do the outcomes hold.
+        for work in todo:
+            if id(work) in outcomes:
+                work.outcome = outcomes[id(work)]
+                work.event = events.get(id(work), work.event)
 
     def _call_handler(self, event: ReceivedEvent, timeout: float) -> None:
         """Run the handler inside its transaction (claim already taken): in
@@ -409,7 +856,7 @@ class Consumer:
                 ):
                     self.subscription.handler(event)
             finally:
-                self._durations[event.id] = time.monotonic() - self.handler_started
+                self._durations[event.id] = time.monotonic() - (self.handlers_started.get(threading.get_ident()) or time.monotonic())
             if wrapper.needs_rollback or (
                 wrapper.connection is not None and wrapper.connection.info.transaction_status == psycopg.pq.TransactionStatus.INERROR
             ):
@@ -421,11 +868,11 @@ class Consumer:
                     "the handler caught a database error and returned, so its transaction can only roll back: "
                     "let the error propagate, or wrap the statement that may fail in transaction.atomic()"
                 )
-            if time.monotonic() - self.handler_started > timeout:
+            if self._durations[event.id] > timeout:
                 raise HandlerTimeout(f"handler ran past HANDLER_TIMEOUT_SECONDS={timeout:g}; its work was rolled back")
         except BaseException:
             # A failed attempt's callbacks must never run. Django drops them
-            # itself only for savepoints it made; a batch's are ours.
+            # itself only for savepoints it made; a unit's are ours.
             del wrapper.run_on_commit[on_commit_mark:]
             raise
         finally:
@@ -442,150 +889,77 @@ class Consumer:
         worker waits for a database that went away, the ack keeps being
         extended, so an outage can't push healthy events past MAX_ATTEMPTS."""
         self.handler_started = time.monotonic()
-        if self._keep is not None and self._keep[0] is not None:
-            delivery = self._keep[1].get(event.id)
+        keep = getattr(self._local, "keep", None)
+        if keep is not None and keep[0] is not None:
+            delivery = keep[1].get(event.id)
             if delivery is not None:
-                self._keep[0].started(delivery, timeout)
+                keep[0].started(delivery, timeout)
 
-    def _triage(self, delivery: Delivery) -> tuple[ReceivedEvent | None, str]:
-        """Parse a delivery; settle at once what must not reach the handler."""
+    def _awaits_commit(self, work: _Work, seconds: float) -> None:
+        keep = getattr(self._local, "keep", None)
+        if keep is not None and keep[0] is not None and work.delivery is not None:
+            keep[0].started(work.delivery, seconds)
+
+    # -- settling --
+    def _failed(self, work: _Work) -> str:
+        """After the unit's transaction: record the failed run, then retry
+        the message after its backoff or, at ``max_attempts``, dead-letter it."""
         sub = self.subscription
+        event, error = work.event, work.error
+        message = clean_text(f"{type(error).__name__}: {error}")
+        tb = clean_text(work.tb)
         try:
-            event = parse_delivery(delivery)
-        except MalformedMessage as exc:
-            return None, self._malformed(delivery, str(exc))
-        if delivery.attempt > sub.max_attempts:
-            # The earlier deliveries never reported an outcome: the worker died
-            # or hung. Don't run it again, or a handler that kills its worker
-            # would loop forever.
-            return None, self._dead_letter(
-                delivery, event, attempts=delivery.attempt,
-                error=f"delivered {delivery.attempt} times, over max_attempts={sub.max_attempts}; the last "
-                "attempts never reported an outcome (the worker died, hung, or lost its ack)",
-                tb="",
-            )
-        return event, ""
-
-    def _conclude(self, delivery: Delivery, event: ReceivedEvent, outcome: str, error: BaseException | None) -> str:
-        """Ack a success or a skip; retry or dead-letter a failure."""
-        sub = self.subscription
-        if error is None:
-            # Acked only now, after the commit: a crash before this line means a
-            # redelivery that finds the claim and skips.
-            self._settle(lambda: self.transport.ack(delivery), event, "ack")
-            self.counts[outcome] += 1
-            self._send_handled(event, outcome)
-            logger.debug("%s subscription=%s event_id=%s attempt=%s", outcome, sub.name, event.id, event.attempt)
-            return outcome
-        tb = "".join(traceback_module.format_exception(error))
-        message = f"{type(error).__name__}: {error}"
+            self._until_db_answers([work], lambda: self._record_failed_run(work, message, tb), 30.0, None)
+        except _Stopping:
+            return self._hand_back(work)
+        except DatabaseError as exc:
+            logger.error("failed run not recorded, will retry subscription=%s event_id=%s error=%s", sub.name, event.id, exc)
+            connections[self.using].close()
+            return "unacked"
+        will_retry = event.attempt < sub.max_attempts
         signals.event_failed.send_robust(
             sender=sub, subscription=sub.name, event=event, error=error, attempt=event.attempt,
-            will_retry=delivery.attempt < sub.max_attempts, duration_seconds=self._durations.pop(event.id, 0.0),
+            will_retry=will_retry, duration_seconds=self._durations.pop(event.id, 0.0),
         )
-        if delivery.attempt >= sub.max_attempts:
-            return self._dead_letter(delivery, event, attempts=delivery.attempt, error=message, tb=tb, exception=error)
-        delay = sub.delay_after(delivery.attempt)
+        if not will_retry:
+            return self._dead_letter(work.delivery, event, attempts=event.attempt, error=message, tb=tb, exception=error)
+        delay = sub.delay_after(event.attempt)
         logger.warning(
             "handler failed, retrying subscription=%s event_id=%s attempt=%s/%s retry_in=%ss error=%s",
-            sub.name, event.id, delivery.attempt, sub.max_attempts, delay, message,
+            sub.name, event.id, event.attempt, sub.max_attempts, delay, message,
         )
-        self._settle(lambda: self.transport.nak(delivery, delay), event, "nak")
+        self._settle(lambda: self.transport.nak(work.delivery, delay), event, "nak")
         self.counts["retried"] += 1
         return "retried"
 
-    # -- a batch in one transaction --
-    def process_batch(self, deliveries: Sequence[Delivery], keep: Any = None) -> list[str]:
-        """Handle a fetched batch in ONE transaction: one statement claims
-        every event, each handler runs in a savepoint of its own (a failure
-        undoes that message's writes and claim alone), one commit; then the
-        successes are acked and the failures retried or dead-lettered."""
-        timeout = float(conf.settings.HANDLER_TIMEOUT_SECONDS)
-        ready: list[tuple[Delivery, ReceivedEvent]] = []
-        results: dict[int, str] = {}
-        for delivery in deliveries:
-            event, settled = self._triage(delivery)
-            if event is None:
-                results[id(delivery)] = settled
-            else:
-                ready.append((delivery, event))
-        for start in range(0, len(ready), MAX_SAVEPOINTS_PER_TRANSACTION):
-            self._process_chunk(ready[start:start + MAX_SAVEPOINTS_PER_TRANSACTION], keep, timeout, results)
-        return [results[id(d)] for d in deliveries]
-
-    def _process_chunk(self, ready: list[tuple[Delivery, ReceivedEvent]], keep: Any, timeout: float, results: dict[int, str]) -> None:
-        if ready:
-            self._keep = (keep, {e.id: d for d, e in ready})
-            try:
-                outcomes, error = self._run_until_db_answers(lambda: self._run_batch([e for _, e in ready], timeout), ready[0][1], timeout * len(ready))
-            finally:
-                self._keep = None
-            if error is not None:  # the batch as a whole failed (e.g. the database went away for good)
-                outcomes = {e.id: ("failed", error) for _, e in ready}
-            acks = []
-            for delivery, event in ready:
-                outcome, failure = outcomes[event.id]
-                if failure is None:
-                    acks.append(delivery)
-                    self.counts[outcome] += 1
-                    results[id(delivery)] = outcome
-                    self._send_handled(event, outcome)
-                else:
-                    results[id(delivery)] = self._conclude(delivery, event, outcome, failure)
-            # After the commit, one trip through the loop for every ack.
-            self._settle(lambda: self.transport.ack_many(acks), ready[0][1], "ack")
-
-    def _run_batch(self, events: Sequence[ReceivedEvent], timeout: float) -> dict[uuid.UUID, tuple[str, BaseException | None]]:
+    def _record_failed_run(self, work: _Work, message: str, tb: str) -> None:
         sub = self.subscription
         close_old_connections_for(self.using)
-        timeout_ms = str(int(timeout * 1000))
-        outcomes: dict[uuid.UUID, tuple[str, BaseException | None]] = {}
-        failed: list[uuid.UUID] = []
-        connection = connections[self.using]
-        with transaction.atomic(using=self.using):
-            with connection.cursor() as cursor:
-                # Sorted: two workers claiming overlapping batches take the
-                # unique-key locks in the same order, so they can't deadlock.
-                # One array literal: psycopg would adapt a list item by item.
-                ids = "{" + ",".join(str(i) for i in sorted({e.id for e in events})) + "}"
-                cursor.execute(_BATCH_CLAIM_SQL, [sub.name, ids, timeout_ms, timeout_ms])
-                claimed = {row[0] for row in cursor.fetchall() if row[0] is not None}
-                savepoint_open = False
-                for event in events:
-                    if event.id not in claimed or event.id in outcomes:
-                        outcomes.setdefault(event.id, ("skipped", None))
-                        continue
-                    # One round trip per message: release the previous savepoint,
-                    # open this one, set this event's tenant - every time, never
-                    # "only if it changed": a rolled-back savepoint can leave an
-                    # earlier event's tenant in force, and RLS must never see it.
-                    # No parameters, so it also works with server-side binding;
-                    # the tenant is a validated [A-Za-z0-9_-] token, safe as a literal.
-                    sql = "RELEASE SAVEPOINT platformkit_message; " if savepoint_open else ""
-                    sql += "SAVEPOINT platformkit_message"
-                    if self._default_tenant_context:
-                        sql += f"; SELECT set_config('platformkit.tenant', '{check_tenant(event.tenant) or ''}', true)"
-                    cursor.execute(sql)
-                    savepoint_open = True
-                    try:
-                        self._call_handler(event, timeout)
-                    except Exception as exc:  # noqa: BLE001 - this message's outcome, not the batch's
-                        if _connection_lost(exc, self.using):
-                            raise
-                        # An ORM error marks the whole transaction for rollback;
-                        # ours is a savepoint's, as in Django's own atomic().
-                        connection.needs_rollback = False
-                        cursor.execute("ROLLBACK TO SAVEPOINT platformkit_message")  # _call_handler dropped its on_commit callbacks
-                        outcomes[event.id] = ("failed", exc)
-                        failed.append(event.id)
-                    else:
-                        outcomes[event.id] = ("handled", None)
-                    finally:
-                        self.handler_started = None
-                if failed:
-                    # Their claims were taken with the batch's; give them back.
-                    cursor.execute(f"DELETE FROM {HANDLED_TABLE} WHERE subscription = %s AND event_id = ANY(%s)", [sub.name, failed])
-        return outcomes
+        with connections[self.using].cursor() as cursor:
+            if work.attempt_row is not None:
+                cursor.execute(_FAILED_ROW_SQL, [message[:10000], tb[:50000], work.attempt_row])
+            else:
+                cursor.execute(_FAILED_NEW_SQL, [sub.name, work.event.id, work.started_at or timezone.now(), message[:10000], tb[:50000], WORKER_ID, sub.name, work.event.id])
+
+    def _mark_interrupted(self, work: _Work) -> None:
+        if work.attempt_row is None:
+            return
+        try:
+            with connections[self.using].cursor() as cursor:
+                cursor.execute(_INTERRUPTED_SQL, [work.attempt_row])
+        except DatabaseError as exc:
+            logger.warning("attempt not marked interrupted subscription=%s event_id=%s error=%s", self.subscription.name, work.event.id, exc)
+
+    def _hand_back(self, work: _Work) -> str:
+        """The worker is stopping: nak at once (not counted: no run recorded)."""
+        self._mark_interrupted(work)
+        self._settle(lambda: self.transport.nak(work.delivery), work.event, "nak")
+        return "handed_back"
+
+    def _settled(self, keep: Any, delivery: Delivery) -> None:
+        if keep is not None:
+            with contextlib.suppress(Exception):
+                keep.settled(delivery)
 
     def _send_handled(self, event: ReceivedEvent, outcome: str) -> None:
         sub = self.subscription
@@ -600,47 +974,6 @@ class Consumer:
         except Exception as exc:  # noqa: BLE001 - the claim decides; a lost ack only means a redelivery that skips
             logger.warning("%s failed subscription=%s event_id=%s error=%s", what, self.subscription.name, event.id, exc)
 
-    def _run_until_db_answers(self, run: Callable[[], T], event: ReceivedEvent, timeout: float) -> tuple[T | str, BaseException | None]:
-        """Run the claim and handler(s). A dead database session is not the
-        event's fault: reconnect and try again, without counting an attempt."""
-        wait = 0.2
-        while True:
-            started = time.monotonic()
-            try:
-                return run(), None
-            except BaseException as exc:  # noqa: BLE001 - every failure of the handler is an outcome
-                if isinstance(exc, (KeyboardInterrupt, SystemExit)):
-                    raise
-                elapsed = time.monotonic() - started
-                if elapsed < timeout and _connection_lost(exc, self.using) and not self.stop.is_set():
-                    logger.warning(
-                        "database connection lost, reconnecting subscription=%s event_id=%s error=%s",
-                        self.subscription.name, event.id, exc,
-                    )
-                    connections[self.using].close()
-                    self.stop.wait(wait)
-                    wait = min(wait * 2, 5.0)
-                    continue
-                return "failed", exc
-            finally:
-                self.handler_started = None
-
-    def _run(self, event: ReceivedEvent, timeout: float) -> str:
-        sub = self.subscription
-        close_old_connections_for(self.using)
-        timeout_ms = str(int(timeout * 1000))
-        with transaction.atomic(using=self.using):
-            with connections[self.using].cursor() as cursor:
-                if self._default_tenant_context:
-                    cursor.execute(_CLAIM_TENANT_SQL, [sub.name, event.id, timeout_ms, timeout_ms, event.tenant or ""])
-                else:
-                    cursor.execute(_CLAIM_SQL, [sub.name, event.id, timeout_ms, timeout_ms])
-                claimed = cursor.fetchone()[0]
-            if not claimed:
-                return "skipped"
-            self._call_handler(event, timeout)
-        return "handled"
-
     # -- giving up --
     def _dead_letter(self, delivery: Delivery, event: ReceivedEvent, *, attempts: int, error: str, tb: str, exception: BaseException | None = None) -> str:
         sub = self.subscription
@@ -650,8 +983,8 @@ class Consumer:
                 attempts=attempts, error=error, traceback=tb, using=self.using,
             )
         except DatabaseError as exc:
-            # Not acked: the broker redelivers after the ack wait, and the next
-            # delivery (over max_attempts) records it without running the handler.
+            # Not acked: the broker redelivers after the ack wait, and the
+            # redelivery (counted runs at max_attempts) records it without running the handler.
             logger.error("dead letter not recorded, will retry subscription=%s event_id=%s error=%s", sub.name, event.id, exc)
             connections[self.using].close()
             return "unacked"
@@ -663,7 +996,7 @@ class Consumer:
             self.counts["dead_lettered"] += 1
             signals.event_dead_lettered.send_robust(
                 sender=sub, subscription=sub.name, event_id=event.id, name=event.name, tenant=event.tenant,
-                attempts=attempts, error=error, exception=exception,
+                attempts=attempts, error=error.splitlines()[0] if error else "", exception=exception,
             )
         else:
             logger.info("already claimed, no dead letter subscription=%s event_id=%s", sub.name, event.id)
@@ -684,8 +1017,8 @@ class Consumer:
                     _DEAD_LETTER_SQL,
                     # NUL can't be stored in PostgreSQL text: unescaped, a body holding one
                     # could never be recorded and would come back after every ack wait.
-                    [event_id, sub.name, "(malformed)", None, delivery.attempt, error.replace("\x00", "\\x00"),
-                     delivery.data[:4000].decode("utf-8", "replace").replace("\x00", "\\x00")],
+                    [event_id, sub.name, "(malformed)", None, delivery.attempt, clean_text(error)[:10000],
+                     clean_text(delivery.data[:4000].decode("utf-8", "replace"))],
                 )
         except DatabaseError as exc:
             logger.error("malformed message not recorded, will retry subscription=%s stream_seq=%s error=%s", sub.name, delivery.stream_seq, exc)
@@ -728,5 +1061,5 @@ def record_dead_letter(*, subscription: str, event_id: uuid.UUID, name: str, ten
         cursor.execute(_TERMINAL_CLAIM_SQL, [event_id, subscription, event_id])
         if cursor.fetchone() is None:
             return False
-        cursor.execute(_DEAD_LETTER_SQL, [event_id, subscription, name, tenant, attempts, error[:10000], traceback[:50000]])
+        cursor.execute(_DEAD_LETTER_SQL, [event_id, subscription, name, tenant, attempts, clean_text(error)[:10000], clean_text(traceback)[:50000]])
     return True

@@ -88,7 +88,7 @@ def run_pending(*, subscriptions: Iterable[Subscription] | None = None, using: s
         for event_id, name, tenant, payload, headers, created_at in rows:
             event = ReceivedEvent(id=event_id, name=name, tenant=tenant, payload=json.loads(payload), occurred_at=created_at, attempt=1, headers=json.loads(headers or "{}"))
             for sub in by_event.get(name, []):
-                if Consumer(sub, _NoTransport(), using=alias)._run(event, timeout) == "handled":
+                if Consumer(sub, _NoTransport(), using=alias).run_event(event, timeout=timeout) == "handled":
                     runs += 1
             with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
                 cursor.execute(f"UPDATE {OUTBOX_TABLE} SET published_at = now() WHERE id = %s", [event_id])

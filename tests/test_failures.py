@@ -66,6 +66,9 @@ class AckLosingTransport(Transport):
     def ack(self, delivery):
         pass
 
+    def ack_many(self, deliveries):
+        pass
+
 
 @override_settings()
 def test_a_lost_ack_after_success_runs_nothing_on_redelivery(broker, settings):
@@ -116,8 +119,9 @@ def test_twenty_failing_events_ahead_of_a_good_one_do_not_hold_it_up(broker, bac
     assert seen[0] - start < 10
 
 
-def test_a_delivery_beyond_max_attempts_is_dead_lettered_without_running(broker, settings):
-    """The earlier deliveries never reported (the worker died or hung): the handler must not run again."""
+def test_a_delivery_fetched_and_never_started_does_not_count_as_an_attempt(broker, settings):
+    """A worker that fetched a message and died before starting it: the
+    redelivery runs the handler as attempt 1, even with max_attempts=1."""
     settings.PLATFORMKIT = dict(broker, ACK_WAIT_SECONDS=1, HANDLER_TIMEOUT_SECONDS=0.5)
     ran = []
     once = Subscription(name="testapp.once_only", event="testapp.flaky", handler=ran.append, max_attempts_override=1)
@@ -130,16 +134,48 @@ def test_a_delivery_beyond_max_attempts_is_dead_lettered_without_running(broker,
         Relay(t).drain()
         consumer = Consumer(once, t)
         consumer.ensure()
-        # attempt 1 is fetched and never settled, as if the worker died
+        # delivery 1 is fetched and never settled, as if the worker died before starting it
         assert len(t.fetch(once.durable, 1, timeout=2)) == 1
         wait_for(lambda: consumer.poll(timeout=1), timeout=10, what="redelivery")
     finally:
         t.close()
+    assert [(e.id, e.attempt) for e in ran] == [(event_id, 1)]
+    assert not DeadLetter.objects.exists()
+    assert HandledEvent.objects.filter(subscription="testapp.once_only", event_id=event_id).count() == 1
+
+
+def test_a_redelivery_whose_runs_never_reported_is_dead_lettered_without_running(broker, settings):
+    """The earlier runs started and never reported (the worker died or hung
+    in them, leaving its ``running`` rows): the handler must not run again,
+    and the dead letter says why, with the last real error and the history."""
+    from django_platformkit.models import Attempt as RunAttempt
+
+    settings.PLATFORMKIT = dict(broker, ACK_WAIT_SECONDS=1, HANDLER_TIMEOUT_SECONDS=0.5)
+    ran = []
+    twice = Subscription(name="testapp.twice_only", event="testapp.flaky", handler=ran.append, max_attempts_override=2)
+    t = Transport()
+    t.connect()
+    t.ensure_stream()
+    try:
+        with transaction.atomic():
+            event_id = publish("testapp.flaky", {})
+        Relay(t).drain()
+        # What two earlier runs left behind: one failure, then a worker that died in its run.
+        RunAttempt.objects.create(subscription=twice.name, event_id=event_id, attempt=1, outcome="failed", error="RuntimeError: boom", traceback="Traceback: boom")
+        RunAttempt.objects.create(subscription=twice.name, event_id=event_id, attempt=2, outcome="running", worker="host:1")
+        consumer = Consumer(twice, t)
+        consumer.ensure()
+        assert len(t.fetch(twice.durable, 1, timeout=2)) == 1  # not settled: comes back as a redelivery
+        wait_for(lambda: consumer.poll(timeout=1) and consumer.counts["dead_lettered"], timeout=10, what="the dead letter")
+    finally:
+        t.close()
     assert ran == []
     dead = DeadLetter.objects.get()
-    assert dead.event_id == event_id and dead.attempts == 2  # deliveries, as the error says
-    assert "delivered 2 times, over max_attempts=1" in dead.error
-    assert HandledEvent.objects.filter(subscription="testapp.once_only").count() == 1
+    assert (dead.event_id, dead.attempts, dead.traceback) == (event_id, 2, "Traceback: boom")
+    assert dead.error.splitlines()[0] == "RuntimeError: boom"
+    assert "already started 2 times for this event (max_attempts=2)" in dead.error
+    assert "run 2 started" in dead.error and "never reported" in dead.error
+    assert HandledEvent.objects.filter(subscription="testapp.twice_only").count() == 1
 
 
 def test_kill_9_mid_handler_then_restart_handles_once_and_counts_the_attempt(broker):
@@ -148,13 +184,18 @@ def test_kill_9_mid_handler_then_restart_handles_once_and_counts_the_attempt(bro
         event_id = publish("testapp.slow", {"kill_on_attempts": [1]})
     first = manage("runworker", "--subscription", "testapp.slow", "--no-jobs", env=env)
     assert first.wait(60) == -signal.SIGKILL
+    # The first delivery's run is not recorded (the usual delivery pays
+    # nothing extra), so its redelivery runs as attempt 1 again - this time
+    # recorded before the handler starts, so the kill counts.
     second = manage("runworker", "--subscription", "testapp.slow", "--no-jobs", env=env)
+    assert second.wait(60) == -signal.SIGKILL
+    third = manage("runworker", "--subscription", "testapp.slow", "--no-jobs", env=env)
     try:
         wait_for(lambda: Effect.objects.filter(event_id=event_id).exists(), timeout=30, what="the handler's effect")
     finally:
-        second.send_signal(signal.SIGTERM)
-        assert second.wait(30) == 0
-    assert [a for a, _ in attempts_of(event_id, "testapp.slow")] == [1, 2]
+        third.send_signal(signal.SIGTERM)
+        assert third.wait(30) == 0
+    assert [a for a, _ in attempts_of(event_id, "testapp.slow")] == [1, 1, 2]
     assert Effect.objects.filter(event_id=event_id).count() == 1
     assert not DeadLetter.objects.exists()
 
