@@ -32,13 +32,21 @@ class Sizes:
     backlog_rows: int = 1_000_000
     backlog_relay_rows: int = 10_000  # relayed at 10k pending and at 1M pending
     rss_window_seconds: float = 60.0
+    # the realistic topology (measure_topology.py)
+    topo_window_seconds: float = 10.0  # each steady rate
+    topo_drain_events: int = 10_000  # x 2 subscriptions
+    topo_pings: int = 5
+    topo_rss_rows: int = 1_000_000
+    topo_rss_seconds: float = 30.0
+    topo_idle_seconds: float = 20.0
 
     @classmethod
     def quick(cls) -> "Sizes":
         return cls(
             reps=1, publish_events=1000, publish_many_batches=30, relay_rows=10_000, handle_events=5_000,
             handle_events_slow=2_000, latency_seconds=5.0, backlog_rows=200_000, backlog_relay_rows=5_000,
-            rss_window_seconds=15.0,
+            rss_window_seconds=15.0, topo_window_seconds=5.0, topo_drain_events=3_000, topo_pings=3,
+            topo_rss_rows=200_000, topo_rss_seconds=10.0, topo_idle_seconds=10.0,
         )
 
 

@@ -22,14 +22,16 @@ from pathlib import Path
 
 from .harness import Result, Sizes, log
 
-MEASUREMENTS = ("publish", "relay", "handle", "latency", "backlog")
+MEASUREMENTS = ("publish", "relay", "handle", "latency", "backlog", "topology")
+#: One part of the topology alone: ``--only topology-drain`` (see measure_topology.PARTS).
+TOPOLOGY_PARTS = tuple(f"topology-{p}" for p in ("latency", "drain", "processes", "isolation", "rss", "idle"))
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="Small sizes and one repetition: a smoke run of about 2 minutes.")
-    parser.add_argument("--only", action="append", choices=MEASUREMENTS, metavar="NAME", help=f"Run only this measurement (repeatable): {', '.join(MEASUREMENTS)}.")
+    parser.add_argument("--only", action="append", choices=MEASUREMENTS + TOPOLOGY_PARTS, metavar="NAME", help=f"Run only this measurement (repeatable): {', '.join(MEASUREMENTS + TOPOLOGY_PARTS)}.")
     parser.add_argument("--machine", action="store_true", help="Use the machine's PostgreSQL (127.0.0.1:5432) and NATS (127.0.0.1:4222) instead of throwaway servers; DATABASE_URL / NATS_URL win over both.")
     parser.add_argument("--json", default=str(RESULTS_DIR / "latest.json"), metavar="PATH", help="Where to write the results (default: bench/results/latest.json).")
     return parser.parse_args(argv)
@@ -176,6 +178,10 @@ def _run(name: str, sizes: Sizes, transport) -> list[Result]:
         from .measure_backlog import run_backlog
 
         return run_backlog(sizes, transport)
+    if name == "topology" or name.startswith("topology-"):
+        from .measure_topology import PARTS, run_topology
+
+        return run_topology(sizes, transport, PARTS if name == "topology" else (name.split("-", 1)[1],))
     raise ValueError(name)
 
 
