@@ -1,0 +1,195 @@
+"""Attempts count handler runs (DESIGN.md "Attempts"): the numbers a handler
+sees, the Attempt rows behind them, dead letters that carry the last real
+error, failures that are the database's and not the handler's, and the
+batched path under psycopg server-side binding."""
+
+import copy
+import logging
+import threading
+
+import pytest
+from django.db import connections, transaction
+
+from django_platformkit import publish
+from django_platformkit.consumer import Consumer, Subscription
+from django_platformkit.models import Attempt, DeadLetter, HandledEvent
+from django_platformkit.relay import Relay
+from tests.conftest import wait_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def publish_and_relay(transport, sub, payloads):
+    with transaction.atomic():
+        ids = [publish(sub.event, p) for p in payloads]
+    Relay(transport).drain()
+    consumer = Consumer(sub, transport)
+    consumer.ensure()
+    return ids, consumer
+
+
+def rows(event_id, subscription):
+    return list(Attempt.objects.for_event(event_id, subscription).order_by("attempt").values_list("attempt", "outcome"))
+
+
+def drain(consumer, until, timeout=20):
+    wait_for(lambda: consumer.poll(timeout=0.5) is not None and until(), timeout=timeout, what="the consumer to settle")
+
+
+@pytest.mark.parametrize("batch", [True, False])
+def test_a_handler_that_fails_twice_then_succeeds_sees_attempts_1_2_3_and_the_rows_match(transport, settings, broker, batch):
+    seen = []
+
+    def handler(event):
+        seen.append((event.payload["n"], event.attempt))
+        if event.payload["n"] == 1 and event.attempt < 3:
+            raise RuntimeError(f"not yet on attempt {event.attempt}")
+
+    sub = Subscription(name="testapp.twice_then_ok", event="testapp.flaky", handler=handler, batch=batch, max_attempts_override=3, backoff_seconds_override=(0.1,))
+    ids, consumer = publish_and_relay(transport, sub, [{"n": 0}, {"n": 1}, {"n": 2}])
+    drain(consumer, lambda: HandledEvent.objects.filter(subscription=sub.name).count() == 3)
+    assert [a for n, a in seen if n == 1] == [1, 2, 3]
+    # The neighbours ran once each, as attempt 1 (a batch redo runs them again, still attempt 1).
+    assert {a for n, a in seen if n != 1} == {1}
+    assert rows(ids[1], sub.name) == [(1, "failed"), (2, "failed"), (3, "handled")]
+    assert Attempt.objects.for_event(ids[1], sub.name).filter(attempt=1).get().error == "RuntimeError: not yet on attempt 1"
+    # The first, usual delivery that succeeds writes no row at all.
+    assert rows(ids[0], sub.name) == [] and rows(ids[2], sub.name) == []
+    assert not DeadLetter.objects.exists()
+
+
+def test_the_dead_letter_after_max_attempts_carries_the_last_error_and_traceback(transport, settings, broker):
+    def handler(event):
+        raise RuntimeError(f"broken on attempt {event.attempt}")
+
+    sub = Subscription(name="testapp.always_broken", event="testapp.flaky", handler=handler, max_attempts_override=3, backoff_seconds_override=(0.1,))
+    (event_id,), consumer = publish_and_relay(transport, sub, [{}])
+    drain(consumer, lambda: DeadLetter.objects.exists())
+    dead = DeadLetter.objects.get()
+    assert (dead.event_id, dead.attempts, dead.error) == (event_id, 3, "RuntimeError: broken on attempt 3")
+    assert "Traceback" in dead.traceback and "broken on attempt" in dead.traceback
+    assert rows(event_id, sub.name) == [(1, "failed"), (2, "failed"), (3, "failed")]
+    assert Attempt.objects.counted().filter(event_id=event_id).count() == 3
+
+
+def test_a_handler_raising_systemexit_fails_its_attempt_and_the_worker_keeps_consuming(run_worker):
+    seen = []
+
+    def handler(event):
+        seen.append((event.payload["n"], event.attempt))
+        if event.payload["n"] == 0 and event.attempt == 1:
+            raise SystemExit(3)
+
+    sub = Subscription(name="testapp.exits", event="testapp.flaky", handler=handler, backoff_seconds_override=(0.1,))
+    with transaction.atomic():
+        first = publish("testapp.flaky", {"n": 0})
+        publish("testapp.flaky", {"n": 1})
+    run_worker(subscriptions=[sub])
+    assert sorted(seen) == [(0, 1), (0, 2), (1, 1)]
+    assert rows(first, sub.name) == [(1, "failed"), (2, "handled")]
+    assert Attempt.objects.get(event_id=first, attempt=1).error == "SystemExit: 3"
+    assert HandledEvent.objects.filter(subscription=sub.name).count() == 2
+    assert not DeadLetter.objects.exists()
+
+
+def test_nul_characters_in_an_error_are_stored_escaped_in_the_attempt_and_the_dead_letter(transport, settings, broker):
+    def handler(event):
+        raise ValueError("a\x00b")
+
+    sub = Subscription(name="testapp.nul_error", event="testapp.flaky", handler=handler, max_attempts_override=1)
+    (event_id,), consumer = publish_and_relay(transport, sub, [{}])
+    drain(consumer, lambda: DeadLetter.objects.exists())
+    dead = DeadLetter.objects.get()
+    assert dead.error == "ValueError: a\\x00b"
+    assert "a\\x00b" in dead.traceback and "\x00" not in dead.traceback
+    assert Attempt.objects.get(event_id=event_id).error == "ValueError: a\\x00b"
+
+
+def _run_in_thread(consumer, stop):
+    def loop():
+        try:
+            while not stop.is_set():
+                consumer.poll(timeout=0.5)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_read_only_database_window_counts_no_attempt_and_everything_is_handled_after_it(transport, settings, broker, caplog):
+    """default_transaction_read_only (a failover, a replica promoted late):
+    the claim is refused with SQLSTATE 25006. Not the handler's fault: wait
+    and retry, never an attempt, never a dead letter - even with max_attempts=1."""
+    seen = []
+    sub = Subscription(name="testapp.read_only_window", event="testapp.flaky", handler=lambda e: seen.append(e.attempt), max_attempts_override=1)
+    ids, consumer = publish_and_relay(transport, sub, [{"n": i} for i in range(10)])
+    name = connections["default"].settings_dict["NAME"]
+    with connections["default"].cursor() as cursor:
+        cursor.execute(f'ALTER DATABASE "{name}" SET default_transaction_read_only = on')
+    stop = threading.Event()
+    try:
+        with caplog.at_level(logging.WARNING, logger="django_platformkit"):
+            thread = _run_in_thread(consumer, stop)
+            wait_for(lambda: "read-only" in caplog.text, timeout=15, what="the consumer to meet the read-only database")
+            assert seen == [] and not HandledEvent.objects.exists()
+            with connections["default"].cursor() as cursor:
+                cursor.execute(f'ALTER DATABASE "{name}" RESET default_transaction_read_only')
+            wait_for(lambda: HandledEvent.objects.filter(subscription=sub.name).count() == 10, timeout=20, what="every event handled")
+    finally:
+        with connections["default"].cursor() as cursor:
+            cursor.execute(f'ALTER DATABASE "{name}" RESET default_transaction_read_only')
+        stop.set()
+        thread.join(10)
+    assert seen == [1] * 10
+    assert not Attempt.objects.exists()
+    assert not DeadLetter.objects.exists()
+    assert "not an attempt" in caplog.text
+
+
+@pytest.fixture
+def server_side_binding_alias(settings):
+    """The test database's connections (this thread's and the consumer's)
+    use psycopg server-side binding and prepare every statement at once."""
+    alias = "default"
+    config = connections[alias].settings_dict
+    saved = copy.deepcopy(config.get("OPTIONS") or {})
+    connections[alias].close()
+    config["OPTIONS"] = dict(saved, server_side_binding=True, prepare_threshold=0)
+    try:
+        yield alias
+    finally:
+        connections[alias].close()
+        config["OPTIONS"] = saved
+
+
+@pytest.mark.parametrize("with_failure", [False, True])
+def test_the_batched_path_handles_events_under_server_side_binding(transport, settings, broker, server_side_binding_alias, with_failure):
+    """Never several statements in one execute: with server-side binding (or
+    a prepared statement) PostgreSQL refuses them. A failure exercises the
+    redo with savepoints, a statement of its own each."""
+    alias = server_side_binding_alias
+    seen = []
+
+    def handler(event):
+        with connections[alias].cursor() as cursor:
+            cursor.execute("SELECT current_setting('platformkit.tenant', true)")
+            seen.append((event.payload["n"], event.attempt, cursor.fetchone()[0]))
+        if with_failure and event.payload["n"] == 3 and event.attempt == 1:
+            raise RuntimeError("once")
+
+    sub = Subscription(name="testapp.server_side", event="testapp.flaky", handler=handler, backoff_seconds_override=(0.1,))
+    with transaction.atomic():
+        ids = [publish("testapp.flaky", {"n": i}, tenant=f"t{i % 2}") for i in range(6)]
+    Relay(transport).drain()
+    consumer = Consumer(sub, transport, using=alias)
+    consumer.ensure()
+    assert consumer.handle(transport.fetch(sub.durable, 10, timeout=2)) == ["handled"] * 3 + (["retried"] if with_failure else ["handled"]) + ["handled"] * 2
+    if with_failure:
+        wait_for(lambda: consumer.poll(timeout=0.5) and HandledEvent.objects.filter(subscription=sub.name).count() == 6, timeout=10, what="the retry")
+    assert HandledEvent.objects.filter(subscription=sub.name).count() == 6
+    assert not DeadLetter.objects.exists()
+    # each handler saw its own event's tenant, on the server-side-binding connection
+    assert {(n, tenant) for n, _, tenant in seen} == {(i, f"t{i % 2}") for i in range(6)}
+    assert connections[alias].settings_dict["OPTIONS"]["server_side_binding"] is True
