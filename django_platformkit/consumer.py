@@ -40,7 +40,7 @@ from . import conf, signals, tracing
 from .events import check_event_name, check_tenant, current_event
 from .exceptions import ConfigurationError, InvalidEventName
 from ._tables import ATTEMPTS_TABLE, DEAD_LETTER_TABLE, HANDLED_TABLE, OUTBOX_TABLE
-from .transport import Delivery, Transport, consumer_config, durable_name, filter_subject_for, parse_subject
+from .transport import Delivery, Transport, consumer_config, durable_name, filter_subject_for, max_ack_pending_for, parse_subject
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -119,7 +119,7 @@ class Subscription:
 
     def consumer_config(self):
         """The ``nats.js.api.ConsumerConfig`` this build wants for the durable (``transport.consumer_config``)."""
-        return consumer_config(self.name, self.event)
+        return consumer_config(self.name, self.event, max_ack_pending=max_ack_pending_for(self.concurrency, self.max_ack_pending_override))
 
 
 _subscriptions: dict[str, Subscription] = {}

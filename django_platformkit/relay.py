@@ -25,7 +25,7 @@ from . import conf
 from .consumer import record_dead_letter
 from .events import EVENT_REPLAYED, NOTIFY_CHANNEL, publish
 from .exceptions import ReplayRefused
-from ._tables import DEAD_LETTER_TABLE, HANDLED_TABLE, OUTBOX_TABLE
+from ._tables import ATTEMPTS_TABLE, DEAD_LETTER_TABLE, HANDLED_TABLE, OUTBOX_TABLE
 from .transport import NO_TENANT, OutgoingMessage, Outcome, PendingPublish, Transport
 
 logger = logging.getLogger(__name__)
@@ -450,6 +450,9 @@ def replay(event_id: uuid.UUID | str, *, subscription: str | None = None, actor:
         # Only the claims of what is replayed: a subscription that handled the
         # event keeps its claim and skips the re-send.
         cursor.execute(f"DELETE FROM {HANDLED_TABLE} WHERE event_id = %s AND subscription = ANY(%s)", [event_id, cleared])
+        # A replay starts the handler-run count afresh (DESIGN.md "Attempts"):
+        # left in place, the old runs would dead-letter the re-send at once.
+        cursor.execute(f"DELETE FROM {ATTEMPTS_TABLE} WHERE event_id = %s AND subscription = ANY(%s)", [event_id, cleared])
         count = int((headers or {}).get("platformkit_replay") or 0) + 1
         cursor.execute(
             f"UPDATE {OUTBOX_TABLE} SET published_at = NULL, headers = headers || %s::jsonb WHERE id = %s",

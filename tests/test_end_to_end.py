@@ -177,18 +177,18 @@ def test_a_worker_keeps_its_connection_at_the_default_conn_max_age(run_worker, s
         consumer = Consumer(next(s for s in subscriptions() if s.name == "testapp.record_order"), t)
         consumer.ensure()
         backends = set()
-        original = consumer._run
+        original = consumer._execute
 
-        def run(event, timeout):
-            result = original(event, timeout)
+        def run(unit, **kwargs):
+            result = original(unit, **kwargs)
             with connections["default"].cursor() as cursor:
                 cursor.execute("SELECT pg_backend_pid()")
                 backends.add(cursor.fetchone()[0])
             return result
 
-        consumer._run = run
+        consumer._execute = run
         while consumer.counts["handled"] < 30:
-            consumer.poll(timeout=1)
+            consumer.poll(batch=5, timeout=1)  # several units, each its own transaction
     finally:
         t.close()
     assert len(backends) == 1
