@@ -636,9 +636,10 @@ class Consumer:
                     skip.update(id(w) for w in unit if w.outcome == "failed")
                     safe = True
                 except _Stopping:
+                    # The database is away and we are stopping: nothing of the
+                    # unit committed, and a failure can't be recorded either.
                     for work in unit:
-                        if not work.outcome or work.outcome not in ("failed",):
-                            work.outcome = self._hand_back(work)
+                        work.outcome = self._hand_back(work)
                     return unit
                 except Exception as exc:  # noqa: BLE001 - the unit as a whole failed (not a handler): each message retries
                     tb = "".join(traceback_module.format_exception(exc))
@@ -658,6 +659,8 @@ class Consumer:
             if acks:
                 self._settle(lambda: self.transport.ack_many(acks), unit[0].event, "ack")
             for work in unit:
+                if work.outcome == "skipped" and work.attempt_row is not None:
+                    self._mark_interrupted(work)  # handled elsewhere meanwhile: this run never started
                 if work.outcome == "not_in_outbox":
                     self._mark_interrupted(work)
                     work.outcome = self._malformed(work.delivery, NOT_IN_OUTBOX)
@@ -857,6 +860,8 @@ class Consumer:
                     self.subscription.handler(event)
             finally:
                 self._durations[event.id] = time.monotonic() - (self.handlers_started.get(threading.get_ident()) or time.monotonic())
+            if self._durations[event.id] > timeout:
+                raise HandlerTimeout(f"handler ran past HANDLER_TIMEOUT_SECONDS={timeout:g}; its work was rolled back")
             if wrapper.needs_rollback or (
                 wrapper.connection is not None and wrapper.connection.info.transaction_status == psycopg.pq.TransactionStatus.INERROR
             ):
@@ -868,12 +873,15 @@ class Consumer:
                     "the handler caught a database error and returned, so its transaction can only roll back: "
                     "let the error propagate, or wrap the statement that may fail in transaction.atomic()"
                 )
-            if self._durations[event.id] > timeout:
-                raise HandlerTimeout(f"handler ran past HANDLER_TIMEOUT_SECONDS={timeout:g}; its work was rolled back")
-        except BaseException:
+        except BaseException as exc:
             # A failed attempt's callbacks must never run. Django drops them
             # itself only for savepoints it made; a unit's are ours.
             del wrapper.run_on_commit[on_commit_mark:]
+            if not isinstance(exc, HandlerTimeout) and self._durations.get(event.id, 0.0) > timeout:
+                # Past its timeout the session is ended by the server
+                # (idle_in_transaction_session_timeout / statement_timeout):
+                # say why, rather than "terminating connection".
+                raise HandlerTimeout(f"handler ran past HANDLER_TIMEOUT_SECONDS={timeout:g}; its work was rolled back ({type(exc).__name__}: {exc})") from exc
             raise
         finally:
             current_event.reset(token)
