@@ -211,7 +211,7 @@ def part_latency(sizes: Sizes, transport) -> list[Result]:
             values = _latencies(since)
             p50, p99 = _percentile(values, 50), _percentile(values, 99)
             label = f"{rate:,.0f}/s"
-            note = f"{len(values)} handlings, publish rate achieved {achieved:.0f}/s ({per_tx} per transaction), max {max(values):.1f} ms"
+            note = f"PostgreSQL fsync={scalar('SHOW fsync')} synchronous_commit={scalar('SHOW synchronous_commit')} (as every row of this bench); {len(values)} handlings, publish rate achieved {achieved:.0f}/s ({per_tx} per transaction), max {max(values):.1f} ms"
             results.append(Result(f"topo_latency_{int(rate)}_p50", f"topology: commit -> handler start p50 at {label}", p50, "ms", target=f"< {p50_target:g} ms", met=p50 < p50_target, note=note, detail={"samples": len(values), "achieved": achieved}))
             results.append(Result(f"topo_latency_{int(rate)}_p99", f"topology: commit -> handler start p99 at {label}", p99, "ms", target=f"< {p99_target:g} ms" if p99_target else "info", met=(p99 < p99_target) if p99_target else None))
             if rate == 200.0:

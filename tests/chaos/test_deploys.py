@@ -68,10 +68,11 @@ def report(name: str, **figures) -> None:
 
 def restart_with_sigterm(rig, worker, times: int, *, every_seconds: float, what: str) -> list[tuple[int | None, float]]:
     """SIGTERM ``worker`` ``times`` times, ``every_seconds`` after it is at
-    work, starting it again each time; the exits (status, seconds)."""
+    work (0: at once), starting it again each time; the exits (status, seconds)."""
     exits = []
     for _ in range(times):
-        worker.wait_for_log("worker started")
+        if every_seconds:
+            worker.wait_for_log("worker started")
         time.sleep(every_seconds)
         code, seconds = worker.terminate(timeout=60)
         rig.fault(f"SIGTERM {worker.role} ({what}): exit={code} after {seconds:.1f}s")
@@ -141,8 +142,14 @@ def test_a_real_failure_then_two_restarts_keeps_its_error_and_counts_runs_in_ord
     ids = publish_rows(rig.database_url, DEPLOY_EVENT, payloads)
     failing, healthy = ids[0], ids[1:]
     worker = rig.worker(1, subscriptions=[DEPLOY_SUB], relay=True)
-    wait_for(lambda: failing in attempts_seen(rig.database_url, DEPLOY_SUB), timeout=120, what="the first failure")
-    exits = restart_with_sigterm(rig, worker, 2, every_seconds=1.5, what="while the failure waits for its retry")
+    wait_for(lambda: failing in attempts_seen(rig.database_url, DEPLOY_SUB), timeout=120, what="the first failure", interval=0.05)
+    # The first deploy lands inside the failure's 1 s backoff: what the
+    # stopping worker hands back is queued for redelivery ahead of the retry,
+    # so after the restart the retry sits behind the backlog - where the
+    # second deploy finds it fetched and not started.
+    time.sleep(0.3)
+    exits = restart_with_sigterm(rig, worker, 1, every_seconds=0, what="inside the failure's backoff")
+    exits += restart_with_sigterm(rig, worker, 1, every_seconds=1.5, what="with the retry fetched behind the backlog")
     wait_for(lambda: failing in dead_letters(rig.database_url, DEPLOY_SUB) and len(effects(rig.database_url, DEPLOY_SUB)) + len(dead_letters(rig.database_url, DEPLOY_SUB)) >= len(ids),
              timeout=240, what="the failing event dead-lettered and the rest handled")
     time.sleep(3)
