@@ -198,7 +198,7 @@ class Supervisor:
         state = self.health()
         if final:
             state.update(healthy=False, stopped=True, exit_code=self.exit_code)
-        tmp = self.health_file.with_suffix(".tmp")
+        tmp = self.health_file.with_name(self.health_file.name + f".{os.getpid()}.tmp")  # one per process: children share a folder
         try:
             tmp.write_text(json.dumps(state))
             tmp.replace(self.health_file)

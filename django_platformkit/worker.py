@@ -482,7 +482,7 @@ class Worker:
     def _write_health(self, stuck: str | None = None, final: bool = False) -> None:
         if self.health_file is None:
             return
-        tmp = self.health_file.with_suffix(".tmp")
+        tmp = self.health_file.with_name(f"{self.health_file.name}.{os.getpid()}.{threading.get_ident()}.tmp")  # one per writer: --processes children share a folder
         try:
             state = self.health(stuck)
             if final:
