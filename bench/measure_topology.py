@@ -279,7 +279,7 @@ def _naive_rate(events: int) -> float:
         params.pop(key, None)
     stream = conf.settings.STREAM
 
-    async def consume(js, durable: str, kind: str, done: asyncio.Event) -> None:
+    async def consume(js, durable: str, kind: str) -> None:
         sub = await js.pull_subscribe(filter_subject_for(TOPO_HOT.name), durable=durable, stream=stream,
                                       config=api.ConsumerConfig(ack_policy=api.AckPolicy.EXPLICIT, deliver_policy=api.DeliverPolicy.ALL, max_ack_pending=10_000))
         async with await psycopg.AsyncConnection.connect(**params, autocommit=True) as conn:
@@ -306,8 +306,7 @@ def _naive_rate(events: int) -> float:
         nc = await nats.connect(conf.settings.NATS_URL)
         try:
             js = nc.jetstream()
-            done = asyncio.Event()
-            await asyncio.gather(consume(js, "naive_a", "naive_a", done), consume(js, "naive_b", "naive_b", done))
+            await asyncio.gather(consume(js, "naive_a", "naive_a"), consume(js, "naive_b", "naive_b"))
         finally:
             await nc.close()
 

@@ -4,6 +4,7 @@ print the table and write ``bench/results/latest.json``.
     python -m bench                 # full run, throwaway PostgreSQL + NATS (~15 min on 2 cores)
     python -m bench --quick         # smaller sizes, one repetition (~2 min)
     python -m bench --only relay    # one measurement (repeatable)
+    python -m bench --only topology-drain   # one part of the realistic topology (measure_topology.PARTS)
     python -m bench --machine       # the machine's servers on 127.0.0.1:5432 / :4222
     DATABASE_URL=... NATS_URL=... python -m bench   # given servers (a database of its own is created on them)
 """
