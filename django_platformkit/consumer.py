@@ -1,14 +1,18 @@
 """Subscriptions and the consumer: handling is exactly once per
-(subscription, event).
+(subscription, event), and ``attempt`` counts handler runs.
 
-For each delivery, one ``transaction.atomic()`` inserts the claim into
-``platformkit_handled`` (``ON CONFLICT DO NOTHING``) and, only if the claim is
-new, runs the handler inside the tenant context; the commit makes the claim
-and the handler's writes durable together, and only then is the message
-acked. A lost ack means a redelivery that finds the claim and skips. A
-failure rolls the claim back with the handler's writes; the message returns
-after its backoff; after the last attempt one transaction writes the dead
-letter and a terminal claim, and the message is terminated.
+A unit of deliveries (consecutive first deliveries of one subscription, or
+one redelivery alone) is one ``transaction.atomic()``: one statement claims
+every event in ``platformkit_handled`` (``ON CONFLICT DO NOTHING``) and, for
+a trusted subscription, reads each event's row from the outbox - the
+handler runs with the outbox's payload, and a message the outbox doesn't
+know never runs. The commit makes the claims and the handlers' writes
+durable together; only then are the messages acked. A handler's failure
+rolls the unit back and the rest is redone with a savepoint per message.
+Failures and redelivered runs leave ``platformkit_attempts`` rows, so a run
+that killed its worker counts and a hand-back or an outage doesn't; after
+the last attempt one transaction writes the dead letter and a terminal
+claim, and the message is terminated.
 """
 
 from __future__ import annotations

@@ -105,6 +105,14 @@ class AttemptQuerySet(models.QuerySet):
         and never reported (the worker died or hung in them)."""
         return self.filter(outcome__in=[Attempt.FAILED, Attempt.RUNNING])
 
+    def never_reported(self) -> "AttemptQuerySet":
+        """Runs that started and have no outcome: the worker died or hung in them (or is still in them)."""
+        return self.filter(outcome=Attempt.RUNNING)
+
+    def last_failure(self) -> "Attempt | None":
+        """The newest failed run with its error and traceback, or None."""
+        return self.filter(outcome=Attempt.FAILED).order_by("-attempt").first()
+
 
 class Attempt(models.Model):
     """One run of a handler for (subscription, event), the history behind

@@ -70,6 +70,9 @@ def test_the_dead_letter_after_max_attempts_carries_the_last_error_and_traceback
     assert "Traceback" in dead.traceback and "broken on attempt" in dead.traceback
     assert rows(event_id, sub.name) == [(1, "failed"), (2, "failed"), (3, "failed")]
     assert Attempt.objects.counted().filter(event_id=event_id).count() == 3
+    last = Attempt.objects.for_event(event_id, sub.name).last_failure()
+    assert (last.attempt, last.error, last.traceback) == (3, dead.error, dead.traceback)
+    assert not Attempt.objects.for_event(event_id).never_reported().exists()
 
 
 def test_a_handler_raising_systemexit_fails_its_attempt_and_the_worker_keeps_consuming(run_worker):
