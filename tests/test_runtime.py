@@ -184,3 +184,37 @@ def test_processes_refuses_burst_with_a_clear_error(broker):
     _, stderr = proc.communicate(timeout=60)
     assert proc.returncode != 0
     assert "--burst can't be combined with --processes" in stderr
+
+
+def test_processes_restarts_a_child_that_dies(broker, tmp_path):
+    """A consumer child SIGKILLed (an OOM kill) is restarted by the
+    supervisor, and events published afterwards are handled."""
+    health = tmp_path / "health.json"
+    log = tmp_path / "worker.log"
+    with open(log, "wb") as out:
+        proc = manage(
+            "runworker", "--processes", "1", "--no-jobs", "--subscription", "testapp.record_order", "--health-file", str(health),
+            env=worker_env(broker), stdout=out, stderr=subprocess.STDOUT,
+        )
+    try:
+        def consumer_state():
+            if not health.exists():
+                return None
+            child = json.loads(health.read_text())["children"]["consumer0"]
+            return child if child["up"] and child["healthy"] else None
+
+        first = wait_for(consumer_state, timeout=60, what="the consumer child healthy")
+        os.kill(first["pid"], signal.SIGKILL)
+        second = wait_for(lambda: (s := consumer_state()) and s["pid"] != first["pid"] and s, timeout=60, what="the child restarted")
+        assert second["restarts"] == 1
+        with transaction.atomic():
+            event = publish("testapp.order_placed", {"n": 1})
+        wait_for(lambda: Effect.objects.filter(subscription="testapp.record_order", event_id=event).exists(), timeout=60, what="an event after the restart")
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = log.read_text()
+    assert code == 0, text
+    assert "child died role=consumer0" in text and "restarting in 1s" in text
