@@ -10,6 +10,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from ... import conf
 from ...exceptions import BrokerUnavailable, ConfigurationError
+from ...outage import database_unavailable, is_database_error
 from ...relay import Relay
 from ...transport import Transport
 from ._base import configure_logging
@@ -60,7 +61,14 @@ class Command(BaseCommand):
                 return
             relay = Relay(transport)
             if options["once"]:
-                stats = relay.drain()
+                try:
+                    stats = relay.drain()
+                except Exception as exc:
+                    if not is_database_error(exc):
+                        raise
+                    # A script's step: fail it with the reason, not a traceback; the rows stay pending.
+                    what = "unavailable" if database_unavailable(exc) else "refusing the relay's queries"
+                    raise CommandError(f"the database is {what}, nothing was relayed (rows stay pending): {' '.join(str(exc).split())}") from None
                 self.stdout.write(f"relayed={stats.stored} duplicates={stats.duplicates} dead_lettered={stats.dead_lettered} left_pending={stats.temporary}")
                 if stats.temporary:
                     raise SystemExit(1)
