@@ -373,13 +373,16 @@ class Scheduler:
     the database's time, shared by every worker); tests pass a fixed one and
     call ``tick()``. Whatever the clock, a slot more than
     ``SLOT_AHEAD_TOLERANCE_SECONDS`` ahead of the database's clock is never
-    claimed (logged at WARNING). ``run(stop)`` loops until
+    claimed (logged at WARNING); ``max_ahead_seconds=None`` turns that off
+    (tests of calendar arithmetic years ahead only). ``run(stop)`` loops until
     ``stop`` is set. Raises ``ConfigurationError`` for an unknown job name.
     """
 
-    def __init__(self, *, using: str | None = None, clock: Clock | None = None, jobs: Iterable[str | JobSpec] | None = None, stop_grace_seconds: float = STOP_GRACE_SECONDS) -> None:
+    def __init__(self, *, using: str | None = None, clock: Clock | None = None, jobs: Iterable[str | JobSpec] | None = None, stop_grace_seconds: float = STOP_GRACE_SECONDS, max_ahead_seconds: float | None = SLOT_AHEAD_TOLERANCE_SECONDS) -> None:
         self.using = using or conf.settings.DATABASE_ALIAS
         self.clock = clock or DatabaseClock(self.using)
+        # None only for tests of calendar arithmetic on a clock years ahead.
+        self.max_ahead_seconds = max_ahead_seconds
         self.stop_grace_seconds = stop_grace_seconds
         specs = []
         for item in (_registered() if jobs is None else jobs):
@@ -575,10 +578,10 @@ class Scheduler:
 
         spec, connection = runner.spec, runner.connection
         # Claim before running: a crash mid-run loses this slot, never doubles it.
-        claimed, database_now = connection.execute(_CLAIM_SQL, {"name": spec.name, "slot": slot, "ahead": SLOT_AHEAD_TOLERANCE_SECONDS}).fetchone()
+        claimed, database_now = connection.execute(_CLAIM_SQL, {"name": spec.name, "slot": slot, "ahead": 1e10 if self.max_ahead_seconds is None else self.max_ahead_seconds}).fetchone()
         if not claimed:
             ahead_seconds = (slot - database_now).total_seconds()
-            if ahead_seconds > SLOT_AHEAD_TOLERANCE_SECONDS:
+            if self.max_ahead_seconds is not None and ahead_seconds > self.max_ahead_seconds:
                 logger.warning(
                     "slot skipped, ahead of the database clock name=%s slot=%s database_now=%s ahead=%.1fs: "
                     "this worker's clock runs ahead; slots are decided by the database's clock",

@@ -529,3 +529,11 @@ def test_boot_refuses_a_job_that_takes_arguments(registries, make_app):
         "app 'pkboot_jobargs': job pkboot_jobargs.platformkit.tidy can't be called with no arguments "
         "(missing a required argument: 'batch'). Fix: define it as 'def tidy(): ...' (no arguments)."
     )
+
+
+@pytest.mark.parametrize("key,value", [("STREAM", "ORDERS\n"), ("SUBJECT_PREFIX", "orders\n"), ("SUBJECT_PREFIX", "a.b\n")])
+def test_e007_a_trailing_newline_in_a_stream_or_subject_prefix_is_refused(settings, key, value):
+    settings.PLATFORMKIT = {**settings.PLATFORMKIT, key: value}
+    (message,) = [m for m in checks.check_settings() if m.id == "platformkit.E007"]
+    assert message.msg == f"PLATFORMKIT[{key!r}] is invalid"
+    assert repr(value) in message.hint
