@@ -55,7 +55,7 @@ def _nats_url(key: str, value: Any) -> str:
     for url in (u.strip() for u in value.split(",")):
         if not url.startswith(_NATS_SCHEMES):
             raise ConfigurationError(
-                f"PLATFORMKIT[{key!r}] holds {url!r}: each comma-separated URL must start with "
+                f"PLATFORMKIT[{key!r}] holds {redact_url(url)!r}: each comma-separated URL must start with "
                 "nats://, tls://, ws:// or wss:// (e.g. 'nats://127.0.0.1:4222')."
             )
     return value

@@ -181,7 +181,9 @@ class Relay:
         wiped store). Create it again rather than retrying into the void."""
         self.missing_stream = False
         try:
-            self.transport.ensure_stream()
+            from .identity import database_identity
+
+            self.transport.ensure_stream(owner=database_identity(self.using))
         except Exception as exc:  # noqa: BLE001 - retried on the next failure
             logger.error("relay: stream check failed error=%s", exc)
 
