@@ -51,6 +51,8 @@ MESSAGES: dict[str, tuple[str, str]] = {
              "List 'django_platformkit' before {other!r} in INSTALLED_APPS: the first app listed wins."),
     "W004": ("runworker of {other!r} is hidden by django_platformkit's",
              "List {other!r} first if you need its worker (ours is then hidden), or silence platformkit.W004."),
+    "W005": ("PLATFORMKIT[{key!r}] is left at its default {value!r}",
+             "Set PLATFORMKIT['STREAM'] and ['SUBJECT_PREFIX'] to this project's own names: projects sharing a NATS must not share them."),
 }
 
 FIXES = {
@@ -409,3 +411,24 @@ def check_runworker(app_configs: list[AppConfig] | None = None, **kwargs: Any) -
     for other in providers[providers.index("django_platformkit") + 1:]:
         warnings.append(_warning("W004", "settings.INSTALLED_APPS", other=other))
     return warnings
+
+
+@checks.register(TAG)
+def check_broker_namespace(app_configs: list[AppConfig] | None = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """``W005`` ``STREAM`` or ``SUBJECT_PREFIX`` left at its default in a
+    project with ``DEBUG = False``: a second project on the same NATS with
+    the defaults would meet this one's stream (the worker then refuses to
+    start, ``identity.py``); naming them up front avoids the surprise. Reads
+    settings only."""
+    from django.conf import settings as django_settings
+
+    if getattr(django_settings, "DEBUG", False):
+        return []
+    raw = getattr(django_settings, "PLATFORMKIT", {})
+    if not isinstance(raw, Mapping):
+        return []  # E005 says so
+    return [
+        _warning("W005", "settings.PLATFORMKIT", key=key, value=conf.DEFAULTS[key][0])
+        for key in ("STREAM", "SUBJECT_PREFIX")
+        if raw.get(key, conf.DEFAULTS[key][0]) == conf.DEFAULTS[key][0]
+    ]
