@@ -115,3 +115,25 @@ def test_credentials_never_reach_a_log_line_an_error_or_a_command_error(broker, 
     assert "nats://***@127.0.0.1" in str(command_error.value)
     leaked = [text for text in texts if "s3cret" in text or "t0ken-xyz" in text or "worker:" in text]
     assert leaked == []
+
+
+def test_consumer_drift_says_a_new_name_runs_everything_again_and_how_to_keep_the_claims(transport):
+    from django_platformkit.exceptions import ConsumerDrift
+    from django_platformkit.transport import consumer_config
+
+    want = consumer_config("testapp.drifted", "testapp.order_placed")
+    other = consumer_config("testapp.drifted", "testapp.flaky")  # the same durable, another filter subject
+    transport.ensure_consumer(other)
+    with pytest.raises(ConsumerDrift) as drift:
+        transport.ensure_consumer(want)
+    text = str(drift.value)
+    assert "Claims are keyed by the subscription's name" in text
+    assert "runs the handler again for every event the stream still holds" in text
+    assert "claims skip what was handled" not in text
+    assert f"nats consumer rm {transport_stream()} testapp-drifted" in text
+
+
+def transport_stream() -> str:
+    from django_platformkit import conf
+
+    return conf.settings.STREAM
