@@ -333,8 +333,12 @@ _CLAIM_SQL = (
     f"INSERT INTO {JOBS_TABLE} AS j (name, last_slot, started_at, finished_at, last_error) "
     "SELECT %(name)s, %(slot)s, now(), NULL, '' FROM c WHERE %(slot)s <= c.now + make_interval(secs => %(ahead)s) "
     "ON CONFLICT (name) DO UPDATE SET last_slot = EXCLUDED.last_slot, started_at = EXCLUDED.started_at, finished_at = NULL "
-    "WHERE j.last_slot IS NULL OR j.last_slot < EXCLUDED.last_slot RETURNING 1"
-    ") SELECT (SELECT count(*) FROM claimed), (SELECT now FROM c)"
+    # A ledger slot ahead of the database's clock can only have been written
+    # by a worker whose clock ran ahead (before this guard): it is not a run
+    # to respect, or every correct worker would skip each slot until then.
+    "WHERE j.last_slot IS NULL OR j.last_slot < EXCLUDED.last_slot "
+    "OR j.last_slot > clock_timestamp() + make_interval(secs => %(ahead)s) RETURNING 1"
+    f") SELECT (SELECT count(*) FROM claimed), (SELECT now FROM c), (SELECT last_slot FROM {JOBS_TABLE} WHERE name = %(name)s)"
 )
 _FINISH_SQL = f"UPDATE {JOBS_TABLE} SET finished_at = now(), last_error = %s WHERE name = %s AND last_slot = %s"
 _LEDGER_SQL = f"SELECT last_slot, started_at, finished_at FROM {JOBS_TABLE} WHERE name = %s"
@@ -578,7 +582,7 @@ class Scheduler:
 
         spec, connection = runner.spec, runner.connection
         # Claim before running: a crash mid-run loses this slot, never doubles it.
-        claimed, database_now = connection.execute(_CLAIM_SQL, {"name": spec.name, "slot": slot, "ahead": 1e10 if self.max_ahead_seconds is None else self.max_ahead_seconds}).fetchone()
+        claimed, database_now, previous = connection.execute(_CLAIM_SQL, {"name": spec.name, "slot": slot, "ahead": 1e10 if self.max_ahead_seconds is None else self.max_ahead_seconds}).fetchone()
         if not claimed:
             ahead_seconds = (slot - database_now).total_seconds()
             if self.max_ahead_seconds is not None and ahead_seconds > self.max_ahead_seconds:
@@ -590,6 +594,11 @@ class Scheduler:
             else:
                 logger.debug("slot already run name=%s slot=%s", spec.name, slot.isoformat())
             return
+        if previous is not None and previous > slot:
+            logger.warning(
+                "job ledger held a slot ahead of the database clock name=%s recorded_slot=%s slot=%s: written by a "
+                "worker whose clock ran ahead; replaced by the slot due now", spec.name, previous.isoformat(), slot.isoformat(),
+            )
         logger.debug("job started name=%s slot=%s", spec.name, slot.isoformat())
         started, error = time.monotonic(), ""
         try:

@@ -622,3 +622,21 @@ def test_a_job_error_holding_a_nul_is_recorded_escaped_with_its_finish(runs, cap
     assert state.last_error.startswith("ValueError: a\\x00b")
     messages = [r.getMessage() for r in caplog.records]
     assert not any("lost its database session" in m for m in messages), messages
+
+
+@db
+def test_a_future_slot_left_in_the_ledger_by_a_clock_ahead_is_replaced_not_respected(runs, caplog):
+    name = declare(runs, "testapp.ledger_heal_probe", every=timedelta(seconds=1))
+    JobState.objects.create(name=name, last_slot=_database_now() + timedelta(days=1))  # as an older build let it happen
+    scheduler = Scheduler(jobs=[name])
+    caplog.set_level(logging.INFO, logger="django_platformkit")
+    try:
+        scheduler.tick()
+        time.sleep(1.2)
+        for thread in scheduler.tick():
+            thread.join(10)
+    finally:
+        scheduler.close()
+    assert len(runs.slots(name)) == 1
+    assert JobState.objects.get(name=name).last_slot == runs.slots(name)[0]
+    assert any(r.levelno == logging.WARNING and "ledger held a slot ahead" in r.getMessage() for r in caplog.records)
