@@ -1,7 +1,9 @@
 """Periodic jobs: once per scheduled slot across any number of workers and clocks.
 
 Every worker computes the same slots (``every`` aligned to the Unix epoch,
-``cron`` in the job's time zone). At a due slot a worker takes the job's
+``cron`` in the job's time zone) from the same clock, the database's
+(``DatabaseClock``), and a slot ahead of that clock is never claimed, so a
+worker whose own clock runs ahead can't take the others' future slots. At a due slot a worker takes the job's
 session-level advisory lock on a dedicated connection, then - under the lock -
 claims the slot in the ledger (``platformkit_jobs``) before running: a lock
 alone is not enough, since a second worker can take it right after the first
