@@ -55,6 +55,8 @@ MESSAGES: dict[str, tuple[str, str]] = {
              "The broker stops delivering at max_ack_pending, and events NAKed for a retry count until they come back: "
              "{value} is below CONSUMER_BATCH_SIZE x concurrency ({credit}) + {headroom}. Raise MAX_ACK_PENDING "
              "(or the subscription's max_ack_pending), or leave it unset for the derived default."),
+    "W006": ("PLATFORMKIT[{key!r}] is left at its default {value!r}",
+             "Set PLATFORMKIT['STREAM'] and ['SUBJECT_PREFIX'] to this project's own names: projects sharing a NATS must not share them."),
 }
 
 FIXES = {
@@ -441,3 +443,24 @@ def check_max_ack_pending(app_configs: list[AppConfig] | None = None, **kwargs: 
         if value < credit + MIN_RETRY_ROOM:
             messages.append(_warning("W005", sub.declared_in or sub.name, subscription=sub.name, value=value, room=max(0, value - credit), credit=credit, headroom=MIN_RETRY_ROOM))
     return messages
+
+
+@checks.register(TAG)
+def check_broker_namespace(app_configs: list[AppConfig] | None = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """``W006`` ``STREAM`` or ``SUBJECT_PREFIX`` left at its default in a
+    project with ``DEBUG = False``: a second project on the same NATS with
+    the defaults would meet this one's stream (the worker then refuses to
+    start, ``identity.py``); naming them up front avoids the surprise. Reads
+    settings only."""
+    from django.conf import settings as django_settings
+
+    if getattr(django_settings, "DEBUG", False):
+        return []
+    raw = getattr(django_settings, "PLATFORMKIT", {})
+    if not isinstance(raw, Mapping):
+        return []  # E005 says so
+    return [
+        _warning("W006", "settings.PLATFORMKIT", key=key, value=conf.DEFAULTS[key][0])
+        for key in ("STREAM", "SUBJECT_PREFIX")
+        if raw.get(key, conf.DEFAULTS[key][0]) == conf.DEFAULTS[key][0]
+    ]

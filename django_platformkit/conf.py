@@ -16,8 +16,10 @@ from django.core.signals import setting_changed
 
 from .exceptions import ConfigurationError
 
-_SUBJECT_TOKEN = re.compile(r"^[A-Za-z0-9_-]+$")
-_STREAM_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+# Used with fullmatch only: ``re.match`` with ``$`` accepts a trailing
+# newline, which passes ``check`` and then fails at run time on the broker.
+_SUBJECT_TOKEN = re.compile(r"[A-Za-z0-9_-]+")
+_STREAM_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 def _positive_number(key: str, value: Any) -> float:
@@ -53,7 +55,7 @@ def _nats_url(key: str, value: Any) -> str:
     for url in (u.strip() for u in value.split(",")):
         if not url.startswith(_NATS_SCHEMES):
             raise ConfigurationError(
-                f"PLATFORMKIT[{key!r}] holds {url!r}: each comma-separated URL must start with "
+                f"PLATFORMKIT[{key!r}] holds {redact_url(url)!r}: each comma-separated URL must start with "
                 "nats://, tls://, ws:// or wss:// (e.g. 'nats://127.0.0.1:4222')."
             )
     return value
@@ -61,7 +63,7 @@ def _nats_url(key: str, value: Any) -> str:
 
 def _subject_prefix(key: str, value: Any) -> str:
     _string(key, value)
-    if not all(_SUBJECT_TOKEN.match(part) for part in value.split(".")):
+    if not all(_SUBJECT_TOKEN.fullmatch(part) for part in value.split(".")):
         raise ConfigurationError(
             f"PLATFORMKIT[{key!r}] must be dot-separated NATS subject tokens "
             f"without wildcards or spaces, got {value!r}."
@@ -70,7 +72,7 @@ def _subject_prefix(key: str, value: Any) -> str:
 
 
 def _stream(key: str, value: Any) -> str:
-    if not isinstance(value, str) or not _STREAM_NAME.match(value):
+    if not isinstance(value, str) or not _STREAM_NAME.fullmatch(value):
         raise ConfigurationError(
             f"PLATFORMKIT[{key!r}] must be a JetStream stream name ([A-Za-z0-9_-], at most 64), got {value!r}."
         )

@@ -35,6 +35,10 @@ from ._tables import OUTBOX_TABLE
 
 EVENT_NAME = re.compile(r"^[a-z][a-z0-9_]*\.[a-z][a-z0-9_]*$")
 TENANT = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+#: Tenant tokens that mean something else on the subject: ``_`` stands for "no
+#: tenant" (``transport.NO_TENANT``, the scheme shared with the Go
+#: platformkit), so a tenant named ``_`` would arrive as no tenant at all.
+RESERVED_TENANTS = frozenset({"_"})
 #: Deeper nesting is refused: PostgreSQL's jsonb parser and Python's json
 #: module both recurse, and no event needs this much structure.
 MAX_DEPTH = 100
@@ -115,8 +119,10 @@ def check_event_name(name: Any) -> str:
 
 def check_tenant(tenant: Any) -> str | None:
     """Return ``tenant`` if it is ``None`` or a token ``[A-Za-z0-9_-]{1,64}``
-    (a UUID fits); else raise ``InvalidEventName`` saying so. The tenant is a
-    NATS subject token, so dots, spaces and wildcards can't be allowed."""
+    (a UUID fits) other than the reserved ``_`` (``RESERVED_TENANTS``: "no
+    tenant" on the subject); else raise ``InvalidEventName`` saying so. The
+    tenant is a NATS subject token, so dots, spaces and wildcards can't be
+    allowed."""
     if tenant is None:
         return None
     if isinstance(tenant, uuid.UUID):
@@ -125,6 +131,11 @@ def check_tenant(tenant: Any) -> str | None:
         raise InvalidEventName(
             f"tenant {tenant!r} is not a tenant token: use 1 to 64 characters of "
             "[A-Za-z0-9_-] (a UUID fits), or None for no tenant."
+        )
+    if tenant in RESERVED_TENANTS:
+        raise InvalidEventName(
+            f"tenant {tenant!r} is reserved: on the subject it means 'no tenant', so the event would "
+            "arrive without one. Pass tenant=None for no tenant, or choose another token."
         )
     return tenant
 

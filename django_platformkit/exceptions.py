@@ -55,3 +55,9 @@ class ConsumerDrift(PlatformKitError, RuntimeError):
     """An existing durable consumer differs from this build's config in a way
     the broker can't update in place. The message says what differs and what
     to do; nothing is deleted."""
+
+
+class DatabaseUnavailable(PlatformKitError, ConnectionError):
+    """The database could not be reached or can't serve us for now (a
+    restart, refused connections, ``max_connections``, read-only). Retried,
+    never lost: the work stays in the database."""

@@ -1,7 +1,9 @@
 """Periodic jobs: once per scheduled slot across any number of workers and clocks.
 
 Every worker computes the same slots (``every`` aligned to the Unix epoch,
-``cron`` in the job's time zone). At a due slot a worker takes the job's
+``cron`` in the job's time zone) from the same clock, the database's
+(``DatabaseClock``), and a slot ahead of that clock is never claimed, so a
+worker whose own clock runs ahead can't take the others' future slots. At a due slot a worker takes the job's
 session-level advisory lock on a dedicated connection, then - under the lock -
 claims the slot in the ledger (``platformkit_jobs``) before running: a lock
 alone is not enough, since a second worker can take it right after the first
@@ -24,7 +26,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
-from django.db import DatabaseError, connections
+from django.db import connections
 
 from . import conf
 from ._cron import CronSchedule, cron_problems
@@ -32,6 +34,8 @@ from ._tables import JOBS_TABLE
 from .consumer import SUBSCRIPTION_NAME_PART, _default_name
 from .exceptions import ConfigurationError
 from .locks import advisory_key
+from ._text import storable_text
+from .outage import Outage, database_unavailable, is_database_error
 
 logger = logging.getLogger(__name__)
 
@@ -210,7 +214,7 @@ def job(*, every: timedelta | None = None, cron: str | None = None, timezone: st
         if problems:
             raise ConfigurationError(f"@job ({declared_in}): " + "; ".join(problems) + ".")
         job_name = name if name is not None else _default_name(func)
-        if not isinstance(job_name, str) or not _JOB_NAME.match(job_name) or len(job_name) > 200:
+        if not isinstance(job_name, str) or not _JOB_NAME.fullmatch(job_name) or len(job_name) > 200:
             raise ConfigurationError(
                 f"@job ({declared_in}): name {job_name!r} is invalid; use dot-separated identifiers "
                 "([A-Za-z_][A-Za-z0-9_]*), e.g. 'reports.send_daily'."
@@ -254,7 +258,7 @@ class Clock(Protocol):
 
 
 class SystemClock:
-    """The real clock."""
+    """This machine's clock (tests and tools; the scheduler's default is ``DatabaseClock``)."""
 
     def now(self) -> datetime:
         return datetime.now(UTC)
@@ -263,13 +267,80 @@ class SystemClock:
         return stop.wait(seconds)
 
 
+class DatabaseClock:
+    """The database's clock (``clock_timestamp()``), the one clock every
+    worker shares: a worker whose own clock runs ahead or behind still
+    decides the same slots as the others.
+
+    Reads the database's time every ``resync_seconds`` (default 60) and in
+    between adds the monotonic time since, so ticking costs no query. The
+    offset is taken at the midpoint of the round trip. While the database
+    can't answer, the last offset is kept (the claim then fails anyway and
+    the scheduler waits the outage out); before the first reading it is 0.
+    """
+
+    def __init__(self, using: str | None = None, *, resync_seconds: float = 60.0) -> None:
+        self.using = using or conf.settings.DATABASE_ALIAS
+        self.resync_seconds = resync_seconds
+        self._base: datetime | None = None  # the database's time at _base_mono
+        self._base_mono = 0.0
+        self._lock = threading.Lock()
+
+    def now(self) -> datetime:
+        with self._lock:
+            mono = time.monotonic()
+            if self._base is None or mono - self._base_mono >= self.resync_seconds:
+                self._sync()
+            if self._base is None:
+                return datetime.now(UTC)
+            return self._base + timedelta(seconds=time.monotonic() - self._base_mono)
+
+    def _sync(self) -> None:
+        connection = connections[self.using]
+        try:
+            before = time.monotonic()
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT clock_timestamp()")
+                database_now = cursor.fetchone()[0]
+            after = time.monotonic()
+            self._base, self._base_mono = database_now.astimezone(UTC), (before + after) / 2
+        except Exception as exc:  # noqa: BLE001 - keep the last offset; the scheduler's loop reports outages
+            if not is_database_error(exc):
+                raise
+            logger.debug("database clock not read error=%s", exc)
+            if self._base is not None:
+                self._base_mono = time.monotonic() - self.resync_seconds + 5.0  # try again in 5 s
+        finally:
+            # The scheduler's thread holds no connection between readings.
+            if not connection.in_atomic_block:
+                connection.close()
+
+    def wait(self, stop: threading.Event, seconds: float) -> bool:
+        return stop.wait(seconds)
+
+
+#: How far ahead of the database's clock a slot may be when a worker claims
+#: it. A worker whose clock (or a bad injected one) runs ahead by more is
+#: refused: it would claim a future slot, and the correct workers would then
+#: find that slot - and every one before it - already "run".
+SLOT_AHEAD_TOLERANCE_SECONDS = 5.0
+
+
 # --- running -----------------------------------------------------------------
 
+# One round trip: the claim, refused (no row inserted or updated) when the
+# slot is ahead of the database's clock, plus that clock, to say why.
 _CLAIM_SQL = (
+    "WITH c AS (SELECT clock_timestamp() AS now), claimed AS ("
     f"INSERT INTO {JOBS_TABLE} AS j (name, last_slot, started_at, finished_at, last_error) "
-    "VALUES (%s, %s, now(), NULL, '') "
+    "SELECT %(name)s, %(slot)s, now(), NULL, '' FROM c WHERE %(slot)s <= c.now + make_interval(secs => %(ahead)s) "
     "ON CONFLICT (name) DO UPDATE SET last_slot = EXCLUDED.last_slot, started_at = EXCLUDED.started_at, finished_at = NULL "
-    "WHERE j.last_slot IS NULL OR j.last_slot < EXCLUDED.last_slot RETURNING 1"
+    # A ledger slot ahead of the database's clock can only have been written
+    # by a worker whose clock ran ahead (before this guard): it is not a run
+    # to respect, or every correct worker would skip each slot until then.
+    "WHERE j.last_slot IS NULL OR j.last_slot < EXCLUDED.last_slot "
+    "OR j.last_slot > clock_timestamp() + make_interval(secs => %(ahead)s) RETURNING 1"
+    f") SELECT (SELECT count(*) FROM claimed), (SELECT now FROM c), (SELECT last_slot FROM {JOBS_TABLE} WHERE name = %(name)s)"
 )
 _FINISH_SQL = f"UPDATE {JOBS_TABLE} SET finished_at = now(), last_error = %s WHERE name = %s AND last_slot = %s"
 _LEDGER_SQL = f"SELECT last_slot, started_at, finished_at FROM {JOBS_TABLE} WHERE name = %s"
@@ -304,14 +375,20 @@ class Scheduler:
     """Runs the registered jobs (or those named in ``jobs``) on their slots.
 
     ``using``: the database alias of the ledger and locks (default
-    ``DATABASE_ALIAS``). ``clock``: a ``Clock`` (default ``SystemClock``);
-    tests pass a fixed one and call ``tick()``. ``run(stop)`` loops until
+    ``DATABASE_ALIAS``). ``clock``: a ``Clock`` (default ``DatabaseClock``:
+    the database's time, shared by every worker); tests pass a fixed one and
+    call ``tick()``. Whatever the clock, a slot more than
+    ``SLOT_AHEAD_TOLERANCE_SECONDS`` ahead of the database's clock is never
+    claimed (logged at WARNING); ``max_ahead_seconds=None`` turns that off
+    (tests of calendar arithmetic years ahead only). ``run(stop)`` loops until
     ``stop`` is set. Raises ``ConfigurationError`` for an unknown job name.
     """
 
-    def __init__(self, *, using: str | None = None, clock: Clock | None = None, jobs: Iterable[str | JobSpec] | None = None, stop_grace_seconds: float = STOP_GRACE_SECONDS) -> None:
+    def __init__(self, *, using: str | None = None, clock: Clock | None = None, jobs: Iterable[str | JobSpec] | None = None, stop_grace_seconds: float = STOP_GRACE_SECONDS, max_ahead_seconds: float | None = SLOT_AHEAD_TOLERANCE_SECONDS) -> None:
         self.using = using or conf.settings.DATABASE_ALIAS
-        self.clock = clock or SystemClock()
+        self.clock = clock or DatabaseClock(self.using)
+        # None only for tests of calendar arithmetic on a clock years ahead.
+        self.max_ahead_seconds = max_ahead_seconds
         self.stop_grace_seconds = stop_grace_seconds
         specs = []
         for item in (_registered() if jobs is None else jobs):
@@ -333,16 +410,22 @@ class Scheduler:
         running jobs. Database errors are logged and retried."""
         logger.info("scheduler started jobs=%s", ",".join(r.spec.name for r in self._runners) or "-")
         backoff = 0.5
+        outage = Outage("scheduler", logger)
         try:
             while not stop.is_set():
                 try:
                     self.tick()
+                    outage.recovered()
                     backoff = 0.5
                     pause = self._seconds_to_next_due()
-                except DatabaseError as exc:
-                    logger.error("scheduler database error=%s; retrying in %.1fs", exc, backoff)
+                except Exception as exc:
+                    # Raw psycopg errors too (the database clock is read on a
+                    # connection of our own): an outage is waited out, never fatal.
+                    if not is_database_error(exc):
+                        raise
+                    outage.failed(exc, backoff)
                     connections[self.using].close()
-                    pause, backoff = backoff, min(backoff * 2, 10.0)
+                    pause, backoff = backoff, min(backoff * 2, 5.0)
                 self.clock.wait(stop, pause)
         finally:
             if not self.join(self.stop_grace_seconds):
@@ -370,7 +453,11 @@ class Scheduler:
             slot = runner.spec.prev_slot(now)
             runner.next_due = runner.spec.next_slot(slot)
             if now - slot > runner.spec.grace_after(slot):
-                logger.info("slot skipped, too late name=%s slot=%s now=%s", runner.spec.name, slot.isoformat(), now.isoformat())
+                logger.warning(
+                    "slot skipped, too late name=%s slot=%s now=%s grace=%s: the scheduler was not ticking "
+                    "(a busy or paused process, a database outage) until after the slot's grace",
+                    runner.spec.name, slot.isoformat(), now.isoformat(), runner.spec.grace_after(slot),
+                )
                 continue
             if runner.busy():
                 logger.warning(
@@ -497,9 +584,23 @@ class Scheduler:
 
         spec, connection = runner.spec, runner.connection
         # Claim before running: a crash mid-run loses this slot, never doubles it.
-        if connection.execute(_CLAIM_SQL, [spec.name, slot]).fetchone() is None:
-            logger.debug("slot already run name=%s slot=%s", spec.name, slot.isoformat())
+        claimed, database_now, previous = connection.execute(_CLAIM_SQL, {"name": spec.name, "slot": slot, "ahead": 1e10 if self.max_ahead_seconds is None else self.max_ahead_seconds}).fetchone()
+        if not claimed:
+            ahead_seconds = (slot - database_now).total_seconds()
+            if self.max_ahead_seconds is not None and ahead_seconds > self.max_ahead_seconds:
+                logger.warning(
+                    "slot skipped, ahead of the database clock name=%s slot=%s database_now=%s ahead=%.1fs: "
+                    "this worker's clock runs ahead; slots are decided by the database's clock",
+                    spec.name, slot.isoformat(), database_now.isoformat(), ahead_seconds,
+                )
+            else:
+                logger.debug("slot already run name=%s slot=%s", spec.name, slot.isoformat())
             return
+        if previous is not None and previous > slot:
+            logger.warning(
+                "job ledger held a slot ahead of the database clock name=%s recorded_slot=%s slot=%s: written by a "
+                "worker whose clock ran ahead; replaced by the slot due now", spec.name, previous.isoformat(), slot.isoformat(),
+            )
         logger.debug("job started name=%s slot=%s", spec.name, slot.isoformat())
         started, error = time.monotonic(), ""
         try:
@@ -509,8 +610,15 @@ class Scheduler:
             logger.error("job failed name=%s slot=%s error=%s: %s", spec.name, slot.isoformat(), type(exc).__name__, exc, exc_info=exc)
         duration = time.monotonic() - started
         try:
-            recorded = connection.execute(_FINISH_SQL, [error[:10000], spec.name, slot]).rowcount == 1
+            # Escaped: PostgreSQL can't store a NUL, and a job's error may
+            # hold one; unescaped, the finish and the error would be lost.
+            recorded = connection.execute(_FINISH_SQL, [storable_text(error, max_chars=10000), spec.name, slot]).rowcount == 1
         except psycopg.Error as exc:
+            if not database_unavailable(exc):
+                # The session is fine; the statement was refused. Say what
+                # happened rather than claim a lost session.
+                logger.error("job outcome not recorded name=%s slot=%s error=%s", spec.name, slot.isoformat(), exc)
+                return
             recorded, error = False, error or str(exc)
         if not recorded:
             # The session that held the lock is gone, so another worker may

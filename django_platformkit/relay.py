@@ -19,12 +19,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from django.db import DatabaseError, connections, transaction
+from django.db import connections, transaction
 
 from . import conf
 from .consumer import record_dead_letter
 from .events import EVENT_REPLAYED, NOTIFY_CHANNEL, publish
 from .exceptions import ReplayRefused
+from .outage import Outage, is_database_error
 from ._tables import ATTEMPTS_TABLE, DEAD_LETTER_TABLE, HANDLED_TABLE, OUTBOX_TABLE
 from .transport import NO_TENANT, OutgoingMessage, Outcome, PendingPublish, Transport
 
@@ -33,6 +34,9 @@ logger = logging.getLogger(__name__)
 #: The subscription name under which the relay dead-letters rows the broker
 #: refuses for good, so one bad row never blocks the queue.
 RELAY_SUBSCRIPTION = "platformkit.relay"
+#: The longest pause between two tries while the database is away: a
+#: restart's end is noticed within this many seconds.
+MAX_DATABASE_RETRY_SECONDS = 5.0
 
 # Relay order is (created_at, id), walked on the pending-rows partial index.
 # The plan must not depend on table statistics: right after a burst or a bulk
@@ -177,7 +181,9 @@ class Relay:
         wiped store). Create it again rather than retrying into the void."""
         self.missing_stream = False
         try:
-            self.transport.ensure_stream()
+            from .identity import database_identity
+
+            self.transport.ensure_stream(owner=database_identity(self.using))
         except Exception as exc:  # noqa: BLE001 - retried on the next failure
             logger.error("relay: stream check failed error=%s", exc)
 
@@ -300,10 +306,13 @@ class Relay:
         """Drain, then sleep until a ``publish()`` commit notifies us (LISTEN)
         or ``RELAY_INTERVAL_SECONDS`` pass; repeat until ``stop``. Database
         and broker errors are logged and retried with backoff; rows stay
-        pending until they are relayed."""
+        pending until they are relayed. A database outage of any length
+        (restart, refused connections, ``max_connections``) is waited out:
+        two log lines, its start and its end (``outage.Outage``)."""
         interval = float(conf.settings.RELAY_INTERVAL_SECONDS)
         listener = _Listener(self.using) if conf.settings.RELAY_LISTEN else None
         backoff = 0.5
+        outage = Outage("relay", logger)
         logger.info("relay started batch_size=%s listen=%s interval=%ss", self.batch_size, listener is not None, interval)
         try:
             while not stop.is_set():
@@ -311,6 +320,7 @@ class Relay:
                     if listener is not None:
                         listener.ensure()
                     stats = self.drain(stop)
+                    outage.recovered()
                     if stats.stored or stats.dead_lettered:
                         logger.info("relayed count=%s duplicates=%s dead_lettered=%s", stats.stored, stats.duplicates, stats.dead_lettered)
                     if stats.temporary:
@@ -320,13 +330,18 @@ class Relay:
                         backoff = min(backoff * 2, 10.0)
                         continue
                     backoff = 0.5
-                except DatabaseError as exc:
-                    logger.error("relay database error=%s; reconnecting in %.1fs", exc, backoff)
+                except Exception as exc:
+                    # Django wraps the ORM's errors in DatabaseError, but the
+                    # listener's psycopg connection raises psycopg's own: both
+                    # are an outage to wait out, never a reason to exit.
+                    if not is_database_error(exc):
+                        raise
+                    outage.failed(exc, backoff)
                     connections[self.using].close()
                     if listener is not None:
                         listener.close()
                     stop.wait(backoff)
-                    backoff = min(backoff * 2, 10.0)
+                    backoff = min(backoff * 2, MAX_DATABASE_RETRY_SECONDS)
                     continue
                 if listener is not None:
                     listener.wait(interval, stop)
@@ -356,6 +371,8 @@ class _Listener:
         params.pop("prepare_threshold", None)
         import psycopg
 
+        # A server that doesn't answer must not pin the relay's thread.
+        params.setdefault("connect_timeout", 10)
         self.connection = psycopg.connect(**params, autocommit=True)
         self.connection.execute(f"LISTEN {NOTIFY_CHANNEL}")
 

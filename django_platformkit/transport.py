@@ -236,6 +236,14 @@ def classify_publish_error(exc: BaseException) -> PublishResult:
     return PublishResult(Outcome.TEMPORARY, f"{type(exc).__name__}: {exc}".rstrip(": "))
 
 
+def _no_jetstream_text(url: str) -> str:
+    return f"JetStream is not enabled on {conf.redact_url(url)}: start nats-server with -js (or jetstream {{}} in its config)."
+
+
+def _jetstream_disabled(exc: BaseException | None) -> bool:
+    return exc is not None and "jetstream not enabled" in str(exc).lower()
+
+
 # --- the transport -----------------------------------------------------------
 
 class Transport:
@@ -333,12 +341,12 @@ class Transport:
         # Keep the first: a refused connect retries, and the later errors
         # ("connection reset") hide the reason ('Authorization Violation').
         self._last_error = self._last_error or exc
-        logger.log(level, "nats error=%s", exc or type(exc).__name__)
+        logger.log(level, "nats error=%s", self.redact(str(exc) or type(exc).__name__))
 
     async def _on_disconnected(self) -> None:
         self.connected.clear()
         if not self._closing:
-            logger.warning("nats disconnected url=%s; reconnecting", self.url)
+            logger.warning("nats disconnected url=%s; reconnecting", conf.redact_url(self.url))
 
     async def _on_reconnected(self) -> None:
         # A fresh JetStream context: nats-py registers a publish's ack future
@@ -347,7 +355,9 @@ class Transport:
         self._js = self._nc.jetstream(timeout=self.request_timeout_seconds)
         self.connected.set()
         self._error_logged = False
-        logger.info("nats reconnected url=%s", self._nc.connected_url.netloc if self._nc and self._nc.connected_url else self.url)
+        # netloc carries the user info: never log it as it is.
+        where = self._nc.connected_url.geturl() if self._nc and self._nc.connected_url else self.url
+        logger.info("nats reconnected url=%s", conf.redact_url(where))
 
     async def _connect(self) -> None:
         if self._nc is not None and not self._nc.is_closed:
@@ -372,14 +382,30 @@ class Transport:
             # nats-py never returns from a first connect whose TLS handshake
             # failed verification: the bridge's timeout ends it; say why.
             if self._last_error is not None:
-                raise BrokerUnavailable(f"can't connect to NATS at {self.url}: {exc} (last error: {self._last_error})") from exc
+                raise BrokerUnavailable(self.redact(f"can't connect to NATS at {self.url}: {exc} (last error: {self._last_error})")) from exc
             raise
         except (OSError, nats.errors.Error, asyncio.TimeoutError) as exc:
             # nats-py ends with "no servers available"; the server's reason
             # ('Authorization Violation', a TLS failure) came to error_cb.
             cause = self._last_error
             why = f"{exc or type(exc).__name__}" + (f" (last error: {cause})" if cause and str(cause) != str(exc) else "")
-            raise BrokerUnavailable(f"can't connect to NATS at {self.url}: {why}") from exc
+            if _jetstream_disabled(exc) or _jetstream_disabled(cause):
+                raise BrokerUnavailable(self.redact(_no_jetstream_text(self.url))) from exc
+            raise BrokerUnavailable(self.redact(f"can't connect to NATS at {self.url}: {why}")) from exc
+
+    def redact(self, text: str) -> str:
+        """``text`` with this transport's URLs shown without user info and
+        any configured password, token or nkeys seed replaced by ``***``: for
+        every log line and error that could carry them."""
+        for part in self.url.split(","):
+            part = part.strip()
+            if part:
+                text = text.replace(part, conf.redact_url(part))
+        for key in ("password", "token", "nkeys_seed"):
+            secret = self.options.get(key)
+            if isinstance(secret, str) and len(secret) >= 3:
+                text = text.replace(secret, "***")
+        return text
 
     def connect_until(self, stop: threading.Event, *, retry_seconds: float = 2.0, give_up_after_seconds: float | None = None) -> bool:
         """Connect, retrying with a logged error until it works or ``stop`` is
@@ -397,7 +423,7 @@ class Transport:
             except BrokerUnavailable as exc:
                 if deadline is not None and time.monotonic() + retry_seconds > deadline:
                     raise
-                logger.error("nats unreachable url=%s error=%s; retrying in %.0f s", self.url, exc, retry_seconds)
+                logger.error("nats unreachable url=%s error=%s; retrying in %.0f s", conf.redact_url(self.url), self.redact(str(exc)), retry_seconds)
                 stop.wait(retry_seconds)
         return False
 
@@ -432,10 +458,21 @@ class Transport:
         self._nc = None
 
     # -- stream --
-    def ensure_stream(self) -> api.StreamInfo:
+    def ensure_stream(self, *, owner: str | None = None) -> api.StreamInfo:
         """Create the stream if missing; report (never fix by deleting) drift.
-        Raises ``ConfigurationError`` when the server's ``max_payload`` can't
-        carry ``MAX_PAYLOAD_BYTES`` plus the envelope."""
+
+        ``owner``: this project's database identity (``identity.database_identity()``;
+        relay and worker pass it). A new stream records it; an existing one
+        recording another identity is refused; one recording none (made
+        before identities existed) is adopted - ours recorded, logged at
+        WARNING. None: no ownership check (tests, tools).
+
+        Raises ``ConfigurationError`` (the process should end: retrying can't
+        help) when the stream belongs to another database, when NATS refuses
+        to create it (e.g. its subjects overlap another stream's), when
+        JetStream is not enabled, or when the server's ``max_payload`` can't
+        carry ``MAX_PAYLOAD_BYTES`` plus the envelope; ``BrokerUnavailable``
+        on a timeout."""
         needed = int(conf.settings.MAX_PAYLOAD_BYTES * JSONB_TEXT_GROWTH) + ENVELOPE_OVERHEAD_BYTES
         if self.max_payload < needed:
             raise ConfigurationError(
@@ -443,16 +480,62 @@ class Transport:
                 f"({conf.settings.MAX_PAYLOAD_BYTES}) needs {needed} with the envelope: raise max_payload "
                 "in the server config, or lower PLATFORMKIT['MAX_PAYLOAD_BYTES']."
             )
-        return self.call(self._ensure_stream(), timeout=30)
+        if not (self._nc._server_info or {}).get("jetstream"):
+            # Without JetStream every stream call ends in a bare
+            # ServiceUnavailableError (code None): say what is wrong instead.
+            raise ConfigurationError(self.redact(_no_jetstream_text(self.url)))
+        return self.call(self._ensure_stream(owner), timeout=30)
 
-    async def _ensure_stream(self) -> api.StreamInfo:
+    def _has_stream_metadata(self) -> bool:
+        version = str((self._nc._server_info or {}).get("version", "0.0"))
+        try:
+            major, minor = (int(part) for part in version.split(".")[:2])
+        except ValueError:
+            return False
+        return (major, minor) >= (2, 10)
+
+    async def _ensure_stream(self, owner: str | None = None) -> api.StreamInfo:
+        from . import identity
+
         want = stream_config()
+        if owner is not None:
+            want.description = identity.describe(owner)
+            if self._has_stream_metadata():
+                want.metadata = {identity.METADATA_KEY: owner}
         try:
             info = await self._js.stream_info(want.name)
         except nats.js.errors.NotFoundError:
-            logger.info("stream created stream=%s subjects=%s replicas=%s", want.name, want.subjects, want.num_replicas)
-            return await self._js.add_stream(want)
+            try:
+                created = await self._js.add_stream(want)
+            except nats.js.errors.APIError as exc:
+                if exc.code is not None and 400 <= int(exc.code) < 500:
+                    # Permanent (e.g. 10065 "subjects overlap with an existing
+                    # stream"): retrying forever as "unavailable" would hide it.
+                    raise ConfigurationError(
+                        f"NATS at {conf.redact_url(self.url)} refused to create the stream {want.name!r} with subjects "
+                        f"{want.subjects}: {exc.description} (err_code {exc.err_code}). Another stream probably "
+                        "holds these subjects already: give this project its own PLATFORMKIT['SUBJECT_PREFIX'] "
+                        "(and PLATFORMKIT['STREAM'])."
+                    ) from None
+                raise
+            # Only now: a refused create must not leave a false "created" line.
+            logger.info("stream created stream=%s subjects=%s replicas=%s owner=%s", want.name, want.subjects, want.num_replicas, owner or "-")
+            return created
         have = info.config
+        if owner is not None:
+            theirs = identity.recorded_identity(have.description, getattr(have, "metadata", None))
+            if theirs is not None and theirs != owner:
+                raise ConfigurationError(identity.foreign_stream_text(want.name, self.url, theirs, owner))
+            if theirs is None:
+                logger.warning(
+                    "stream adopted stream=%s owner=%s: it recorded no owning database (made before identities); "
+                    "this database is recorded now, and another project's worker will be refused", want.name, owner,
+                )
+                have.description = want.description
+                if want.metadata:
+                    have.metadata = {**(getattr(have, "metadata", None) or {}), **want.metadata}
+                info = await self._js.update_stream(have)
+                have = info.config
         drift = []
         if sorted(have.subjects or []) != sorted(want.subjects or []):
             drift.append(f"subjects {have.subjects} (want {want.subjects})")
@@ -566,9 +649,11 @@ class Transport:
             what = "; ".join(f"{k}: broker has {a!r}, this build wants {b!r}" for k, (a, b) in fixed.items())
             raise ConsumerDrift(
                 f"durable consumer {want.durable_name!r} on stream {stream!r} differs in fields the broker "
-                f"can't update ({what}). Either subscribe under a new name (a new durable starts from the "
-                f"first retained message; claims skip what was handled), or delete the old durable yourself "
-                f"with `nats consumer rm {stream} {want.durable_name}` once it is drained."
+                f"can't update ({what}). Claims are keyed by the subscription's name, so a new name (a new "
+                f"durable from the first retained message) runs the handler again for every event the stream "
+                f"still holds (up to RETENTION_DAYS). To keep the name, delete the old durable once it is "
+                f"drained with `nats consumer rm {stream} {want.durable_name}`: the durable made again under "
+                "the same name meets its claims and skips what was handled."
             )
         if updatable:
             logger.info("durable updated consumer=%s changes=%s", want.durable_name, updatable)

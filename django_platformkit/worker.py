@@ -39,7 +39,8 @@ from django.db import DatabaseError, connections
 
 from . import conf
 from .consumer import Consumer, Subscription, subscriptions as registered_subscriptions
-from .exceptions import BrokerUnavailable, ConsumerDrift
+from .exceptions import BrokerUnavailable, ConsumerDrift, DatabaseUnavailable
+from .identity import database_identity
 from .models import OutboxEvent
 from .relay import Relay
 from .transport import Delivery, PullLane, Transport, max_ack_pending_for
@@ -196,7 +197,8 @@ class Worker:
             # A burst is a script's step: fail it rather than wait forever for a broker.
             if not self.transport.connect_until(self.stop_event, give_up_after_seconds=self.connect_timeout_seconds if self.burst else None):
                 return self._stopped_in_start_up()
-            self._retry_until_stopped(self.transport.ensure_stream, f"stream {conf.settings.STREAM}")
+            # owner: refuse a stream another project's database owns (identity.py).
+            self._retry_until_stopped(lambda: self.transport.ensure_stream(owner=database_identity(self.using)), f"stream {conf.settings.STREAM}")
             if self.want_consumers:
                 for subscription in self.subscriptions:
                     want = desired_consumer_config(subscription)
@@ -285,8 +287,8 @@ class Worker:
                 return
             except ConsumerDrift:
                 raise
-            except (BrokerUnavailable, nats.errors.Error, TimeoutError) as exc:
-                logger.error("%s: broker unavailable error=%s; retrying in %.1fs", what, exc, delay)
+            except (BrokerUnavailable, DatabaseUnavailable, nats.errors.Error, TimeoutError) as exc:
+                logger.error("%s: unavailable error=%s; retrying in %.1fs", what, self.transport.redact(str(exc)), delay)
                 self.stop_event.wait(delay)
                 delay = min(delay * 2, 10)
 

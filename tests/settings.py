@@ -1,6 +1,7 @@
 """Settings for the test suite (and the worker processes tests start)."""
 
 import os
+import uuid
 
 from django_platformkit.devservices import database_settings
 
@@ -55,10 +56,17 @@ DATABASES = {"default": database_settings(DATABASE_URL, **({"NAME": _db_name} if
 if _db_name:
     DATABASES["default"]["TEST"] = {"NAME": _db_name}
 
+# A token per test session, set once and inherited by the processes tests
+# start: each run creates a fresh test database (a new identity), so a stream
+# shared with an earlier run against the same NATS (CI runs the suite twice)
+# would be refused as another project's. Stream and prefix both carry it
+# (two streams can't hold the same subjects).
+_RUN = os.environ.setdefault("PLATFORMKIT_TEST_RUN", uuid.uuid4().hex[:8])
+
 PLATFORMKIT = {
     "NATS_URL": NATS_URL,
-    "STREAM": os.environ.get("PLATFORMKIT_TEST_STREAM", "PLATFORMKIT_TEST"),
-    "SUBJECT_PREFIX": os.environ.get("PLATFORMKIT_TEST_PREFIX", "pktest"),
+    "STREAM": os.environ.get("PLATFORMKIT_TEST_STREAM", f"PLATFORMKIT_TEST_{_RUN}"),
+    "SUBJECT_PREFIX": os.environ.get("PLATFORMKIT_TEST_PREFIX", f"pktest_{_RUN}"),
     "BACKOFF_SECONDS": [0.2, 0.5, 1],
     "ACK_WAIT_SECONDS": float(os.environ.get("PLATFORMKIT_TEST_ACK_WAIT", "30")),
     "HANDLER_TIMEOUT_SECONDS": float(os.environ.get("PLATFORMKIT_TEST_HANDLER_TIMEOUT", "25")),

@@ -56,7 +56,9 @@ def _matches_snapshot(name: str, text: str) -> None:
 
 
 def test_the_test_catalogue_matches_its_committed_snapshot():
-    text = _command_output(ROOT / "tests" / "manage.py", _clean_env(PYTHONPATH=str(ROOT)))
+    # The test settings name a stream and prefix per session (tests/settings.py): pin the committed ones.
+    env = _clean_env(PYTHONPATH=str(ROOT), PLATFORMKIT_TEST_STREAM="PLATFORMKIT_TEST", PLATFORMKIT_TEST_PREFIX="pktest")
+    text = _command_output(ROOT / "tests" / "manage.py", env)
     _matches_snapshot("asyncapi_testapp.json", text)
 
 

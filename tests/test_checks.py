@@ -529,3 +529,30 @@ def test_boot_refuses_a_job_that_takes_arguments(registries, make_app):
         "app 'pkboot_jobargs': job pkboot_jobargs.platformkit.tidy can't be called with no arguments "
         "(missing a required argument: 'batch'). Fix: define it as 'def tidy(): ...' (no arguments)."
     )
+
+
+@pytest.mark.parametrize("key,value", [("STREAM", "ORDERS\n"), ("SUBJECT_PREFIX", "orders\n"), ("SUBJECT_PREFIX", "a.b\n")])
+def test_e007_a_trailing_newline_in_a_stream_or_subject_prefix_is_refused(settings, key, value):
+    settings.PLATFORMKIT = {**settings.PLATFORMKIT, key: value}
+    (message,) = [m for m in checks.check_settings() if m.id == "platformkit.E007"]
+    assert message.msg == f"PLATFORMKIT[{key!r}] is invalid"
+    assert repr(value) in message.hint
+
+
+def test_w005_stream_and_subject_prefix_left_at_their_defaults_warn_when_debug_is_off(settings):
+    settings.DEBUG = False
+    settings.PLATFORMKIT = {k: v for k, v in settings.PLATFORMKIT.items() if k not in ("STREAM", "SUBJECT_PREFIX")}
+    messages = [m for m in checks.check_broker_namespace() if m.id == "platformkit.W006"]
+    assert [m.msg for m in messages] == [
+        "PLATFORMKIT['STREAM'] is left at its default 'PLATFORMKIT'",
+        "PLATFORMKIT['SUBJECT_PREFIX'] is left at its default 'platformkit'",
+    ]
+    assert messages[0].hint == (
+        "Set PLATFORMKIT['STREAM'] and ['SUBJECT_PREFIX'] to this project's own names: projects sharing a NATS must not share them."
+    )
+    only(messages[:1], "W006")
+    settings.DEBUG = True
+    assert checks.check_broker_namespace() == []
+    settings.DEBUG = False
+    settings.PLATFORMKIT = dict(settings.PLATFORMKIT, STREAM="SHOP", SUBJECT_PREFIX="shop")
+    assert checks.check_broker_namespace() == []

@@ -420,7 +420,8 @@ def test_a_scheduler_on_an_injected_clock_runs_the_dst_and_leap_day_counts(runs,
     hourly = declare(runs, "testapp.every_hour", every=timedelta(hours=1))
     start, end = local_day(*day)
     clock = FakeClock(start)
-    scheduler = Scheduler(clock=clock, jobs=[night, noon, leap, hourly])
+    # Calendar arithmetic years ahead: the guard against clocks ahead of the database's is off.
+    scheduler = Scheduler(clock=clock, jobs=[night, noon, leap, hourly], max_ahead_seconds=None)
     try:
         drive(scheduler, clock, start - timedelta(minutes=10), end + timedelta(minutes=10))
     finally:
@@ -539,3 +540,103 @@ def test_a_worker_killed_mid_job_releases_its_lock_and_the_next_slots_run_once(b
     assert all(slot > hung_slot for slot, _ in later) and later[0][0] <= killed_at + timedelta(seconds=3)
     log = logs[procs.index(survivor)].read_text()
     assert "job still running in another worker, slot skipped name=testapp.hangs_first" in log
+
+
+# --- one clock: the database's ------------------------------------------------
+
+def _database_now() -> datetime:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT clock_timestamp()")
+        return cursor.fetchone()[0]
+
+
+@db
+def test_a_worker_whose_clock_is_a_day_ahead_does_not_claim_tomorrows_slot(runs, caplog):
+    name = declare(runs, "testapp.clock_ahead_probe", every=timedelta(seconds=1))
+    ahead = FakeClock(_database_now() + timedelta(days=1))
+    fast = Scheduler(clock=ahead, jobs=[name])
+    correct = Scheduler(jobs=[name])  # the default clock: the database's
+    caplog.set_level(logging.DEBUG, logger="django_platformkit")
+    try:
+        tick(fast, ahead, ahead.moment)
+        tick(fast, ahead, ahead.moment + timedelta(seconds=1.5))  # tomorrow's slot is due on the fast clock
+        assert runs.slots(name) == []
+        assert not JobState.objects.filter(name=name).exists()
+        warning = next(r for r in caplog.records if "ahead of the database clock" in r.getMessage())
+        assert warning.levelno == logging.WARNING and f"name={name}" in warning.getMessage()
+        # The correct worker still runs the slots that are due now.
+        correct.tick()
+        time.sleep(1.2)
+        for thread in correct.tick():
+            thread.join(10)
+    finally:
+        fast.close(), correct.close()
+    assert len(runs.slots(name)) == 1
+    ran = runs.slots(name)[0]
+    assert abs((ran - _database_now()).total_seconds()) < 5
+    assert JobState.objects.get(name=name).last_slot == ran
+
+
+@db
+def test_the_default_clock_reads_the_database_time():
+    from django_platformkit.jobs import DatabaseClock
+
+    clock = DatabaseClock()
+    assert abs((clock.now() - _database_now()).total_seconds()) < 1.0
+    assert clock.now().tzinfo is not None
+
+
+@db
+def test_a_slot_skipped_for_lateness_is_logged_at_warning_with_why(runs, caplog):
+    name = declare(runs, "testapp.late_minutely", every=timedelta(minutes=1), grace=timedelta(seconds=5))
+    base = datetime(2026, 6, 1, 12, 0, 30, tzinfo=UTC)
+    clock = FakeClock(base)
+    scheduler = Scheduler(clock=clock, jobs=[name])
+    caplog.set_level(logging.INFO, logger="django_platformkit")
+    try:
+        tick(scheduler, clock, base)
+        tick(scheduler, clock, base + timedelta(minutes=3, seconds=45))  # 12:01 was due; ticking resumes at 12:04:15
+    finally:
+        scheduler.close()
+    record = next(r for r in caplog.records if "slot skipped, too late" in r.getMessage())
+    assert record.levelno == logging.WARNING and "grace=" in record.getMessage()
+
+
+@db
+def test_a_job_error_holding_a_nul_is_recorded_escaped_with_its_finish(runs, caplog):
+    def raise_nul():
+        raise ValueError("a\x00b")
+
+    name = declare(runs, "testapp.nul_error", raise_nul, every=timedelta(minutes=5))
+    base = datetime(2026, 6, 1, 12, 4, tzinfo=UTC)
+    clock = FakeClock(base)
+    scheduler = Scheduler(clock=clock, jobs=[name])
+    caplog.set_level(logging.INFO, logger="django_platformkit")
+    try:
+        tick(scheduler, clock, base)
+        tick(scheduler, clock, base + timedelta(minutes=1))
+    finally:
+        scheduler.close()
+    state = JobState.objects.get(name=name)
+    assert state.finished_at is not None
+    assert state.last_error.startswith("ValueError: a\\x00b")
+    messages = [r.getMessage() for r in caplog.records]
+    assert not any("lost its database session" in m for m in messages), messages
+
+
+@db
+def test_a_future_slot_left_in_the_ledger_by_a_clock_ahead_is_replaced_not_respected(runs, caplog):
+    name = declare(runs, "testapp.ledger_heal_probe", every=timedelta(seconds=1))
+    JobState.objects.create(name=name, last_slot=_database_now() + timedelta(days=1))  # as an older build let it happen
+    scheduler = Scheduler(jobs=[name])
+    caplog.set_level(logging.INFO, logger="django_platformkit")
+    try:
+        scheduler.tick()
+        time.sleep(1.2)
+        for thread in scheduler.tick():
+            thread.join(10)
+    finally:
+        scheduler.close()
+    assert len(runs.slots(name)) == 1
+    assert JobState.objects.get(name=name).last_slot == runs.slots(name)[0]
+    assert any(r.levelno == logging.WARNING and "ledger held a slot ahead" in r.getMessage() for r in caplog.records)

@@ -182,3 +182,16 @@ def test_nats_url_must_be_a_nats_url(settings):
     settings.PLATFORMKIT = {"NATS_URL": "nats://a:4222, http://b:4222"}
     with pytest.raises(ImproperlyConfigured, match="'http://b:4222'.*must start with nats://"):
         conf.settings.NATS_URL
+
+
+def test_the_reserved_tenant_token_is_refused_at_publish_saying_what_to_pass():
+    from django_platformkit.events import RESERVED_TENANTS
+    from django_platformkit.transport import NO_TENANT
+
+    assert NO_TENANT in RESERVED_TENANTS  # the subject's "no tenant" is what is reserved
+    with transaction.atomic():
+        with pytest.raises(InvalidEventName, match=r"tenant '_' is reserved: on the subject it means 'no tenant'.*tenant=None"):
+            publish("testapp.order_placed", {}, tenant="_")
+        # Still usable: the refusal came before any SQL.
+        publish("testapp.order_placed", {}, tenant="_a")
+    assert list(OutboxEvent.objects.values_list("tenant", flat=True)) == ["_a"]

@@ -49,6 +49,12 @@ def add_dead_letter(subscription: str, event_id: uuid.UUID, *, days_ago: float =
     add_claim(subscription, event_id, days_ago=days_ago)
 
 
+def subscribers_of(event: str) -> list[str]:
+    from django_platformkit.consumer import subscriptions
+
+    return [s.name for s in subscriptions() if s.event == event]
+
+
 def outbox_ids() -> set[uuid.UUID]:
     return set(OutboxEvent.objects.values_list("id", flat=True))
 
@@ -119,8 +125,9 @@ def test_fifty_thousand_old_rows_go_in_bounded_batches():
     elapsed = time.monotonic() - started
     assert (result.outbox_deleted, result.claims_deleted) == (50000, 50000)
     assert outbox_ids() == {keep} and HandledEvent.objects.count() == 0
-    # 25 full batches and a short one for each table: no transaction held more than 2000 rows.
-    assert result.batches == 26 + 26
+    # 25 full batches and a short one for each table (and one empty page of
+    # attempt history): no transaction held more than 2000 rows.
+    assert result.batches == 26 + 26 + 1
     assert sum("DELETE FROM platformkit_outbox" in sql for sql in statements) == 26
     assert elapsed < 60
 
@@ -167,9 +174,11 @@ def test_a_dry_run_counts_and_deletes_nothing():
 def test_purgeoutbox_takes_an_age_in_hours_and_prints_what_it_did():
     old = add_event(published_days_ago=0.75)  # 18 hours
     young = add_event(published_days_ago=0.25)  # 6 hours
+    for subscription in subscribers_of("testapp.order_placed"):
+        add_claim(subscription, old, days_ago=0.7)  # handled by every subscription: nothing needs the row now
     out = StringIO()
     call_command("purgeoutbox", "--older-than", "12h", "--batch-size", "10", stdout=out)
-    assert out.getvalue().startswith("deleted outbox=1 claims=0 skipped_locked=0 batches=2 (published before ")
+    assert out.getvalue().startswith("deleted outbox=1 claims=0 attempts=0 skipped_locked=0 batches=3 (published before ")
     assert outbox_ids() == {young} and old not in outbox_ids()
     for bad in ("12", "0d", "1y", "-3h"):
         with pytest.raises(CommandError, match="is not an age such as 30m, 12h, 7d or 2w"):
@@ -215,3 +224,85 @@ def test_purge_refuses_a_bad_age_or_batch_size():
     with pytest.raises(ValueError, match="batch_size must be an integer >= 1"):
         purge(older_than=timedelta(days=1), batch_size=0)
 
+
+
+# --- what the stream can still deliver stays guarded ---------------------------
+
+def add_attempt(subscription: str, event_id: uuid.UUID) -> None:
+    from django_platformkit.models import Attempt
+
+    Attempt.objects.create(subscription=subscription, event_id=event_id, attempt=1, outcome="failed", error="boom")
+
+
+def test_a_short_purge_keeps_claims_and_rows_the_stream_can_still_deliver():
+    subscribers = subscribers_of("testapp.order_placed")
+    assert len(subscribers) >= 2
+    handled_by_all, handled_by_some, retrying = (add_event(published_days_ago=1 / 24) for _ in range(3))
+    for subscription in subscribers:
+        add_claim(subscription, handled_by_all, days_ago=0.5 / 24)
+        add_claim(subscription, retrying, days_ago=0.5 / 24)
+    add_claim(subscribers[0], handled_by_some, days_ago=0.5 / 24)
+    add_attempt("otherdeploy.audit", retrying)  # a retry in flight in a subscription this build doesn't have
+    gone_row_claim = uuid.uuid4()
+    add_claim(subscribers[0], gone_row_claim, days_ago=3)  # its row is gone; the stream keeps the message 7 days
+
+    dry = purge(older_than=timedelta(seconds=1), dry_run=True)
+    result = purge(older_than=timedelta(seconds=1))
+
+    assert (dry.outbox_deleted, result.outbox_deleted) == (1, 1)
+    assert outbox_ids() == {handled_by_some, retrying}
+    # Every claim stays: all of them are younger than RETENTION_DAYS (the stream's max age).
+    assert result.claims_deleted == dry.claims_deleted == 0
+    assert HandledEvent.objects.filter(event_id=gone_row_claim).exists()
+    assert HandledEvent.objects.filter(event_id=handled_by_all).count() == len(subscribers)
+
+
+def test_attempt_history_goes_with_the_claims_not_before():
+    from django_platformkit.models import Attempt
+
+    event_id = add_event(published_days_ago=10)
+    for subscription in subscribers_of("testapp.order_placed"):
+        add_claim(subscription, event_id, days_ago=9)
+    add_attempt(subscribers_of("testapp.order_placed")[0], event_id)
+    Attempt.objects.update(started_at=timezone_now() - timedelta(days=9))
+    young = uuid.uuid4()
+    add_claim("testapp.record_order", young, days_ago=1)
+    add_attempt("testapp.record_order", young)
+    result = purge()
+    assert result.outbox_deleted == 1 and result.attempts_deleted == 1
+    assert list(Attempt.objects.values_list("event_id", flat=True)) == [young]
+
+
+def timezone_now():
+    from django.utils import timezone
+
+    return timezone.now()
+
+
+def test_purge_older_than_one_second_then_a_durable_re_created_handles_nothing_twice(transport, run_worker):
+    from django.db import transaction
+
+    from django_platformkit import publish
+    from django_platformkit.consumer import subscriptions
+    from tests.testapp.models import Effect
+
+    subscribers = [s for s in subscriptions() if s.event == "testapp.order_placed" and s.name in ("testapp.record_order", "testapp.count_order")]
+    with transaction.atomic():
+        for n in range(50):
+            publish("testapp.order_placed", {"n": n})
+    run_worker(subscriptions=subscribers)
+    before = sorted(Effect.objects.values_list("subscription", "event_id"))
+    assert len(before) == 50 * len(subscribers)
+    time.sleep(1.2)
+    call_command("purgeoutbox", "--older-than", "1s", stdout=StringIO())
+    # The README's advice after drift: delete the durable; the worker makes it again (deliver all).
+    for subscription in subscribers:
+        transport.call(transport._js.delete_consumer(transport_stream(), subscription.durable), timeout=10)
+    run_worker(subscriptions=subscribers)
+    assert sorted(Effect.objects.values_list("subscription", "event_id")) == before
+
+
+def transport_stream() -> str:
+    from django_platformkit import conf
+
+    return conf.settings.STREAM

@@ -139,6 +139,8 @@ class Rig:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.processes: list[Process] = []
         self.settings_env = settings_env
+        #: The stream this rig's processes use (a scenario may give a project its own).
+        self.stream = settings_env.get("PLATFORMKIT_TEST_STREAM", STREAM)
         self.started = time.monotonic()
         self.faults = 0
 
@@ -315,7 +317,7 @@ class Rig:
                 log.write(f"{time.monotonic() - self.started:8.2f}s events={events} pending={pending} effects={effects}\n")
             if events >= expected and not pending and all(effects.get(s, 0) >= expected for s in SUBSCRIPTIONS):
                 tally = self.tally()
-                if tally.complete(expected) and consumers_idle(self.nats_urls):
+                if tally.complete(expected) and consumers_idle(self.nats_urls, self.stream):
                     time.sleep(ACK_WAIT_SECONDS + 1)
                     return self.tally()
             time.sleep(1.0)
@@ -358,12 +360,12 @@ def nats_call(urls: str, coro_factory, timeout: float = 10.0):
     return asyncio.run(asyncio.wait_for(run(), timeout))
 
 
-def consumers_idle(urls: str) -> bool:
+def consumers_idle(urls: str, stream: str = STREAM) -> bool:
     """True when every subscription's durable has nothing pending and
     nothing awaiting an ack (False, too, when NATS can't answer)."""
     async def check(js):
         for sub in SUBSCRIPTIONS:
-            info = await js.consumer_info(STREAM, sub.replace(".", "-"))
+            info = await js.consumer_info(stream, sub.replace(".", "-"))
             if info.num_pending or info.num_ack_pending:
                 return False
         return True

@@ -32,11 +32,13 @@ def rows(text: str) -> int:
 class Command(BaseCommand):
     help = (
         "Delete published outbox rows older than the retention, and claims that no longer guard a row. "
-        "Pending rows, rows a dead letter describes and dead letters are kept."
+        "Pending rows, rows a dead letter describes and dead letters are kept; so is, within RETENTION_DAYS "
+        "(the stream's max age), whatever the stream can still deliver: every claim, and rows not yet handled "
+        "by every subscription or with a retry in flight."
     )
 
     def add_arguments(self, parser):
-        parser.add_argument("--older-than", type=age, default=None, metavar="AGE", help="Age measured from published_at: 30m, 12h, 7d, 2w (default: RETENTION_DAYS).")
+        parser.add_argument("--older-than", type=age, default=None, metavar="AGE", help="Age measured from published_at: 30m, 12h, 7d, 2w (default: RETENTION_DAYS). Claims are kept for RETENTION_DAYS whatever this says.")
         parser.add_argument("--dry-run", action="store_true", help="Count what would be deleted; delete nothing.")
         parser.add_argument("--batch-size", type=rows, default=DEFAULT_BATCH_SIZE, metavar="ROWS", help=f"Rows per transaction (default {DEFAULT_BATCH_SIZE}).")
 
@@ -51,6 +53,7 @@ class Command(BaseCommand):
             )
         else:
             self.stdout.write(
-                f"deleted outbox={result.outbox_deleted} claims={result.claims_deleted} skipped_locked={result.skipped_locked} "
+                f"deleted outbox={result.outbox_deleted} claims={result.claims_deleted} attempts={result.attempts_deleted} "
+                f"skipped_locked={result.skipped_locked} "
                 f"batches={result.batches} (published before {result.cutoff.isoformat()})"
             )

@@ -9,7 +9,9 @@ import nats.errors
 from django.core.management.base import BaseCommand, CommandError
 
 from ... import conf
-from ...exceptions import BrokerUnavailable, ConfigurationError
+from ...exceptions import BrokerUnavailable, ConfigurationError, DatabaseUnavailable
+from ...identity import database_identity
+from ...outage import database_unavailable, is_database_error
 from ...relay import Relay
 from ...transport import Transport
 from ._base import configure_logging
@@ -26,12 +28,14 @@ def ensure_stream_until(transport: Transport, stop: threading.Event, give_up_at:
     delay = 0.5
     while not stop.is_set():
         try:
-            transport.ensure_stream()
+            # The owner check needs the database: an outage there is waited out too.
+            transport.ensure_stream(owner=database_identity())
             return True
-        except (BrokerUnavailable, nats.errors.Error, TimeoutError) as exc:
+        except (BrokerUnavailable, DatabaseUnavailable, nats.errors.Error, TimeoutError) as exc:
+            why = transport.redact(str(exc) or type(exc).__name__)
             if give_up_at is not None and time.monotonic() + delay > give_up_at:
-                raise BrokerUnavailable(f"the stream {conf.settings.STREAM} is not available: {exc or type(exc).__name__}") from exc
-            logger.error("stream %s not available error=%s; retrying in %.1fs", conf.settings.STREAM, exc or type(exc).__name__, delay)
+                raise BrokerUnavailable(f"the stream {conf.settings.STREAM} is not available: {why}") from exc
+            logger.error("stream %s not available error=%s; retrying in %.1fs", conf.settings.STREAM, why, delay)
             stop.wait(delay)
             delay = min(delay * 2, 10.0)
     return False
@@ -60,13 +64,20 @@ class Command(BaseCommand):
                 return
             relay = Relay(transport)
             if options["once"]:
-                stats = relay.drain()
+                try:
+                    stats = relay.drain()
+                except Exception as exc:
+                    if not is_database_error(exc):
+                        raise
+                    # A script's step: fail it with the reason, not a traceback; the rows stay pending.
+                    what = "unavailable" if database_unavailable(exc) else "refusing the relay's queries"
+                    raise CommandError(f"the database is {what}, nothing was relayed (rows stay pending): {' '.join(str(exc).split())}") from None
                 self.stdout.write(f"relayed={stats.stored} duplicates={stats.duplicates} dead_lettered={stats.dead_lettered} left_pending={stats.temporary}")
                 if stats.temporary:
                     raise SystemExit(1)
                 return
             relay.run(stop)
-        except (BrokerUnavailable, ConfigurationError) as exc:
-            raise CommandError(str(exc)) from None
+        except (BrokerUnavailable, DatabaseUnavailable, ConfigurationError) as exc:
+            raise CommandError(transport.redact(str(exc))) from None
         finally:
             transport.close()

@@ -1,0 +1,139 @@
+"""Stream ownership and the broker's clear refusals, against a real NATS: a
+stream records the database that owns it, a worker of another database is
+refused saying which settings to change, an old stream is adopted, a create
+NATS refuses for good is a ConfigurationError (logged "created" only after
+success), a server without JetStream says to start it with -js, and no
+credential reaches a log line or an error."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import uuid
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from django_platformkit import identity
+from django_platformkit.devservices import NatsServer, free_port, wait_for_port
+from django_platformkit.exceptions import BrokerUnavailable, ConfigurationError
+from django_platformkit.transport import Transport
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def bare_transport(broker):
+    """Connected, with no stream made yet (unlike the ``transport`` fixture)."""
+    t = Transport()
+    t.connect()
+    yield t
+    t.close()
+
+
+def test_the_database_has_one_identity_read_from_its_row():
+    ours = identity.database_identity()
+    assert str(uuid.UUID(ours)) == ours
+    assert identity.database_identity() == ours
+
+
+def test_a_new_stream_records_its_owner_and_a_stream_of_another_database_is_refused(bare_transport, caplog):
+    ours, theirs = str(uuid.uuid4()), str(uuid.uuid4())
+    caplog.set_level(logging.INFO, logger="django_platformkit")
+    info = bare_transport.ensure_stream(owner=theirs)
+    assert theirs in info.config.description
+    assert identity.recorded_identity(info.config.description, getattr(info.config, "metadata", None)) == theirs
+    assert bare_transport.ensure_stream(owner=theirs).config.name == info.config.name  # its owner is welcome
+    with pytest.raises(ConfigurationError) as refused:
+        bare_transport.ensure_stream(owner=ours)
+    text = str(refused.value)
+    assert f"belongs to another project's database ({theirs}; this database is {ours})" in text
+    assert "PLATFORMKIT['STREAM']" in text and "PLATFORMKIT['SUBJECT_PREFIX']" in text
+
+
+def test_a_stream_made_before_identities_is_adopted_with_a_warning(bare_transport, caplog):
+    bare_transport.ensure_stream()  # no owner recorded, as an older build made it
+    ours = str(uuid.uuid4())
+    caplog.set_level(logging.INFO, logger="django_platformkit")
+    info = bare_transport.ensure_stream(owner=ours)
+    assert identity.recorded_identity(info.config.description, getattr(info.config, "metadata", None)) == ours
+    adopted = [r for r in caplog.records if r.getMessage().startswith("stream adopted")]
+    assert len(adopted) == 1 and adopted[0].levelno == logging.WARNING
+    with pytest.raises(ConfigurationError, match="belongs to another project's database"):
+        bare_transport.ensure_stream(owner=str(uuid.uuid4()))
+
+
+def test_a_stream_whose_subjects_overlap_another_is_a_clear_error_and_never_logged_created(broker, bare_transport, settings, caplog):
+    bare_transport.ensure_stream(owner=str(uuid.uuid4()))
+    other = dict(broker, STREAM=broker["STREAM"] + "_B")  # its own stream, the same subject prefix
+    settings.PLATFORMKIT = other
+    caplog.set_level(logging.INFO, logger="django_platformkit")
+    try:
+        with pytest.raises(ConfigurationError) as refused:
+            bare_transport.ensure_stream(owner=str(uuid.uuid4()))
+    finally:
+        settings.PLATFORMKIT = broker
+    text = str(refused.value)
+    assert f"refused to create the stream {other['STREAM']!r}" in text and "overlap" in text
+    assert "PLATFORMKIT['SUBJECT_PREFIX']" in text
+    assert not any(r.getMessage().startswith("stream created") and other["STREAM"] in r.getMessage() for r in caplog.records)
+
+
+def test_a_server_without_jetstream_says_to_start_it_with_js(broker, settings):
+    port = free_port()
+    server = subprocess.Popen([NatsServer.binary(), "-a", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for_port(port, process=server)
+        t = Transport(url=f"nats://127.0.0.1:{port}")
+        t.connect()
+        try:
+            with pytest.raises(ConfigurationError) as refused:
+                t.ensure_stream(owner=identity.database_identity())
+        finally:
+            t.close()
+    finally:
+        server.terminate()
+        server.wait(10)
+    assert str(refused.value) == f"JetStream is not enabled on nats://127.0.0.1:{port}: start nats-server with -js (or jetstream {{}} in its config)."
+
+
+def test_credentials_never_reach_a_log_line_an_error_or_a_command_error(broker, settings, caplog):
+    port = free_port()  # nothing listens: a real refused connection
+    url = f"nats://worker:s3cret@127.0.0.1:{port}"
+    settings.PLATFORMKIT = dict(broker, NATS_URL=url, NATS_OPTIONS={"token": "t0ken-xyz"})
+    caplog.set_level(logging.DEBUG, logger="django_platformkit")
+    t = Transport()
+    try:
+        with pytest.raises(BrokerUnavailable) as refused:
+            t.connect_until(__import__("threading").Event(), retry_seconds=0.2, give_up_after_seconds=0.5)
+    finally:
+        t.close()
+    with pytest.raises(CommandError) as command_error:
+        call_command("runrelay", "--once", "--connect-timeout", "0.5")
+    texts = [str(refused.value), str(command_error.value)] + [r.getMessage() for r in caplog.records]
+    assert f"127.0.0.1:{port}" in str(refused.value)
+    assert "nats://***@127.0.0.1" in str(command_error.value)
+    leaked = [text for text in texts if "s3cret" in text or "t0ken-xyz" in text or "worker:" in text]
+    assert leaked == []
+
+
+def test_consumer_drift_says_a_new_name_runs_everything_again_and_how_to_keep_the_claims(transport):
+    from django_platformkit.exceptions import ConsumerDrift
+    from django_platformkit.transport import consumer_config
+
+    want = consumer_config("testapp.drifted", "testapp.order_placed")
+    other = consumer_config("testapp.drifted", "testapp.flaky")  # the same durable, another filter subject
+    transport.ensure_consumer(other)
+    with pytest.raises(ConsumerDrift) as drift:
+        transport.ensure_consumer(want)
+    text = str(drift.value)
+    assert "Claims are keyed by the subscription's name" in text
+    assert "runs the handler again for every event the stream still holds" in text
+    assert "claims skip what was handled" not in text
+    assert f"nats consumer rm {transport_stream()} testapp-drifted" in text
+
+
+def transport_stream() -> str:
+    from django_platformkit import conf
+
+    return conf.settings.STREAM
