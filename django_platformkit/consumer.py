@@ -657,8 +657,9 @@ class Consumer:
             return "unacked"
         if written:
             logger.error(
-                "dead letter subscription=%s event_id=%s name=%s attempts=%s error=%s\n%s",
-                sub.name, event.id, event.name, attempts, error, tb,
+                "dead letter subscription=%s event_id=%s name=%s attempts=%s error=%s%s",
+                sub.name, event.id, event.name, attempts, error, "" if exception is not None else "\n" + tb,
+                exc_info=exception,  # error trackers (Sentry's logging integration) see the exception itself
             )
             self.counts["dead_lettered"] += 1
             signals.event_dead_lettered.send_robust(
@@ -694,6 +695,7 @@ class Consumer:
         with contextlib.suppress(Exception):
             self.transport.term(delivery)
         self.counts["malformed"] += 1
+        signals.event_malformed.send_robust(sender=sub, subscription=sub.name, subject=delivery.subject, stream_seq=delivery.stream_seq, reason=reason, event_id=event_id)
         return "malformed"
 
 
