@@ -4,7 +4,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from ...exceptions import BrokerUnavailable, ConfigurationError, ConsumerDrift
 from ...worker import Worker
-from ._base import configure_logging
+from ._base import configure_logging, start_metrics
 
 
 class Command(BaseCommand):
@@ -21,6 +21,7 @@ class Command(BaseCommand):
         parser.add_argument("--no-jobs", action="store_true", help="Don't run periodic jobs in this process.")
         parser.add_argument("--job", action="append", default=None, metavar="NAME", help="Run only this periodic job (repeatable; default: all).")
         parser.add_argument("--subscription", action="append", default=None, metavar="NAME", help="Run only this subscription's consumer (repeatable; default: all).")
+        parser.add_argument("--metrics-port", type=int, default=None, metavar="PORT", help="Serve Prometheus metrics at http://0.0.0.0:PORT/metrics (needs the metrics extra).")
         parser.add_argument("--health-file", default=None, metavar="PATH", help="Rewrite PATH every second with JSON liveness and counts (for probes).")
 
     def handle(self, *args, **options):
@@ -52,6 +53,8 @@ class Command(BaseCommand):
             connect_timeout_seconds=options["connect_timeout"],
             jobs=options["job"],
         )
+        if options["metrics_port"] is not None:
+            start_metrics(options["metrics_port"], transport=worker.transport, subscriptions=subs)
         worker.install_signal_handlers()
         try:
             code = worker.run()
