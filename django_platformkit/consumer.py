@@ -80,6 +80,11 @@ class Subscription:
     batch: bool = False
     concurrency: int = 1
 
+    # The signals' sender: Django's dispatcher hashes the sender as soon as a
+    # receiver is connected, and an unhashable one crashes the consumer thread.
+    def __hash__(self) -> int:
+        return hash(self.name)
+
     @property
     def durable(self) -> str:
         """The durable consumer name: the subscription name with ``.`` -> ``-``."""
