@@ -1,0 +1,100 @@
+"""OpenTelemetry (django_platformkit.tracing) with the SDK's in-memory
+exporter: one publish -> one producer span at the relay's send and one
+consumer span per subscription, all in the publisher's trace; real
+PostgreSQL and NATS in between."""
+
+import pytest
+from django.db import transaction
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind, StatusCode
+
+from django_platformkit import publish, tracing
+from django_platformkit.consumer import subscriptions
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+_exporter = InMemorySpanExporter()
+
+
+@pytest.fixture
+def spans():
+    """The process-wide SDK provider (OpenTelemetry allows one per process),
+    exporting to memory; cleared for each test."""
+    provider = trace.get_tracer_provider()
+    if not isinstance(provider, TracerProvider):
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(_exporter))
+        trace.set_tracer_provider(provider)
+    _exporter.clear()
+    yield _exporter
+    _exporter.clear()
+
+
+def subs(*names):
+    return [s for s in subscriptions() if s.name in names]
+
+
+def test_one_publish_gives_one_producer_span_and_one_consumer_span_per_subscription_in_the_publishers_trace(spans, run_worker):
+    tracer = trace.get_tracer("tests")
+    with tracer.start_as_current_span("POST /orders") as request:
+        with transaction.atomic():
+            event_id = publish("testapp.order_placed", {"n": 1})
+    run_worker(subscriptions=subs("testapp.record_order", "testapp.count_order"))
+
+    finished = spans.get_finished_spans()
+    trace_id = request.get_span_context().trace_id
+    producers = [s for s in finished if s.kind is SpanKind.PRODUCER]
+    consumers = [s for s in finished if s.kind is SpanKind.CONSUMER]
+    assert len(producers) == 1
+    assert len(consumers) == 2
+    for span in producers + consumers:
+        assert span.context.trace_id == trace_id, span.name
+        assert span.parent.span_id == request.get_span_context().span_id, span.name
+        assert span.attributes["messaging.system"] == "nats"
+        assert span.attributes["messaging.message.id"] == str(event_id)
+    (producer,) = producers
+    assert producer.name == "send testapp.order_placed"
+    assert producer.attributes["messaging.operation.type"] == "send"
+    assert producer.attributes["messaging.destination.name"].endswith("._.testapp.order_placed")
+    assert {c.attributes["messaging.consumer.group.name"] for c in consumers} == {"testapp.record_order", "testapp.count_order"}
+    for consumer in consumers:
+        assert consumer.name == "process testapp.order_placed"
+        assert consumer.attributes["messaging.operation.type"] == "process"
+        assert consumer.status.status_code is not StatusCode.ERROR
+
+
+def test_a_failing_handler_records_its_error_on_each_attempts_span(spans, run_worker):
+    tracer = trace.get_tracer("tests")
+    with tracer.start_as_current_span("job") as request, transaction.atomic():
+        publish("testapp.flaky", {"always_fail": True})
+    run_worker(subscriptions=subs("testapp.flaky"))
+
+    consumers = [s for s in spans.get_finished_spans() if s.kind is SpanKind.CONSUMER]
+    assert [c.attributes["platformkit.attempt"] for c in consumers] == [1, 2, 3]  # max_attempts=3
+    for consumer in consumers:
+        assert consumer.context.trace_id == request.get_span_context().trace_id
+        assert consumer.status.status_code is StatusCode.ERROR
+        (exception,) = [e for e in consumer.events if e.name == "exception"]
+        assert exception.attributes["exception.type"] == "RuntimeError"
+        assert "flaky failure on attempt" in exception.attributes["exception.message"]
+
+
+def test_an_event_published_outside_any_trace_starts_a_trace_of_its_own(spans, run_worker):
+    with transaction.atomic():
+        publish("testapp.order_placed", {"n": 2})
+    run_worker(subscriptions=subs("testapp.record_order"))
+    finished = spans.get_finished_spans()
+    assert {s.kind for s in finished} == {SpanKind.PRODUCER, SpanKind.CONSUMER}
+    assert all(s.parent is None for s in finished)
+
+
+def test_without_a_tracer_provider_nothing_is_traced(monkeypatch):
+    # The API's proxy provider (what an unconfigured process has) means "off".
+    monkeypatch.setattr(trace, "get_tracer_provider", lambda: trace.ProxyTracerProvider())
+    assert not tracing.enabled()
+    with tracing.consumer_span(subscription="s.x", event_id="e", name="a.b", headers={}, attempt=1) as span:
+        assert span is None
+    assert isinstance(tracing.producer_spans([], iter(())), type(tracing._NO_SPANS))
