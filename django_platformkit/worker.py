@@ -24,6 +24,7 @@ from django.db import DatabaseError, connections
 from . import conf
 from .consumer import Consumer, Subscription, subscriptions as registered_subscriptions
 from .exceptions import BrokerUnavailable, ConsumerDrift
+from .heartbeat import Heartbeat
 from .models import OutboxEvent
 from .relay import Relay
 from .transport import Transport
@@ -124,6 +125,7 @@ class Worker:
                     Consumer(subscription, self.transport, using=self.using, stop=self.stop_event, instance=instance)
                     for instance in range(1, min(subscription.concurrency, threads))
                 ]
+        self.heartbeat = Heartbeat([s.name for s in self.subscriptions] if self.want_consumers else [], using=self.using)  # the admin overview's "workers seen"
         logger.info(
             "worker started pid=%s relay=%s subscriptions=%s scheduler=%s burst=%s",
             os.getpid(), self.want_relay, ",".join(s.name for s in self.subscriptions) if self.want_consumers else "-",
@@ -278,6 +280,8 @@ class Worker:
                     logging.shutdown()
                     os._exit(EXIT_STUCK_HANDLER)
             self._write_health()
+            self.heartbeat.beat()  # writes only every few seconds
+        self.heartbeat.stopped()
 
     def health(self, stuck: str | None = None) -> dict[str, Any]:
         now = time.monotonic()

@@ -68,15 +68,16 @@ def changelist(client, **params):
 
 # --- dead letters: list, filters, dates, search, detail -----------------------
 
-def test_the_dead_letter_list_shows_time_event_subscription_tenant_attempts_and_the_first_error_line(client, viewer):
-    dead_letter(tenant="acme", attempts=4)
+def test_the_dead_letter_list_shows_time_event_subscription_tenant_attempts_event_id_and_the_first_error_line(client, viewer):
+    row = dead_letter(tenant="acme", attempts=4)
     client.force_login(viewer)
     response = changelist(client)
     html = response.content.decode()
-    for column in ("column-failed_at", "column-name", "column-subscription", "column-tenant", "column-attempts", "column-error_first_line"):
+    for column in ("column-failed", "column-name", "column-subscription", "column-tenant", "column-attempts", "column-event_id", "column-error_first_line"):
         assert column in html
     assert "testapp.flaky" in html and "acme" in html and ">4<" in html
-    assert "RuntimeError: card declined" in html
+    assert str(row.event_id) in html
+    assert 'title="RuntimeError: card declined">RuntimeError: card declined</span>' in html
     assert "second line" not in html
 
 
@@ -217,8 +218,8 @@ def test_replay_of_many_rows_reports_each_outcome(client, operator):
     text = messages_of(done)
     assert text[0].startswith("Replayed 2 dead letters (")
     assert text[1] == (
-        f"Did not replay (malformed) {gone} for testapp.slow: event {gone} is not in the outbox "
-        "(never published, or purged): nothing to replay."
+        f"Did not replay (malformed) {gone} for testapp.slow: it is a malformed message (bytes on our subjects "
+        "that were never an event of this project's outbox), so there is nothing to send again; Discard it to accept the failure."
     )
     assert list(DeadLetter.objects.values_list("pk", flat=True)) == [malformed.pk]
 
