@@ -129,3 +129,26 @@ def test_show_prints_the_error_traceback_and_payload(dead):
     assert "Traceback (most recent call last):" in out
     assert '"n": 2' in out
     assert run("show", str(dead["other"])).count("dead letter ") == 1
+
+
+@pytest.mark.parametrize("args, marker", [
+    (["purgeoutbox", "--older-than", "1h"], "outbox="),
+    (["purgeoutbox", "--older-than", "1h", "--dry-run"], "outbox="),
+    (["runworker", "--burst", "--no-jobs", "--subscription", "testapp.record_order"], "relayed="),
+    (["runrelay", "--once"], "relayed="),
+])
+def test_operator_commands_print_their_result_once(args, marker, broker):
+    """stdout carries the result; the log (stderr) doesn't repeat it."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT, worker_env
+
+    with transaction.atomic():
+        publish("testapp.order_placed", {"n": 1})
+    OutboxEvent.objects.update(published_at=timezone.now() - timedelta(hours=2)) if args[0] == "purgeoutbox" else None
+    result = subprocess.run([sys.executable, str(ROOT / "tests" / "manage.py"), *args], env=worker_env(broker), cwd=ROOT, capture_output=True, timeout=120)
+    out, err = result.stdout.decode(), result.stderr.decode()
+    assert result.returncode == 0, err
+    assert (out + err).count(marker) == 1, (out, err)
+    assert marker in out

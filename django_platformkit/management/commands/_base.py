@@ -1,8 +1,10 @@
 """What every command shares: ``--verbosity`` mapped to the package's logging,
 and ``--metrics-port``."""
 
+import contextlib
 import logging
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 LEVELS = {0: logging.ERROR, 1: logging.INFO, 2: logging.DEBUG, 3: logging.DEBUG}
@@ -38,3 +40,21 @@ def start_metrics(port: int, **kwargs: Any) -> Any:
         raise CommandError(str(exc)) from None
     except OSError as exc:
         raise CommandError(f"--metrics-port {port}: can't listen there ({exc}); pick a free port.") from None
+
+
+@contextlib.contextmanager
+def result_printed_once(logger_name: str, *prefixes: str) -> Iterator[None]:
+    """While a command prints its result on stdout, drop the library's log
+    record that says the same thing (a message starting with one of
+    ``prefixes``), so a terminal shows the result once. Other records of that
+    logger pass; the project's own handlers still get them from other callers."""
+
+    def keep(record: logging.LogRecord) -> bool:
+        return not (isinstance(record.msg, str) and record.msg.startswith(prefixes))
+
+    logger = logging.getLogger(logger_name)
+    logger.addFilter(keep)
+    try:
+        yield
+    finally:
+        logger.removeFilter(keep)

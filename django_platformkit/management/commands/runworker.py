@@ -4,7 +4,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from ...exceptions import BrokerUnavailable, ConfigurationError, ConsumerDrift
 from ...worker import Worker
-from ._base import configure_logging, start_metrics
+from ._base import configure_logging, result_printed_once, start_metrics
 
 
 class Command(BaseCommand):
@@ -57,11 +57,12 @@ class Command(BaseCommand):
             start_metrics(options["metrics_port"], transport=worker.transport, subscriptions=subs)
         worker.install_signal_handlers()
         try:
-            code = worker.run()
+            with result_printed_once("django_platformkit.worker", *(["worker stopped "] if options["burst"] and options["verbosity"] >= 1 else [])):
+                code = worker.run()
         except (ConsumerDrift, BrokerUnavailable, ConfigurationError) as exc:
             raise CommandError(str(exc)) from None
         if options["burst"] and options["verbosity"] >= 1:
             counts = worker.counts()
-            self.stdout.write(" ".join(f"{k}={v}" for k, v in counts.items()))
+            self.stdout.write(f"exit={code} " + " ".join(f"{k}={v}" for k, v in counts.items()))
         if code:
             raise SystemExit(code)
