@@ -26,6 +26,7 @@ TRACER_NAME = "django_platformkit"
 MESSAGING_SYSTEM = "nats"
 
 _otel: Any = None  # None: not looked up yet; False: not installed; else the API pieces
+_cached: tuple[Any, Any] = (None, None)  # (provider, its tracer)
 
 
 def _api() -> Any:
@@ -47,13 +48,16 @@ def _tracer() -> Any:
     """The package's tracer, or None when spans would go nowhere (OpenTelemetry
     missing, or no tracer provider set: ``get_tracer_provider()`` is still the
     API's proxy)."""
+    global _cached
     api = _api()
     if not api:
         return None
     provider = api.trace.get_tracer_provider()
-    if isinstance(provider, api.proxy) or type(provider).__name__ == "NoOpTracerProvider":
+    if isinstance(provider, (api.proxy, api.trace.NoOpTracerProvider)):
         return None
-    return provider.get_tracer(TRACER_NAME)
+    if _cached[0] is not provider:  # one tracer per provider, not one per handler run
+        _cached = (provider, provider.get_tracer(TRACER_NAME))
+    return _cached[1]
 
 
 def enabled() -> bool:
