@@ -40,7 +40,12 @@ _UPSERT_SQL = (
     "ON CONFLICT (worker) DO UPDATE SET last_seen = now(), stopped_at = NULL, "
     "started_at = EXCLUDED.started_at, subscriptions = EXCLUDED.subscriptions, version = EXCLUDED.version"
 )
-_STOP_SQL = f"UPDATE {WORKERS_TABLE} SET last_seen = now(), stopped_at = now() WHERE worker = %s"
+# An upsert too: a burst shorter than one beat still shows in "workers seen".
+_STOP_SQL = (
+    f"INSERT INTO {WORKERS_TABLE} (worker, started_at, last_seen, stopped_at, subscriptions, version) "
+    "VALUES (%s, %s, now(), now(), %s::jsonb, %s) "
+    "ON CONFLICT (worker) DO UPDATE SET last_seen = now(), stopped_at = now()"
+)
 _FORGET_SQL = f"DELETE FROM {WORKERS_TABLE} WHERE last_seen < now() - %s"
 
 
@@ -110,7 +115,7 @@ class Heartbeat:
         thread that beat, as it ends, or its connection outlives it."""
         try:
             with connections[self.using].cursor() as cursor:
-                cursor.execute(_STOP_SQL, [self.worker])
+                cursor.execute(_STOP_SQL, [self.worker, self.started_at, json.dumps(self.subscriptions), self.version])
         except DatabaseError as exc:
             logger.warning("heartbeat stop not written worker=%s error=%s", self.worker, exc)
         finally:

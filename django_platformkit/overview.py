@@ -301,10 +301,13 @@ async def _broker_figures(url: str, options: dict[str, Any], stream: str, subs: 
     async def quiet(*_: Any) -> None:  # one page view, no reconnect chatter in the worker's log
         return None
 
-    kwargs.update(allow_reconnect=False, max_reconnect_attempts=0, connect_timeout=timeout, error_cb=quiet, disconnected_cb=quiet, reconnected_cb=quiet)
+    # nats-py's own connect timeout ends first, so it closes its socket itself;
+    # the caller's deadline is the backstop.
+    kwargs.update(allow_reconnect=False, max_reconnect_attempts=0, connect_timeout=timeout * 0.75, error_cb=quiet, disconnected_cb=quiet, reconnected_cb=quiet)
     kwargs["name"] = "django_platformkit-admin"
-    nc = await nats.connect(**kwargs)
+    nc = nats.NATS()
     try:
+        await nc.connect(**kwargs)
         js = nc.jetstream(timeout=timeout)
 
         async def one(durable: str, filter_subject: str) -> dict[str, Any]:
@@ -331,7 +334,14 @@ async def _broker_figures(url: str, options: dict[str, Any], stream: str, subs: 
         results = await asyncio.gather(*(one(d, f) for d, f in subs))
         return {durable: result for (durable, _), result in zip(subs, results, strict=True)}
     finally:
-        await nc.close()
+        # Also after a failed or cancelled connect: an open socket would leak per page view.
+        try:
+            await nc.close()
+        except Exception:  # noqa: BLE001 - closing what never opened
+            pass
+        transport = getattr(nc, "_transport", None)
+        if transport is not None:
+            transport.close()
 
 
 def broker_figures(subs: list[tuple[str, str]], *, timeout: float = BROKER_TIMEOUT_SECONDS) -> dict[str, dict[str, Any]]:
