@@ -16,21 +16,17 @@ from django_platformkit.consumer import subscriptions
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-_exporter = InMemorySpanExporter()
-
-
 @pytest.fixture
-def spans():
-    """The process-wide SDK provider (OpenTelemetry allows one per process),
-    exporting to memory; cleared for each test."""
-    provider = trace.get_tracer_provider()
-    if not isinstance(provider, TracerProvider):
-        provider = TracerProvider()
-        provider.add_span_processor(SimpleSpanProcessor(_exporter))
-        trace.set_tracer_provider(provider)
-    _exporter.clear()
-    yield _exporter
-    _exporter.clear()
+def spans(monkeypatch):
+    """An SDK tracer provider exporting to memory, in force for this test
+    only: OpenTelemetry lets a process set its global provider once, so the
+    lookup is patched instead, and every later test runs untraced again."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    monkeypatch.setattr(trace, "get_tracer_provider", lambda: provider)
+    yield exporter
+    provider.shutdown()
 
 
 def subs(*names):
