@@ -163,3 +163,35 @@ def test_metrics_port_taken_is_a_clear_command_error(broker):
         )
     assert result.returncode == 1
     assert f"--metrics-port {port}: can't listen there" in result.stderr.decode()
+
+
+def test_runworker_metrics_port_counts_what_the_database_holds_in_a_real_process(broker):
+    import signal
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    process = manage("runworker", "--metrics-port", str(port), "--no-jobs", "--subscription", "testapp.record_order",
+                     env=worker_env(broker), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        with transaction.atomic():
+            for i in range(4):
+                publish("testapp.order_placed", {"n": i})
+
+        def settled():
+            try:
+                samples = scrape(port)
+            except OSError:
+                return False
+            return handled(samples, "testapp.record_order", "handled") == 4 and samples
+
+        samples = wait_for(settled, timeout=60, what="runworker's /metrics to show 4 handled")
+        assert handled(samples, "testapp.record_order", "handled") == HandledEvent.objects.filter(subscription="testapp.record_order").count()
+        assert samples[("platformkit_relayed_total", ())] == OutboxEvent.objects.filter(published_at__isnull=False).count() == 4
+        assert samples[("platformkit_consumer_pending", (("subscription", "testapp.record_order"),))] == 0
+        assert ("platformkit_consumer_pending", (("subscription", "testapp.count_order"),)) not in samples  # not this worker's
+    finally:
+        process.send_signal(signal.SIGTERM)
+        _, err = process.communicate(timeout=60)
+    assert process.returncode == 0, err.decode()

@@ -94,3 +94,28 @@ def test_without_a_tracer_provider_nothing_is_traced(monkeypatch):
     with tracing.consumer_span(subscription="s.x", event_id="e", name="a.b", headers={}, attempt=1) as span:
         assert span is None
     assert isinstance(tracing.producer_spans([], iter(())), type(tracing._NO_SPANS))
+
+
+def test_without_opentelemetry_installed_the_import_is_tried_once_and_nothing_is_traced(monkeypatch):
+    import sys
+
+    attempts = []
+
+    class Refuse:
+        """An import hook standing in for an environment without OpenTelemetry."""
+
+        def find_spec(self, name, path=None, target=None):
+            if name == "opentelemetry" or name.startswith("opentelemetry."):
+                attempts.append(name)
+                raise ImportError(f"No module named {name!r}")
+            return None
+
+    for name in [m for m in sys.modules if m == "opentelemetry" or m.startswith("opentelemetry.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setattr(sys, "meta_path", [Refuse(), *sys.meta_path])
+    monkeypatch.setattr(tracing, "_otel", None)
+    for _ in range(3):
+        with tracing.consumer_span(subscription="s.x", event_id="e", name="a.b", headers={"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"}, attempt=1) as span:
+            assert span is None
+        assert not tracing.enabled()
+    assert attempts == ["opentelemetry"]  # looked up once, then cached
