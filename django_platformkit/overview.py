@@ -72,8 +72,9 @@ class SubscriptionFigures:
     open_dead_letters: int = 0
     last_handled_at: datetime | None = None
     oldest_unhandled_age_seconds: float | None = None
-    #: "broker" (the oldest unacknowledged message), "outbox" (the oldest
-    #: pending row of this event: a lower bound, NATS didn't answer), or "".
+    #: "broker" (the oldest message in the stream not yet acknowledged),
+    #: "outbox" (the oldest row of this event the relay has not sent yet,
+    #: when that is older, or NATS didn't answer), or "" (nothing waits).
     oldest_unhandled_source: str = ""
     broker_error: str = ""
     throughput_per_minute: list[int] | None = None
@@ -314,7 +315,7 @@ async def _broker_figures(url: str, options: dict[str, Any], stream: str, subs: 
             try:
                 info = await js.consumer_info(stream, durable)
             except nats.js.errors.NotFoundError:
-                return {"error": "no durable on the broker yet (no worker has started this subscription)"}
+                return {"error": "no durable yet: no worker has started it"}
             figures: dict[str, Any] = {
                 "num_pending": info.num_pending, "num_ack_pending": info.num_ack_pending,
                 "num_redelivered": info.num_redelivered, "oldest_age_seconds": None,
@@ -392,10 +393,10 @@ def collect(*, using: str | None = None, broker_timeout_seconds: float = BROKER_
                 s.broker_error = f["error"]
                 continue
             s.num_pending, s.num_ack_pending, s.num_redelivered = f["num_pending"], f["num_ack_pending"], f["num_redelivered"]
-            if f["oldest_age_seconds"] is not None:
-                s.oldest_unhandled_age_seconds, s.oldest_unhandled_source = f["oldest_age_seconds"], "broker"
-            elif s.oldest_unhandled_source != "outbox":
-                s.oldest_unhandled_age_seconds = None
+            # The older of the two: a row the relay hasn't sent yet, or a message in the stream.
+            age = f["oldest_age_seconds"]
+            if age is not None and (s.oldest_unhandled_age_seconds is None or age >= s.oldest_unhandled_age_seconds):
+                s.oldest_unhandled_age_seconds, s.oldest_unhandled_source = age, "broker"
     return Overview(
         generated_at=timezone.now(), nats_url=conf.redact_url(conf.settings.NATS_URL), stream=conf.settings.STREAM,
         subscriptions=subs, outbox=outbox, jobs=job_rows, workers=workers, broker_error=broker_error, notes=notes,

@@ -9,7 +9,6 @@ from typing import Any
 from django import template
 from django.utils import timezone
 from django.utils.html import format_html
-from django.utils.timesince import timesince, timeuntil
 
 from ..overview import sparkline_svg
 
@@ -35,7 +34,7 @@ def age_text(seconds: float | None) -> str:
 
 def when_html(value: datetime | None, *, relative: bool = True) -> str:
     """An aware datetime as ``2026-12-01 09:23:51 UTC`` (local time zone, to
-    the second) with its age (``3 minutes ago``, ``in 5 minutes``); "—" for None."""
+    the second) with its age (``3 min 12 s ago``, ``in 5 min``); "—" for None."""
     if value is None:
         return "—"
     local = timezone.localtime(value)
@@ -43,7 +42,8 @@ def when_html(value: datetime | None, *, relative: bool = True) -> str:
     if not relative:
         return format_html('<time datetime="{}">{}</time>', value.isoformat(), text)
     now = timezone.now()
-    rel = f"in {timeuntil(value, now, depth=1)}" if value > now else f"{timesince(value, now, depth=1)} ago"
+    seconds = (value - now).total_seconds()
+    rel = f"in {age_text(seconds)}" if seconds > 0 else f"{age_text(-seconds)} ago"
     return format_html('<time datetime="{}">{}</time><span class="platformkit-age"> · {}</span>', value.isoformat(), text, rel)
 
 
