@@ -328,8 +328,8 @@ async def _broker_figures(url: str, options: dict[str, Any], stream: str, subs: 
                     if sent:
                         then = datetime.fromisoformat(sent.replace("Z", "+00:00"))
                         figures["oldest_age_seconds"] = max(0.0, (timezone.now() - then).total_seconds())
-                except (nats.js.errors.NotFoundError, ValueError, AttributeError):
-                    pass
+                except (nats.js.errors.APIError, ValueError, AttributeError, TypeError):
+                    pass  # no age for this one (an old server without next_by_subj, a body not ours): the counts still stand
             return figures
 
         results = await asyncio.gather(*(one(d, f) for d, f in subs))
