@@ -331,3 +331,35 @@ def test_sparklines_are_svg_polylines_scaled_to_their_peak():
     assert points[0] == "2.0,22.0" and points[-1] == "118.0,2.0"
     assert "<title>handled: peak 10" in svg
     assert overview.sparkline_svg(None) == "—"
+
+
+def test_real_worker_processes_beat_a_killed_one_falls_silent_a_stopped_one_says_so(broker):
+    import signal
+
+    from tests.conftest import manage, wait_for, worker_env
+
+    env = worker_env(broker)
+    killed = manage("runworker", "--subscription", "testapp.slow", "--no-jobs", env=env)
+    stopped = manage("runworker", "--subscription", "testapp.flaky", "--no-jobs", env=env)
+    try:
+        rows = wait_for(lambda: {w.worker.rsplit(":", 1)[1]: w for w in WorkerHeartbeat.objects.all()} if WorkerHeartbeat.objects.count() == 2 else None,
+                        timeout=60, what="both workers' first heartbeat")
+        assert rows[str(killed.pid)].subscriptions == ["testapp.slow"] and rows[str(stopped.pid)].subscriptions == ["testapp.flaky"]
+        first_seen = WorkerHeartbeat.objects.get(worker__endswith=f":{killed.pid}").last_seen
+        wait_for(lambda: WorkerHeartbeat.objects.get(worker__endswith=f":{killed.pid}").last_seen > first_seen, timeout=15, what="a second beat")
+        killed.kill()
+        assert killed.wait(30) == -signal.SIGKILL
+        stopped.send_signal(signal.SIGTERM)
+        assert stopped.wait(30) == 0
+        last = WorkerHeartbeat.objects.get(worker__endswith=f":{killed.pid}").last_seen
+        time.sleep(6)  # more than a beat interval: a live worker would have written again
+        dead = WorkerHeartbeat.objects.get(worker__endswith=f":{killed.pid}")
+        assert dead.last_seen == last and dead.stopped_at is None  # silent: it could say nothing as it died
+        assert WorkerHeartbeat.objects.get(worker__endswith=f":{stopped.pid}").stopped_at is not None
+        seen = {w.worker.rsplit(":", 1)[1]: w for w in overview.collect(broker_timeout_seconds=1).workers}
+        assert seen[str(stopped.pid)].alive is False and seen[str(stopped.pid)].stopped_at is not None
+    finally:
+        for process in (killed, stopped):
+            if process.poll() is None:
+                process.kill()
+                process.wait(30)
