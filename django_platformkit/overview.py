@@ -355,15 +355,18 @@ def broker_figures(subs: list[tuple[str, str]], *, timeout: float = BROKER_TIMEO
     coro_args = (settings.NATS_URL, dict(settings.NATS_OPTIONS), settings.STREAM, subs, timeout)
     # A thread of its own: the admin may run under ASGI with a loop in this
     # thread, and the deadline must hold however nats-py behaves.
-    with concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="platformkit-overview") as pool:
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="platformkit-overview")
+    try:
         future = pool.submit(asyncio.run, asyncio.wait_for(_broker_figures(*coro_args), timeout))
-        try:
-            return future.result(timeout + 0.5)
-        except (concurrent.futures.TimeoutError, TimeoutError, asyncio.TimeoutError):
-            raise BrokerUnavailable(f"NATS at {conf.redact_url(settings.NATS_URL)} did not answer within {timeout:g} s") from None
-        except Exception as exc:  # noqa: BLE001 - any failure of the round trip is "unreachable", said plainly
-            text = conf.redact_url(str(exc) or type(exc).__name__).replace(settings.NATS_URL, conf.redact_url(settings.NATS_URL))
-            raise BrokerUnavailable(f"NATS at {conf.redact_url(settings.NATS_URL)} is unreachable: {text}") from None
+        return future.result(timeout + 0.5)
+    except (concurrent.futures.TimeoutError, TimeoutError, asyncio.TimeoutError):
+        raise BrokerUnavailable(f"NATS at {conf.redact_url(settings.NATS_URL)} did not answer within {timeout:g} s") from None
+    except Exception as exc:  # noqa: BLE001 - any failure of the round trip is "unreachable", said plainly
+        text = conf.redact_url(str(exc) or type(exc).__name__).replace(settings.NATS_URL, conf.redact_url(settings.NATS_URL))
+        raise BrokerUnavailable(f"NATS at {conf.redact_url(settings.NATS_URL)} is unreachable: {text}") from None
+    finally:
+        # Don't wait for a thread stuck past the deadline: the page goes on, the thread ends on its own.
+        pool.shutdown(wait=False)
 
 
 def collect(*, using: str | None = None, broker_timeout_seconds: float = BROKER_TIMEOUT_SECONDS) -> Overview:
