@@ -541,7 +541,6 @@ def test_a_healthy_dead_letter_says_nothing_about_replay(client, operator):
     ("attempt", {"traceback__regex": "("}),
 ])
 def test_a_lookup_the_list_does_not_offer_is_refused_with_400_not_a_500(client, viewer, url_name, params):
-    from django_platformkit.models import Attempt  # noqa: F401 - the model must exist
 
     viewer.user_permissions.add(Permission.objects.get(content_type__app_label="django_platformkit", codename="view_attempt"))
     dead_letter()

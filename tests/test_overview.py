@@ -363,3 +363,22 @@ def test_real_worker_processes_beat_a_killed_one_falls_silent_a_stopped_one_says
             if process.poll() is None:
                 process.kill()
                 process.wait(30)
+
+
+def test_the_database_figures_cost_the_same_queries_for_four_subscriptions_or_forty(registries):  # noqa: F811
+    from django.db import connection as conn
+    from django.test.utils import CaptureQueriesContext
+
+    from django_platformkit import subscribe
+
+    def measure() -> int:
+        with CaptureQueriesContext(conn) as queries:
+            overview.collect(broker_timeout_seconds=0.5)
+        return len(queries)
+
+    _publish("testapp.slow", 3)
+    few = measure()
+    for i in range(36):
+        subscribe("testapp.flaky", name=f"testapp.extra_{i}")(lambda event: None)
+    assert len(subscriptions()) >= 40
+    assert measure() == few
