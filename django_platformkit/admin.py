@@ -23,7 +23,8 @@ from django.contrib.admin import helpers
 from django.contrib.admin.models import CHANGE, DELETION, LogEntry
 from django.core.exceptions import PermissionDenied
 from django.db.models import BooleanField, Count, Exists, Min, OuterRef, QuerySet
-from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.contrib.admin.exceptions import DisallowedModelAdminLookup
+from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils import timezone
@@ -85,6 +86,9 @@ class ReadOnlyAdmin(admin.ModelAdmin):
         lets any lookup on a local field through (``?error__regex=(`` is a
         500 from PostgreSQL, ``?payload__card__number=`` filters on payload
         keys a view-only user never sees): here they are a 400."""
+        return lookup in self._allowed_lookups(request)
+
+    def _allowed_lookups(self, request: HttpRequest) -> set[str]:
         allowed: set[str] = set()
         for item in self.get_list_filter(request):
             if isinstance(item, type) and issubclass(item, admin.SimpleListFilter):
@@ -94,7 +98,18 @@ class ReadOnlyAdmin(admin.ModelAdmin):
                 allowed.update(name + suffix for suffix in _FILTER_SUFFIXES)
         if self.date_hierarchy:
             allowed.update(self.date_hierarchy + suffix for suffix in _DATE_SUFFIXES)
-        return lookup in allowed
+        return allowed
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        try:
+            return super().changelist_view(request, extra_context=extra_context)
+        except DisallowedModelAdminLookup as exc:
+            # A 400 that says what to do, instead of Django's bare "Bad Request".
+            offered = ", ".join(sorted(self._allowed_lookups(request))) or "nothing"
+            return HttpResponseBadRequest(
+                f"{exc}: this list filters only by what it offers ({offered}). Use the filters beside the list or the search box.",
+                content_type="text/plain; charset=utf-8",
+            )
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

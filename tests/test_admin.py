@@ -547,6 +547,9 @@ def test_a_lookup_the_list_does_not_offer_is_refused_with_400_not_a_500(client, 
     client.force_login(viewer)
     response = client.get(reverse(f"admin:django_platformkit_{url_name}_changelist"), params)
     assert response.status_code == 400
+    (lookup,) = params
+    assert response.content.decode().startswith(f"Filtering by {lookup} not allowed: this list filters only by what it offers (")
+    assert "Use the filters beside the list or the search box." in response.content.decode()
 
 
 def test_the_filters_the_lists_offer_still_work_from_the_query_string(client, viewer):
