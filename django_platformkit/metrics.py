@@ -172,10 +172,12 @@ class Metrics:
     # -- scrape-time figures --
     def _database_figures(self) -> tuple[tuple[int, float], list[tuple[str, int]]] | None:
         connection = connections[self.using]
+        was_open, nested = connection.connection is not None, connection.in_atomic_block
         try:
             with transaction.atomic(using=self.using), connection.cursor() as cursor:
-                # A scrape must never queue behind a slow backlog count.
-                cursor.execute("SELECT set_config('statement_timeout', %s, true)", [str(int(self.scrape_timeout_seconds * 1000))])
+                if not nested:  # inside a caller's transaction the setting would outlive the scrape
+                    # A scrape must never queue behind a slow backlog count.
+                    cursor.execute("SELECT set_config('statement_timeout', %s, true)", [str(int(self.scrape_timeout_seconds * 1000))])
                 cursor.execute(_OUTBOX_SQL)
                 pending, lag = cursor.fetchone()
                 cursor.execute(_DEAD_LETTERS_SQL)
@@ -185,8 +187,10 @@ class Metrics:
             logger.warning("metrics: database figures unavailable error=%s", exc)
             return None
         finally:
-            # Each scrape runs in a thread of its own: never leave its connection open.
-            connection.close()
+            # The HTTP server runs each scrape in a thread of its own: never
+            # leave that thread's connection open (a caller's own one stays).
+            if not was_open and not connection.in_atomic_block:
+                connection.close()
 
     def _broker_figures(self) -> list[tuple[str, int, int]] | None:
         transport = self.transport
