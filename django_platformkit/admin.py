@@ -566,9 +566,9 @@ def _job_specs() -> dict[str, Any]:
 
 @admin.register(JobState)
 class JobStateAdmin(ReadOnlyAdmin):
-    list_display = ("name", "schedule", "time_zone", "last_slot", "started", "finished", "last_error_first_line", "next_slot")
+    list_display = ("name", "schedule", "time_zone", "last_slot_at", "started", "finished", "last_error_first_line", "next_slot")
     search_fields = ("name",)
-    fields = ("name", "schedule", "time_zone", "last_slot", "started", "finished", "next_slot", "last_error_text")
+    fields = ("name", "schedule", "time_zone", "last_slot_at", "started", "finished", "next_slot", "last_error_text")
     readonly_fields = fields
 
     def _spec(self, obj: JobState) -> Any:
@@ -592,12 +592,16 @@ class JobStateAdmin(ReadOnlyAdmin):
     def finished(self, obj: JobState) -> str:
         return when_html(obj.finished_at)
 
+    @admin.display(description="last slot", ordering="last_slot")
+    def last_slot_at(self, obj: JobState) -> str:
+        return when_html(obj.last_slot)
+
     @admin.display(description="next slot")
-    def next_slot(self, obj: JobState) -> Any:
+    def next_slot(self, obj: JobState) -> str:
         spec = self._spec(obj)
         if spec is None:
             return "—"
-        return spec.next_slot(timezone.now())
+        return when_html(spec.next_slot(timezone.now()))
 
     @admin.display(description="last error")
     def last_error_first_line(self, obj: JobState) -> str:

@@ -364,13 +364,14 @@ def test_job_state_shows_schedule_time_zone_last_run_and_next_slot(client, admin
     response = client.get(reverse("admin:django_platformkit_jobstate_changelist"))
     html = response.content.decode()
     assert "cron 0 3 * * * (Europe/Paris)" in html
-    assert "column-next_slot" in html and "column-time_zone" in html and "column-last_slot" in html
+    assert "column-next_slot" in html and "column-time_zone" in html and "column-last_slot_at" in html
+    assert '<time datetime="2026-01-05T02:00:00+00:00">2026-01-05 02:00:00 UTC</time>' in html  # the last slot, to the second
     row = JobState.objects.get(name="testapp.nightly_report")
-    before = timezone.now()
-    next_slot = response.context["cl"].model_admin.next_slot(row)
     spec = {s.name: s for s in jobs.jobs()}["testapp.nightly_report"]
-    assert next_slot == spec.next_slot(before)
-    assert next_slot.astimezone(zoneinfo.ZoneInfo("Europe/Paris")).hour == 3
+    expected = spec.next_slot(timezone.now())
+    assert expected.astimezone(zoneinfo.ZoneInfo("Europe/Paris")).hour == 3
+    shown = str(response.context["cl"].model_admin.next_slot(row))
+    assert f'<time datetime="{expected.isoformat()}">{expected:%Y-%m-%d %H:%M:%S} UTC</time>' in shown and " · in " in shown
     detail = client.get(reverse("admin:django_platformkit_jobstate_change", args=["testapp.nightly_report"]))
     assert detail.status_code == 200 and "Europe/Paris" in detail.content.decode()
 
