@@ -195,3 +195,19 @@ def test_runworker_metrics_port_counts_what_the_database_holds_in_a_real_process
         process.send_signal(signal.SIGTERM)
         _, err = process.communicate(timeout=60)
     assert process.returncode == 0, err.decode()
+
+
+def test_a_scrape_inside_a_callers_transaction_leaves_it_usable_and_its_timeout_alone(metrics):
+    from django.db import connection
+
+    with transaction.atomic():
+        publish("testapp.order_placed", {"n": 1})
+        with connection.cursor() as cursor:
+            cursor.execute("SHOW statement_timeout")
+            before = cursor.fetchone()[0]
+        assert b"platformkit_outbox_pending 1.0" in metrics.exposition()  # sees its own uncommitted row
+        with connection.cursor() as cursor:
+            cursor.execute("SHOW statement_timeout")
+            assert cursor.fetchone()[0] == before
+        publish("testapp.order_placed", {"n": 2})
+    assert OutboxEvent.objects.pending().count() == 2
