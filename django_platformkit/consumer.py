@@ -95,6 +95,11 @@ class Subscription:
     #: The durable's ``max_ack_pending`` for this subscription, or None for the derived default.
     max_ack_pending_override: int | None = None
 
+    # The signals' sender: Django's dispatcher hashes the sender as soon as a
+    # receiver is connected, and an unhashable one crashes the consumer thread.
+    def __hash__(self) -> int:
+        return hash(self.name)
+
     @property
     def durable(self) -> str:
         """The durable consumer name: the subscription name with ``.`` -> ``-``."""
@@ -1002,8 +1007,9 @@ class Consumer:
             return "unacked"
         if written:
             logger.error(
-                "dead letter subscription=%s event_id=%s name=%s attempts=%s error=%s\n%s",
-                sub.name, event.id, event.name, attempts, error, tb,
+                "dead letter subscription=%s event_id=%s name=%s attempts=%s error=%s%s",
+                sub.name, event.id, event.name, attempts, error, "" if exception is not None else "\n" + tb,
+                exc_info=exception,  # error trackers (Sentry's logging integration) see the exception itself
             )
             self.counts["dead_lettered"] += 1
             signals.event_dead_lettered.send_robust(
@@ -1039,6 +1045,7 @@ class Consumer:
         with contextlib.suppress(Exception):
             self.transport.term(delivery)
         self.counts["malformed"] += 1
+        signals.event_malformed.send_robust(sender=sub, subscription=sub.name, subject=delivery.subject, stream_seq=delivery.stream_seq, reason=reason, event_id=event_id)
         return "malformed"
 
 

@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 from django.db import connections
 
-from . import conf
+from . import conf, signals
 from ._cron import CronSchedule, cron_problems
 from ._tables import JOBS_TABLE
 from .consumer import SUBSCRIPTION_NAME_PART, _default_name
@@ -246,6 +246,16 @@ def outbox_purge() -> None:
 
 
 # --- the clock ---------------------------------------------------------------
+
+#: A job that runs more often than this logs its successful runs at DEBUG:
+#: an every-second job at INFO would drown what a person needs to read.
+QUIET_BELOW_INTERVAL = timedelta(minutes=1)
+
+
+def _run_log_level(spec: JobSpec) -> int:
+    """INFO for a run worth a line in the log; DEBUG for a frequent job's routine run."""
+    return logging.DEBUG if spec.every is not None and spec.every < QUIET_BELOW_INTERVAL else logging.INFO
+
 
 class Clock(Protocol):
     """What the scheduler reads time from. ``now()``: an aware datetime.
@@ -602,13 +612,18 @@ class Scheduler:
                 "worker whose clock ran ahead; replaced by the slot due now", spec.name, previous.isoformat(), slot.isoformat(),
             )
         logger.debug("job started name=%s slot=%s", spec.name, slot.isoformat())
-        started, error = time.monotonic(), ""
+        started, error, failure = time.monotonic(), "", None
         try:
             spec.func()
         except Exception as exc:  # noqa: BLE001 - recorded; the next slot is the retry
+            failure = exc
             error = f"{type(exc).__name__}: {exc}\n\n" + "".join(traceback_module.format_exception(exc))
             logger.error("job failed name=%s slot=%s error=%s: %s", spec.name, slot.isoformat(), type(exc).__name__, exc, exc_info=exc)
         duration = time.monotonic() - started
+        signals.job_finished.send_robust(
+            sender=spec, job=spec.name, slot=slot, outcome="failed" if failure is not None else "succeeded",
+            error=failure, duration_seconds=duration,
+        )
         try:
             # Escaped: PostgreSQL can't store a NUL, and a job's error may
             # hold one; unescaped, the finish and the error would be lost.
@@ -629,7 +644,7 @@ class Scheduler:
             )
             runner.close_connection()
         elif not error:
-            logger.info("job finished name=%s slot=%s duration=%.3fs", spec.name, slot.isoformat(), duration)
+            logger.log(_run_log_level(spec), "job finished name=%s slot=%s duration=%.3fs", spec.name, slot.isoformat(), duration)
 
     def _unlock(self, runner: _Runner) -> None:
         connection = runner.connection

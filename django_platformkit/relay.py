@@ -10,6 +10,7 @@ seen" cursor, so a row that commits late still goes out.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
@@ -21,7 +22,7 @@ from typing import Any
 
 from django.db import connections, transaction
 
-from . import conf
+from . import conf, signals, tracing
 from .consumer import record_dead_letter
 from .events import EVENT_REPLAYED, NOTIFY_CHANNEL, publish
 from .exceptions import ReplayRefused
@@ -191,7 +192,8 @@ class Relay:
         """Relay one batch of the oldest pending rows; return its counts.
         Safe to call from several threads at once (that is what lanes do)."""
         stats = RelayStats()
-        with transaction.atomic(using=self.using), connections[self.using].cursor() as cursor:
+        # Outermost, so the producer spans end after the commit that stamps their rows.
+        with contextlib.ExitStack() as spans, transaction.atomic(using=self.using), connections[self.using].cursor() as cursor:
             with self._turn:
                 cursor.execute(_PLAN_SQL)
                 cursor.execute(_SELECT_SQL, [self.batch_size])
@@ -201,12 +203,17 @@ class Relay:
                     return stats
                 prefix = conf.settings.SUBJECT_PREFIX
                 messages = [_compose(prefix, *row[1:]) for row in rows]
+                spans.enter_context(tracing.producer_spans(messages, ((r[1], r[2], r[6], r[7]) for r in rows)))
                 pending = self.transport.publish_start(messages, timeout=self.publish_timeout_seconds)
             first_temporary = self._settle(cursor, rows, messages, pending, stats)
         if stats.temporary:
             logger.error("relay: %s of %s rows not accepted, left pending, will retry error=%s", stats.temporary, stats.selected, first_temporary)
         with self._totals_lock:
             self.totals += stats
+        if signals.events_relayed.receivers:
+            signals.events_relayed.send_robust(
+                sender=Relay, stored=stats.stored, duplicates=stats.duplicates, dead_lettered=stats.dead_lettered, temporary=stats.temporary,
+            )
         return stats
 
     def _settle(self, cursor: Any, rows: list[tuple], messages: list[OutgoingMessage], pending: PendingPublish, stats: RelayStats) -> str:

@@ -5,8 +5,13 @@ metrics, error trackers and test helpers connect to. Every signal is sent
 once per occurrence, after the fact, and a receiver that raises is logged,
 never allowed to change an outcome (they are sent with ``send_robust``).
 
-``sender`` is the ``Subscription`` (handled/failed/dead-lettered), the
-``EventType`` (published) or the ``JobSpec`` (job_finished).
+``sender`` is the ``Subscription`` (handled/failed/dead-lettered/malformed),
+the ``EventType`` (published), the ``Relay`` (events_relayed) or the
+``JobSpec`` (job_finished).
+
+Receivers run in the thread that did the work (a handler's consumer thread,
+the relay's thread, a job's thread): keep them short and thread-safe, as
+``django_platformkit.metrics`` does.
 """
 
 from __future__ import annotations
@@ -16,7 +21,9 @@ from django.dispatch import Signal
 #: ``publish()``/``publish_many()`` wrote an outbox row (in the caller's
 #: transaction: it may still roll back). kwargs: ``event_id`` (UUID),
 #: ``name`` (str), ``tenant`` (str | None), ``payload_text`` (str, the JSON as
-#: stored), ``using`` (database alias).
+#: stored), ``using`` (database alias). A receiver that raises is logged and
+#: ``publish()`` still returns the id: the row is written, so the caller must
+#: not be told it wasn't.
 event_published = Signal()
 
 #: A delivery was settled without error. kwargs: ``subscription`` (name),
@@ -41,3 +48,17 @@ event_dead_lettered = Signal()
 #: datetime), ``outcome`` (``"succeeded"`` or ``"failed"``), ``error`` (the
 #: exception or None), ``duration_seconds`` (float).
 job_finished = Signal()
+
+#: A message on a subscription's subject could not be read as one of this
+#: project's events (not a CloudEvents envelope, a subject that contradicts
+#: its body...): recorded as a dead letter named ``(malformed)``, never run.
+#: kwargs: ``subscription`` (name), ``subject`` (str), ``stream_seq`` (int),
+#: ``reason`` (str), ``event_id`` (the UUID it was recorded under).
+event_malformed = Signal()
+
+#: A relay batch was settled with the broker. kwargs: ``stored`` (int, rows
+#: the stream accepted and that were stamped published; broker-side
+#: duplicates included), ``duplicates`` (int), ``dead_lettered`` (int, rows
+#: the broker refused for good), ``temporary`` (int, rows left pending for a
+#: retry). Sent once per batch that selected at least one row.
+events_relayed = Signal()

@@ -20,10 +20,9 @@ from typing import Any
 
 from django.db import connections, transaction
 
-from . import conf
+from . import conf, signals
 from ._tables import OUTBOX_TABLE
 from .consumer import Consumer, ReceivedEvent, Subscription, subscriptions as registered_subscriptions
-from .events import _publish_listeners
 
 
 @dataclass(frozen=True)
@@ -44,14 +43,16 @@ def capture_events() -> Iterator[list[CapturedEvent]]:
     happened); check the outbox for what committed."""
     captured: list[CapturedEvent] = []
 
-    def listener(event_id: uuid.UUID, name: str, tenant: str | None, text: str) -> None:
-        captured.append(CapturedEvent(event_id, name, tenant, json.loads(text)))
+    def listener(sender: Any, *, event_id: uuid.UUID, name: str, tenant: str | None, payload_text: str, **kwargs: Any) -> None:
+        captured.append(CapturedEvent(event_id, name, tenant, json.loads(payload_text)))
 
-    _publish_listeners.append(listener)
+    # A uid of its own: nested or concurrent captures each get every event.
+    uid = f"platformkit-capture-{id(captured)}"
+    signals.event_published.connect(listener, weak=False, dispatch_uid=uid)
     try:
         yield captured
     finally:
-        _publish_listeners.remove(listener)
+        signals.event_published.disconnect(dispatch_uid=uid)
 
 
 class _NoTransport:

@@ -1,19 +1,163 @@
 """OpenTelemetry spans for the relay's send and each handler run.
 
-Without OpenTelemetry installed (or without a tracer provider configured)
-these are no-ops and nothing is imported on the hot path.
+Keeps one trace from the request that published an event to every handler
+that ran it: ``publish()`` stores the caller's W3C trace context with the row
+(``events._trace_headers``), the relay's send is a PRODUCER span per message
+and each handler run a CONSUMER span, both children of that context.
+Attributes follow OpenTelemetry's messaging semantic conventions (v1.27+,
+"Semantic Conventions for Messaging Spans"): ``messaging.system=nats``,
+``messaging.destination.name``, ``messaging.message.id``,
+``messaging.operation.type`` (``send`` | ``process``).
+
+Without OpenTelemetry installed, or while no tracer provider is configured
+(the API's default proxy), these are no-ops: the import is tried once and
+cached, and nothing else runs on the hot path.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from types import SimpleNamespace
 from typing import Any
+
+#: Instrumentation scope name of every span this package makes.
+TRACER_NAME = "django_platformkit"
+MESSAGING_SYSTEM = "nats"
+
+_otel: Any = None  # None: not looked up yet; False: not installed; else the API pieces
+_cached: tuple[Any, Any] = (None, None)  # (provider, its tracer)
+
+
+def _api() -> Any:
+    global _otel
+    if _otel is None:
+        try:
+            from opentelemetry import propagate, trace
+            from opentelemetry.trace import ProxyTracerProvider, SpanKind, Status, StatusCode
+        except ImportError:  # looked up once: a failed import costs a filesystem walk every time
+            _otel = False
+        else:
+            _otel = SimpleNamespace(
+                trace=trace, propagate=propagate, proxy=ProxyTracerProvider, kind=SpanKind, status=Status, code=StatusCode,
+            )
+    return _otel
+
+
+def _tracer() -> Any:
+    """The package's tracer, or None when spans would go nowhere (OpenTelemetry
+    missing, or no tracer provider set: ``get_tracer_provider()`` is still the
+    API's proxy)."""
+    global _cached
+    api = _api()
+    if not api:
+        return None
+    provider = api.trace.get_tracer_provider()
+    if isinstance(provider, (api.proxy, api.trace.NoOpTracerProvider)):
+        return None
+    if _cached[0] is not provider:  # one tracer per provider, not one per handler run
+        _cached = (provider, provider.get_tracer(TRACER_NAME))
+    return _cached[1]
+
+
+def enabled() -> bool:
+    """Whether spans are recorded now (OpenTelemetry installed and a tracer provider set)."""
+    return _tracer() is not None
+
+
+def _parent(api: Any, traceparent: Any, tracestate: Any) -> Any:
+    carrier = {}
+    if isinstance(traceparent, str) and traceparent:
+        carrier["traceparent"] = traceparent
+        if isinstance(tracestate, str) and tracestate:
+            carrier["tracestate"] = tracestate
+    # No traceparent: an empty carrier extracts to an empty context, so the
+    # span starts a trace of its own rather than joining whatever is current.
+    return api.propagate.extract(carrier)
 
 
 @contextlib.contextmanager
 def consumer_span(*, subscription: str, event_id: Any, name: str, headers: Mapping[str, str], attempt: int) -> Iterator[Any]:
-    """Wrap one handler run: a consumer span in the publisher's trace
-    (``traceparent`` in ``headers``). Yields the span (or None); an exception
-    leaving the block is recorded on the span and re-raised."""
-    yield None
+    """Wrap one handler run: a CONSUMER span ``process <event name>`` whose
+    parent is the publisher's context (``traceparent``/``tracestate`` in
+    ``headers``), current while the handler runs (spans the handler starts
+    are its children). Attributes: the messaging ones above plus
+    ``messaging.consumer.group.name`` (the subscription) and
+    ``platformkit.attempt`` (int, 1-based). Yields the span, or None when
+    tracing is off. An exception leaving the block is recorded on the span
+    (``record_exception``, status ERROR) and re-raised unchanged."""
+    tracer = _tracer()
+    if tracer is None:
+        yield None
+        return
+    api = _otel
+    attributes = {
+        "messaging.system": MESSAGING_SYSTEM,
+        "messaging.operation.type": "process",
+        "messaging.operation.name": "process",
+        "messaging.destination.name": name,
+        "messaging.message.id": str(event_id),
+        "messaging.consumer.group.name": subscription,
+        "platformkit.attempt": int(attempt),
+    }
+    with tracer.start_as_current_span(
+        f"process {name}", context=_parent(api, headers.get("traceparent"), headers.get("tracestate")),
+        kind=api.kind.CONSUMER, attributes=attributes, record_exception=True, set_status_on_exception=True,
+    ) as span:
+        yield span
+
+
+class _ProducerSpans:
+    """The PRODUCER spans of one relay batch, started when made, ended on
+    ``__exit__`` (after the broker's acks and the stamp); an exception
+    leaving the block is recorded on each of them."""
+
+    def __init__(self, spans: list[Any]) -> None:
+        self.spans = spans
+
+    def __enter__(self) -> "_ProducerSpans":
+        return self
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        api = _otel
+        for span in self.spans:
+            if exc is not None:
+                span.record_exception(exc)
+                span.set_status(api.status(api.code.ERROR, f"{type(exc).__name__}: {exc}"))
+            span.end()
+
+
+_NO_SPANS = contextlib.nullcontext()
+
+
+def producer_spans(messages: Sequence[Any], events: Iterable[tuple[Any, str, Any, Any]]) -> contextlib.AbstractContextManager[Any]:
+    """Start one PRODUCER span ``send <event name>`` per relayed message.
+
+    ``messages``: the batch's ``OutgoingMessage`` objects (``subject``,
+    ``msg_id``). ``events``: one ``(event_id, name, traceparent, tracestate)``
+    per message, in the same order - only iterated when tracing is on, so
+    the relay can pass a generator and pay nothing otherwise. Each span's
+    parent is the publisher's context; attributes: the messaging ones,
+    ``messaging.destination.name`` being the NATS subject,
+    ``messaging.message.id`` the event id (``Nats-Msg-Id`` differs on a
+    replay and is kept as ``platformkit.nats_msg_id``). Returns a context
+    manager that ends them."""
+    tracer = _tracer()
+    if tracer is None:
+        return _NO_SPANS
+    api = _otel
+    spans = []
+    for message, (event_id, name, traceparent, tracestate) in zip(messages, events, strict=True):
+        spans.append(tracer.start_span(
+            f"send {name}", context=_parent(api, traceparent, tracestate), kind=api.kind.PRODUCER,
+            attributes={
+                "messaging.system": MESSAGING_SYSTEM,
+                "messaging.operation.type": "send",
+                "messaging.operation.name": "send",
+                "messaging.destination.name": message.subject,
+                "messaging.message.id": str(event_id),
+                "messaging.message.body.size": len(message.body),
+                "platformkit.nats_msg_id": message.msg_id,
+            },
+        ))
+    return _ProducerSpans(spans)

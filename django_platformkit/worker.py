@@ -41,6 +41,7 @@ from . import conf
 from .consumer import Consumer, Subscription, subscriptions as registered_subscriptions
 from .exceptions import BrokerUnavailable, ConsumerDrift, DatabaseUnavailable
 from .identity import database_identity
+from .heartbeat import Heartbeat
 from .models import OutboxEvent
 from .relay import Relay
 from .transport import Delivery, PullLane, Transport, max_ack_pending_for
@@ -215,6 +216,7 @@ class Worker:
             self._write_final_health()
             self.transport.close()
             raise
+        self.heartbeat = Heartbeat([s.name for s in self.subscriptions] if self.want_consumers else [], using=self.using)  # the admin overview's "workers seen"
         logger.info(
             "worker started pid=%s relay=%s subscriptions=%s threads=%s batch_size=%s scheduler=%s burst=%s",
             os.getpid(), self.want_relay, len(self._lanes) if self.want_consumers else "-",
@@ -458,6 +460,8 @@ class Worker:
                     os._exit(EXIT_STUCK_HANDLER)
             if not self.stop_event.is_set():
                 self._write_health()
+            self.heartbeat.beat()  # writes only every few seconds
+        self.heartbeat.stopped()
 
     def _check_alive(self) -> None:
         """A dead event loop or a crashed lane means nothing is fetched any more: end the process."""

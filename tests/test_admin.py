@@ -68,15 +68,16 @@ def changelist(client, **params):
 
 # --- dead letters: list, filters, dates, search, detail -----------------------
 
-def test_the_dead_letter_list_shows_time_event_subscription_tenant_attempts_and_the_first_error_line(client, viewer):
-    dead_letter(tenant="acme", attempts=4)
+def test_the_dead_letter_list_shows_time_event_subscription_tenant_attempts_event_id_and_the_first_error_line(client, viewer):
+    row = dead_letter(tenant="acme", attempts=4)
     client.force_login(viewer)
     response = changelist(client)
     html = response.content.decode()
-    for column in ("column-failed_at", "column-name", "column-subscription", "column-tenant", "column-attempts", "column-error_first_line"):
+    for column in ("column-failed", "column-name", "column-subscription", "column-tenant", "column-attempts", "column-event_id", "column-error_first_line"):
         assert column in html
     assert "testapp.flaky" in html and "acme" in html and ">4<" in html
-    assert "RuntimeError: card declined" in html
+    assert str(row.event_id) in html
+    assert 'title="RuntimeError: card declined">RuntimeError: card declined</span>' in html
     assert "second line" not in html
 
 
@@ -217,8 +218,8 @@ def test_replay_of_many_rows_reports_each_outcome(client, operator):
     text = messages_of(done)
     assert text[0].startswith("Replayed 2 dead letters (")
     assert text[1] == (
-        f"Did not replay (malformed) {gone} for testapp.slow: event {gone} is not in the outbox "
-        "(never published, or purged): nothing to replay."
+        f"Did not replay (malformed) {gone} for testapp.slow: it is a malformed message (bytes on our subjects "
+        "that were never an event of this project's outbox), so there is nothing to send again; Discard it to accept the failure."
     )
     assert list(DeadLetter.objects.values_list("pk", flat=True)) == [malformed.pk]
 
@@ -363,12 +364,201 @@ def test_job_state_shows_schedule_time_zone_last_run_and_next_slot(client, admin
     response = client.get(reverse("admin:django_platformkit_jobstate_changelist"))
     html = response.content.decode()
     assert "cron 0 3 * * * (Europe/Paris)" in html
-    assert "column-next_slot" in html and "column-time_zone" in html and "column-last_slot" in html
+    assert "column-next_slot" in html and "column-time_zone" in html and "column-last_slot_at" in html
+    assert '<time datetime="2026-01-05T02:00:00+00:00">2026-01-05 02:00:00 UTC</time>' in html  # the last slot, to the second
     row = JobState.objects.get(name="testapp.nightly_report")
-    before = timezone.now()
-    next_slot = response.context["cl"].model_admin.next_slot(row)
     spec = {s.name: s for s in jobs.jobs()}["testapp.nightly_report"]
-    assert next_slot == spec.next_slot(before)
-    assert next_slot.astimezone(zoneinfo.ZoneInfo("Europe/Paris")).hour == 3
+    expected = spec.next_slot(timezone.now())
+    assert expected.astimezone(zoneinfo.ZoneInfo("Europe/Paris")).hour == 3
+    shown = str(response.context["cl"].model_admin.next_slot(row))
+    assert f'<time datetime="{expected.isoformat()}">{expected:%Y-%m-%d %H:%M:%S} UTC</time>' in shown and " · in " in shown
     detail = client.get(reverse("admin:django_platformkit_jobstate_change", args=["testapp.nightly_report"]))
     assert detail.status_code == 200 and "Europe/Paris" in detail.content.decode()
+
+
+# --- what an operator reads: times, terminal claims, attempts, history ---------
+
+def test_list_times_show_seconds_and_a_relative_age(client, viewer):
+    row = dead_letter()
+    at = datetime.datetime(2026, 3, 1, 7, 5, 42, tzinfo=datetime.UTC)
+    DeadLetter.objects.filter(pk=row.pk).update(failed_at=at)
+    HandledEvent.objects.filter(event_id=row.event_id).update(handled_at=at)
+    client.force_login(viewer)
+    html = changelist(client).content.decode()
+    assert '<time datetime="2026-03-01T07:05:42+00:00">2026-03-01 07:05:42 UTC</time>' in html
+    assert '<span class="platformkit-age"> · ' in html and " ago</span>" in html
+    claims = client.get(reverse("admin:django_platformkit_handledevent_changelist")).content.decode()
+    assert "2026-03-01 07:05:42 UTC" in claims
+    outbox = client.get(reverse("admin:django_platformkit_outboxevent_change", args=[row.event_id])).content.decode()
+    assert "field-relay_lag" in outbox and "field-published" in outbox
+
+
+def test_a_terminal_claim_is_marked_as_such_on_the_claims_list_and_the_outbox_row(client, viewer):
+    failed = dead_letter()
+    with transaction.atomic():
+        ok = publish("testapp.order_placed", {"n": 1})
+    HandledEvent.objects.create(subscription="testapp.record_order", event_id=ok)
+    HandledEvent.objects.create(subscription="testapp.count_order", event_id=failed.event_id)  # handled by another subscription
+    client.force_login(viewer)
+    url = reverse("admin:django_platformkit_handledevent_changelist")
+    response = client.get(url)
+    kinds = {(c.subscription, c.event_id): c.terminal for c in response.context["cl"].result_list}
+    assert kinds == {("testapp.flaky", failed.event_id): True, ("testapp.record_order", ok): False, ("testapp.count_order", failed.event_id): False}
+    html = response.content.decode()
+    assert html.count("terminal: dead-lettered</strong>") == 1
+    assert [c.subscription for c in client.get(url, {"kind": "terminal"}).context["cl"].result_list] == ["testapp.flaky"]
+    assert {c.subscription for c in client.get(url, {"kind": "handled"}).context["cl"].result_list} == {"testapp.record_order", "testapp.count_order"}
+    detail = client.get(reverse("admin:django_platformkit_outboxevent_change", args=[failed.event_id])).content.decode()
+    claims = detail[detail.index('class="platformkit-claims"'):]
+    assert "<td>testapp.count_order</td><td>handled</td>" in claims
+    assert '<td>testapp.flaky</td><td><strong class="platformkit-terminal">terminal: dead-lettered</strong></td>' in claims
+
+
+def test_the_claims_list_costs_the_same_queries_for_one_row_or_many(client, viewer, django_assert_max_num_queries):
+    for _ in range(20):
+        dead_letter()
+    client.force_login(viewer)
+    with django_assert_max_num_queries(12):  # the terminal mark is an EXISTS in the list's query, not a query per row
+        assert client.get(reverse("admin:django_platformkit_handledevent_changelist")).status_code == 200
+
+
+def _attempts_as_the_runtime_writes_them(row: DeadLetter) -> None:
+    """What the consumer records (models.Attempt): two failures with their
+    errors, then a run that started and never reported (the worker died)."""
+    from django_platformkit.models import Attempt
+
+    start = timezone.now() - datetime.timedelta(minutes=3)
+    Attempt.objects.create(subscription=row.subscription, event_id=row.event_id, attempt=1, outcome=Attempt.FAILED,
+                           started_at=start, finished_at=start + datetime.timedelta(milliseconds=40),
+                           error="TimeoutError: gateway timed out", traceback="Traceback ...\nTimeoutError: gateway timed out", worker="web-1:4242")
+    Attempt.objects.create(subscription=row.subscription, event_id=row.event_id, attempt=2, outcome=Attempt.FAILED,
+                           started_at=start + datetime.timedelta(minutes=1), finished_at=start + datetime.timedelta(minutes=1, seconds=3),
+                           error="RuntimeError: card declined", traceback=TRACEBACK, worker="web-2:77")
+    Attempt.objects.create(subscription=row.subscription, event_id=row.event_id, attempt=3, outcome=Attempt.RUNNING,
+                           started_at=start + datetime.timedelta(minutes=2), worker="web-1:4243")
+    # Another subscription's attempts on the same event are not this dead letter's history.
+    Attempt.objects.create(subscription="testapp.other", event_id=row.event_id, attempt=1, outcome=Attempt.FAILED, error="NotMine")
+
+
+def test_a_dead_letter_page_lists_each_attempt_when_it_ran_and_what_it_raised(client, viewer):
+    row = dead_letter()
+    _attempts_as_the_runtime_writes_them(row)
+    client.force_login(viewer)
+    html = client.get(reverse("admin:django_platformkit_deadletter_change", args=[row.pk])).content.decode()
+    table = html[html.index('class="platformkit-attempts"'):html.index("</table>", html.index('class="platformkit-attempts"'))]
+    assert table.count("<tr class=\"platformkit-attempt-") == 3
+    assert table.index("TimeoutError: gateway timed out") < table.index("RuntimeError: card declined")
+    assert "web-1:4242" in table and "web-2:77" in table and "40 ms" in table and "3 s" in table
+    assert "— (never reported)" in table and 'platformkit-attempt-running' in table
+    assert "NotMine" not in table
+
+
+def test_a_dead_letter_without_attempt_rows_says_there_is_no_per_attempt_record(client, viewer):
+    row = dead_letter()
+    client.force_login(viewer)
+    html = client.get(reverse("admin:django_platformkit_deadletter_change", args=[row.pk])).content.decode()
+    assert "no per-attempt record" in html
+
+
+def test_replay_and_discard_leave_admin_history_with_actor_and_reason(client, operator):
+    from django.contrib.admin.models import CHANGE, DELETION, LogEntry
+
+    replayed, discarded = dead_letter(), dead_letter("testapp.order_placed", subscription="testapp.record_order")
+    client.force_login(operator)
+    _action(client, "replay_selected", [replayed], confirm="yes", reason="card processor fixed")
+    client.post(reverse("admin:django_platformkit_deadletter_discard", args=[discarded.pk]), {"confirm": "yes", "reason": "order was cancelled"})
+    entries = {(e.content_type.model, e.object_id, e.action_flag): (e.user.username, e.get_change_message()) for e in LogEntry.objects.all()}
+    assert entries == {
+        ("deadletter", str(replayed.pk), CHANGE): ("olga", f"Replayed for subscription testapp.flaky (event {replayed.event_id}). Reason: card processor fixed"),
+        ("outboxevent", str(replayed.event_id), CHANGE): ("olga", f"Replayed for subscription testapp.flaky (event {replayed.event_id}). Reason: card processor fixed"),
+        ("deadletter", str(discarded.pk), DELETION): ("olga", f"Discarded for subscription testapp.record_order (event {discarded.event_id}). Reason: order was cancelled"),
+        ("outboxevent", str(discarded.event_id), CHANGE): ("olga", f"Discarded for subscription testapp.record_order (event {discarded.event_id}). Reason: order was cancelled"),
+    }
+    history = client.get(reverse("admin:django_platformkit_outboxevent_history", args=[replayed.event_id])).content.decode()
+    assert "card processor fixed" in history and "olga" in history
+
+
+def test_a_refused_replay_leaves_no_admin_history(client, operator):
+    from django.contrib.admin.models import LogEntry
+
+    gone = uuid.uuid4()
+    record_dead_letter(subscription="testapp.slow", event_id=gone, name="(malformed)", tenant=None, attempts=1, error="malformed", traceback="")
+    client.force_login(operator)
+    _action(client, "replay_selected", list(DeadLetter.objects.all()), confirm="yes", reason="try")
+    assert not LogEntry.objects.exists()
+
+
+# --- issue 12 item 16: a malformed dead letter offers Discard only -----------------
+
+def test_a_malformed_dead_letter_offers_discard_only_and_says_why(client, operator):
+    event_id = uuid.uuid4()
+    record_dead_letter(subscription="testapp.flaky", event_id=event_id, name="(malformed)", tenant=None, attempts=1,
+                       error="malformed message on subject=pktest._.testapp.flaky stream_seq=9: not JSON", traceback="{not json")
+    row = DeadLetter.objects.get(event_id=event_id)
+    client.force_login(operator)
+    page = reverse("admin:django_platformkit_deadletter_change", args=[row.pk])
+    html = client.get(page).content.decode()
+    assert "platformkit-replay" not in html
+    assert reverse("admin:django_platformkit_deadletter_discard", args=[row.pk]) in html
+    assert 'id="platformkit-no-replay"' in html and "it is a malformed message" in html and "Discard it to accept the failure" in html
+    # A hand-typed Replay URL is told why and sent back, not to a confirmation that can only fail.
+    response = client.get(reverse("admin:django_platformkit_deadletter_replay", args=[row.pk]))
+    assert response.status_code == 302 and response["Location"] == page
+    assert messages_of(response)[0].startswith(f"No replay for (malformed) {event_id}: it is a malformed message")
+    assert client.post(reverse("admin:django_platformkit_deadletter_replay", args=[row.pk]), {"confirm": "yes", "reason": "x"}).status_code == 302
+    assert DeadLetter.objects.filter(pk=row.pk).exists()
+    # Discard works.
+    done = client.post(reverse("admin:django_platformkit_deadletter_discard", args=[row.pk]), {"confirm": "yes", "reason": "garbage on the wire"})
+    assert done.status_code == 302 and not DeadLetter.objects.filter(pk=row.pk).exists()
+
+
+def test_a_dead_letter_whose_row_was_purged_offers_discard_only(client, operator):
+    row = dead_letter()
+    OutboxEvent.objects.filter(pk=row.event_id).delete()
+    client.force_login(operator)
+    html = client.get(reverse("admin:django_platformkit_deadletter_change", args=[row.pk])).content.decode()
+    assert "platformkit-replay" not in html and "its outbox row is gone (purged)" in html
+
+
+def test_a_healthy_dead_letter_says_nothing_about_replay(client, operator):
+    row = dead_letter()
+    client.force_login(operator)
+    html = client.get(reverse("admin:django_platformkit_deadletter_change", args=[row.pk])).content.decode()
+    assert "platformkit-no-replay" not in html and "platformkit-replay" in html
+
+
+# --- issue 12 item 12: only the filters the admin offers -------------------------------
+
+@pytest.mark.parametrize("url_name, params", [
+    ("deadletter", {"error__regex": "("}),
+    ("deadletter", {"tenant__regex": "["}),
+    ("deadletter", {"event_id__startswith": "0"}),
+    ("deadletter", {"traceback__icontains": "card"}),
+    ("outboxevent", {"payload__card__number": "4111"}),
+    ("outboxevent", {"payload__has_key": "card"}),
+    ("outboxevent", {"name__regex": "("}),
+    ("handledevent", {"event_id__regex": "("}),
+    ("jobstate", {"last_error__regex": "("}),
+    ("attempt", {"traceback__regex": "("}),
+])
+def test_a_lookup_the_list_does_not_offer_is_refused_with_400_not_a_500(client, viewer, url_name, params):
+
+    viewer.user_permissions.add(Permission.objects.get(content_type__app_label="django_platformkit", codename="view_attempt"))
+    dead_letter()
+    client.force_login(viewer)
+    response = client.get(reverse(f"admin:django_platformkit_{url_name}_changelist"), params)
+    assert response.status_code == 400
+    (lookup,) = params
+    assert response.content.decode().startswith(f"Filtering by {lookup} not allowed: this list filters only by what it offers (")
+    assert "Use the filters beside the list or the search box." in response.content.decode()
+
+
+def test_the_filters_the_lists_offer_still_work_from_the_query_string(client, viewer):
+    row = dead_letter(tenant="acme")
+    client.force_login(viewer)
+    for params in ({"subscription": "testapp.flaky"}, {"subscription__exact": "testapp.flaky"}, {"tenant__isnull": "False"},
+                   {"failed_at__year": str(row.failed_at.year)}, {"failed_at__year": str(row.failed_at.year), "failed_at__month": str(row.failed_at.month)},
+                   {"q": str(row.event_id)}, {"o": "1"}):
+        assert [r.pk for r in changelist(client, **params).context["cl"].result_list] == [row.pk], params
+    claims = client.get(reverse("admin:django_platformkit_handledevent_changelist"), {"handled_at__year": str(row.failed_at.year), "kind": "terminal"})
+    assert claims.status_code == 200 and len(claims.context["cl"].result_list) == 1

@@ -1,7 +1,11 @@
-"""What every command shares: ``--verbosity`` mapped to the package's logging."""
+"""What every command shares: ``--verbosity`` mapped to the package's logging,
+and ``--metrics-port``."""
 
+import contextlib
 import logging
 import sys
+from collections.abc import Iterator
+from typing import Any
 
 LEVELS = {0: logging.ERROR, 1: logging.INFO, 2: logging.DEBUG, 3: logging.DEBUG}
 
@@ -15,3 +19,42 @@ def configure_logging(verbosity: int) -> None:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
         logger.addHandler(handler)
+
+
+def start_metrics(port: int, **kwargs: Any) -> Any:
+    """``--metrics-port PORT``: serve ``/metrics`` from this process (see
+    ``django_platformkit.metrics.serve_metrics`` for ``kwargs``). Raises
+    ``CommandError`` saying what to do when prometheus-client is missing,
+    the port is out of range or taken."""
+    from django.core.management.base import CommandError
+
+    from ...exceptions import ConfigurationError
+
+    if not 0 <= port <= 65535:
+        raise CommandError(f"--metrics-port {port}: not a TCP port (0-65535).")
+    try:
+        from ...metrics import serve_metrics
+
+        return serve_metrics(port, **kwargs)
+    except ConfigurationError as exc:
+        raise CommandError(str(exc)) from None
+    except OSError as exc:
+        raise CommandError(f"--metrics-port {port}: can't listen there ({exc}); pick a free port.") from None
+
+
+@contextlib.contextmanager
+def result_printed_once(logger_name: str, *prefixes: str) -> Iterator[None]:
+    """While a command prints its result on stdout, drop the library's log
+    record that says the same thing (a message starting with one of
+    ``prefixes``), so a terminal shows the result once. Other records of that
+    logger pass; the project's own handlers still get them from other callers."""
+
+    def keep(record: logging.LogRecord) -> bool:
+        return not (isinstance(record.msg, str) and record.msg.startswith(prefixes))
+
+    logger = logging.getLogger(logger_name)
+    logger.addFilter(keep)
+    try:
+        yield
+    finally:
+        logger.removeFilter(keep)

@@ -9,7 +9,7 @@ from django.core.management.base import BaseCommand
 
 from ... import conf
 from ...purge import DEFAULT_BATCH_SIZE, purge
-from ._base import configure_logging
+from ._base import configure_logging, result_printed_once
 
 _AGE = re.compile(r"^([0-9]+)([smhdw])$")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
@@ -45,7 +45,8 @@ class Command(BaseCommand):
     def handle(self, *args, **options):
         configure_logging(options["verbosity"])
         older_than = options["older_than"] or timedelta(days=float(conf.settings.RETENTION_DAYS))
-        result = purge(older_than=older_than, dry_run=options["dry_run"], batch_size=options["batch_size"])
+        with result_printed_once("django_platformkit.purge", "purged ", "purge dry run "):
+            result = purge(older_than=older_than, dry_run=options["dry_run"], batch_size=options["batch_size"])
         if result.dry_run:
             self.stdout.write(
                 f"dry run, nothing deleted: would delete outbox={result.outbox_deleted} claims={result.claims_deleted} "

@@ -14,7 +14,7 @@ from ...identity import database_identity
 from ...outage import database_unavailable, is_database_error
 from ...relay import Relay
 from ...transport import Transport
-from ._base import configure_logging
+from ._base import configure_logging, start_metrics
 
 logger = logging.getLogger("django_platformkit.relay")
 
@@ -46,6 +46,7 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("--once", action="store_true", help="Relay what is pending now, print the count and exit.")
+        parser.add_argument("--metrics-port", type=int, default=None, metavar="PORT", help="Serve Prometheus metrics at http://0.0.0.0:PORT/metrics (needs the metrics extra).")
         parser.add_argument("--connect-timeout", type=float, default=30.0, metavar="SECONDS", help="With --once: fail if NATS or its stream can't be reached within SECONDS (default 30).")
 
     def handle(self, *args, **options):
@@ -55,6 +56,8 @@ class Command(BaseCommand):
         stop = threading.Event()
         signal.signal(signal.SIGTERM, lambda *a: stop.set())
         signal.signal(signal.SIGINT, lambda *a: stop.set())
+        if options["metrics_port"] is not None:
+            start_metrics(options["metrics_port"])
         transport = Transport(name="django_platformkit relay")
         give_up_at = time.monotonic() + options["connect_timeout"] if options["once"] else None
         try:

@@ -8,7 +8,7 @@ the scheduler in one child and the consumers in N more (see
 from django.core.management.base import BaseCommand, CommandError
 
 from ...exceptions import BrokerUnavailable, ConfigurationError, ConsumerDrift
-from ._base import configure_logging
+from ._base import configure_logging, result_printed_once, start_metrics
 
 
 class Command(BaseCommand):
@@ -27,6 +27,7 @@ class Command(BaseCommand):
         parser.add_argument("--no-consumers", action="store_true", help="Don't consume (run only the relay and/or the scheduler).")
         parser.add_argument("--job", action="append", default=None, metavar="NAME", help="Run only this periodic job (repeatable; default: all).")
         parser.add_argument("--subscription", action="append", default=None, metavar="NAME", help="Run only this subscription's consumer (repeatable; default: all).")
+        parser.add_argument("--metrics-port", type=int, default=None, metavar="PORT", help="Serve Prometheus metrics at http://0.0.0.0:PORT/metrics (needs the metrics extra).")
         parser.add_argument("--health-file", default=None, metavar="PATH", help="Rewrite PATH every second with JSON liveness and counts (for probes).")
         parser.add_argument(
             "--processes", type=int, default=None, metavar="N",
@@ -87,13 +88,16 @@ class Command(BaseCommand):
             burst_timeout_seconds=options["burst_timeout"], connect_timeout_seconds=options["connect_timeout"],
             jobs=options["job"],
         )
+        if options["metrics_port"] is not None:
+            start_metrics(options["metrics_port"], transport=worker.transport, subscriptions=subs)
         worker.install_signal_handlers()
         try:
-            code = worker.run()
+            with result_printed_once("django_platformkit.worker", *(["worker stopped "] if options["burst"] and options["verbosity"] >= 1 else [])):
+                code = worker.run()
         except (ConsumerDrift, BrokerUnavailable, ConfigurationError) as exc:
             raise CommandError(str(exc)) from None
         if options["burst"] and options["verbosity"] >= 1:
             counts = worker.counts()
-            self.stdout.write(" ".join(f"{k}={v}" for k, v in counts.items()))
+            self.stdout.write(f"exit={code} " + " ".join(f"{k}={v}" for k, v in counts.items()))
         if code:
             raise SystemExit(code)

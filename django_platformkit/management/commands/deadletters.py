@@ -1,0 +1,217 @@
+"""``manage.py deadletters``: the operator's shell for dead letters - list,
+show, replay, discard. A thin adapter over ``relay.replay()`` and
+``relay.discard()``: the same audit event, the same refusals, the same
+one-transaction-per-event guarantee as the admin's actions.
+
+    manage.py deadletters list [--subscription S] [--since 1h] [--format table|json]
+    manage.py deadletters show ID
+    manage.py deadletters replay ID... --reason "..." [--dry-run]
+    manage.py deadletters replay --subscription S --since 1h --reason "..."   (every match)
+    manage.py deadletters discard ID... --reason "..."
+
+ID: the dead letter's id as ``list`` shows it, or an event id (UUID: every
+dead letter of that event).
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import uuid
+from datetime import UTC
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.utils import timezone
+
+from ...exceptions import ReplayRefused
+from ...models import Attempt, DeadLetter, OutboxEvent
+from ...relay import discard, replay
+from ._base import configure_logging
+from .purgeoutbox import age
+
+#: Past this many rows a long replay/discard reports its progress every PROGRESS_EVERY rows.
+PROGRESS_EVERY = 100
+ERROR_WIDTH = 60
+
+
+def _dead_letter_ids(text: str) -> tuple[str, Any]:
+    """``42`` -> ("id", 42); a UUID -> ("event", UUID); anything else: an argparse error."""
+    import argparse
+
+    if text.isdigit():
+        return ("id", int(text))
+    try:
+        return ("event", uuid.UUID(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is neither a dead letter id (a number, as `deadletters list` shows) nor an event id (a UUID)") from None
+
+
+def _when(moment: Any) -> str:
+    """To the second, in UTC: relay lag and retries are read in seconds."""
+    return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S") if moment else "-"
+
+
+def _first_line(text: str, width: int) -> str:
+    line = (text or "").strip().splitlines()[0] if (text or "").strip() else ""
+    return line if len(line) <= width else line[: width - 1] + "…"
+
+
+class Command(BaseCommand):
+    help = "List, show, replay or discard dead letters (the events a subscription gave up on)."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        commands = parser.add_subparsers(dest="action", required=True, metavar="list|show|replay|discard")
+
+        def selection(p: CommandParser, *, ids: bool) -> None:
+            if ids:
+                p.add_argument("ids", nargs="*", type=_dead_letter_ids, metavar="ID", help="Dead letter id (as `list` shows) or event id (UUID). None: every match of --subscription/--since.")
+            p.add_argument("--subscription", default=None, metavar="NAME", help="Only this subscription's dead letters (e.g. shop.send_receipt, or platformkit.relay).")
+            p.add_argument("--since", type=age, default=None, metavar="AGE", help="Only dead letters that failed within AGE: 30m, 12h, 7d, 2w.")
+
+        # Subparsers don't inherit BaseCommand's --verbosity etc.; the parent parser keeps them.
+        listing = commands.add_parser("list", help="Dead letters, newest first.")
+        selection(listing, ids=False)
+        listing.add_argument("--format", choices=("table", "json"), default="table", help="table (default) or json (full errors, for scripts).")
+        listing.add_argument("--limit", type=int, default=200, metavar="N", help="At most N rows (default 200; 0 = all).")
+
+        show = commands.add_parser("show", help="One dead letter: error, traceback, attempts, payload.")
+        show.add_argument("id", type=_dead_letter_ids, metavar="ID")
+
+        for verb, what in (("replay", "Send the events again to the subscriptions that gave up on them."),
+                           ("discard", "Accept the failures: delete the dead letters; their terminal claims stay, nothing runs them again.")):
+            p = commands.add_parser(verb, help=what)
+            selection(p, ids=True)
+            p.add_argument("--reason", required=True, help="Why (kept in the audit event and the log).")
+            p.add_argument("--actor", default=None, help="Who is acting (default: the OS user).")
+            p.add_argument("--dry-run", action="store_true", help="Say what would be done; write nothing.")
+
+    # -- selection --
+    def _matching(self, options: dict[str, Any]) -> list[DeadLetter]:
+        rows = DeadLetter.objects.all()
+        ids = options.get("ids") or []
+        if ids:
+            by_id = [v for k, v in ids if k == "id"]
+            by_event = [v for k, v in ids if k == "event"]
+            from django.db.models import Q
+
+            rows = rows.filter(Q(id__in=by_id) | Q(event_id__in=by_event))
+        elif options["action"] in ("replay", "discard") and not (options["subscription"] or options["since"]):
+            raise CommandError(
+                f"deadletters {options['action']}: name the dead letters (IDs), or select them with --subscription and/or --since "
+                "(every match is acted on)."
+            )
+        if options["subscription"]:
+            rows = rows.filter(subscription=options["subscription"])
+        if options["since"]:
+            rows = rows.filter(failed_at__gte=timezone.now() - options["since"])
+        found = list(rows.order_by("-failed_at", "-id"))
+        if ids:
+            missing = [str(v) for k, v in ids if not any((d.id if k == "id" else d.event_id) == v for d in found)]
+            if missing:
+                raise CommandError(f"no dead letter matches {', '.join(missing)} (with the filters given); `deadletters list` shows what there is.")
+        return found
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        configure_logging(options["verbosity"])
+        getattr(self, f"_{options['action']}")(options)
+
+    # -- list / show --
+    def _list(self, options: dict[str, Any]) -> None:
+        rows = self._matching(options)
+        total = len(rows)
+        if options["limit"]:
+            rows = rows[: options["limit"]]
+        if options["format"] == "json":
+            self.stdout.write(json.dumps([
+                {"id": d.id, "event_id": str(d.event_id), "subscription": d.subscription, "name": d.name, "tenant": d.tenant,
+                 "attempts": d.attempts, "failed_at": d.failed_at.isoformat(), "error": d.error}
+                for d in rows
+            ], indent=2))
+            return
+        if not rows:
+            self.stdout.write("no dead letters")
+            return
+        header = ("ID", "FAILED AT (UTC)", "SUBSCRIPTION", "EVENT ID", "NAME", "TENANT", "ATT", "ERROR")
+        table = [header] + [
+            (str(d.id), _when(d.failed_at), d.subscription, str(d.event_id), d.name, d.tenant or "-", str(d.attempts), _first_line(d.error, ERROR_WIDTH))
+            for d in rows
+        ]
+        widths = [max(len(r[i]) for r in table) for i in range(len(header) - 1)]
+        for r in table:
+            self.stdout.write("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1])
+        shown = f"{len(rows)} of {total}" if total > len(rows) else str(total)
+        self.stdout.write(f"{shown} dead letter(s); `deadletters show ID` for the full error")
+
+    def _show(self, options: dict[str, Any]) -> None:
+        kind, value = options["id"]
+        rows = list(DeadLetter.objects.filter(**({"id": value} if kind == "id" else {"event_id": value})).order_by("id"))
+        if not rows:
+            raise CommandError(f"no dead letter {value}; `deadletters list` shows what there is.")
+        outbox = OutboxEvent.objects.filter(id=rows[0].event_id).first()
+        for d in rows:
+            w = self.stdout.write
+            w(f"dead letter {d.id}")
+            w(f"  subscription  {d.subscription}")
+            w(f"  event         {d.name} {d.event_id}" + (f" tenant={d.tenant}" if d.tenant else ""))
+            w(f"  failed at     {_when(d.failed_at)} UTC after {d.attempts} attempt(s)")
+            w(f"  error         {d.error}")
+            attempts = list(Attempt.objects.for_event(d.event_id, d.subscription).order_by("attempt"))
+            if attempts:
+                w("  attempts")
+                for a in attempts:
+                    w(f"    #{a.attempt} {a.outcome:<11} started {_when(a.started_at)} finished {_when(a.finished_at)} {a.worker} {_first_line(a.error, 80)}")
+            if d.traceback:
+                w("  traceback")
+                for line in d.traceback.rstrip().splitlines():
+                    w(f"    {line}")
+        if outbox is not None:
+            self.stdout.write(f"payload (outbox row, created {_when(outbox.created_at)} UTC)")
+            self.stdout.write(json.dumps(outbox.payload, indent=2, sort_keys=True))
+        else:
+            self.stdout.write("payload: no outbox row (malformed message, or purged) - nothing to replay")
+
+    # -- replay / discard --
+    def _replay(self, options: dict[str, Any]) -> None:
+        self._act(options, "replay")
+
+    def _discard(self, options: dict[str, Any]) -> None:
+        self._act(options, "discard")
+
+    def _act(self, options: dict[str, Any], verb: str) -> None:
+        actor = options["actor"] or getpass.getuser()
+        reason = options["reason"].strip()
+        if not reason:
+            raise CommandError(f"deadletters {verb}: --reason must say why (it is kept in the audit record).")
+        rows = self._matching(options)
+        past = {"replay": "replayed", "discard": "discarded"}[verb]
+        if not rows:
+            self.stdout.write(f"nothing to {verb}: no dead letter matches")
+            return
+        if options["dry_run"]:
+            for d in rows:
+                self.stdout.write(f"would {verb} {d.id} subscription={d.subscription} event_id={d.event_id} name={d.name}")
+            self.stdout.write(f"dry run, nothing written: would {verb} {len(rows)} dead letter(s)")
+            return
+        done, refused = 0, []
+        for n, d in enumerate(rows, 1):
+            try:
+                if verb == "replay":
+                    replay(d.event_id, subscription=d.subscription, actor=actor, reason=reason)
+                    ok = True
+                else:
+                    ok = discard(d.event_id, subscription=d.subscription, actor=actor, reason=reason)
+            except ReplayRefused as exc:
+                refused.append(f"{d.id}: {exc}")
+                continue
+            if ok:
+                done += 1
+            if options["verbosity"] >= 2:
+                self.stdout.write(f"{past} {d.id} subscription={d.subscription} event_id={d.event_id}")
+            elif len(rows) > PROGRESS_EVERY and n % PROGRESS_EVERY == 0:
+                self.stdout.write(f"... {n}/{len(rows)}")
+        for line in refused:
+            self.stderr.write(f"refused {line}")
+        self.stdout.write(f"{past}={done} refused={len(refused)} actor={actor}")
+        if refused:
+            raise CommandError(f"{len(refused)} of {len(rows)} dead letter(s) could not be {past} (see above).")

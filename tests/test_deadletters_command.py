@@ -1,0 +1,154 @@
+"""``manage.py deadletters``: list/show/replay/discard against the real
+database; --dry-run writes nothing, otherwise exactly the matching rows."""
+
+import getpass
+import io
+import json
+from datetime import timedelta
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.db import connection, transaction
+from django.utils import timezone
+
+from django_platformkit import publish
+from django_platformkit.consumer import record_dead_letter
+from django_platformkit.models import DeadLetter, HandledEvent, OutboxEvent
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def run(*args):
+    out, err = io.StringIO(), io.StringIO()
+    call_command("deadletters", *args, stdout=out, stderr=err)
+    return out.getvalue()
+
+
+def tables():
+    """Every row the command could touch, as comparable data."""
+    with connection.cursor() as cursor:
+        snapshot = {}
+        for table in ("platformkit_outbox", "platformkit_handled", "platformkit_dead_letters"):
+            cursor.execute(f"SELECT * FROM {table} ORDER BY 1, 2")
+            snapshot[table] = cursor.fetchall()
+    return snapshot
+
+
+@pytest.fixture
+def dead():
+    """Three published events that dead-lettered: two on testapp.flaky (one of
+    them two hours ago), one on testapp.record_order."""
+    with transaction.atomic():
+        old = publish("testapp.flaky", {"n": 1})
+        new = publish("testapp.flaky", {"n": 2})
+        other = publish("testapp.order_placed", {"n": 3})
+    OutboxEvent.objects.update(published_at=timezone.now())
+    for sub, event_id, name in (("testapp.flaky", old, "testapp.flaky"), ("testapp.flaky", new, "testapp.flaky"), ("testapp.record_order", other, "testapp.order_placed")):
+        assert record_dead_letter(subscription=sub, event_id=event_id, name=name, tenant=None, attempts=3,
+                                  error=f"RuntimeError: boom {event_id}\nsecond line", traceback="Traceback (most recent call last):\n  boom")
+    DeadLetter.objects.filter(event_id=old).update(failed_at=timezone.now() - timedelta(hours=2))
+    return {"old": old, "new": new, "other": other, "ids": {d.event_id: d.id for d in DeadLetter.objects.all()}}
+
+
+def test_replay_dry_run_writes_nothing_and_says_what_it_would_replay(dead):
+    before = tables()
+    out = run("replay", "--subscription", "testapp.flaky", "--since", "1h", "--reason", "fixed the bug", "--dry-run")
+    assert tables() == before
+    assert f"would replay {dead['ids'][dead['new']]} subscription=testapp.flaky event_id={dead['new']}" in out
+    assert "would replay 1 dead letter(s)" in out
+    assert str(dead["old"]) not in out and str(dead["other"]) not in out
+
+
+def test_replay_by_subscription_and_since_replays_exactly_the_matching_rows(dead):
+    out = run("replay", "--subscription", "testapp.flaky", "--since", "1h", "--reason", "fixed the bug")
+    assert f"replayed=1 refused=0 actor={getpass.getuser()}" in out
+    assert set(DeadLetter.objects.values_list("event_id", flat=True)) == {dead["old"], dead["other"]}
+    assert set(OutboxEvent.objects.filter(published_at__isnull=True, name="testapp.flaky").values_list("id", flat=True)) == {dead["new"]}
+    assert not HandledEvent.objects.filter(event_id=dead["new"]).exists()  # its terminal claim is gone
+    assert HandledEvent.objects.filter(event_id__in=[dead["old"], dead["other"]]).count() == 2  # theirs stay
+    (audit,) = OutboxEvent.objects.filter(name="platformkit.event_replayed")
+    assert audit.payload == {"event_id": str(dead["new"]), "name": "testapp.flaky", "subscription": "testapp.flaky",
+                             "actor": getpass.getuser(), "reason": "fixed the bug"}
+
+
+def test_replay_takes_dead_letter_ids_and_event_ids_and_an_actor(dead):
+    out = run("replay", str(dead["ids"][dead["other"]]), str(dead["old"]), "--reason", "retry", "--actor", "alice")
+    assert "replayed=2 refused=0 actor=alice" in out
+    assert set(DeadLetter.objects.values_list("event_id", flat=True)) == {dead["new"]}
+    actors = {e.payload["actor"] for e in OutboxEvent.objects.filter(name="platformkit.event_replayed")}
+    assert actors == {"alice"}
+
+
+def test_replay_refuses_without_a_selection_or_for_an_unknown_id(dead):
+    before = tables()
+    with pytest.raises(CommandError, match="name the dead letters"):
+        run("replay", "--reason", "everything")
+    with pytest.raises(CommandError, match="no dead letter matches 999999"):
+        run("replay", "999999", "--reason", "x")
+    assert tables() == before
+
+
+def test_a_malformed_dead_letter_is_refused_and_the_others_still_replay(dead):
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO platformkit_dead_letters (event_id, subscription, name, attempts, error, traceback, failed_at) "
+            "VALUES (gen_random_uuid(), 'testapp.flaky', '(malformed)', 1, 'malformed message', '', now())"
+        )
+    with pytest.raises(CommandError, match="1 of 2 dead letter"):
+        run("replay", "--subscription", "testapp.flaky", "--since", "1h", "--reason", "r")
+    assert not DeadLetter.objects.filter(event_id=dead["new"]).exists()
+    assert DeadLetter.objects.filter(name="(malformed)").exists()
+
+
+def test_discard_deletes_the_dead_letter_and_keeps_its_terminal_claim(dead):
+    before = tables()
+    run("discard", str(dead["ids"][dead["old"]]), "--reason", "obsolete", "--dry-run")
+    assert tables() == before
+    out = run("discard", str(dead["ids"][dead["old"]]), "--reason", "obsolete")
+    assert "discarded=1 refused=0" in out
+    assert not DeadLetter.objects.filter(event_id=dead["old"]).exists()
+    assert HandledEvent.objects.filter(event_id=dead["old"], subscription="testapp.flaky").exists()
+    assert DeadLetter.objects.count() == 2
+
+
+def test_list_shows_ids_event_ids_and_the_first_line_of_the_error(dead):
+    out = run("list", "--subscription", "testapp.flaky")
+    lines = out.splitlines()
+    assert lines[0].split()[:2] == ["ID", "FAILED"]
+    assert str(dead["new"]) in lines[1] and str(dead["old"]) in lines[2]  # newest first
+    assert "second line" not in out
+    assert "2 dead letter(s)" in out
+    rows = json.loads(run("list", "--format", "json", "--since", "1h"))
+    assert {r["event_id"] for r in rows} == {str(dead["new"]), str(dead["other"])}
+    assert all("second line" in r["error"] for r in rows)
+
+
+def test_show_prints_the_error_traceback_and_payload(dead):
+    out = run("show", str(dead["ids"][dead["new"]]))
+    assert f"RuntimeError: boom {dead['new']}" in out
+    assert "Traceback (most recent call last):" in out
+    assert '"n": 2' in out
+    assert run("show", str(dead["other"])).count("dead letter ") == 1
+
+
+@pytest.mark.parametrize("args, marker", [
+    (["purgeoutbox", "--older-than", "1h"], "outbox="),
+    (["purgeoutbox", "--older-than", "1h", "--dry-run"], "outbox="),
+    (["runworker", "--burst", "--no-jobs", "--subscription", "testapp.record_order"], "relayed="),
+    (["runrelay", "--once"], "relayed="),
+])
+def test_operator_commands_print_their_result_once(args, marker, broker):
+    """stdout carries the result; the log (stderr) doesn't repeat it."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT, worker_env
+
+    with transaction.atomic():
+        publish("testapp.order_placed", {"n": 1})
+    OutboxEvent.objects.update(published_at=timezone.now() - timedelta(hours=2)) if args[0] == "purgeoutbox" else None
+    result = subprocess.run([sys.executable, str(ROOT / "tests" / "manage.py"), *args], env=worker_env(broker), cwd=ROOT, capture_output=True, timeout=120)
+    out, err = result.stdout.decode(), result.stderr.decode()
+    assert result.returncode == 0, err
+    assert (out + err).count(marker) == 1, (out, err)
+    assert marker in out

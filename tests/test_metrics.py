@@ -1,0 +1,213 @@
+"""/metrics (django_platformkit.metrics): what a scrape says after a burst
+equals what the database says happened - against real PostgreSQL and NATS."""
+
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+from django.db import transaction
+from prometheus_client.parser import text_string_to_metric_families
+
+from django_platformkit import publish
+from django_platformkit.consumer import subscriptions
+from django_platformkit.metrics import Metrics
+from django_platformkit.models import DeadLetter, HandledEvent, OutboxEvent
+from django_platformkit.transport import subject_for
+from tests.conftest import ROOT, manage, wait_for, worker_env
+from tests.testapp.models import Attempt
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+SUBS = ["testapp.record_order", "testapp.count_order", "testapp.flaky"]
+
+
+def scrape(port: int) -> dict[tuple[str, tuple], float]:
+    """GET /metrics over HTTP; {(sample name, sorted labels): value}."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        assert response.status == 200
+        text = response.read().decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text) for s in family.samples
+    }
+
+
+def handled(samples, subscription, outcome):
+    return samples.get(("platformkit_handled_total", (("outcome", outcome), ("subscription", subscription))), 0.0)
+
+
+@pytest.fixture
+def metrics():
+    subs = [s for s in subscriptions() if s.name in SUBS]
+    m = Metrics(subscriptions=subs).connect()
+    yield m
+    m.close()
+
+
+def test_metrics_scraped_after_a_burst_equal_what_the_database_says_happened(run_worker, metrics, transport):
+    with transaction.atomic():
+        for i in range(5):
+            publish("testapp.order_placed", {"n": i})
+        publish("testapp.flaky", {"fail_until": 1})  # one retry, then handled
+        publish("testapp.flaky", {"always_fail": True})  # max_attempts=3: two retries, one dead letter
+    transport.publish_raw(subject_for("testapp.flaky", None), b"not json at all")  # one malformed
+    subs = [s for s in subscriptions() if s.name in SUBS]
+    metrics.transport = transport
+    port = metrics.serve(0, "127.0.0.1")
+    run_worker(subscriptions=subs)
+
+    samples = scrape(port)
+    # relayed: every outbox row the relay stamped (the replay-free run: 7)
+    assert samples[("platformkit_relayed_total", ())] == OutboxEvent.objects.filter(published_at__isnull=False).count() == 7
+    dead = DeadLetter.objects.exclude(name="(malformed)")
+    for name in SUBS:
+        claims = HandledEvent.objects.filter(subscription=name).count()
+        terminal = dead.filter(subscription=name).count()
+        assert handled(samples, name, "handled") == claims - terminal, name
+        assert handled(samples, name, "dead_lettered") == terminal, name
+        assert handled(samples, name, "malformed") == DeadLetter.objects.filter(subscription=name, name="(malformed)").count(), name
+    # retried = every attempt that ran and was not the last one of its event
+    runs = Attempt.objects.filter(subscription="testapp.flaky").count()
+    flaky_events = HandledEvent.objects.filter(subscription="testapp.flaky").count()
+    assert handled(samples, "testapp.flaky", "retried") == runs - flaky_events == 3
+    assert handled(samples, "testapp.flaky", "dead_lettered") == 1
+    assert handled(samples, "testapp.flaky", "malformed") == 1
+    assert handled(samples, "testapp.record_order", "handled") == 5
+    # one observation per handler run, failed runs included
+    assert samples[("platformkit_handler_duration_seconds_count", (("subscription", "testapp.flaky"),))] == runs == 5
+    # scrape-time gauges: nothing waits after a burst ...
+    assert samples[("platformkit_outbox_pending", ())] == 0
+    assert samples[("platformkit_outbox_lag_seconds", ())] == 0
+    for name in SUBS:
+        assert samples[("platformkit_consumer_pending", (("subscription", name),))] == 0
+    assert samples[("platformkit_dead_letters", (("subscription", "testapp.flaky"),))] == DeadLetter.objects.filter(subscription="testapp.flaky").count() == 2
+    assert samples[("platformkit_scrape_ok", (("source", "database"),))] == 1
+    assert samples[("platformkit_scrape_ok", (("source", "nats"),))] == 1
+
+    # ... and a row written now is pending, with a lag that grows
+    with transaction.atomic():
+        publish("testapp.order_placed", {"n": 99})
+    time.sleep(0.3)
+    later = scrape(port)
+    assert later[("platformkit_outbox_pending", ())] == OutboxEvent.objects.pending().count() == 1
+    assert later[("platformkit_outbox_lag_seconds", ())] >= 0.3
+
+
+def test_a_scrape_with_nats_unreachable_still_reports_the_database_figures(metrics, broker):
+    from django_platformkit.transport import Transport
+
+    with transaction.atomic():
+        publish("testapp.order_placed", {"n": 1})
+    metrics.transport = Transport(url="nats://127.0.0.1:1")  # never connected
+    samples = {}
+    for family in text_string_to_metric_families(metrics.exposition().decode()):
+        for s in family.samples:
+            samples[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    assert samples[("platformkit_outbox_pending", ())] == 1
+    assert samples[("platformkit_scrape_ok", (("source", "nats"),))] == 0
+    assert not any(name == "platformkit_consumer_pending" for name, _ in samples)
+
+
+def test_two_metrics_in_one_process_have_registries_of_their_own(metrics):
+    from django_platformkit import signals
+
+    other = Metrics().connect()
+    try:
+        signals.job_finished.send_robust(sender=None, job="testapp.tick", slot=None, outcome="succeeded", error=None, duration_seconds=0.1)
+        for m in (metrics, other):
+            assert m.registry.get_sample_value("platformkit_job_runs_total", {"job": "testapp.tick", "outcome": "succeeded"}) == 1
+    finally:
+        other.close()
+    signals.job_finished.send_robust(sender=None, job="testapp.tick", slot=None, outcome="failed", error=None, duration_seconds=0.1)
+    assert other.registry.get_sample_value("platformkit_job_runs_total", {"job": "testapp.tick", "outcome": "failed"}) is None
+    assert metrics.registry.get_sample_value("platformkit_job_runs_total", {"job": "testapp.tick", "outcome": "failed"}) == 1
+
+
+def test_runrelay_metrics_port_serves_metrics_from_a_real_process(broker):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with transaction.atomic():
+        for i in range(3):
+            publish("testapp.order_placed", {"n": i})
+    process = manage("runrelay", "--metrics-port", str(port), env=worker_env(broker), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        def relayed():
+            try:
+                return scrape(port).get(("platformkit_relayed_total", ()), 0) == 3
+            except OSError:
+                return False
+
+        wait_for(relayed, timeout=60, what="runrelay's /metrics to show 3 relayed")
+        assert scrape(port)[("platformkit_outbox_pending", ())] == OutboxEvent.objects.pending().count() == 0
+    finally:
+        process.terminate()
+        _, err = process.communicate(timeout=30)
+    assert process.returncode == 0, err.decode()
+
+
+def test_metrics_port_taken_is_a_clear_command_error(broker):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        result = subprocess.run(
+            [sys.executable, str(ROOT / "tests" / "manage.py"), "runrelay", "--once", "--metrics-port", str(port)],
+            env=worker_env(broker), cwd=ROOT, capture_output=True, timeout=60,
+        )
+    assert result.returncode == 1
+    assert f"--metrics-port {port}: can't listen there" in result.stderr.decode()
+
+
+def test_runworker_metrics_port_counts_what_the_database_holds_in_a_real_process(broker):
+    import signal
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    process = manage("runworker", "--metrics-port", str(port), "--no-jobs", "--subscription", "testapp.record_order",
+                     env=worker_env(broker), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        with transaction.atomic():
+            for i in range(4):
+                publish("testapp.order_placed", {"n": i})
+
+        def settled():
+            try:
+                samples = scrape(port)
+            except OSError:
+                return False
+            return handled(samples, "testapp.record_order", "handled") == 4 and samples
+
+        samples = wait_for(settled, timeout=60, what="runworker's /metrics to show 4 handled")
+        assert handled(samples, "testapp.record_order", "handled") == HandledEvent.objects.filter(subscription="testapp.record_order").count()
+        assert samples[("platformkit_relayed_total", ())] == OutboxEvent.objects.filter(published_at__isnull=False).count() == 4
+        assert samples[("platformkit_consumer_pending", (("subscription", "testapp.record_order"),))] == 0
+        assert ("platformkit_consumer_pending", (("subscription", "testapp.count_order"),)) not in samples  # not this worker's
+    finally:
+        process.send_signal(signal.SIGTERM)
+        _, err = process.communicate(timeout=60)
+    assert process.returncode == 0, err.decode()
+
+
+def test_a_scrape_inside_a_callers_transaction_leaves_it_usable_and_its_timeout_alone(metrics):
+    from django.db import connection
+
+    with transaction.atomic():
+        publish("testapp.order_placed", {"n": 1})
+        with connection.cursor() as cursor:
+            cursor.execute("SHOW statement_timeout")
+            before = cursor.fetchone()[0]
+        assert b"platformkit_outbox_pending 1.0" in metrics.exposition()  # sees its own uncommitted row
+        with connection.cursor() as cursor:
+            cursor.execute("SHOW statement_timeout")
+            assert cursor.fetchone()[0] == before
+        publish("testapp.order_placed", {"n": 2})
+    assert OutboxEvent.objects.pending().count() == 2

@@ -1,0 +1,384 @@
+"""The overview page's figures (django_platformkit.overview) against the real
+PostgreSQL and NATS: per subscription what waits in the stream, what is in
+flight, what was handled and dead-lettered; the relay's lag; jobs; workers'
+heartbeats. NATS unreachable or silent: the database figures still render,
+within the broker deadline, and the page says so without credentials."""
+
+from __future__ import annotations
+
+import datetime
+import socket
+import threading
+import time
+import uuid
+
+import pytest
+from django.contrib.auth.models import Permission, User
+from django.db import connection, connections, transaction
+from django.test import override_settings
+from django.urls import reverse
+from django.utils import timezone
+
+from django_platformkit import overview, publish
+from django_platformkit.consumer import Consumer, record_dead_letter, subscriptions
+from django_platformkit.heartbeat import Heartbeat, worker_id
+from django_platformkit.models import Attempt, DeadLetter, HandledEvent, JobState, OutboxEvent, WorkerHeartbeat
+from django_platformkit.relay import Relay
+from tests.test_checks import registries  # noqa: F401 - fixture
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+OVERVIEW = "admin:django_platformkit_overview"
+
+
+def _subscription(name: str):
+    return next(s for s in subscriptions() if s.name == name)
+
+
+def _figures(result: overview.Overview, name: str) -> overview.SubscriptionFigures:
+    return next(s for s in result.subscriptions if s.name == name)
+
+
+def _viewer(*codenames: str) -> User:
+    user = User.objects.create_user(f"u{uuid.uuid4().hex[:6]}", is_staff=True)
+    user.user_permissions.set(Permission.objects.filter(content_type__app_label="django_platformkit", codename__in=codenames))
+    return user
+
+
+def _publish(name: str, n: int, **payload) -> list[uuid.UUID]:
+    with transaction.atomic():
+        return [publish(name, {"n": i, **payload}) for i in range(n)]
+
+
+# --- the page: who may see it, where it is linked ---------------------------------
+
+def test_the_overview_is_linked_from_the_app_index_for_staff_who_may_view_a_table(client):
+    url = reverse(OVERVIEW)
+    assert url == "/admin/django_platformkit/overview/"
+    client.force_login(_viewer("view_deadletter"))
+    index = client.get(reverse("admin:app_list", args=["django_platformkit"])).content.decode()
+    assert f'href="{url}"' in index
+    page = client.get(url)
+    assert page.status_code == 200 and 'id="platformkit-subscriptions"' in page.content.decode()
+    client.force_login(_viewer())  # staff, no view permission on any table
+    assert client.get(url).status_code == 403
+    client.logout()
+    assert client.get(url).status_code == 302  # to the login page
+
+
+# --- database figures ------------------------------------------------------------------
+
+def test_outbox_figures_are_pending_rows_the_oldest_ones_age_and_what_was_relayed_recently(settings):
+    pending = _publish("testapp.slow", 3)
+    OutboxEvent.objects.filter(pk=pending[0]).update(created_at=timezone.now() - datetime.timedelta(minutes=7))
+    relayed = _publish("testapp.flaky", 4)
+    now = timezone.now()
+    # Two relayed within the last 5 min (lag 2 s and 30 s), one 20 min ago, one 2 h ago (outside the hour).
+    for event_id, published_ago, lag in zip(relayed, (60, 120, 1200, 7200), (2, 30, 1, 1), strict=True):
+        OutboxEvent.objects.filter(pk=event_id).update(
+            published_at=now - datetime.timedelta(seconds=published_ago),
+            created_at=now - datetime.timedelta(seconds=published_ago + lag),
+        )
+    result = overview.collect(broker_timeout_seconds=1)
+    out = result.outbox
+    assert out.pending == 3
+    assert 7 * 60 - 5 < out.oldest_pending_age_seconds < 7 * 60 + 30
+    assert out.relayed_5m == 2
+    assert sum(out.relayed_per_minute) == 3 and len(out.relayed_per_minute) == 60
+    assert out.relayed_per_minute[-2] == 1 and out.relayed_per_minute[-3] == 1 and out.relayed_per_minute[-21] == 1
+    assert max(out.lag_seconds_per_minute) == pytest.approx(30, abs=0.01)
+
+
+def test_subscription_figures_count_successes_by_window_not_terminal_claims(settings):
+    now = timezone.now()
+    ids = _publish("testapp.order_placed", 6)
+    ages_seconds = (10, 100, 290, 600, 3000, 5000)  # 3 in 5 min, 5 in the hour, 1 older
+    for event_id, ago in zip(ids, ages_seconds, strict=True):
+        HandledEvent.objects.create(subscription="testapp.record_order", event_id=event_id, handled_at=now - datetime.timedelta(seconds=ago))
+    failed = _publish("testapp.order_placed", 1)[0]
+    assert record_dead_letter(subscription="testapp.record_order", event_id=failed, name="testapp.order_placed", tenant=None,
+                              attempts=3, error="RuntimeError: x", traceback="")
+    result = overview.collect(broker_timeout_seconds=1)
+    row = _figures(result, "testapp.record_order")
+    assert (row.handled_5m, row.handled_1h, row.open_dead_letters) == (3, 5, 1)
+    assert abs((row.last_handled_at - (now - datetime.timedelta(seconds=10))).total_seconds()) < 0.01
+    assert sum(row.throughput_per_minute) == 5 and row.throughput_per_minute[-1] == 1
+    other = _figures(result, "testapp.count_order")
+    assert (other.handled_5m, other.handled_1h, other.open_dead_letters, other.last_handled_at) == (0, 0, 0, None)
+    # The relay's own dead letters get a row although no handler is subscribed under that name.
+    record_dead_letter(subscription="platformkit.relay", event_id=ids[0], name="testapp.order_placed", tenant=None, attempts=1, error="too big", traceback="")
+    relay_row = _figures(overview.collect(broker_timeout_seconds=1), "platformkit.relay")
+    assert relay_row.open_dead_letters == 1 and not relay_row.registered
+
+
+def test_the_claims_figures_use_the_subscription_handled_at_index_not_every_claim_ever_made():
+    with connection.cursor() as cursor:
+        # A day-old history of 20,000 claims and a recent few: the hour's query must not walk the history.
+        cursor.execute(
+            "INSERT INTO platformkit_handled (subscription, event_id, handled_at) "
+            "SELECT 'testapp.record_order', gen_random_uuid(), now() - interval '2 days' - g * interval '1 second' FROM generate_series(1, 20000) g"
+        )
+        cursor.execute(
+            "INSERT INTO platformkit_handled (subscription, event_id, handled_at) "
+            "SELECT 'testapp.record_order', gen_random_uuid(), now() - g * interval '1 second' FROM generate_series(1, 10) g"
+        )
+        cursor.execute("ANALYZE platformkit_handled")
+        cursor.execute("EXPLAIN " + overview._HANDLED_SQL, [["testapp.record_order"]])
+        plan = "\n".join(r[0] for r in cursor.fetchall())
+    assert "platformkit_handled_recent" in plan, plan
+    assert _figures(overview.collect(broker_timeout_seconds=1), "testapp.record_order").handled_1h == 10
+
+
+def test_a_job_is_running_now_only_while_its_lock_is_held(registries):  # noqa: F811
+    from django_platformkit import jobs
+    from django_platformkit.locks import advisory_key
+
+    jobs.job(every=datetime.timedelta(minutes=5), name="testapp.report")(lambda: None)
+    slot = timezone.now().replace(microsecond=0) - datetime.timedelta(minutes=1)
+    JobState.objects.create(name="testapp.report", last_slot=slot, started_at=slot, last_error="")
+    JobState.objects.create(name="testapp.gone", last_slot=slot, started_at=slot, finished_at=slot, last_error="Boom\nline two")
+    crashed = {j.name: j for j in overview.collect(broker_timeout_seconds=1).jobs}
+    assert crashed["testapp.report"].running is False  # the ledger says started, no lock: its worker died mid-run
+    assert crashed["testapp.report"].next_slot > timezone.now() and crashed["testapp.report"].schedule == "every 0:05:00"
+    assert crashed["testapp.gone"].schedule == "— (no longer declared)" and crashed["testapp.gone"].last_error.startswith("Boom")
+    holder = connections.create_connection("default")
+    try:
+        with holder.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_lock(%s)", [advisory_key("testapp.report")])
+        running = {j.name: j for j in overview.collect(broker_timeout_seconds=1).jobs}
+        assert running["testapp.report"].running is True and running["testapp.gone"].running is False
+    finally:
+        holder.close()
+
+
+def test_the_page_renders_every_section_from_the_database(client, registries):  # noqa: F811
+    _publish("testapp.slow", 2)
+    Heartbeat(["testapp.slow"], worker="web-9:123").beat()
+    client.force_login(_viewer("view_outboxevent"))
+    html = client.get(reverse(OVERVIEW)).content.decode()
+    for section in ('id="platformkit-subscriptions"', 'id="platformkit-outbox"', 'id="platformkit-jobs"', 'id="platformkit-workers"'):
+        assert section in html
+    assert '<strong class="pk-outbox-pending"><a href="/admin/django_platformkit/outboxevent/?status=pending">2</a></strong>' in html
+    assert 'data-worker="web-9:123"' in html and "<strong>alive</strong>" in html
+    assert html.count('<svg class="platformkit-spark"') >= len(subscriptions()) + 2
+
+
+# --- the broker: a backlog on one subscription, a dead letter on another ---------------
+
+def test_broker_figures_show_a_backlog_and_a_real_dead_letter_side_by_side(broker, transport, run_worker, client):
+    # A dead letter from a real failing handler run (3 attempts, then given up).
+    flaky_id = _publish("testapp.flaky", 1, always_fail=True)[0]
+    run_worker(subscriptions=[_subscription("testapp.flaky")])
+    assert DeadLetter.objects.filter(subscription="testapp.flaky", event_id=flaky_id).exists()
+    # A backlog: the durable exists, 5 events relayed, no worker consuming them.
+    Consumer(_subscription("testapp.record_order"), transport).ensure()
+    _publish("testapp.order_placed", 5)
+    Relay(transport).drain()
+    time.sleep(1.1)  # so the oldest unhandled message is measurably old
+    result = overview.collect()
+    assert result.broker_ok, result.broker_error
+    backlog = _figures(result, "testapp.record_order")
+    assert (backlog.num_pending, backlog.num_ack_pending, backlog.num_redelivered) == (5, 0, 0)
+    assert backlog.oldest_unhandled_source == "broker" and 1.0 <= backlog.oldest_unhandled_age_seconds < 60
+    assert backlog.open_dead_letters == 0
+    failed = _figures(result, "testapp.flaky")
+    assert (failed.num_pending, failed.num_ack_pending, failed.open_dead_letters) == (0, 0, 1)
+    assert failed.oldest_unhandled_age_seconds is None
+    # No worker has created this one's durable: said, not a crash.
+    assert "no durable" in _figures(result, "testapp.slow").broker_error
+    # The worker that ran said so in its heartbeat.
+    beat = WorkerHeartbeat.objects.get(worker=worker_id())
+    assert beat.subscriptions == ["testapp.flaky"] and beat.stopped_at is not None and beat.started_at <= beat.last_seen
+
+    client.force_login(_viewer("view_deadletter"))
+    html = client.get(reverse(OVERVIEW)).content.decode()
+    row = html[html.index('data-subscription="testapp.record_order"'):]
+    row = row[: row.index("</tr>")]
+    assert '<td class="num pk-waiting">5</td>' in row and '<td class="num pk-in-flight">0</td>' in row
+    row = html[html.index('data-subscription="testapp.flaky"'):]
+    row = row[: row.index("</tr>")]
+    assert '>1</a></td>' in row and "?subscription=testapp.flaky" in row
+    assert "platformkit-broker-down" not in html
+
+
+def test_a_dead_letter_from_a_real_failing_run_shows_its_error_and_whatever_attempts_were_recorded(broker, run_worker, client):
+    flaky_id = _publish("testapp.flaky", 1, always_fail=True)[0]
+    run_worker(subscriptions=[_subscription("testapp.flaky")])
+    row = DeadLetter.objects.get(subscription="testapp.flaky", event_id=flaky_id)
+    client.force_login(_viewer("view_deadletter"))
+    html = client.get(reverse("admin:django_platformkit_deadletter_change", args=[row.pk])).content.decode()
+    assert "RuntimeError: flaky failure on attempt 3" in html
+    recorded = Attempt.objects.for_event(flaky_id, "testapp.flaky").count()
+    if recorded:  # the runtime that writes Attempt rows (consumer rewrite): one table row each
+        assert html.count('<tr class="platformkit-attempt-') == recorded
+    else:  # today's consumer writes none: the page says so instead of an empty table
+        assert "no per-attempt record" in html
+
+
+# --- NATS unreachable or silent -----------------------------------------------------------
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_with_nats_unreachable_the_database_figures_render_and_the_page_says_so_without_credentials(client, settings):
+    _publish("testapp.slow", 2)
+    url = f"nats://worker:s3cret@127.0.0.1:{_closed_port()}"
+    with override_settings(PLATFORMKIT=dict(settings.PLATFORMKIT, NATS_URL=url)):
+        started = time.monotonic()
+        result = overview.collect()
+        took = time.monotonic() - started
+        assert took < overview.BROKER_TIMEOUT_SECONDS + 1.0
+        assert not result.broker_ok and "s3cret" not in result.broker_error and "nats://***@127.0.0.1" in result.broker_error
+        assert result.outbox.pending == 2
+        slow = _figures(result, "testapp.slow")
+        assert slow.num_pending is None and slow.oldest_unhandled_source == "outbox" and slow.oldest_unhandled_age_seconds >= 0
+        client.force_login(_viewer("view_outboxevent"))
+        response = client.get(reverse(OVERVIEW))
+    html = response.content.decode()
+    assert response.status_code == 200
+    assert 'id="platformkit-broker-down"' in html and "NATS is unreachable" in html
+    assert "s3cret" not in html and "nats://***@127.0.0.1" in html
+    assert '<td class="num pk-waiting">—</td>' in html
+    assert '<a href="/admin/django_platformkit/outboxevent/?status=pending">2</a>' in html
+
+
+def test_a_nats_that_accepts_and_never_answers_costs_the_page_the_deadline_not_more(settings):
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)  # connections complete in the backlog; nothing ever sends INFO
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        server.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(server.accept()[0])
+            except OSError:
+                pass
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        url = f"nats://127.0.0.1:{server.getsockname()[1]}"
+        with override_settings(PLATFORMKIT=dict(settings.PLATFORMKIT, NATS_URL=url)):
+            started = time.monotonic()
+            result = overview.collect()
+            took = time.monotonic() - started
+    finally:
+        stop.set()
+        thread.join()
+        for s in held:
+            s.close()
+        server.close()
+    assert not result.broker_ok
+    assert took < overview.BROKER_TIMEOUT_SECONDS + 1.0, took
+
+
+# --- heartbeats ------------------------------------------------------------------------------
+
+def test_a_heartbeat_writes_its_row_at_most_once_per_interval_and_marks_a_clean_stop():
+    beat = Heartbeat(["b.two", "a.one"], every_seconds=60, worker="host-a:1")
+    assert beat.beat() is True
+    first = WorkerHeartbeat.objects.get(worker="host-a:1")
+    assert first.subscriptions == ["a.one", "b.two"] and first.stopped_at is None
+    assert beat.beat() is False  # not due yet: no write
+    assert beat.beat(force=True) is True
+    assert WorkerHeartbeat.objects.get(worker="host-a:1").last_seen > first.last_seen
+    beat.stopped()
+    stopped = WorkerHeartbeat.objects.get(worker="host-a:1")
+    assert stopped.stopped_at is not None and stopped.started_at == first.started_at
+
+
+def test_the_overview_tells_alive_silent_and_stopped_workers_apart_and_forgets_old_ones():
+    Heartbeat([], worker="alive:1").beat()
+    Heartbeat([], worker="stopped:2").stopped()
+    Heartbeat([], worker="silent:3").beat()
+    Heartbeat([], worker="ancient:4").beat()
+    WorkerHeartbeat.objects.filter(worker="silent:3").update(last_seen=timezone.now() - datetime.timedelta(minutes=2))
+    WorkerHeartbeat.objects.filter(worker="ancient:4").update(last_seen=timezone.now() - datetime.timedelta(days=8))
+    seen = {w.worker: w for w in overview.collect(broker_timeout_seconds=1).workers}
+    assert set(seen) == {"alive:1", "stopped:2", "silent:3"}
+    assert (seen["alive:1"].alive, seen["stopped:2"].alive, seen["silent:3"].alive) == (True, False, False)
+    assert seen["stopped:2"].stopped_at is not None and seen["silent:3"].stopped_at is None
+    Heartbeat([], worker="new:5").beat()  # a worker's first beat forgets rows a week old
+    assert not WorkerHeartbeat.objects.filter(worker="ancient:4").exists()
+
+
+def test_a_heartbeat_that_cannot_write_logs_once_and_never_raises(caplog):
+    beat = Heartbeat(["a.one"], every_seconds=0, worker="host-b:2")
+    with connection.cursor() as cursor:
+        cursor.execute("ALTER TABLE platformkit_workers RENAME TO platformkit_workers_away")
+    try:
+        with caplog.at_level("WARNING", logger="django_platformkit.heartbeat"):
+            assert beat.beat() is False
+            assert beat.beat() is False
+        assert [r.getMessage().split(" error=")[0] for r in caplog.records] == ["heartbeat not written worker=host-b:2"]
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("ALTER TABLE platformkit_workers_away RENAME TO platformkit_workers")
+    assert beat.beat() is True
+    assert WorkerHeartbeat.objects.filter(worker="host-b:2").exists()
+
+
+def test_sparklines_are_svg_polylines_scaled_to_their_peak():
+    svg = str(overview.sparkline_svg([0] * 59 + [10], width=120, height=24, label="handled"))
+    points = svg.split('points="')[1].split('"')[0].split()
+    assert len(points) == 60
+    assert points[0] == "2.0,22.0" and points[-1] == "118.0,2.0"
+    assert "<title>handled: peak 10" in svg
+    assert overview.sparkline_svg(None) == "—"
+
+
+def test_real_worker_processes_beat_a_killed_one_falls_silent_a_stopped_one_says_so(broker):
+    import signal
+
+    from tests.conftest import manage, wait_for, worker_env
+
+    env = worker_env(broker)
+    killed = manage("runworker", "--subscription", "testapp.slow", "--no-jobs", env=env)
+    stopped = manage("runworker", "--subscription", "testapp.flaky", "--no-jobs", env=env)
+    try:
+        rows = wait_for(lambda: {w.worker.rsplit(":", 1)[1]: w for w in WorkerHeartbeat.objects.all()} if WorkerHeartbeat.objects.count() == 2 else None,
+                        timeout=60, what="both workers' first heartbeat")
+        assert rows[str(killed.pid)].subscriptions == ["testapp.slow"] and rows[str(stopped.pid)].subscriptions == ["testapp.flaky"]
+        first_seen = WorkerHeartbeat.objects.get(worker__endswith=f":{killed.pid}").last_seen
+        wait_for(lambda: WorkerHeartbeat.objects.get(worker__endswith=f":{killed.pid}").last_seen > first_seen, timeout=15, what="a second beat")
+        killed.kill()
+        assert killed.wait(30) == -signal.SIGKILL
+        stopped.send_signal(signal.SIGTERM)
+        assert stopped.wait(30) == 0
+        last = WorkerHeartbeat.objects.get(worker__endswith=f":{killed.pid}").last_seen
+        time.sleep(6)  # more than a beat interval: a live worker would have written again
+        dead = WorkerHeartbeat.objects.get(worker__endswith=f":{killed.pid}")
+        assert dead.last_seen == last and dead.stopped_at is None  # silent: it could say nothing as it died
+        assert WorkerHeartbeat.objects.get(worker__endswith=f":{stopped.pid}").stopped_at is not None
+        seen = {w.worker.rsplit(":", 1)[1]: w for w in overview.collect(broker_timeout_seconds=1).workers}
+        assert seen[str(stopped.pid)].alive is False and seen[str(stopped.pid)].stopped_at is not None
+    finally:
+        for process in (killed, stopped):
+            if process.poll() is None:
+                process.kill()
+                process.wait(30)
+
+
+def test_the_database_figures_cost_the_same_queries_for_four_subscriptions_or_forty(registries):  # noqa: F811
+    from django.db import connection as conn
+    from django.test.utils import CaptureQueriesContext
+
+    from django_platformkit import subscribe
+
+    def measure() -> int:
+        with CaptureQueriesContext(conn) as queries:
+            overview.collect(broker_timeout_seconds=0.5)
+        return len(queries)
+
+    _publish("testapp.slow", 3)
+    few = measure()
+    for i in range(36):
+        subscribe("testapp.flaky", name=f"testapp.extra_{i}")(lambda event: None)
+    assert len(subscriptions()) >= 40
+    assert measure() == few

@@ -1,0 +1,121 @@
+"""OpenTelemetry (django_platformkit.tracing) with the SDK's in-memory
+exporter: one publish -> one producer span at the relay's send and one
+consumer span per subscription, all in the publisher's trace; real
+PostgreSQL and NATS in between."""
+
+import pytest
+from django.db import transaction
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind, StatusCode
+
+from django_platformkit import publish, tracing
+from django_platformkit.consumer import subscriptions
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+@pytest.fixture
+def spans(monkeypatch):
+    """An SDK tracer provider exporting to memory, in force for this test
+    only: OpenTelemetry lets a process set its global provider once, so the
+    lookup is patched instead, and every later test runs untraced again."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    monkeypatch.setattr(trace, "get_tracer_provider", lambda: provider)
+    yield exporter
+    provider.shutdown()
+
+
+def subs(*names):
+    return [s for s in subscriptions() if s.name in names]
+
+
+def test_one_publish_gives_one_producer_span_and_one_consumer_span_per_subscription_in_the_publishers_trace(spans, run_worker):
+    tracer = trace.get_tracer("tests")
+    with tracer.start_as_current_span("POST /orders") as request:
+        with transaction.atomic():
+            event_id = publish("testapp.order_placed", {"n": 1})
+    run_worker(subscriptions=subs("testapp.record_order", "testapp.count_order"))
+
+    finished = spans.get_finished_spans()
+    trace_id = request.get_span_context().trace_id
+    producers = [s for s in finished if s.kind is SpanKind.PRODUCER]
+    consumers = [s for s in finished if s.kind is SpanKind.CONSUMER]
+    assert len(producers) == 1
+    assert len(consumers) == 2
+    for span in producers + consumers:
+        assert span.context.trace_id == trace_id, span.name
+        assert span.parent.span_id == request.get_span_context().span_id, span.name
+        assert span.attributes["messaging.system"] == "nats"
+        assert span.attributes["messaging.message.id"] == str(event_id)
+    (producer,) = producers
+    assert producer.name == "send testapp.order_placed"
+    assert producer.attributes["messaging.operation.type"] == "send"
+    assert producer.attributes["messaging.destination.name"].endswith("._.testapp.order_placed")
+    assert {c.attributes["messaging.consumer.group.name"] for c in consumers} == {"testapp.record_order", "testapp.count_order"}
+    for consumer in consumers:
+        assert consumer.name == "process testapp.order_placed"
+        assert consumer.attributes["messaging.operation.type"] == "process"
+        assert consumer.status.status_code is not StatusCode.ERROR
+
+
+def test_a_failing_handler_records_its_error_on_each_attempts_span(spans, run_worker):
+    tracer = trace.get_tracer("tests")
+    with tracer.start_as_current_span("job") as request, transaction.atomic():
+        publish("testapp.flaky", {"always_fail": True})
+    run_worker(subscriptions=subs("testapp.flaky"))
+
+    consumers = [s for s in spans.get_finished_spans() if s.kind is SpanKind.CONSUMER]
+    assert [c.attributes["platformkit.attempt"] for c in consumers] == [1, 2, 3]  # max_attempts=3
+    for consumer in consumers:
+        assert consumer.context.trace_id == request.get_span_context().trace_id
+        assert consumer.status.status_code is StatusCode.ERROR
+        (exception,) = [e for e in consumer.events if e.name == "exception"]
+        assert exception.attributes["exception.type"] == "RuntimeError"
+        assert "flaky failure on attempt" in exception.attributes["exception.message"]
+
+
+def test_an_event_published_outside_any_trace_starts_a_trace_of_its_own(spans, run_worker):
+    with transaction.atomic():
+        publish("testapp.order_placed", {"n": 2})
+    run_worker(subscriptions=subs("testapp.record_order"))
+    finished = spans.get_finished_spans()
+    assert {s.kind for s in finished} == {SpanKind.PRODUCER, SpanKind.CONSUMER}
+    assert all(s.parent is None for s in finished)
+
+
+def test_without_a_tracer_provider_nothing_is_traced(monkeypatch):
+    # The API's proxy provider (what an unconfigured process has) means "off".
+    monkeypatch.setattr(trace, "get_tracer_provider", lambda: trace.ProxyTracerProvider())
+    assert not tracing.enabled()
+    with tracing.consumer_span(subscription="s.x", event_id="e", name="a.b", headers={}, attempt=1) as span:
+        assert span is None
+    assert isinstance(tracing.producer_spans([], iter(())), type(tracing._NO_SPANS))
+
+
+def test_without_opentelemetry_installed_the_import_is_tried_once_and_nothing_is_traced(monkeypatch):
+    import sys
+
+    attempts = []
+
+    class Refuse:
+        """An import hook standing in for an environment without OpenTelemetry."""
+
+        def find_spec(self, name, path=None, target=None):
+            if name == "opentelemetry" or name.startswith("opentelemetry."):
+                attempts.append(name)
+                raise ImportError(f"No module named {name!r}")
+            return None
+
+    for name in [m for m in sys.modules if m == "opentelemetry" or m.startswith("opentelemetry.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setattr(sys, "meta_path", [Refuse(), *sys.meta_path])
+    monkeypatch.setattr(tracing, "_otel", None)
+    for _ in range(3):
+        with tracing.consumer_span(subscription="s.x", event_id="e", name="a.b", headers={"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"}, attempt=1) as span:
+            assert span is None
+        assert not tracing.enabled()
+    assert attempts == ["opentelemetry"]  # looked up once, then cached
