@@ -286,6 +286,11 @@ def test_aenqueue_and_aget_result_from_an_async_view(outbox_tasks, async_client,
     body = asyncio.run(async_client.get(f"/tasks/result/{result_id}/"))
     assert body.json() == {"id": result_id, "status": "SUCCESSFUL", "return_value": {"label": "async_view", "n": 1}}
     assert effects("async_view") == 1
+    # The views' ORM calls ran in asgiref's thread-sensitive executor thread: close its connection.
+    from asgiref.sync import sync_to_async
+    from django.db import connections
+
+    asyncio.run(sync_to_async(connections.close_all)())
 
 
 def test_check_errors_when_the_app_is_not_installed_or_a_queue_cant_be_an_event_name():
@@ -314,3 +319,31 @@ def test_runworker_queue_runs_only_that_queues_tasks(outbox_tasks, run_worker):
 
     with pytest.raises(ConfigurationError, match="unknown queue"):
         queue_subscriptions(["nope"])
+
+
+def test_runworker_queue_as_a_real_process_runs_only_that_queue(broker):
+    """``manage.py runworker --burst --queue emails`` (TASKS from the settings, as a deploy has it)."""
+    import subprocess
+
+    from django_platformkit.tasks import register_task_queues
+    from tests.conftest import manage, worker_env
+
+    with override_settings(TASKS=TASKS):
+        from django_platformkit import consumer, events
+
+        names = register_task_queues()
+        try:
+            tasks.record.enqueue("process_default")
+            tasks.send_email.enqueue("c@example.com")
+        finally:
+            for name in names:
+                consumer._subscriptions.pop(name, None)
+                events._catalogue.pop(name, None)
+    env = worker_env(broker, PLATFORMKIT_TEST_TASKS="1")
+    proc = manage("runworker", "--burst", "--burst-timeout", "60", "--queue", "emails", env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err.decode()[-3000:]
+    assert effects("emails") == 1 and effects("process_default") == 0
+    proc = manage("runworker", "--burst", "--queue", "nope", env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode != 0 and b"unknown queue(s) nope" in err, err
