@@ -333,3 +333,6 @@ class JobStateAdmin(ReadOnlyAdmin):
     @admin.display(description="last error")
     def last_error_text(self, obj: JobState) -> str:
         return _pre(obj.last_error)
+
+
+from . import admin_tasks  # noqa: E402,F401 - django.tasks tasks (admin_tasks.py registers them)

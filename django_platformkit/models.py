@@ -242,3 +242,26 @@ class TaskResultRecord(models.Model):
 
     def __str__(self) -> str:
         return f"task {self.event_id}: {self.status or 'not finished'}"
+
+
+class TaskQuerySet(OutboxQuerySet):
+    def failed(self) -> "TaskQuerySet":
+        return self.filter(models.Exists(DeadLetter.objects.filter(event_id=models.OuterRef("pk"))))
+
+    def successful(self) -> "TaskQuerySet":
+        return self.filter(models.Exists(TaskResultRecord.objects.filter(event_id=models.OuterRef("pk"), status="SUCCESSFUL")))
+
+
+class TaskManager(models.Manager.from_queryset(TaskQuerySet)):  # type: ignore[misc]
+    def get_queryset(self) -> TaskQuerySet:
+        return super().get_queryset().filter(name__startswith="platformkit.task_")
+
+
+class OutboxTask(OutboxEvent):
+    """The outbox rows that are ``django.tasks`` tasks (for the admin)."""
+
+    objects = TaskManager()
+
+    class Meta:
+        proxy = True
+        verbose_name = "task"

@@ -347,3 +347,28 @@ def test_runworker_queue_as_a_real_process_runs_only_that_queue(broker):
     proc = manage("runworker", "--burst", "--queue", "nope", env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode != 0 and b"unknown queue(s) nope" in err, err
+
+
+def test_the_admin_shows_tasks_with_status_result_errors_and_replays_failed_ones(outbox_tasks, run_worker, admin_client):
+    ok = tasks.record.enqueue("admin_ok", n=7)
+    bad = tasks.fails_until_fixed.enqueue("admin_bad")
+    run_worker(subscriptions=task_subscriptions())
+    page = admin_client.get("/admin/django_platformkit/outboxtask/").content.decode()
+    assert "tests.testapp.tasks.record" in page and "tests.testapp.tasks.fails_until_fixed" in page
+    assert "SUCCESSFUL" in page and "FAILED" in page
+    failed_only = admin_client.get("/admin/django_platformkit/outboxtask/?task_status=failed").content.decode()
+    assert "fails_until_fixed" in failed_only and "tests.testapp.tasks.record<" not in failed_only
+    detail = admin_client.get(f"/admin/django_platformkit/outboxtask/{ok.id}/change/").content.decode()
+    assert "&quot;label&quot;: &quot;admin_ok&quot;" in detail or '"label": "admin_ok"' in detail
+    detail = admin_client.get(f"/admin/django_platformkit/outboxtask/{bad.id}/change/").content.decode()
+    assert "builtins.RuntimeError" in detail and "admin_bad: not fixed yet" in detail
+    form = {"action": "replay_failed", "_selected_action": [bad.id, ok.id]}
+    asked = admin_client.post("/admin/django_platformkit/outboxtask/", form)
+    assert asked.status_code == 200 and b"Reason" in asked.content
+    assert DeadLetter.objects.count() == 1  # nothing happened yet
+    Effect.objects.create(subscription="admin_bad.fixed", event_id=uuid.uuid4())
+    done = admin_client.post("/admin/django_platformkit/outboxtask/", {**form, "confirm": "yes", "reason": "fixed the bug"}, follow=True)
+    assert b"Replayed 1 failed task" in done.content
+    assert not DeadLetter.objects.exists()
+    run_worker(subscriptions=task_subscriptions())
+    assert outbox_tasks.get_result(bad.id).status == TaskResultStatus.SUCCESSFUL

@@ -51,6 +51,12 @@ class Migration(migrations.Migration):
             ],
             options={"verbose_name": "task result", "db_table": "platformkit_task_results"},
         ),
+        migrations.CreateModel(
+            name="OutboxTask",
+            fields=[],
+            options={"verbose_name": "task", "proxy": True, "indexes": [], "constraints": []},
+            bases=("django_platformkit.outboxevent",),
+        ),
         # Not a Django ForeignKey: the result must go when purge deletes the
         # row with raw SQL, and the ORM's cascade would never see that.
         migrations.RunSQL(CASCADE_SQL, "ALTER TABLE platformkit_task_results DROP CONSTRAINT platformkit_task_results_outbox"),
