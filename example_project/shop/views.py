@@ -13,6 +13,7 @@ from django_platformkit import publish
 from .forms import OrderForm
 from .models import Order
 from .platformkit import ORDER_PLACED
+from .tasks import send_receipt
 
 
 @csrf_exempt  # a JSON API for machines; browser sessions don't call it
@@ -20,7 +21,7 @@ from .platformkit import ORDER_PLACED
 def place_order(request):
     """Body: ``{"customer": email, "sku": str, "quantity": int >= 1,
     "unit_price": "12.50"}``. Returns 201 ``{"order_id": int, "event_id":
-    uuid}``; 400 ``{"error": str, "fields": {...}}`` for a body that is not a
+    uuid, "receipt_task_id": uuid}``; 400 ``{"error": str, "fields": {...}}`` for a body that is not a
     JSON object or fails validation."""
     try:
         data = json.loads(request.body)
@@ -43,4 +44,6 @@ def place_order(request):
             "order_id": row.pk, "customer": row.customer, "sku": row.sku,
             "quantity": row.quantity, "total": row.total,
         })
-    return JsonResponse({"order_id": row.pk, "event_id": str(event_id)}, status=201)
+        # A django.tasks task: also one outbox row in this transaction.
+        receipt = send_receipt.enqueue(row.pk)
+    return JsonResponse({"order_id": row.pk, "event_id": str(event_id), "receipt_task_id": receipt.id}, status=201)
