@@ -22,7 +22,7 @@ from pathlib import Path
 
 from .harness import Result, Sizes, log
 
-MEASUREMENTS = ("publish", "relay", "handle", "latency", "backlog")
+MEASUREMENTS = ("publish", "relay", "handle", "latency", "backlog", "tasks")
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 
@@ -176,6 +176,8 @@ def _run(name: str, sizes: Sizes, transport) -> list[Result]:
         from .measure_backlog import run_backlog
 
         return run_backlog(sizes, transport)
+    if name == "tasks":  # django.tasks through the outbox (bench/measure_tasks.py)
+        return __import__("bench.measure_tasks", fromlist=["run_tasks"]).run_tasks(sizes, transport)
     raise ValueError(name)
 
 
