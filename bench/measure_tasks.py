@@ -29,7 +29,6 @@ from .harness import Result, Sizes, fill_outbox, log, manage, ratio_result, rese
 from .measure_backlog import relay_rows
 
 DURABLE = "platformkit-task_default"
-DB_RESULTS = "django_tasks_db_dbtaskresult"
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -71,12 +70,13 @@ def _enqueue_many(n: int, backend: str = "default") -> None:
                 task.enqueue(i)
 
 
-def _drain_ours(transport, n: int) -> tuple[float, float]:
+def _drain_ours(transport, n: int, batch: bool = False) -> tuple[float, float]:
     reset_tables()
     reset_broker(transport, DURABLE)
     _enqueue_many(n)
     t0 = time.perf_counter()
-    proc = manage("runworker", "--burst", "--no-jobs", "--queue", "default", "-v", "0", stdout=subprocess.DEVNULL)
+    env = {"BENCH_TASKS_BATCH": "1" if batch else "0"}
+    proc = manage("runworker", "--burst", "--no-jobs", "--queue", "default", "-v", "0", env=env, stdout=subprocess.DEVNULL)
     if proc.wait(600) != 0:
         raise RuntimeError(f"runworker --burst exited {proc.returncode}")
     wall = time.perf_counter() - t0
@@ -90,6 +90,9 @@ def _drain_ours(transport, n: int) -> tuple[float, float]:
 
 
 def _drain_db(n: int) -> tuple[float, float]:
+    from django_tasks_db.models import DBTaskResult
+
+    DB_RESULTS = DBTaskResult._meta.db_table
     sql(f"TRUNCATE {DB_RESULTS}")
     _enqueue_many(n, backend="db")
     t0 = time.perf_counter()
@@ -189,6 +192,8 @@ def run_tasks(sizes: Sizes, transport) -> list[Result]:
     n = sizes.handle_events_slow
     log(f"tasks: {n} no-op tasks drained by runworker --burst --queue default")
     ours = [_drain_ours(transport, n) for _ in range(sizes.reps)]
+    log(f"tasks: {n} no-op tasks drained with OPTIONS BATCH=True")
+    batched = [_drain_ours(transport, n, batch=True) for _ in range(sizes.reps)]
     if _has_db_backend():
         log(f"tasks: {n} no-op tasks drained by django-tasks-db's db_worker --batch")
         theirs = [_drain_db(n) for _ in range(sizes.reps)]
@@ -196,6 +201,10 @@ def run_tasks(sizes: Sizes, transport) -> list[Result]:
             "tasks_drain_vs_django_tasks_db", "no-op tasks drained/s vs django-tasks-db db_worker", [o[0] for o in ours], [t[0] for t in theirs],
             unit="events/s", floor_what="django-tasks-db db_worker", at_least=3.0,
             note=f"wall incl. start-up: ours {statistics.median(o[1] for o in ours):.0f}/s, theirs {statistics.median(t[1] for t in theirs):.0f}/s",
+        ))
+        results.append(ratio_result(
+            "tasks_drain_batch_vs_django_tasks_db", "... with OPTIONS BATCH=True", [b[0] for b in batched], [t[0] for t in theirs],
+            unit="events/s", floor_what="django-tasks-db db_worker", at_least=3.0,
         ))
     else:
         results.append(Result("tasks_drain", "no-op tasks drained/s (django-tasks-db not installed)", statistics.median(o[0] for o in ours), "events/s", target="info"))

@@ -38,7 +38,7 @@ PLATFORMKIT = {
 
 # django.tasks (bench/measure_tasks.py): ours, and django-tasks-db (the
 # reference database backend) when installed, on the same no-op task.
-TASKS = {"default": {"BACKEND": "django_platformkit.tasks.OutboxBackend", "QUEUES": ["default"]}}
+TASKS = {"default": {"BACKEND": "django_platformkit.tasks.OutboxBackend", "QUEUES": ["default"], "OPTIONS": {"BATCH": os.environ.get("BENCH_TASKS_BATCH") == "1"}}}
 try:
     import django_tasks_db  # noqa: F401
 

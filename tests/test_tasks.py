@@ -372,3 +372,29 @@ def test_the_admin_shows_tasks_with_status_result_errors_and_replays_failed_ones
     assert not DeadLetter.objects.exists()
     run_worker(subscriptions=task_subscriptions())
     assert outbox_tasks.get_result(bad.id).status == TaskResultStatus.SUCCESSFUL
+
+
+def test_with_options_batch_tasks_run_once_each_and_failures_are_recorded(broker, run_worker, settings):
+    """OPTIONS {"BATCH": True}: the queue is a batch subscription (a savepoint per task)."""
+    from django_platformkit import consumer, events
+    from django_platformkit.tasks import register_task_queues
+
+    batched = {"default": dict(TASKS["default"], OPTIONS={"BATCH": True})}
+    with override_settings(TASKS=batched):
+        names = register_task_queues()
+        try:
+            assert all(consumer._subscriptions[n].batch for n in names)
+            oks = [tasks.record.enqueue("batched", n=i) for i in range(30)]
+            bad = tasks.fails_until_fixed.enqueue("batched_bad")
+            run_worker(subscriptions=task_subscriptions())
+            backend = task_backends["default"]
+            assert effects("batched") == 30 and effects("batched_bad") == 0
+            assert {backend.get_result(r.id).status for r in oks} == {TaskResultStatus.SUCCESSFUL}
+            assert backend.get_result(oks[7].id).return_value == {"label": "batched", "n": 7}
+            failed = backend.get_result(bad.id)
+            assert failed.status == TaskResultStatus.FAILED
+            assert len(failed.errors) == settings.PLATFORMKIT["MAX_ATTEMPTS"]
+        finally:
+            for name in names:
+                consumer._subscriptions.pop(name, None)
+                events._catalogue.pop(name, None)
