@@ -96,6 +96,8 @@ def configured_queues() -> dict[str, list[str]]:
     """``{queue: [backend aliases]}`` for every ``TASKS`` entry using ``OutboxBackend``
     (read from settings: no backend is instantiated)."""
     queues: dict[str, list[str]] = {}
+    if not HAVE_DJANGO_TASKS:  # Django 5.2: TASKS means nothing; configuring us raises on use
+        return queues
     for alias, params in (getattr(django_settings, "TASKS", None) or {}).items():
         if not isinstance(params, dict) or not _is_ours(params.get("BACKEND")):
             continue
