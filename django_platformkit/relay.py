@@ -62,7 +62,7 @@ _COLUMNS_SQL = (
 _SELECT_SQL = (
     # One parameter, the batch size, used by all three LIMITs.
     "SELECT b.* FROM (SELECT %s::bigint AS n) lim CROSS JOIN LATERAL ("
-    f"SELECT * FROM ({_COLUMNS_SQL}WHERE o.published_at IS NULL AND o.not_before IS NOT NULL "
+    f"SELECT * FROM ({_COLUMNS_SQL}WHERE o.published_at IS NULL AND o.not_before IS NOT NULL AND o.not_before <= now() "
     "ORDER BY o.not_before, o.id LIMIT lim.n FOR UPDATE SKIP LOCKED) deferred "
     f"UNION ALL SELECT * FROM ({_COLUMNS_SQL}WHERE o.published_at IS NULL AND o.not_before IS NULL "
     "ORDER BY o.created_at, o.id LIMIT lim.n FOR UPDATE SKIP LOCKED) plain LIMIT lim.n) b"
