@@ -398,3 +398,39 @@ def test_with_options_batch_tasks_run_once_each_and_failures_are_recorded(broker
             for name in names:
                 consumer._subscriptions.pop(name, None)
                 events._catalogue.pop(name, None)
+
+
+def test_rows_due_tomorrow_are_not_visited_by_the_relays_batch_query(outbox_tasks):
+    """The deferred walk stops at the first row not yet due (its own partial
+    index); due rows come off the pending index: no sequential scan, no sort,
+    and the 20k rows due tomorrow cost the query nothing."""
+    from django_platformkit.relay import _PLAN_SQL, _SELECT_SQL
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO platformkit_outbox (id, name, payload, headers, created_at, not_before) "
+            "SELECT gen_random_uuid(), 'platformkit.task_default', '{}'::jsonb, '{}'::jsonb, clock_timestamp(), now() + interval '1 day' "
+            "FROM generate_series(1, 20000)"
+        )
+        cursor.execute(
+            "INSERT INTO platformkit_outbox (id, name, payload, headers, created_at, not_before) "
+            "SELECT gen_random_uuid(), 'platformkit.task_default', '{}'::jsonb, '{}'::jsonb, clock_timestamp(), now() - interval '1 second' "
+            "FROM generate_series(1, 3)"
+        )
+    tasks.record.enqueue("plain")
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(_PLAN_SQL)
+        cursor.execute("EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) " + _SELECT_SQL, [500])
+        plan = "\n".join(r[0] for r in cursor.fetchall())
+        cursor.execute(_SELECT_SQL, [500])
+        rows = cursor.fetchall()
+        transaction.set_rollback(True)
+    assert len(rows) == 4, plan  # 3 due deferred rows first, then the plain one
+    assert [r[2] for r in rows] == ["platformkit.task_default"] * 4
+    assert "platformkit_outbox_deferred" in plan and "platformkit_outbox_pending" in plan, plan
+    assert "Seq Scan" not in plan and "Sort" not in plan, plan
+    # The deferred index scan returned the 3 due rows and stopped at the first future one.
+    deferred_line = next(line for line in plan.splitlines() if "platformkit_outbox_deferred" in line)
+    import re
+
+    assert re.search(r"actual rows=3(\.00)? ", deferred_line), plan
