@@ -103,11 +103,11 @@ def test_enqueue_outside_atomic_commits_on_its_own(outbox_tasks, run_worker):
     assert outbox_tasks.get_result(result.id).return_value == "a@example.com"
 
 
-def test_an_argument_json_cant_carry_raises_before_sql_and_the_transaction_stays_usable(outbox_tasks):
+def test_an_argument_json_cant_carry_raises_before_sql_and_the_transaction_stays_usable(outbox_tasks, django_assert_num_queries):
     with transaction.atomic():
-        with pytest.raises(InvalidPayload, match=r"\$\.args\[1\]"):
+        with django_assert_num_queries(0), pytest.raises(InvalidPayload, match=r"\$\.args\[1\]"):
             tasks.record.enqueue("bad", object())
-        with pytest.raises(InvalidPayload, match=r"\$\.kwargs\.n"):
+        with django_assert_num_queries(0), pytest.raises(InvalidPayload, match=r"\$\.kwargs\.n"):
             tasks.record.enqueue("bad", n=float("nan"))
         tasks.record.enqueue("good")  # the transaction still works
     assert OutboxEvent.objects.count() == 1
@@ -434,3 +434,9 @@ def test_rows_due_tomorrow_are_not_visited_by_the_relays_batch_query(outbox_task
     import re
 
     assert re.search(r"actual rows=3(\.00)? ", deferred_line), plan
+
+
+def test_enqueue_inside_atomic_is_one_statement(outbox_tasks, django_assert_num_queries):
+    with transaction.atomic():
+        with django_assert_num_queries(1):  # the INSERT (with its NOTIFY), nothing else
+            tasks.record.enqueue("one_statement")
