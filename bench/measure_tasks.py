@@ -10,8 +10,9 @@
 - Relaying due rows with a large number of rows deferred to tomorrow against
   with none (the deferred rows have an index of their own).
 
-pgqueuer's django.tasks adapter is not measured here (pgqueuer's own no-op
-rate is in the "handle" rows).
+- The same drain against pgqueuer's own queue (measure_handle.pgqueuer_rate:
+  its job does one INSERT, ours none; pgqueuer's django.tasks adapter is not
+  installed here).
 """
 
 from __future__ import annotations
@@ -208,6 +209,19 @@ def run_tasks(sizes: Sizes, transport) -> list[Result]:
         ))
     else:
         results.append(Result("tasks_drain", "no-op tasks drained/s (django-tasks-db not installed)", statistics.median(o[0] for o in ours), "events/s", target="info"))
+
+    try:
+        from .measure_handle import pgqueuer_rate
+
+        log(f"tasks: pgqueuer drains {n} jobs")
+        pgq = [pgqueuer_rate(n)["steady"] for _ in range(sizes.reps)]
+        results.append(ratio_result(
+            "tasks_drain_batch_vs_pgqueuer", "tasks drained/s (BATCH=True) vs pgqueuer", [b[0] for b in batched], pgq,
+            unit="events/s", floor_what="pgqueuer, batch_size 100, pool 4", at_least=1.0,
+            note=f"per message: {statistics.median(o[0] for o in ours):.0f}/s",
+        ))
+    except ImportError as exc:
+        log(f"tasks: pgqueuer not measured ({exc})")
 
     rate, seconds = sizes.latency_rate_per_second, sizes.latency_seconds
     log(f"tasks: enqueue -> start at {rate:g}/s for {seconds:g}s, worker process running")
