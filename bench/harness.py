@@ -105,7 +105,7 @@ def scalar(statement: str, params: Any = None) -> Any:
 
 
 def reset_tables(*extra: str) -> None:
-    tables = ["platformkit_outbox", "platformkit_handled", "platformkit_dead_letters", "bench_sink", "bench_row", *extra]
+    tables = ["platformkit_outbox", "platformkit_task_results", "platformkit_handled", "platformkit_dead_letters", "bench_sink", "bench_row", *extra]
     sql(f"TRUNCATE {', '.join(tables)}")
 
 

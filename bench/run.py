@@ -23,7 +23,7 @@ from pathlib import Path
 
 from .harness import Result, Sizes, log
 
-MEASUREMENTS = ("publish", "relay", "handle", "latency", "backlog", "topology")
+MEASUREMENTS = ("publish", "relay", "handle", "latency", "backlog", "topology", "tasks")
 #: One part of the topology alone: ``--only topology-drain`` (see measure_topology.PARTS).
 TOPOLOGY_PARTS = tuple(f"topology-{p}" for p in ("latency", "drain", "processes", "isolation", "rss", "idle"))
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -183,6 +183,8 @@ def _run(name: str, sizes: Sizes, transport) -> list[Result]:
         from .measure_topology import PARTS, run_topology
 
         return run_topology(sizes, transport, PARTS if name == "topology" else (name.split("-", 1)[1],))
+    if name == "tasks":  # django.tasks through the outbox (bench/measure_tasks.py)
+        return __import__("bench.measure_tasks", fromlist=["run_tasks"]).run_tasks(sizes, transport)
     raise ValueError(name)
 
 

@@ -36,6 +36,17 @@ PLATFORMKIT = {
     "SUBJECT_PREFIX": os.environ.get("BENCH_SUBJECT_PREFIX", "pkbench"),
 }
 
+# django.tasks (bench/measure_tasks.py): ours, and django-tasks-db (the
+# reference database backend) when installed, on the same no-op task.
+TASKS = {"default": {"BACKEND": "django_platformkit.tasks.OutboxBackend", "QUEUES": ["default"], "OPTIONS": {"BATCH": os.environ.get("BENCH_TASKS_BATCH") == "1"}}}
+try:
+    import django_tasks_db  # noqa: F401
+
+    INSTALLED_APPS.append("django_tasks_db")
+    TASKS["db"] = {"BACKEND": "django_tasks_db.DatabaseBackend", "QUEUES": ["default"]}
+except ImportError:
+    pass
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

@@ -670,3 +670,6 @@ class OverviewAdmin(admin.ModelAdmin):
 
     def _url(self, model: type, view: str, *args: Any) -> str:
         return reverse(f"{self.admin_site.name}:django_platformkit_{model._meta.model_name}_{view}", args=args)
+
+
+from . import admin_tasks  # noqa: E402,F401 - django.tasks tasks (admin_tasks.py registers them)

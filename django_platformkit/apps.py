@@ -28,6 +28,9 @@ class PlatformKitConfig(AppConfig):
         from . import events  # noqa: F401 - declares the built-in events
 
         discover()
+        from .tasks import register_task_queues
+
+        register_task_queues()  # django.tasks: one subscription per TASKS queue
         validate_declarations()
 
 

@@ -83,7 +83,8 @@ def document(*, title: str = "Event catalogue", version: str = "1.0.0") -> dict[
     as a dict. A subscription to an undeclared event (``platformkit.E001``)
     is left out: it has no channel to point at."""
     settings = conf.settings
-    events = catalogue()
+    # django.tasks queues (platformkit.task_*, tasks.py) are this project's own work, not a contract for other services.
+    events = {name: event for name, event in catalogue().items() if not name.startswith("platformkit.task_")}
     channels: dict[str, Any] = {}
     operations: dict[str, Any] = {}
     messages: dict[str, Any] = {}

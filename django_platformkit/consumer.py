@@ -100,6 +100,11 @@ class Subscription:
     def __hash__(self) -> int:
         return hash(self.name)
 
+    def __hash__(self) -> int:
+        # The signals' sender: Django's dispatcher hashes it once a receiver
+        # is connected (an eq dataclass alone is unhashable and crashes the send).
+        return hash(self.name)
+
     @property
     def durable(self) -> str:
         """The durable consumer name: the subscription name with ``.`` -> ``-``."""

@@ -11,7 +11,7 @@ from django.db import models
 from django.db.models.functions import Now
 
 from ._ids import uuid7
-from ._tables import ATTEMPTS_TABLE, DEAD_LETTER_TABLE, HANDLED_TABLE, JOBS_TABLE, OUTBOX_TABLE, WORKERS_TABLE
+from ._tables import ATTEMPTS_TABLE, DEAD_LETTER_TABLE, HANDLED_TABLE, JOBS_TABLE, OUTBOX_TABLE, TASK_RESULTS_TABLE, WORKERS_TABLE
 
 #: ``clock_timestamp()`` rather than ``now()``: ``now()`` is the transaction's
 #: start, so every event of one transaction would tie and lose its order.
@@ -25,6 +25,10 @@ class OutboxQuerySet(models.QuerySet):
     def published(self) -> "OutboxQuerySet":
         return self.filter(published_at__isnull=False)
 
+    def due(self) -> "OutboxQuerySet":
+        """Pending rows the relay may send now: no not-before time, or one that has passed."""
+        return self.pending().filter(models.Q(not_before__isnull=True) | models.Q(not_before__lte=Now()))
+
 
 class OutboxEvent(models.Model):
     """One published event: written by ``publish()`` in the caller's
@@ -37,6 +41,9 @@ class OutboxEvent(models.Model):
     headers = models.JSONField(default=dict)
     created_at = models.DateTimeField(db_default=ClockTimestamp)
     published_at = models.DateTimeField(null=True, blank=True)
+    # A deferred task's run_after (django.tasks): the relay leaves the row
+    # pending until then. NULL for every plain event.
+    not_before = models.DateTimeField(null=True, blank=True)
 
     objects = OutboxQuerySet.as_manager()
 
@@ -44,12 +51,21 @@ class OutboxEvent(models.Model):
         db_table = OUTBOX_TABLE
         verbose_name = "outbox event"
         indexes = [
-            # The relay's only query walks this index in relay order; it stays
-            # as small as the backlog however large the table grows.
+            # The relay walks this index in relay order; it stays as small as
+            # the due backlog however large the table grows. Deferred rows are
+            # not in it: a million tasks due tomorrow would otherwise sit in
+            # front of every due row and be skipped one by one on each batch.
             models.Index(
                 fields=["created_at", "id"],
-                condition=models.Q(published_at__isnull=True),
+                condition=models.Q(published_at__isnull=True, not_before__isnull=True),
                 name="platformkit_outbox_pending",
+            ),
+            # Deferred rows by due time: the relay takes the due ones from the
+            # front and learns from the first one how long it may sleep.
+            models.Index(
+                fields=["not_before", "id"],
+                condition=models.Q(published_at__isnull=True, not_before__isnull=False),
+                name="platformkit_outbox_deferred",
             ),
             # Purge finds old published rows without a sequential scan.
             models.Index(
@@ -249,3 +265,52 @@ class Overview(OutboxEvent):
         proxy = True
         verbose_name = "overview"
         verbose_name_plural = "overview"
+
+
+class TaskResultRecord(models.Model):
+    """What a ``django.tasks`` task run left behind (``django_platformkit.tasks``):
+    the return value, written with the claim in the task's own transaction,
+    and one error per failed attempt, written after its rollback. The task's
+    arguments and enqueue time are the outbox row's; READY/RUNNING/FAILED are
+    derived when read (no row, a held lock, a dead letter). Deleted with its
+    outbox row (a database-level cascade), so a result lives as long as the
+    row that purge keeps."""
+
+    event_id = models.UUIDField(primary_key=True)
+    status = models.CharField(max_length=16, blank=True, default="", help_text="SUCCESSFUL once a run committed; '' before")
+    return_value = models.JSONField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    last_attempted_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    errors = models.JSONField(default=list, help_text="[{exception_class_path, traceback}] per failed attempt")
+    worker_ids = models.JSONField(default=list, help_text="host:pid per run, in order")
+
+    class Meta:
+        db_table = TASK_RESULTS_TABLE
+        verbose_name = "task result"
+
+    def __str__(self) -> str:
+        return f"task {self.event_id}: {self.status or 'not finished'}"
+
+
+class TaskQuerySet(OutboxQuerySet):
+    def failed(self) -> "TaskQuerySet":
+        return self.filter(models.Exists(DeadLetter.objects.filter(event_id=models.OuterRef("pk"))))
+
+    def successful(self) -> "TaskQuerySet":
+        return self.filter(models.Exists(TaskResultRecord.objects.filter(event_id=models.OuterRef("pk"), status="SUCCESSFUL")))
+
+
+class TaskManager(models.Manager.from_queryset(TaskQuerySet)):  # type: ignore[misc]
+    def get_queryset(self) -> TaskQuerySet:
+        return super().get_queryset().filter(name__startswith="platformkit.task_")
+
+
+class OutboxTask(OutboxEvent):
+    """The outbox rows that are ``django.tasks`` tasks (for the admin)."""
+
+    objects = TaskManager()
+
+    class Meta:
+        proxy = True
+        verbose_name = "task"

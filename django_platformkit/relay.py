@@ -51,11 +51,32 @@ _PLAN_SQL = "SELECT set_config('enable_sort', 'off', true), set_config('enable_s
 # Everything the envelope needs, as text: PostgreSQL formats the id and the
 # time, so no UUID, datetime or JSON objects are built per row in Python.
 # (ORDER BY names the table's columns: a bare "id" would be the id::text output column.)
-_SELECT_SQL = (
+_COLUMNS_SQL = (
     "SELECT o.ctid::text, o.id::text, o.name, o.tenant, o.payload::text, "
     "to_char(o.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'), "
     "o.headers->>'traceparent', o.headers->>'tracestate', o.headers->>'platformkit_replay' "
-    f"FROM {OUTBOX_TABLE} o WHERE o.published_at IS NULL ORDER BY o.created_at, o.id LIMIT %s FOR UPDATE SKIP LOCKED"
+    f"FROM {OUTBOX_TABLE} o "
+)
+# Two walks, each on its own partial index, so neither kind of row slows the
+# other: deferred rows (a task's run_after) that are due, earliest due first,
+# then rows without a not-before time in relay order. Deferred rows go first
+# so a steady backlog can't starve them; the second walk runs only when the
+# first left room in the batch (Append stops pulling once LIMIT is met, so
+# it locks no row it won't send). A million rows due tomorrow are never
+# visited: the first walk stops at the first row not yet due.
+_SELECT_SQL = (
+    # One parameter, the batch size, used by all three LIMITs.
+    "SELECT b.* FROM (SELECT %s::bigint AS n) lim CROSS JOIN LATERAL ("
+    f"SELECT * FROM ({_COLUMNS_SQL}WHERE o.published_at IS NULL AND o.not_before IS NOT NULL AND o.not_before <= now() "
+    "ORDER BY o.not_before, o.id LIMIT lim.n FOR UPDATE SKIP LOCKED) deferred "
+    f"UNION ALL SELECT * FROM ({_COLUMNS_SQL}WHERE o.published_at IS NULL AND o.not_before IS NULL "
+    "ORDER BY o.created_at, o.id LIMIT lim.n FOR UPDATE SKIP LOCKED) plain LIMIT lim.n) b"
+)
+# How long until the next deferred row is due (NULL: none), off the deferred
+# index's first entry: the relay sleeps no longer than that.
+_NEXT_DUE_SQL = (
+    "SELECT EXTRACT(EPOCH FROM (min(not_before) - clock_timestamp()))::float8 "
+    f"FROM {OUTBOX_TABLE} WHERE published_at IS NULL AND not_before IS NOT NULL"
 )
 # By ctid (a TID scan): the rows are locked by this transaction since the
 # SELECT, so their ctid can't change. clock_timestamp(): the moment the acks
@@ -187,6 +208,19 @@ class Relay:
             self.transport.ensure_stream(owner=database_identity(self.using))
         except Exception as exc:  # noqa: BLE001 - retried on the next failure
             logger.error("relay: stream check failed error=%s", exc)
+
+    def next_wait_seconds(self, interval: float) -> float:
+        """Seconds to sleep before the next pass: ``interval``, or less when
+        a deferred row (a task's ``run_after``) falls due sooner, so it goes
+        out on time rather than up to an interval late. One index probe."""
+        try:
+            with connections[self.using].cursor() as cursor:
+                cursor.execute(_NEXT_DUE_SQL)
+                due_in = cursor.fetchone()[0]
+        except DatabaseError:  # the next pass meets the outage and reconnects
+            connections[self.using].close()
+            return interval
+        return interval if due_in is None else max(0.0, min(interval, due_in))
 
     def relay_batch(self) -> RelayStats:
         """Relay one batch of the oldest pending rows; return its counts.
@@ -350,10 +384,11 @@ class Relay:
                     stop.wait(backoff)
                     backoff = min(backoff * 2, MAX_DATABASE_RETRY_SECONDS)
                     continue
+                wait = self.next_wait_seconds(interval)  # a deferred row due sooner wakes us then
                 if listener is not None:
-                    listener.wait(interval, stop)
+                    listener.wait(wait, stop)
                 else:
-                    stop.wait(interval)
+                    stop.wait(wait)
         finally:
             if listener is not None:
                 listener.close()

@@ -558,7 +558,7 @@ class Worker:
 
     def _drained(self) -> bool:
         try:
-            if self.want_relay and OutboxEvent.objects.using(self.using).pending().exists():
+            if self.want_relay and OutboxEvent.objects.using(self.using).due().exists():  # rows due later stay pending
                 return False
         except DatabaseError:
             connections[self.using].close()

@@ -85,3 +85,14 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(process)d %(levelname)s %(name)s %(message)s"}},
     "loggers": {"django_platformkit": {"handlers": ["stderr"], "level": os.environ.get("PLATFORMKIT_LOG_LEVEL", "INFO")}},
 }
+
+# django.tasks (Django 6+): the test app's tasks are decorated against these
+# queues; tests/test_tasks.py switches the backend to OutboxBackend (and so
+# do worker processes it starts, through PLATFORMKIT_TEST_TASKS), so other
+# tests' workers don't get the task subscriptions.
+TASKS = {
+    "default": {
+        "BACKEND": "django_platformkit.tasks.OutboxBackend" if os.environ.get("PLATFORMKIT_TEST_TASKS") else "django.tasks.backends.immediate.ImmediateBackend",
+        "QUEUES": ["default", "emails"],
+    }
+}

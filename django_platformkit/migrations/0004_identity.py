@@ -24,7 +24,7 @@ def make_identity(apps, schema_editor):
 class Migration(migrations.Migration):
 
     dependencies = [
-        ("django_platformkit", "0002_attempts"),
+        ("django_platformkit", "0003_tasks"),
     ]
 
     operations = [

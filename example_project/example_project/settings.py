@@ -33,6 +33,8 @@ INSTALLED_APPS = [
     "django_platformkit",
     "shop",
 ]
+# Django's Tasks API through the outbox: send_receipt (shop/tasks.py).
+TASKS = {"default": {"BACKEND": "django_platformkit.tasks.OutboxBackend", "QUEUES": ["default", "emails"]}}
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",

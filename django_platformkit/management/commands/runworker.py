@@ -28,6 +28,7 @@ class Command(BaseCommand):
         parser.add_argument("--job", action="append", default=None, metavar="NAME", help="Run only this periodic job (repeatable; default: all).")
         parser.add_argument("--subscription", action="append", default=None, metavar="NAME", help="Run only this subscription's consumer (repeatable; default: all).")
         parser.add_argument("--metrics-port", type=int, default=None, metavar="PORT", help="Serve Prometheus metrics at http://0.0.0.0:PORT/metrics (needs the metrics extra).")
+        parser.add_argument("--queue", action="append", default=None, metavar="NAME", help="Run only this django.tasks queue's tasks (repeatable; with --subscription, both; default: every subscription and queue).")
         parser.add_argument("--health-file", default=None, metavar="PATH", help="Rewrite PATH every second with JSON liveness and counts (for probes).")
         parser.add_argument(
             "--processes", type=int, default=None, metavar="N",
@@ -55,6 +56,15 @@ class Command(BaseCommand):
             if missing:
                 raise CommandError(f"unknown subscription(s) {', '.join(missing)}; known: {', '.join(sorted(known)) or '(none)'}")
             subs = [known[n] for n in options["subscription"]]
+        if options["queue"]:
+            from ...tasks import queue_subscriptions
+
+            try:
+                queued = queue_subscriptions(options["queue"])
+            except ConfigurationError as exc:
+                raise CommandError(str(exc)) from None
+            picked = subs if options["subscription"] else []
+            subs = picked + [s for s in queued if s not in picked]
         if options["job"]:
             from ...jobs import jobs
 

@@ -25,7 +25,7 @@ from django.db.models import Count, Max
 from django.test import Client
 
 from django_platformkit.consumer import subscriptions
-from django_platformkit.models import DeadLetter, HandledEvent, OutboxEvent
+from django_platformkit.models import DeadLetter, HandledEvent, OutboxEvent, TaskResultRecord
 from django_platformkit.worker import Worker
 
 from example_project import services
@@ -98,7 +98,7 @@ class Command(BaseCommand):
         phases.append(("migrate", time.monotonic() - t0, ""))
 
         stats_before = OrderStats.objects.filter(name=STATS_ROW).values("orders", "items", "revenue").first() or {"orders": 0, "items": 0, "revenue": Decimal(0)}
-        order_ids, event_ids, quantity, revenue = self._place_orders(n, phases)
+        order_ids, event_ids, task_ids, quantity, revenue = self._place_orders(n, phases)
 
         relay_report, seconds = self._run("runrelay", "--once", verbosity=worker_verbosity)
         phases.append(("runrelay --once (outbox -> JetStream)", seconds, f"{_rate(n, seconds, 'events')}  [{relay_report}]"))
@@ -113,6 +113,7 @@ class Command(BaseCommand):
         report = " ".join(f"{k}={v}" for k, v in worker.counts().items())
         phases.append((f"runworker --burst ({len(subs)} durable consumers)", seconds, f"exits once drained  [{report}]"))
         outbox = OutboxEvent.objects.filter(id__in=event_ids)
+        receipts = TaskResultRecord.objects.filter(event_id__in=task_ids, status="SUCCESSFUL")
         claims = HandledEvent.objects.filter(event_id__in=event_ids)
         last_claim = claims.aggregate(last=Max("handled_at"))["last"]
         if last_claim:
@@ -137,7 +138,9 @@ class Command(BaseCommand):
             ("counter: orders added (shop.count_order)", stats_after.orders - stats_before["orders"], n),
             ("counter: items added", stats_after.items - stats_before["items"], quantity),
             ("counter: revenue added", stats_after.revenue - stats_before["revenue"], revenue),
-            ("dead letters", DeadLetter.objects.filter(event_id__in=event_ids).count(), 0),
+            *((("send_receipt tasks enqueued (outbox rows)", OutboxEvent.objects.filter(id__in=task_ids).count(), n),
+               ("send_receipt tasks SUCCESSFUL (results)", receipts.count(), n)) if task_ids else ()),
+            ("dead letters", DeadLetter.objects.filter(event_id__in=[*event_ids, *task_ids]).count(), 0),
         ]
         out(f"\ncounted in the database, for this run's {n} orders        found  expected")
         wrong = []
@@ -151,7 +154,7 @@ class Command(BaseCommand):
             raise CommandError(f"demo failed: {', '.join(wrong)} differ from what was expected.")
         out(
             f"\nOK: {n} orders, each published once, relayed once and handled exactly once by each of "
-            f"{len(subs)} subscriptions ({', '.join(subs)})."
+            f"{len(subs)} subscriptions ({', '.join(subs)})" + (f"; {n} send_receipt tasks ran once each." if task_ids else ".")
         )
         if options["keep_servers"] and services.started:
             out("\nThe throwaway servers keep running. Use them from another shell with:")
@@ -175,11 +178,11 @@ class Command(BaseCommand):
                 signal.signal(sig, handler)
         return printed.getvalue().strip(), time.monotonic() - t0
 
-    def _place_orders(self, n: int, phases: list) -> tuple[list[int], list[str], int, Decimal]:
+    def _place_orders(self, n: int, phases: list) -> tuple[list[int], list[str], list[str], int, Decimal]:
         """POST ``n`` orders through the real URL routing, middleware and
-        view; returns (order ids, event ids, total quantity, total revenue)."""
+        view; returns (order ids, event ids, receipt task ids, total quantity, total revenue)."""
         client = Client()
-        order_ids, event_ids, quantity, revenue = [], [], 0, Decimal(0)
+        order_ids, event_ids, task_ids, quantity, revenue = [], [], [], 0, Decimal(0)
         t0 = time.monotonic()
         for i in range(n):
             body = {
@@ -194,8 +197,10 @@ class Command(BaseCommand):
             reply = response.json()
             order_ids.append(reply["order_id"])
             event_ids.append(reply["event_id"])
+            if reply["receipt_task_id"]:  # Django 6+ (django.tasks)
+                task_ids.append(reply["receipt_task_id"])
             quantity += body["quantity"]
             revenue += Decimal(body["unit_price"]) * body["quantity"]
         seconds = time.monotonic() - t0
         phases.append((f"POST /orders/ x {n} (order + publish, 1 tx)", seconds, _rate(n, seconds, "orders")))
-        return order_ids, event_ids, quantity, revenue
+        return order_ids, event_ids, task_ids, quantity, revenue

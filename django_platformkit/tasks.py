@@ -1,0 +1,289 @@
+"""Django's own Tasks API (``django.tasks``, Django 6.0+) over the outbox.
+
+A task is an event. ``enqueue()`` writes one outbox row in the caller's
+transaction (outside ``atomic()`` it commits on its own: the one place we
+don't require ``atomic``), so a task commits or rolls back with the write that
+asked for it: no ``transaction.on_commit()`` needed, nothing lost if the
+process dies after the commit. Each queue is one built-in subscription whose
+handler calls the task inside the claim's transaction, so the task's database
+writes happen exactly once; retries, ``MAX_ATTEMPTS``, backoff, dead letters,
+replay and the tenant context are the subscription machinery's.
+
+Naming: queue ``Q`` is the event ``platformkit.task_Q`` and the subscription
+of the same name (durable ``platformkit-task_Q``). Our event grammar allows
+``[a-z0-9_]`` after ``task_``; any other queue name is refused by the
+system check ``platformkit.E102`` (rename the queue), never mapped lossily.
+Results: see ``django_platformkit.tasks_results``.
+
+On Django < 6.0 (no ``django.tasks``) this module still imports;
+``OutboxBackend`` then raises ``ImproperlyConfigured`` saying Django 6 is
+needed. We don't support the ``django-tasks`` backport: one contract, Django's.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from django.conf import settings as django_settings
+from django.core import checks
+from django.db import connections, transaction
+from django.utils.module_loading import import_string
+
+from . import conf
+from .exceptions import ConfigurationError
+
+try:  # Django 6.0+
+    from django.tasks import TaskResult, TaskResultStatus
+    from django.tasks.backends.base import BaseTaskBackend
+    from django.tasks.exceptions import InvalidTask
+    from django.tasks.signals import task_enqueued
+
+    HAVE_DJANGO_TASKS = True
+except ImportError:  # Django 5.2
+    HAVE_DJANGO_TASKS = False
+    BaseTaskBackend = object  # type: ignore[assignment,misc]
+
+logger = logging.getLogger(__name__)
+
+#: The dotted path users put in ``TASKS[alias]["BACKEND"]``.
+BACKEND_PATH = "django_platformkit.tasks.OutboxBackend"
+#: ``platformkit.task_<queue>``: the event and the subscription of a queue.
+TASK_EVENT_PREFIX = "platformkit.task_"
+#: Queue names our event grammar can carry after ``task_``.
+QUEUE_NAME = re.compile(r"^[a-z0-9_]{1,150}$")
+
+NEEDS_DJANGO_6 = (
+    "django_platformkit.tasks.OutboxBackend implements django.tasks, which is new in Django 6.0; "
+    "this project runs Django {version}. Upgrade to Django 6.0+ or remove the backend from TASKS "
+    "(publish() + @subscribe work on Django 5.2)."
+)
+
+# System checks of the backend (ids in a range of their own, 1xx, so they
+# can't collide with checks.py's): message, hint.
+CHECKS = {
+    "E101": ("TASKS[{alias!r}] uses {backend} but 'django_platformkit' is not in INSTALLED_APPS",
+             "Add 'django_platformkit' to INSTALLED_APPS and run migrate: tasks are outbox rows and need its tables."),
+    "E102": ("TASKS[{alias!r}]: queue {queue!r} can't be an event name",
+             "Rename the queue to lowercase letters, digits and underscores (at most 150), e.g. {suggestion!r}."),
+    "E103": ("TASKS[{alias!r}]: QUEUES is empty",
+             "List the queues, e.g. \"QUEUES\": [\"default\"]: each is a subscription a worker must know before a task arrives."),
+}
+
+
+def event_name(queue: str) -> str:
+    """The event (and subscription) name of ``queue``: ``platformkit.task_<queue>``."""
+    return TASK_EVENT_PREFIX + queue
+
+
+def queue_of(name: str) -> str | None:
+    """The queue of a task event or subscription name, or None for any other name."""
+    return name[len(TASK_EVENT_PREFIX):] if name.startswith(TASK_EVENT_PREFIX) else None
+
+
+def worker_id() -> str:
+    """``host:pid``, as ``Attempt.worker`` records it."""
+    import os
+    import socket
+
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def configured_queues() -> dict[str, list[str]]:
+    """``{queue: [backend aliases]}`` for every ``TASKS`` entry using ``OutboxBackend``
+    (read from settings: no backend is instantiated)."""
+    queues: dict[str, list[str]] = {}
+    if not HAVE_DJANGO_TASKS:  # Django 5.2: TASKS means nothing; configuring us raises on use
+        return queues
+    for alias, params in (getattr(django_settings, "TASKS", None) or {}).items():
+        if not isinstance(params, dict) or not _is_ours(params.get("BACKEND")):
+            continue
+        for queue in params.get("QUEUES", ["default"]):
+            queues.setdefault(queue, []).append(alias)
+    return queues
+
+
+def _is_ours(path: Any) -> bool:
+    if path == BACKEND_PATH:
+        return True
+    if not isinstance(path, str) or not HAVE_DJANGO_TASKS:
+        return False
+    try:
+        return isinstance(import_string(path), type) and issubclass(import_string(path), OutboxBackend)
+    except ImportError:
+        return False
+
+
+def _batch(queue: str) -> bool:
+    """``OPTIONS["BATCH"]`` of the backends serving ``queue`` (any of them True: batch)."""
+    tasks_setting = getattr(django_settings, "TASKS", None) or {}
+    return any(bool((tasks_setting[alias].get("OPTIONS") or {}).get("BATCH")) for alias in configured_queues().get(queue, []))
+
+
+def register_task_queues() -> list[str]:
+    """Declare the event and subscribe the built-in handler of every queue in
+    ``TASKS`` (called by ``AppConfig.ready()``; safe to call again after the
+    setting changed). Invalid queue names are skipped here and reported by
+    the check ``platformkit.E102``. Returns the subscription names."""
+    from .consumer import subscribe
+    from .events import declare
+
+    names = []
+    for queue in configured_queues():
+        if not QUEUE_NAME.match(str(queue)):
+            continue
+        name = event_name(queue)
+        declare(name, description=f"A django.tasks task on queue {queue!r} (payload: task path, args, kwargs, backend alias).")
+        from .tasks_results import run_task
+
+        subscribe(name, name=name, batch=_batch(queue))(run_task)
+        names.append(name)
+    return names
+
+
+def queue_subscriptions(queues: Sequence[str]) -> list[Any]:
+    """The subscriptions that run ``queues`` (``runworker --queue``). Raises
+    ``ConfigurationError`` naming the queues no ``TASKS`` backend of ours has."""
+    from .consumer import subscriptions
+
+    known = {queue_of(s.name): s for s in subscriptions() if queue_of(s.name) is not None}
+    missing = sorted(set(queues) - set(known))
+    if missing:
+        raise ConfigurationError(
+            f"unknown queue(s) {', '.join(missing)}; the TASKS queues of {BACKEND_PATH} are: {', '.join(sorted(known)) or '(none)'}"
+        )
+    return [known[q] for q in dict.fromkeys(queues)]
+
+
+# --- the backend ---------------------------------------------------------------
+
+_INSERT = (
+    "INSERT INTO platformkit_outbox (id, name, tenant, payload, headers, created_at, not_before) "
+    "VALUES (%s, %s, %s, %s::jsonb, %s::jsonb, clock_timestamp(), %s) RETURNING created_at"
+)
+_INSERT_NOTIFY = f"WITH e AS ({_INSERT}) SELECT e.created_at, pg_notify('platformkit_outbox', '') FROM e"
+
+
+class OutboxBackend(BaseTaskBackend):  # type: ignore[misc,valid-type]
+    """``django.tasks`` backend: a task is an outbox row run by ``runworker``.
+
+    ``TASKS = {"default": {"BACKEND": "django_platformkit.tasks.OutboxBackend",
+    "QUEUES": ["default", "emails"], "OPTIONS": {}}}``. The outbox lives on
+    ``PLATFORMKIT["DATABASE_ALIAS"]``. ``OPTIONS``: ``{"BATCH": True}`` runs
+    its queues as batch subscriptions (``@subscribe(batch=True)``: a fetched
+    batch in one transaction, a savepoint per task - several times the
+    throughput for short tasks, but a slow task holds its batch's commit;
+    default False: every task its own transaction). ``supports_defer`` (``run_after``, honoured
+    by the relay), ``supports_get_result``; no async task functions (they'd
+    run outside the claim's transaction) and no priority (JetStream delivers
+    a subscription's messages in stream order; a priority we can't keep
+    would be a lie).
+    """
+
+    supports_defer = True
+    supports_get_result = True
+    supports_async_task = False
+    supports_priority = False
+
+    def __init__(self, alias: str, params: dict[str, Any]) -> None:
+        if not HAVE_DJANGO_TASKS:
+            import django
+
+            raise ConfigurationError(NEEDS_DJANGO_6.format(version=django.get_version()))
+        super().__init__(alias, params)
+
+    def validate_task(self, task: Any) -> None:
+        super().validate_task(task)
+        if not QUEUE_NAME.match(task.queue_name):
+            raise InvalidTask(f"Queue {task.queue_name!r} can't be an event name: rename it (lowercase letters, digits, '_').")
+
+    # -- enqueue --
+    def enqueue(self, task: Any, args: Any, kwargs: Any) -> Any:
+        """Write the task as one outbox row and return its ``TaskResult``
+        (id = the event id, status READY, ``enqueued_at`` = the row's
+        ``created_at``). Inside ``transaction.atomic()`` the row commits or
+        rolls back with the caller's writes; outside, it commits at once.
+
+        Raises, before any SQL (the caller's transaction stays usable):
+        ``InvalidTask`` (Django's validation: queue not in ``QUEUES``,
+        ``run_after`` naive, ...), ``InvalidPayload`` (a ``ValueError``) when
+        an argument doesn't survive a JSON round trip, naming its path
+        (``$.args[0]``, ``$.kwargs.when``) or exceeding ``MAX_PAYLOAD_BYTES``.
+        """
+        from ._ids import uuid7
+        from .events import _publish_listeners, _trace_headers, check_tenant, current_event, encode_payload
+
+        self.validate_task(task)
+        payload = {"task": task.module_path, "args": list(args), "kwargs": dict(kwargs), "backend": self.alias}
+        text, data = encode_payload(payload)
+        handled = current_event.get()
+        tenant = check_tenant(handled.tenant if handled is not None else None)
+        event_id = uuid7()
+        name = event_name(task.queue_name)
+        alias = conf.settings.DATABASE_ALIAS
+        connection = connections[alias]
+        sql = _INSERT_NOTIFY if conf.settings.RELAY_LISTEN else _INSERT
+        params = [event_id, name, tenant, text, _trace_headers(), task.run_after]
+        if connection.in_atomic_block:
+            with connection.cursor() as cursor:
+                cursor.execute(sql, params)
+                enqueued_at = cursor.fetchone()[0]
+        else:
+            # The one place we don't require atomic(): plain code may enqueue
+            # anywhere, and then the row is its own transaction.
+            with transaction.atomic(using=alias), connection.cursor() as cursor:
+                cursor.execute(sql, params)
+                enqueued_at = cursor.fetchone()[0]
+        for listener in _publish_listeners:
+            listener(event_id, name, tenant, text)
+        result = TaskResult(
+            task=task, id=str(event_id), status=TaskResultStatus.READY, enqueued_at=enqueued_at,
+            started_at=None, finished_at=None, last_attempted_at=None, args=data["args"], kwargs=data["kwargs"],
+            backend=self.alias, errors=[], worker_ids=[],
+        )
+        # As Django's database backend does: enqueued means committed, so a
+        # rollback sends nothing (and outside atomic() it is sent at once).
+        transaction.on_commit(lambda: task_enqueued.send_robust(type(self), task_result=result), using=alias, robust=True)
+        return result
+
+    # -- results --
+    def get_result(self, result_id: Any) -> Any:
+        """The ``TaskResult`` of ``result_id`` as the database has it now.
+        Raises ``TaskResultDoesNotExist`` when no task row has that id (never
+        enqueued, rolled back, or purged). See ``tasks_results.load_result``."""
+        from .tasks_results import load_result
+
+        return load_result(self, result_id)
+
+    # -- checks --
+    def check(self, **kwargs: Any) -> list[Any]:
+        """``platformkit.E101`` app not installed, ``E102`` a queue name our
+        event grammar can't carry, ``E103`` no queues. No queries."""
+        from django.apps import apps
+
+        errors = list(super().check(**kwargs))
+        where = "settings.TASKS"
+        if not apps.is_installed("django_platformkit"):
+            errors.append(_check("E101", where, alias=self.alias, backend=BACKEND_PATH))
+        if not self.queues:
+            errors.append(_check("E103", where, alias=self.alias))
+        for queue in sorted(self.queues):
+            if not QUEUE_NAME.match(str(queue)):
+                suggestion = re.sub(r"[^a-z0-9_]", "_", str(queue).lower())[:150] or "default"
+                errors.append(_check("E102", where, alias=self.alias, queue=queue, suggestion=suggestion))
+        return errors
+
+
+def _check(code: str, obj: str, **values: Any) -> Any:
+    message, hint = CHECKS[code]
+    return checks.Error(message.format(**values), hint=hint.format(**values), obj=obj, id=f"platformkit.{code}")
+
+
+def _event_id(result_id: Any) -> uuid.UUID | None:
+    try:
+        return uuid.UUID(str(result_id))
+    except ValueError:
+        return None

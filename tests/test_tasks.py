@@ -1,0 +1,442 @@
+"""Django's Tasks API through the outbox (django_platformkit.tasks): enqueue
+in the caller's transaction, exactly-once runs, retries into dead letters and
+replay, deferred runs, results, signals, checks - real PostgreSQL and NATS."""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+import uuid
+
+import pytest
+from django.db import connection, transaction
+from django.test import override_settings
+from django.utils import timezone
+
+pytest.importorskip("django.tasks")
+
+from django.tasks import TaskResultStatus, task_backends  # noqa: E402
+from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist  # noqa: E402
+from django.tasks.signals import task_enqueued, task_finished, task_started  # noqa: E402
+
+from django_platformkit.exceptions import InvalidPayload  # noqa: E402
+from django_platformkit.models import DeadLetter, OutboxEvent  # noqa: E402
+from tests.conftest import wait_for  # noqa: E402
+from tests.testapp import tasks  # noqa: E402
+from tests.testapp.models import Effect  # noqa: E402
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+TASKS = {"default": {"BACKEND": "django_platformkit.tasks.OutboxBackend", "QUEUES": ["default", "emails"]}}
+
+
+@pytest.fixture
+def outbox_tasks(broker):
+    """TASKS -> OutboxBackend, with the queues' subscriptions registered (as
+    AppConfig.ready() does when TASKS is in the settings); removed afterwards."""
+    from django_platformkit import consumer, events
+    from django_platformkit.tasks import register_task_queues
+
+    with override_settings(TASKS=TASKS):
+        names = register_task_queues()
+        try:
+            yield task_backends["default"]
+        finally:
+            for name in names:
+                consumer._subscriptions.pop(name, None)
+                events._catalogue.pop(name, None)
+
+
+def task_subscriptions():
+    from django_platformkit.consumer import subscriptions
+
+    return [s for s in subscriptions() if s.name.startswith("platformkit.task_")]
+
+
+def effects(label):
+    return Effect.objects.filter(subscription=label).count()
+
+
+def test_a_rolled_back_enqueue_leaves_no_row_and_nothing_runs(outbox_tasks, run_worker):
+    with transaction.atomic():
+        result = tasks.record.enqueue("rolled")
+        transaction.set_rollback(True)
+    assert not OutboxEvent.objects.exists()
+    run_worker(subscriptions=task_subscriptions())
+    assert effects("rolled") == 0
+    with pytest.raises(TaskResultDoesNotExist):
+        outbox_tasks.get_result(result.id)
+
+
+def test_a_committed_task_runs_once_and_its_result_says_successful(outbox_tasks, run_worker):
+    with transaction.atomic():
+        result = tasks.record.enqueue("committed", n=3)
+    assert result.status == TaskResultStatus.READY
+    assert result.id == str(OutboxEvent.objects.get().id)
+    assert result.enqueued_at is not None and result.started_at is None
+    assert tasks.record.get_result(result.id).status == TaskResultStatus.READY
+    run_worker(subscriptions=task_subscriptions())
+    assert effects("committed") == 1
+    result.refresh()
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    assert result.return_value == {"label": "committed", "n": 3}
+    assert result.args == ["committed"] and result.kwargs == {"n": 3}
+    assert result.enqueued_at <= result.started_at <= result.last_attempted_at <= result.finished_at
+    assert result.errors == [] and len(result.worker_ids) == 1
+
+
+def test_enqueue_outside_atomic_commits_on_its_own(outbox_tasks, run_worker):
+    assert not connection.in_atomic_block
+    result = tasks.send_email.enqueue("a@example.com")
+    # Seen from another connection: committed.
+    from django.db import connections
+
+    other = connections.create_connection("default")
+    try:
+        with other.cursor() as cursor:
+            cursor.execute("SELECT name FROM platformkit_outbox WHERE id = %s", [uuid.UUID(result.id)])
+            assert cursor.fetchone() == ("platformkit.task_emails",)
+    finally:
+        other.close()
+    run_worker(subscriptions=task_subscriptions())
+    assert effects("emails") == 1
+    assert outbox_tasks.get_result(result.id).return_value == "a@example.com"
+
+
+def test_an_argument_json_cant_carry_raises_before_sql_and_the_transaction_stays_usable(outbox_tasks, django_assert_num_queries):
+    with transaction.atomic():
+        with django_assert_num_queries(0), pytest.raises(InvalidPayload, match=r"\$\.args\[1\]"):
+            tasks.record.enqueue("bad", object())
+        with django_assert_num_queries(0), pytest.raises(InvalidPayload, match=r"\$\.kwargs\.n"):
+            tasks.record.enqueue("bad", n=float("nan"))
+        tasks.record.enqueue("good")  # the transaction still works
+    assert OutboxEvent.objects.count() == 1
+
+
+def test_a_queue_not_in_QUEUES_is_refused_at_enqueue(outbox_tasks):
+    with pytest.raises(InvalidTask, match="Queue 'other' is not valid"):
+        tasks.record.using(queue_name="other").enqueue("x")
+    assert not OutboxEvent.objects.exists()
+
+
+def test_the_same_message_delivered_three_more_times_writes_once(outbox_tasks, transport, run_worker):
+    from django_platformkit.relay import Relay, envelope
+
+    result = tasks.record.enqueue("dup")
+    Relay(transport).drain()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT id, name, tenant, payload::text, headers, created_at FROM platformkit_outbox")
+        message = envelope(*cursor.fetchone())
+    for _ in range(3):
+        assert not transport.publish_raw(message.subject, message.body, headers={"Nats-Msg-Id": str(uuid.uuid4())}).duplicate
+    run_worker(subscriptions=task_subscriptions())
+    assert effects("dup") == 1
+    assert outbox_tasks.get_result(result.id).status == TaskResultStatus.SUCCESSFUL
+
+
+def test_a_task_that_always_fails_runs_max_attempts_then_fails_and_replay_after_a_fix_succeeds(outbox_tasks, run_worker, settings):
+    from django_platformkit import replay
+
+    max_attempts = settings.PLATFORMKIT["MAX_ATTEMPTS"]
+    result = tasks.fails_until_fixed.enqueue("flaky_task")
+    run_worker(subscriptions=task_subscriptions())
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED
+    assert len(result.errors) == max_attempts
+    assert {e.exception_class_path for e in result.errors} == {"builtins.RuntimeError"}
+    assert "not fixed yet" in result.errors[-1].traceback
+    assert result.errors[0].exception_class is RuntimeError
+    assert len(result.worker_ids) == max_attempts
+    assert result.finished_at is not None
+    assert effects("flaky_task") == 0  # every failed run's write rolled back
+    dead = DeadLetter.objects.get()
+    assert (dead.subscription, str(dead.event_id), dead.attempts) == ("platformkit.task_default", result.id, max_attempts)
+    with pytest.raises(ValueError, match="Task failed"):
+        result.return_value
+
+    Effect.objects.create(subscription="flaky_task.fixed", event_id=uuid.uuid4())
+    replay(result.id, actor="ops", reason="fixed")
+    assert outbox_tasks.get_result(result.id).status == TaskResultStatus.READY
+    run_worker(subscriptions=task_subscriptions())
+    result.refresh()
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    assert result.return_value == "fixed"
+    assert effects("flaky_task") == 1
+    assert len(result.errors) == max_attempts  # the history stays
+
+
+def test_a_context_task_sees_the_handler_run_count_as_attempt(outbox_tasks, run_worker):
+    result = tasks.record_with_context.enqueue("ctx")
+    run_worker(subscriptions=task_subscriptions())
+    assert Effect.objects.get(subscription="ctx").payload == {"attempt": 1}
+    assert outbox_tasks.get_result(result.id).return_value == 1
+
+
+def test_get_result_of_an_id_that_never_existed_raises(outbox_tasks):
+    with pytest.raises(TaskResultDoesNotExist):
+        outbox_tasks.get_result(str(uuid.uuid4()))
+    with pytest.raises(TaskResultDoesNotExist):
+        outbox_tasks.get_result("not-a-uuid")
+
+
+def test_a_result_lives_as_long_as_its_outbox_row(outbox_tasks, run_worker):
+    result = tasks.record.enqueue("purged")
+    run_worker(subscriptions=task_subscriptions())
+    assert outbox_tasks.get_result(result.id).status == TaskResultStatus.SUCCESSFUL
+    OutboxEvent.objects.filter(id=result.id).delete()  # what purge does once the row is old
+    with pytest.raises(TaskResultDoesNotExist):
+        outbox_tasks.get_result(result.id)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM platformkit_task_results")
+        assert cursor.fetchone()[0] == 0  # deleted with the row
+
+
+def test_django_signals_are_sent_as_djangos_backends_send_them(outbox_tasks, run_worker):
+    seen = []
+
+    def receiver(signal_name):
+        def receive(sender, task_result, **kwargs):
+            seen.append((signal_name, sender, task_result.id, task_result.status))
+        return receive
+
+    receivers = {task_enqueued: receiver("enqueued"), task_started: receiver("started"), task_finished: receiver("finished")}
+    for signal, func in receivers.items():
+        signal.connect(func)
+    try:
+        with transaction.atomic():
+            tasks.record.enqueue("rolled_back_signal")
+            transaction.set_rollback(True)
+        assert seen == []  # enqueued means committed
+        ok = tasks.record.enqueue("signals")
+        bad = tasks.fails_until_fixed.enqueue("signals_bad")
+        run_worker(subscriptions=task_subscriptions())
+    finally:
+        for signal, func in receivers.items():
+            signal.disconnect(func)
+    backend_class = type(outbox_tasks)
+    mine = [s for s in seen if s[2] == ok.id]
+    assert mine == [
+        ("enqueued", backend_class, ok.id, TaskResultStatus.READY),
+        ("started", backend_class, ok.id, TaskResultStatus.RUNNING),
+        ("finished", backend_class, ok.id, TaskResultStatus.SUCCESSFUL),
+    ]
+    failed = [s[0] for s in seen if s[2] == bad.id]
+    assert failed[0] == "enqueued" and failed[-1] == "finished" and failed.count("finished") == 1
+    assert [s[3] for s in seen if s[2] == bad.id][-1] == TaskResultStatus.FAILED
+
+
+def test_a_running_task_reads_as_running(outbox_tasks):
+    """RUNNING is the advisory lock the task's transaction holds."""
+    from django.db import connections
+
+    from django_platformkit.tasks_results import _LOCK_SQL, RUNNING_LOCK_NAMESPACE
+
+    result = tasks.record.enqueue("running")
+    other = connections.create_connection("default")
+    try:
+        other.set_autocommit(False)
+        with other.cursor() as cursor:
+            cursor.execute(_LOCK_SQL, [RUNNING_LOCK_NAMESPACE, result.id])
+        running = outbox_tasks.get_result(result.id)
+        assert running.status == TaskResultStatus.RUNNING
+        assert running.started_at is not None and running.last_attempted_at is not None
+        other.rollback()
+        assert outbox_tasks.get_result(result.id).status == TaskResultStatus.READY
+    finally:
+        other.close()
+
+
+def test_run_after_is_honoured_by_a_running_worker_within_a_second(outbox_tasks, background_worker):
+    background_worker(subscriptions=task_subscriptions())
+    time.sleep(1.0)  # the worker is up and idle
+    run_after = timezone.now() + dt.timedelta(seconds=3)
+    result = tasks.record.using(run_after=run_after).enqueue("deferred")
+    assert OutboxEvent.objects.get().not_before == run_after
+    time.sleep(2.5)
+    assert effects("deferred") == 0, "started before run_after"
+    done = wait_for(lambda: outbox_tasks.get_result(result.id) if outbox_tasks.get_result(result.id).is_finished else None, timeout=10, interval=0.05, what="the deferred task")
+    assert done.status == TaskResultStatus.SUCCESSFUL
+    late = (done.started_at - run_after).total_seconds()
+    assert 0 <= late < 1.0, f"started {late:.3f}s after run_after"
+
+
+def test_burst_runs_what_is_due_and_leaves_later_rows_pending(outbox_tasks, run_worker):
+    later = tasks.record.using(run_after=timezone.now() + dt.timedelta(hours=1)).enqueue("later")
+    now = tasks.record.enqueue("now")
+    run_worker(subscriptions=task_subscriptions(), timeout=30)
+    assert effects("now") == 1 and effects("later") == 0
+    assert outbox_tasks.get_result(now.id).status == TaskResultStatus.SUCCESSFUL
+    assert OutboxEvent.objects.get(id=later.id).published_at is None
+    assert outbox_tasks.get_result(later.id).status == TaskResultStatus.READY
+
+
+def test_a_naive_run_after_is_refused_by_djangos_validation(outbox_tasks):
+    with pytest.raises(InvalidTask, match="aware"):
+        tasks.record.using(run_after=dt.datetime(2030, 1, 1)).enqueue("naive")
+
+
+def test_aenqueue_and_aget_result_from_an_async_view(outbox_tasks, async_client, run_worker):
+    import asyncio
+
+    body = asyncio.run(async_client.get("/tasks/enqueue/?label=async_view"))
+    assert body.status_code == 200, body.content
+    result_id = body.json()["id"]
+    assert body.json()["status"] == "READY"
+    run_worker(subscriptions=task_subscriptions())
+    body = asyncio.run(async_client.get(f"/tasks/result/{result_id}/"))
+    assert body.json() == {"id": result_id, "status": "SUCCESSFUL", "return_value": {"label": "async_view", "n": 1}}
+    assert effects("async_view") == 1
+    # The views' ORM calls ran in asgiref's thread-sensitive executor thread: close its connection.
+    from asgiref.sync import sync_to_async
+    from django.db import connections
+
+    asyncio.run(sync_to_async(connections.close_all)())
+
+
+def test_check_errors_when_the_app_is_not_installed_or_a_queue_cant_be_an_event_name():
+    from django_platformkit.tasks import OutboxBackend
+
+    backend = OutboxBackend("jobs", {"QUEUES": ["default", "High-Priority"]})
+    assert [(e.id, e.msg) for e in backend.check()] == [
+        ("platformkit.E102", "TASKS['jobs']: queue 'High-Priority' can't be an event name"),
+    ]
+    with override_settings(INSTALLED_APPS=["django.contrib.contenttypes", "django.contrib.auth"]):
+        errors = OutboxBackend("default", {"QUEUES": ["default"]}).check()
+    assert [(e.id, e.msg) for e in errors] == [
+        ("platformkit.E101", "TASKS['default'] uses django_platformkit.tasks.OutboxBackend but 'django_platformkit' is not in INSTALLED_APPS"),
+    ]
+    assert [e.id for e in OutboxBackend("default", {"QUEUES": []}).check()] == ["platformkit.E103"]
+
+
+def test_runworker_queue_runs_only_that_queues_tasks(outbox_tasks, run_worker):
+    from django_platformkit.tasks import queue_subscriptions
+
+    tasks.record.enqueue("default_queue")
+    tasks.send_email.enqueue("b@example.com")
+    run_worker(subscriptions=queue_subscriptions(["emails"]))
+    assert effects("emails") == 1 and effects("default_queue") == 0
+    from django_platformkit.exceptions import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match="unknown queue"):
+        queue_subscriptions(["nope"])
+
+
+def test_runworker_queue_as_a_real_process_runs_only_that_queue(broker):
+    """``manage.py runworker --burst --queue emails`` (TASKS from the settings, as a deploy has it)."""
+    import subprocess
+
+    from django_platformkit.tasks import register_task_queues
+    from tests.conftest import manage, worker_env
+
+    with override_settings(TASKS=TASKS):
+        from django_platformkit import consumer, events
+
+        names = register_task_queues()
+        try:
+            tasks.record.enqueue("process_default")
+            tasks.send_email.enqueue("c@example.com")
+        finally:
+            for name in names:
+                consumer._subscriptions.pop(name, None)
+                events._catalogue.pop(name, None)
+    env = worker_env(broker, PLATFORMKIT_TEST_TASKS="1")
+    proc = manage("runworker", "--burst", "--burst-timeout", "60", "--queue", "emails", env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err.decode()[-3000:]
+    assert effects("emails") == 1 and effects("process_default") == 0
+    proc = manage("runworker", "--burst", "--queue", "nope", env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode != 0 and b"unknown queue(s) nope" in err, err
+
+
+def test_the_admin_shows_tasks_with_status_result_errors_and_replays_failed_ones(outbox_tasks, run_worker, admin_client):
+    ok = tasks.record.enqueue("admin_ok", n=7)
+    bad = tasks.fails_until_fixed.enqueue("admin_bad")
+    run_worker(subscriptions=task_subscriptions())
+    page = admin_client.get("/admin/django_platformkit/outboxtask/").content.decode()
+    assert "tests.testapp.tasks.record" in page and "tests.testapp.tasks.fails_until_fixed" in page
+    assert "SUCCESSFUL" in page and "FAILED" in page
+    failed_only = admin_client.get("/admin/django_platformkit/outboxtask/?task_status=failed").content.decode()
+    assert "fails_until_fixed" in failed_only and "tests.testapp.tasks.record<" not in failed_only
+    detail = admin_client.get(f"/admin/django_platformkit/outboxtask/{ok.id}/change/").content.decode()
+    assert "&quot;label&quot;: &quot;admin_ok&quot;" in detail or '"label": "admin_ok"' in detail
+    detail = admin_client.get(f"/admin/django_platformkit/outboxtask/{bad.id}/change/").content.decode()
+    assert "builtins.RuntimeError" in detail and "admin_bad: not fixed yet" in detail
+    form = {"action": "replay_failed", "_selected_action": [bad.id, ok.id]}
+    asked = admin_client.post("/admin/django_platformkit/outboxtask/", form)
+    assert asked.status_code == 200 and b"Reason" in asked.content
+    assert DeadLetter.objects.count() == 1  # nothing happened yet
+    Effect.objects.create(subscription="admin_bad.fixed", event_id=uuid.uuid4())
+    done = admin_client.post("/admin/django_platformkit/outboxtask/", {**form, "confirm": "yes", "reason": "fixed the bug"}, follow=True)
+    assert b"Replayed 1 failed task" in done.content
+    assert not DeadLetter.objects.exists()
+    run_worker(subscriptions=task_subscriptions())
+    assert outbox_tasks.get_result(bad.id).status == TaskResultStatus.SUCCESSFUL
+
+
+def test_with_options_batch_tasks_run_once_each_and_failures_are_recorded(broker, run_worker, settings):
+    """OPTIONS {"BATCH": True}: the queue is a batch subscription (a savepoint per task)."""
+    from django_platformkit import consumer, events
+    from django_platformkit.tasks import register_task_queues
+
+    batched = {"default": dict(TASKS["default"], OPTIONS={"BATCH": True})}
+    with override_settings(TASKS=batched):
+        names = register_task_queues()
+        try:
+            assert all(consumer._subscriptions[n].batch for n in names)
+            oks = [tasks.record.enqueue("batched", n=i) for i in range(30)]
+            bad = tasks.fails_until_fixed.enqueue("batched_bad")
+            run_worker(subscriptions=task_subscriptions())
+            backend = task_backends["default"]
+            assert effects("batched") == 30 and effects("batched_bad") == 0
+            assert {backend.get_result(r.id).status for r in oks} == {TaskResultStatus.SUCCESSFUL}
+            assert backend.get_result(oks[7].id).return_value == {"label": "batched", "n": 7}
+            failed = backend.get_result(bad.id)
+            assert failed.status == TaskResultStatus.FAILED
+            assert len(failed.errors) == settings.PLATFORMKIT["MAX_ATTEMPTS"]
+        finally:
+            for name in names:
+                consumer._subscriptions.pop(name, None)
+                events._catalogue.pop(name, None)
+
+
+def test_rows_due_tomorrow_are_not_visited_by_the_relays_batch_query(outbox_tasks):
+    """The deferred walk stops at the first row not yet due (its own partial
+    index); due rows come off the pending index: no sequential scan, no sort,
+    and the 20k rows due tomorrow cost the query nothing."""
+    from django_platformkit.relay import _PLAN_SQL, _SELECT_SQL
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO platformkit_outbox (id, name, payload, headers, created_at, not_before) "
+            "SELECT gen_random_uuid(), 'platformkit.task_default', '{}'::jsonb, '{}'::jsonb, clock_timestamp(), now() + interval '1 day' "
+            "FROM generate_series(1, 20000)"
+        )
+        cursor.execute(
+            "INSERT INTO platformkit_outbox (id, name, payload, headers, created_at, not_before) "
+            "SELECT gen_random_uuid(), 'platformkit.task_default', '{}'::jsonb, '{}'::jsonb, clock_timestamp(), now() - interval '1 second' "
+            "FROM generate_series(1, 3)"
+        )
+    tasks.record.enqueue("plain")
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(_PLAN_SQL)
+        cursor.execute("EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF, SUMMARY OFF) " + _SELECT_SQL, [500])
+        plan = "\n".join(r[0] for r in cursor.fetchall())
+        cursor.execute(_SELECT_SQL, [500])
+        rows = cursor.fetchall()
+        transaction.set_rollback(True)
+    assert len(rows) == 4, plan  # 3 due deferred rows first, then the plain one
+    assert [r[2] for r in rows] == ["platformkit.task_default"] * 4
+    assert "platformkit_outbox_deferred" in plan and "platformkit_outbox_pending" in plan, plan
+    assert "Seq Scan" not in plan and "Sort" not in plan, plan
+    # The deferred index scan returned the 3 due rows and stopped at the first future one.
+    deferred_line = next(line for line in plan.splitlines() if "platformkit_outbox_deferred" in line)
+    import re
+
+    assert re.search(r"actual rows=3(\.00)? ", deferred_line), plan
+
+
+def test_enqueue_inside_atomic_is_one_statement(outbox_tasks, django_assert_num_queries):
+    with transaction.atomic():
+        with django_assert_num_queries(1):  # the INSERT (with its NOTIFY), nothing else
+            tasks.record.enqueue("one_statement")

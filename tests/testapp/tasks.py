@@ -1,0 +1,36 @@
+"""django.tasks tasks of the test app (run through OutboxBackend in tests/test_tasks.py).
+Each writes an Effect row, so a duplicate run shows up as an extra row."""
+
+import uuid
+
+from django.tasks import task
+
+from .models import Effect
+
+
+@task
+def record(label, n=1):
+    Effect.objects.create(subscription=label, event_id=uuid.uuid4(), payload={"n": n})
+    return {"label": label, "n": n}
+
+
+@task(queue_name="emails")
+def send_email(to):
+    Effect.objects.create(subscription="emails", event_id=uuid.uuid4(), payload={"to": to})
+    return to
+
+
+@task(takes_context=True)
+def record_with_context(context, label):
+    Effect.objects.create(subscription=label, event_id=context.task_result.id, payload={"attempt": context.attempt})
+    return context.attempt
+
+
+@task
+def fails_until_fixed(label):
+    """Writes an Effect, then raises unless a 'fixed' Effect exists: a failed
+    run's write must roll back with it."""
+    Effect.objects.create(subscription=label, event_id=uuid.uuid4(), payload={})
+    if not Effect.objects.filter(subscription=f"{label}.fixed").exists():
+        raise RuntimeError(f"{label}: not fixed yet")
+    return "fixed"
