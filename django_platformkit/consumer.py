@@ -459,11 +459,79 @@ class _Work:
 
     delivery: Delivery
     event: ReceivedEvent
-    attempt_row: int | None = None  # our ``running`` Attempt row (redeliveries only)
+    attempt_row: int | None = None  # our ``running`` Attempt row (redeliveries, slow first runs)
     started_at: datetime | None = None
     outcome: str = ""
     error: BaseException | None = None
     tb: str = ""
+    lock: threading.Lock = field(default_factory=threading.Lock)  # handler end vs the slow-run recorder
+    running: bool = False  # the handler is in its run now (the recorder may write its row)
+
+
+#: A first delivery's run writes nothing - unless it lasts longer than this:
+#: then a ``running`` row is written from the side, so a run that hangs or
+#: is killed while hanging counts (DESIGN.md "Attempts"). Fast runs pay nothing.
+RECORD_SLOW_RUN_AFTER_SECONDS = 0.25
+
+_SLOW_START_SQL = (
+    f"INSERT INTO {ATTEMPTS_TABLE} (subscription, event_id, attempt, outcome, started_at, error, traceback, worker) "
+    f"SELECT %s, %s, COALESCE(MAX(attempt), 0) + 1, 'running', %s, '', '', %s FROM {ATTEMPTS_TABLE} "
+    "WHERE subscription = %s AND event_id = %s ON CONFLICT (subscription, event_id, attempt) DO NOTHING RETURNING id"
+)
+
+
+class _SlowRunRecorder:
+    """One daemon thread per process, with its own database connection:
+    writes the ``running`` row of first-delivery runs that pass
+    ``RECORD_SLOW_RUN_AFTER_SECONDS``."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._watched: dict[int, tuple[float, _Work, str, str]] = {}
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def watch(self, work: _Work, subscription: str, using: str) -> None:
+        with self._lock:
+            self._watched[id(work)] = (time.monotonic() + RECORD_SLOW_RUN_AFTER_SECONDS, work, subscription, using)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="platformkit-slow-runs", daemon=True)
+                self._thread.start()
+
+    def unwatch(self, work: _Work) -> None:
+        with self._lock:
+            self._watched.pop(id(work), None)
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(0.05)
+            now = time.monotonic()
+            with self._lock:
+                due = [v for v in self._watched.values() if v[0] <= now]
+                for _, work, _, _ in due:
+                    self._watched.pop(id(work), None)
+            for _, work, subscription, using in due:
+                with work.lock:
+                    if not work.running or work.attempt_row is not None:
+                        continue
+                    try:
+                        with connections[using].cursor() as cursor:
+                            cursor.execute(_SLOW_START_SQL, [subscription, work.event.id, work.started_at or timezone.now(), WORKER_ID, subscription, work.event.id])
+                            row = cursor.fetchone()
+                        work.attempt_row = row[0] if row else None
+                    except Exception as exc:  # noqa: BLE001 - best effort: the run just isn't recorded early
+                        logger.debug("slow run not recorded subscription=%s event_id=%s error=%s", subscription, work.event.id, exc)
+                        with contextlib.suppress(Exception):
+                            connections[using].close()
+            if due:
+                # Slow runs are rare: hold no idle connection in between (it
+                # would also keep a test database from being dropped).
+                for using in {v[3] for v in due}:
+                    with contextlib.suppress(Exception):
+                        connections[using].close()
+
+
+_slow_runs = _SlowRunRecorder()
 
 
 def _history_text(rows: Sequence[tuple]) -> str:
@@ -820,8 +888,18 @@ class Consumer:
                         cursor.execute(_SET_TENANT_SQL, [event_tenant])
                         tenant = event_tenant
                     work.started_at = timezone.now()
+                    watched = work.delivery is not None and work.attempt_row is None
+                    if watched:
+                        work.running = True
+                        _slow_runs.watch(work, sub.name, self.using)
                     try:
-                        self._call_handler(event, timeout)
+                        try:
+                            self._call_handler(event, timeout)
+                        finally:
+                            if watched:
+                                _slow_runs.unwatch(work)
+                                with work.lock:  # waits for a row being written now
+                                    work.running = False
                     except BaseException as exc:  # noqa: BLE001 - SystemExit & co. fail the attempt too, never the thread
                         if not_the_handlers_fault(exc, self.using):
                             raise
@@ -844,6 +922,13 @@ class Consumer:
                     # Done, but acked only after the unit commits: keep its ack
                     # alive while the rest of the unit runs (each within its timeout).
                     self._awaits_commit(work, timeout * (len(todo) + 1))
+                slow = [w.attempt_row for w in todo if outcomes.get(id(w)) == "handled" and w.attempt_row is not None]
+                if slow:
+                    # Slow first runs (and a redelivery) recorded as running: handled, with the unit's commit.
+                    cursor.execute(
+                        f"UPDATE {ATTEMPTS_TABLE} SET outcome = 'handled', finished_at = clock_timestamp() WHERE id = ANY(%s::bigint[])",
+                        ["{" + ",".join(str(i) for i in slow) + "}"],
+                    )
                 if failures:
                     # Their claims were taken with the unit's; give them back.
                     cursor.execute(

@@ -63,7 +63,7 @@ PROGRESS_LOG_SECONDS = 10.0
 #: claim statement), a slow one gets one message at a time, so nothing
 #: fetched waits long behind a slow handler. Sizes start at 1 and at most
 #: double per unit, so a backlog of slow events never arrives as one batch.
-UNIT_TARGET_SECONDS = 0.05
+UNIT_TARGET_SECONDS = 0.1
 #: The GIL switch interval while the relay shares the process with
 #: consumers (Python's default is 5 ms): a relay draining a backlog is
 #: CPU-bound, and every time a consumer thread's database or NATS answer

@@ -5,6 +5,7 @@ batched path under psycopg server-side binding."""
 
 import copy
 import logging
+import signal
 import threading
 
 import pytest
@@ -14,7 +15,7 @@ from django_platformkit import publish
 from django_platformkit.consumer import Consumer, Subscription
 from django_platformkit.models import Attempt, DeadLetter, HandledEvent
 from django_platformkit.relay import Relay
-from tests.conftest import wait_for
+from tests.conftest import manage, wait_for, worker_env
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -196,3 +197,25 @@ def test_the_batched_path_handles_events_under_server_side_binding(transport, se
     # each handler saw its own event's tenant, on the server-side-binding connection
     assert {(n, tenant) for n, _, tenant in seen} == {(i, f"t{i % 2}") for i in range(6)}
     assert connections[alias].settings_dict["OPTIONS"]["server_side_binding"] is True
+
+
+def test_a_first_run_that_hangs_and_is_killed_counts_so_its_redelivery_is_attempt_2(broker):
+    """The first delivery writes nothing - unless its run lasts: then its
+    ``running`` row is written from the side, so a worker killed during a
+    hang doesn't hand the event a free run."""
+    from tests.testapp.models import Attempt as Seen
+
+    env = worker_env(broker, PLATFORMKIT_TEST_ACK_WAIT="2", PLATFORMKIT_TEST_HANDLER_TIMEOUT="1.5")
+    with transaction.atomic():
+        event_id = publish("testapp.slow", {"sleep": 60})
+    seen = lambda: sorted(Seen.objects.filter(event_id=event_id).values_list("attempt", flat=True))  # noqa: E731
+    for expected in ([1], [1, 2]):
+        worker = manage("runworker", "--subscription", "testapp.slow", "--no-jobs", env=env)
+        try:
+            wait_for(lambda: seen() == expected, timeout=60, what=f"runs {expected}")
+            wait_for(lambda: Attempt.objects.for_event(event_id).never_reported().count() == len(expected), timeout=10, what="the running row")
+        finally:
+            worker.send_signal(signal.SIGKILL)
+            worker.wait(30)
+        assert list(Attempt.objects.for_event(event_id).values_list("attempt", "outcome")) == [(n, "running") for n in expected]
+    assert not HandledEvent.objects.filter(event_id=event_id).exists()
