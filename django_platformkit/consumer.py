@@ -1116,8 +1116,13 @@ class Consumer:
         body_id = None
         with contextlib.suppress(Exception):
             body_id = uuid.UUID(str(json.loads(delivery.data).get("id")))
-        event_id = body_id or uuid.uuid5(_NAMESPACE_MALFORMED, f"{conf.settings.STREAM}:{delivery.stream_seq}")
-        error = f"malformed message on subject={delivery.subject} stream_seq={delivery.stream_seq}: {reason}"
+        # Keyed by the message's place in the stream, never by the id it claims:
+        # a forged or broken message claiming a real event's id must not take
+        # that event's (subscription, event_id) dead-letter slot, and two bad
+        # messages claiming one id are two records.
+        event_id = uuid.uuid5(_NAMESPACE_MALFORMED, f"{conf.settings.STREAM}:{delivery.stream_seq}")
+        claimed = f" claimed_id={body_id}" if body_id is not None else ""
+        error = f"malformed message{claimed} on subject={delivery.subject} stream_seq={delivery.stream_seq}: {reason}"
         logger.error("malformed message terminated subscription=%s subject=%s stream_seq=%s reason=%s", sub.name, delivery.subject, delivery.stream_seq, reason)
         try:
             with transaction.atomic(using=self.using), connections[self.using].cursor() as cursor:
