@@ -59,7 +59,17 @@ ZONES = {
     "Pacific/Chatham": (2024, 2030),
     "America/Sao_Paulo": (2015, 2019),
 }
-FIXED_TIME = ["30 2 * * *", "0 3 * * *", "45 2 * * *", "0 0 * * *", "59 1 * * *", "50 2,3 * * *", "0 2 * * 0", "15 1-3 * * *", "0 23 * * *"]
+FIXED_TIME = [
+    "30 2 * * *",
+    "0 3 * * *",
+    "45 2 * * *",
+    "0 0 * * *",
+    "59 1 * * *",
+    "50 2,3 * * *",
+    "0 2 * * 0",
+    "15 1-3 * * *",
+    "0 23 * * *",
+]
 WILDCARD = ["0 * * * *", "*/15 * * * *", "*/30 1-3 * * *", "45 */2 * * *", "40-50 */2 * * *"]
 #: Where each window starts, from the change: long before it, and inside the
 #: stretch a gap or a fold disturbs (the look-back of ``instants_after``).
@@ -194,7 +204,13 @@ def _local(instants: list[datetime], zone: ZoneInfo) -> list[str]:
 def test_every_dst_change_of_the_zones_is_found():
     counts = {name: len(transitions(ZoneInfo(name), *years)) for name, years in ZONES.items()}
     # Two changes a year; Sao Paulo's last one was February 2019 (DST abolished).
-    assert counts == {"Europe/Berlin": 14, "America/New_York": 14, "Australia/Lord_Howe": 14, "Pacific/Chatham": 14, "America/Sao_Paulo": 9}
+    assert counts == {
+        "Europe/Berlin": 14,
+        "America/New_York": 14,
+        "Australia/Lord_Howe": 14,
+        "Pacific/Chatham": 14,
+        "America/Sao_Paulo": 9,
+    }
 
 
 def test_ours_follows_vixie_crons_rule_and_cronsim_agrees_except_the_two_chatham_differences():
@@ -213,7 +229,9 @@ def test_ours_follows_vixie_crons_rule_and_cronsim_agrees_except_the_two_chatham
     assert cronsim_differs == KNOWN_CRONSIM
 
 
-def _croniter_difference(expression: str, zone: ZoneInfo, change: datetime, got: list[datetime], oracle: list[datetime]) -> str:
+def _croniter_difference(
+    expression: str, zone: ZoneInfo, change: datetime, got: list[datetime], oracle: list[datetime]
+) -> str:
     """Which documented kind of difference this is (see the module docstring), or 'other'."""
     minute, hour = expression.split()[:2]
     fixed = not minute.startswith("*") and not hour.startswith("*")
@@ -256,12 +274,30 @@ def test_croniter_agrees_except_the_three_documented_kinds_of_difference():
     [
         # Spring forward in Berlin: 02:30 doesn't exist; fixed time fires at 03:00, wildcard skips.
         ("Europe/Berlin", "30 2 * * *", "2026-03-29T00:00", 3, ["2026-03-29T03:00:00+02:00"]),
-        ("Europe/Berlin", "30 * * * *", "2026-03-29T01:00", 2, ["2026-03-29T01:30:00+01:00", "2026-03-29T03:30:00+02:00"]),
+        (
+            "Europe/Berlin",
+            "30 * * * *",
+            "2026-03-29T01:00",
+            2,
+            ["2026-03-29T01:30:00+01:00", "2026-03-29T03:30:00+02:00"],
+        ),
         # Fall back in Berlin: 02:30 happens twice; fixed once, wildcard twice.
         ("Europe/Berlin", "30 2 * * *", "2026-10-25T00:00", 4, ["2026-10-25T02:30:00+02:00"]),
-        ("Europe/Berlin", "30 * * * *", "2026-10-25T01:45", 2, ["2026-10-25T02:30:00+02:00", "2026-10-25T02:30:00+01:00"]),
+        (
+            "Europe/Berlin",
+            "30 * * * *",
+            "2026-10-25T01:45",
+            2,
+            ["2026-10-25T02:30:00+02:00", "2026-10-25T02:30:00+01:00"],
+        ),
         # Chatham's fall back repeats 02:45-03:44: the second 02:45 runs under a wildcard hour.
-        ("Pacific/Chatham", "45 */2 * * *", "2026-04-05T01:00", 3, ["2026-04-05T02:45:00+13:45", "2026-04-05T02:45:00+12:45"]),
+        (
+            "Pacific/Chatham",
+            "45 */2 * * *",
+            "2026-04-05T01:00",
+            3,
+            ["2026-04-05T02:45:00+13:45", "2026-04-05T02:45:00+12:45"],
+        ),
     ],
 )
 def test_the_rule_on_named_days(name, expression, start, hours, expected_local):

@@ -33,7 +33,9 @@ print("nats", settings.PLATFORMKIT["NATS_URL"])
 def test_django_setup_with_the_test_settings_starts_no_server_and_points_at_closed_ports():
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "NATS_URL", "PLATFORMKIT_TEST_DB_NAME")}
     env.update(DJANGO_SETTINGS_MODULE="tests.settings", PLATFORMKIT_TEST_SERVICES="none", PYTHONPATH=str(ROOT))
-    result = subprocess.run([sys.executable, "-c", PROBE], env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-c", PROBE], env=env, cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     lines = dict(line.split(" ", 1) for line in result.stdout.splitlines())
     assert lines["children"] == "0", result.stdout  # no postgres, no nats-server

@@ -31,7 +31,23 @@ def test_good_event_names_are_returned_unchanged(name):
     assert _find("check_event_name", "events", "wire", "subscriptions")(name) == name
 
 
-@pytest.mark.parametrize("name", ["", "orders", "orders.", ".placed", "orders..placed", "a.b.c", "orders.*", "orders.>", "Shop.placed", "shop.order\n", 7, None])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "",
+        "orders",
+        "orders.",
+        ".placed",
+        "orders..placed",
+        "a.b.c",
+        "orders.*",
+        "orders.>",
+        "Shop.placed",
+        "shop.order\n",
+        7,
+        None,
+    ],
+)
 def test_bad_event_names_are_refused_with_our_error(name):
     with pytest.raises(InvalidEventName):
         _find("check_event_name", "events", "wire", "subscriptions")(name)
@@ -42,7 +58,8 @@ def test_subject_scheme_round_trips_with_and_without_a_tenant(settings):
     subject_for = _find("subject_for", "wire", "transport")
     parse_subject = _find("parse_subject", "wire", "transport")
     plain, tenanted = subject_for("orders.placed", None), subject_for("orders.placed", "acme")
-    assert plain.startswith("pkunit.") and tenanted.startswith("pkunit.")
+    assert plain.startswith("pkunit.")
+    assert tenanted.startswith("pkunit.")
     assert plain != tenanted
     assert parse_subject(plain) == (None, "orders.placed")
     assert parse_subject(tenanted) == ("acme", "orders.placed")
@@ -52,7 +69,8 @@ def test_subject_scheme_round_trips_with_and_without_a_tenant(settings):
 def test_durable_names_are_stable_and_legal_for_jetstream():
     durable_name = _find("durable_name", "wire", "transport")
     first, again, other = durable_name("shop.send_email"), durable_name("shop.send_email"), durable_name("shop.bill")
-    assert first == again and first != other
+    assert first == again
+    assert first != other
     assert not set(first) & set(" .*>\t")  # JetStream refuses these in a durable name
 
 
