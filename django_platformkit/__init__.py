@@ -8,6 +8,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+#: The release, written here only: pyproject.toml reads it (setuptools
+#: dynamic version), so the wheel's metadata and this never disagree.
+__version__ = "0.1.0"
+
 __all__ = [
     "EventType",
     "ReceivedEvent",

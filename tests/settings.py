@@ -1,13 +1,24 @@
-"""Settings for the test suite (and the worker processes tests start)."""
+"""Settings for the test suite (and the worker processes tests start).
+
+Importing this module starts nothing and connects to nothing: the servers
+come from ``DATABASE_URL`` / ``NATS_URL`` when set (a worker process a test
+starts inherits them), otherwise from the session fixture
+``platformkit_services`` in ``tests/conftest.py``, which starts throwaway
+ones only when a test that needs them runs, and points these settings at
+them. Until then both URLs name a closed port, so a test that reaches a
+server without asking for one fails at once instead of finding someone
+else's server. mypy's Django plugin and mkdocstrings load this module too.
+"""
 
 import os
 import uuid
 
 from django_platformkit.devservices import database_settings
 
-from .services import ensure_services
+from .services import NOT_STARTED_DATABASE_URL, NOT_STARTED_NATS_URL
 
-DATABASE_URL, NATS_URL = ensure_services()
+DATABASE_URL = os.environ.get("DATABASE_URL") or NOT_STARTED_DATABASE_URL
+NATS_URL = os.environ.get("NATS_URL") or NOT_STARTED_NATS_URL
 
 SECRET_KEY = "tests-only"
 DEBUG = False

@@ -1,0 +1,90 @@
+"""Pure functions that need no server: the event and tenant name grammar,
+payload encoding, the subject scheme and durable names. The names are
+looked up where they live now or after the layout move (``wire.py``), so
+these tests pin behaviour, not a module."""
+
+from __future__ import annotations
+
+import importlib
+import json
+from typing import Any
+
+import pytest
+
+from django_platformkit._cron import cron_problems
+from django_platformkit.exceptions import InvalidEventName, InvalidPayload
+
+
+def _find(name: str, *modules: str) -> Any:
+    for module in modules:
+        try:
+            value = getattr(importlib.import_module(f"django_platformkit.{module}"), name, None)
+        except ImportError:
+            continue
+        if value is not None:
+            return value
+    raise AssertionError(f"{name} is in none of {modules}")
+
+
+@pytest.mark.parametrize("name", ["orders.placed", "shop.order_placed", "billing.invoice_paid2"])
+def test_good_event_names_are_returned_unchanged(name):
+    assert _find("check_event_name", "events", "wire", "subscriptions")(name) == name
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "",
+        "orders",
+        "orders.",
+        ".placed",
+        "orders..placed",
+        "a.b.c",
+        "orders.*",
+        "orders.>",
+        "Shop.placed",
+        "shop.order\n",
+        7,
+        None,
+    ],
+)
+def test_bad_event_names_are_refused_with_our_error(name):
+    with pytest.raises(InvalidEventName):
+        _find("check_event_name", "events", "wire", "subscriptions")(name)
+
+
+def test_subject_scheme_round_trips_with_and_without_a_tenant(settings):
+    settings.PLATFORMKIT = dict(settings.PLATFORMKIT, SUBJECT_PREFIX="pkunit")
+    subject_for = _find("subject_for", "wire", "transport")
+    parse_subject = _find("parse_subject", "wire", "transport")
+    plain, tenanted = subject_for("orders.placed", None), subject_for("orders.placed", "acme")
+    assert plain.startswith("pkunit.")
+    assert tenanted.startswith("pkunit.")
+    assert plain != tenanted
+    assert parse_subject(plain) == (None, "orders.placed")
+    assert parse_subject(tenanted) == ("acme", "orders.placed")
+    assert parse_subject("someone.else.entirely") is None
+
+
+def test_durable_names_are_stable_and_legal_for_jetstream():
+    durable_name = _find("durable_name", "wire", "transport")
+    first, again, other = durable_name("shop.send_email"), durable_name("shop.send_email"), durable_name("shop.bill")
+    assert first == again
+    assert first != other
+    assert not set(first) & set(" .*>\t")  # JetStream refuses these in a durable name
+
+
+def test_payload_encoding_is_compact_json_and_names_the_bad_path():
+    encode_payload = _find("encode_payload", "payload", "events")
+    text, _ = encode_payload({"b": 1, "a": [1, 2]})
+    assert json.loads(text) == {"b": 1, "a": [1, 2]}
+    assert " " not in text  # compact separators: the row and the message stay small
+    with pytest.raises(InvalidPayload, match=r"items\[1\]"):
+        encode_payload({"items": [1, object()]})
+
+
+def test_cron_grammar_refuses_what_crons_read_differently():
+    assert cron_problems("30 2 * * *") == []
+    assert cron_problems("0 0 L * *")  # L means different things in different crons
+    assert cron_problems("0 0 */2 * mon")  # day-of-month AND/OR day-of-week
+    assert cron_problems("0 0 30 2 *")  # never fires
