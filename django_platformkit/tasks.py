@@ -214,7 +214,7 @@ class OutboxBackend(BaseTaskBackend):  # type: ignore[misc,valid-type]
         (``$.args[0]``, ``$.kwargs.when``) or exceeding ``MAX_PAYLOAD_BYTES``.
         """
         from ._ids import uuid7
-        from .events import _publish_listeners, _trace_headers, check_tenant, current_event, encode_payload
+        from .events import _published, _trace_headers, check_tenant, current_event, encode_payload, get_event_type
 
         self.validate_task(task)
         payload = {"task": task.module_path, "args": list(args), "kwargs": dict(kwargs), "backend": self.alias}
@@ -237,8 +237,8 @@ class OutboxBackend(BaseTaskBackend):  # type: ignore[misc,valid-type]
             with transaction.atomic(using=alias), connection.cursor() as cursor:
                 cursor.execute(sql, params)
                 enqueued_at = cursor.fetchone()[0]
-        for listener in _publish_listeners:
-            listener(event_id, name, tenant, text)
+        if _published.receivers:  # as publish() does: testing.capture_events(), metrics
+            _published.send_robust(sender=get_event_type(name), event_id=event_id, name=name, tenant=tenant, payload_text=text, using=alias)
         result = TaskResult(
             task=task, id=str(event_id), status=TaskResultStatus.READY, enqueued_at=enqueued_at,
             started_at=None, finished_at=None, last_attempted_at=None, args=data["args"], kwargs=data["kwargs"],
