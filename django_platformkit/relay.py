@@ -217,7 +217,9 @@ class Relay:
             with connections[self.using].cursor() as cursor:
                 cursor.execute(_NEXT_DUE_SQL)
                 due_in = cursor.fetchone()[0]
-        except DatabaseError:  # the next pass meets the outage and reconnects
+        except Exception as exc:  # noqa: BLE001 - a database error: the next pass meets the outage and reconnects
+            if not is_database_error(exc):
+                raise
             connections[self.using].close()
             return interval
         return interval if due_in is None else max(0.0, min(interval, due_in))
