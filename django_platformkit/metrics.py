@@ -25,7 +25,7 @@ from typing import Any
 from django.db import connections, transaction
 
 from . import conf, signals
-from ._tables import DEAD_LETTER_TABLE, OUTBOX_TABLE
+from ._tables import DEAD_LETTER_TABLE, DUE_BACKLOG_SQL
 from .exceptions import ConfigurationError
 
 logger = logging.getLogger(__name__)
@@ -37,10 +37,7 @@ DURATION_BUCKETS_SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 
 #: How long a scrape may wait for PostgreSQL and for NATS (each), in seconds.
 SCRAPE_TIMEOUT_SECONDS = 2.0
 
-_OUTBOX_SQL = (
-    "SELECT count(*), COALESCE(EXTRACT(EPOCH FROM clock_timestamp() - min(created_at)), 0) "
-    f"FROM {OUTBOX_TABLE} WHERE published_at IS NULL"
-)
+_OUTBOX_SQL = DUE_BACKLOG_SQL  # due rows and how long the oldest has waited (deferred tasks are not lag)
 _DEAD_LETTERS_SQL = f"SELECT subscription, count(*) FROM {DEAD_LETTER_TABLE} GROUP BY subscription"
 
 

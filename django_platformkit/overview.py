@@ -36,7 +36,7 @@ from django.utils import timezone
 from django.utils.html import format_html
 
 from . import conf
-from ._tables import DEAD_LETTER_TABLE, HANDLED_TABLE, JOBS_TABLE, OUTBOX_TABLE, WORKERS_TABLE
+from ._tables import DEAD_LETTER_TABLE, DUE_BACKLOG_SQL, HANDLED_TABLE, JOBS_TABLE, OUTBOX_TABLE, WORKERS_TABLE
 from .heartbeat import ALIVE_AFTER_SECONDS
 
 logger = logging.getLogger(__name__)
@@ -188,8 +188,8 @@ _LAST_HANDLED_SQL = (
 )
 _DEAD_SQL = f"SELECT subscription, count(*) FROM {DEAD_LETTER_TABLE} GROUP BY subscription"
 # Both walk the partial index of pending rows.
-_PENDING_SQL = f"SELECT count(*), min(created_at), now() - min(created_at) FROM {OUTBOX_TABLE} WHERE published_at IS NULL"
-_PENDING_BY_NAME_SQL = f"SELECT name, extract(epoch FROM now() - min(created_at)) FROM {OUTBOX_TABLE} WHERE published_at IS NULL AND name = ANY(%s) GROUP BY name"
+_PENDING_SQL = DUE_BACKLOG_SQL  # due rows and how long the oldest has waited (deferred tasks are not lag)
+_PENDING_BY_NAME_SQL = f"SELECT name, extract(epoch FROM now() - min(created_at)) FROM {OUTBOX_TABLE} WHERE published_at IS NULL AND (not_before IS NULL OR not_before <= now()) AND name = ANY(%s) GROUP BY name"
 # The last hour of relayed rows: the partial index on published_at.
 _RELAYED_SQL = (
     f"SELECT {_MINUTES_AGO.format(col='published_at')} AS minutes_ago, count(*), "
@@ -246,9 +246,9 @@ def _database_figures(subs: list[SubscriptionFigures], alias: str, notes: list[s
     outbox = OutboxFigures()
     pending = q.rows(_PENDING_SQL, [], "outbox pending")
     if pending:
-        count, _oldest, age = pending[0]
+        count, age_seconds = pending[0]
         outbox.pending = int(count)
-        outbox.oldest_pending_age_seconds = age.total_seconds() if age is not None else None
+        outbox.oldest_pending_age_seconds = float(age_seconds) if count else None
     relayed = q.rows(_RELAYED_SQL, [], "relayed per minute")
     if relayed is not None:
         outbox.relayed_per_minute = _buckets([(m, int(c)) for m, c, _ in relayed])

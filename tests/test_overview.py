@@ -89,6 +89,20 @@ def test_outbox_figures_are_pending_rows_the_oldest_ones_age_and_what_was_relaye
     assert max(out.lag_seconds_per_minute) == pytest.approx(30, abs=0.01)
 
 
+def test_a_row_deferred_to_later_is_neither_pending_nor_lag_until_it_falls_due(settings):
+    later, due = _publish("testapp.slow", 2)
+    now = timezone.now()
+    # Written 10 min ago: one due tomorrow (a task's run_after), one that fell due 20 s ago.
+    OutboxEvent.objects.filter(pk=later).update(created_at=now - datetime.timedelta(minutes=10), not_before=now + datetime.timedelta(days=1))
+    OutboxEvent.objects.filter(pk=due).update(created_at=now - datetime.timedelta(minutes=10), not_before=now - datetime.timedelta(seconds=20))
+    out = overview.collect(broker_timeout_seconds=1).outbox
+    assert out.pending == 1
+    assert 15 < out.oldest_pending_age_seconds < 60  # due 20 s ago, not written 10 min ago
+    OutboxEvent.objects.filter(pk=due).update(published_at=now)
+    out = overview.collect(broker_timeout_seconds=1).outbox
+    assert (out.pending, out.oldest_pending_age_seconds) == (0, None)
+
+
 def test_subscription_figures_count_successes_by_window_not_terminal_claims(settings):
     now = timezone.now()
     ids = _publish("testapp.order_placed", 6)
