@@ -71,5 +71,10 @@ LOGGING = {
     "disable_existing_loggers": False,
     "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "loggers": {"django_platformkit": {"handlers": ["stderr"], "level": os.environ.get("PLATFORMKIT_LOG_LEVEL", "INFO")}},
+    "loggers": {
+        "django_platformkit": {"handlers": ["stderr"], "level": os.environ.get("PLATFORMKIT_LOG_LEVEL", "INFO")},
+        # Django logs every task's state change at INFO ("Task id=... state=RUNNING"): one line per
+        # task run is noise in a worker's log (ours logs counts per interval and every failure).
+        "django.tasks": {"level": "WARNING"},
+    },
 }

@@ -111,7 +111,7 @@ class Command(BaseCommand):
             raise CommandError(f"the burst worker did not drain within {options['timeout']} s: see the log above.")
         seconds = time.monotonic() - t0
         report = " ".join(f"{k}={v}" for k, v in worker.counts().items())
-        phases.append((f"runworker --burst ({len(subs)} durable consumers)", seconds, f"exits once drained  [{report}]"))
+        phases.append((f"runworker --burst ({len(worker.subscriptions)} durable consumers)", seconds, f"exits once drained  [{report}]"))
         outbox = OutboxEvent.objects.filter(id__in=event_ids)
         receipts = TaskResultRecord.objects.filter(event_id__in=task_ids, status="SUCCESSFUL")
         claims = HandledEvent.objects.filter(event_id__in=event_ids)
