@@ -272,6 +272,7 @@ class Transport:
         self._keep_lock = threading.Lock()
         self._keeps: set[KeepAlive] = set()  # live KeepAlives, served by the loop's one beat task
         self._keep_beater_loop: asyncio.AbstractEventLoop | None = None  # the loop whose beat task runs
+        self._keep_beater_future: Any = None
         self.connected = threading.Event()
         self._error_logged = False
         self._last_error: BaseException | None = None  # the server's reason, for a failed connect (first error since connecting began)
@@ -443,6 +444,9 @@ class Transport:
         if self._loop is None:
             return
         self._closing = True
+        beater, self._keep_beater_future = self._keep_beater_future, None
+        if beater is not None:
+            beater.cancel()  # before the loop stops: never "Task was destroyed but it is pending"
 
         async def _close() -> None:
             if self._nc is not None and not self._nc.is_closed:
@@ -766,7 +770,7 @@ class Transport:
             if start:
                 self._keep_beater_loop = loop
         if start:
-            self.submit(self._keep_beat(loop))
+            self._keep_beater_future = self.submit(self._keep_beat(loop))
         return keep
 
     async def _keep_beat(self, loop: asyncio.AbstractEventLoop) -> None:
