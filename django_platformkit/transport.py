@@ -46,6 +46,9 @@ PULL_LINGER_SECONDS = 30.0
 #: Idle heartbeats of a waiting pull: two missed mean the request is gone
 #: (a reconnect, a durable deleted under us) and a new one is sent.
 PULL_HEARTBEAT_SECONDS = 5.0
+#: How often the one beat task looks for in-progress acks that are due (the
+#: shortest beat the worker asks for is 0.2 s).
+KEEP_ALIVE_TICK_SECONDS = 0.05
 
 
 # --- the wire scheme, defined once ------------------------------------------
@@ -266,6 +269,10 @@ class Transport:
         self._js: Any = None
         self._pulls: dict[tuple[str, int], Any] = {}
         self._send_lock: asyncio.Lock | None = None
+        self._keep_lock = threading.Lock()
+        self._keeps: set[KeepAlive] = set()  # live KeepAlives, served by the loop's one beat task
+        self._keep_beater_loop: asyncio.AbstractEventLoop | None = None  # the loop whose beat task runs
+        self._keep_beater_future: Any = None
         self.connected = threading.Event()
         self._error_logged = False
         self._last_error: BaseException | None = None  # the server's reason, for a failed connect (first error since connecting began)
@@ -437,6 +444,9 @@ class Transport:
         if self._loop is None:
             return
         self._closing = True
+        beater, self._keep_beater_future = self._keep_beater_future, None
+        if beater is not None:
+            beater.cancel()  # before the loop stops: never "Task was destroyed but it is pending"
 
         async def _close() -> None:
             if self._nc is not None and not self._nc.is_closed:
@@ -456,6 +466,9 @@ class Transport:
             self._thread.join(5)
         self._loop = None
         self._nc = None
+        with self._keep_lock:
+            self._keep_beater_loop = None  # a new loop starts its own beat task
+            self._keeps.clear()
 
     # -- stream --
     def ensure_stream(self, *, owner: str | None = None) -> api.StreamInfo:
@@ -742,10 +755,44 @@ class Transport:
         fetch time, every ``every_seconds``: a message waiting behind others
         in the batch ages against its ack wait too. Stops per delivery at
         ``settled()`` or past the deadline given to ``started()`` (the handler
-        timeout: then the ack wait runs out and the broker may redeliver)."""
-        keep = KeepAlive(deliveries)
-        keep.future = self.submit(keep.beat(every_seconds))
+        timeout: then the ack wait runs out and the broker may redeliver).
+
+        One beat task per loop serves every live ``KeepAlive`` (ticking every
+        ``KEEP_ALIVE_TICK_SECONDS``): registering and ``stop()`` only touch a
+        set under a lock, so a unit costs no task and no cross-thread wake-up
+        of the loop (a task per unit cost two self-pipe writes and a
+        cancellation each, on the loop the pulls and acks wait on)."""
+        keep = KeepAlive(deliveries, every_seconds)
+        loop = self._ensure_loop()
+        with self._keep_lock:
+            self._keeps.add(keep)
+            start = self._keep_beater_loop is not loop
+            if start:
+                self._keep_beater_loop = loop
+        if start:
+            self._keep_beater_future = self.submit(self._keep_beat(loop))
         return keep
+
+    async def _keep_beat(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The loop's one beat task: in-progress acks for every live ``KeepAlive`` that is due."""
+        import time
+
+        while self._keep_beater_loop is loop:
+            await asyncio.sleep(KEEP_ALIVE_TICK_SECONDS)
+            now = time.monotonic()
+            with self._keep_lock:
+                keeps = list(self._keeps)
+            for keep in keeps:
+                due = keep.due(now)
+                if due is None:
+                    with self._keep_lock:
+                        self._keeps.discard(keep)
+                    continue
+                for delivery in due:
+                    try:
+                        await delivery.msg.in_progress()
+                    except Exception as exc:  # noqa: BLE001 - the ack wait is the fallback
+                        logger.debug("in-progress ack failed seq=%s error=%s", delivery.stream_seq, exc)
 
 
 class PendingPublish:
@@ -776,11 +823,15 @@ class PendingPublish:
 class KeepAlive:
     """In-progress acks for one fetched batch; see ``Transport.keep_alive``."""
 
-    def __init__(self, deliveries: Sequence[Delivery]) -> None:
+    def __init__(self, deliveries: Sequence[Delivery], every_seconds: float = 10.0) -> None:
+        import time
+
         self._lock = threading.Lock()
         self._pending: dict[int, Delivery] = {id(d): d for d in deliveries}
         self._deadlines: dict[int, float] = {}
-        self.future: Any = None
+        self.every_seconds = float(every_seconds)
+        self._next_at = time.monotonic() + self.every_seconds
+        self.future: Any = None  # kept for compatibility: the transport's one beat task serves every KeepAlive
 
     def started(self, delivery: Delivery, timeout_seconds: float) -> None:
         """The delivery's handler starts now: extend its ack for ``timeout_seconds`` more, then stop."""
@@ -795,28 +846,43 @@ class KeepAlive:
             self._pending.pop(id(delivery), None)
 
     def stop(self) -> None:
-        """Stop extending every delivery of the batch and end the beat task."""
+        """Stop extending every delivery of the batch (the beat task drops it at its next tick)."""
         with self._lock:
             self._pending.clear()
-        if self.future is not None:
-            self.future.cancel()
 
-    async def beat(self, every_seconds: float) -> None:
-        """The loop-side task: every ``every_seconds``, an in-progress ack for each delivery still due."""
-        import time
+    def due(self, now: float) -> list[Delivery] | None:
+        """Called by the beat task: the deliveries to extend now ([] if not yet
+        due), or None once nothing is left to extend."""
+        with self._lock:
+            if not self._pending:
+                return None
+            if now < self._next_at:
+                return []
+            self._next_at = now + self.every_seconds
+            return [d for key, d in self._pending.items() if self._deadlines.get(key, now + 1) > now]
 
-        while True:
-            await asyncio.sleep(every_seconds)
-            now = time.monotonic()
-            with self._lock:
-                due = [d for key, d in self._pending.items() if self._deadlines.get(key, now + 1) > now]
-            if not due and not self._pending:
-                return
-            for delivery in due:
-                try:
-                    await delivery.msg.in_progress()
-                except Exception as exc:  # noqa: BLE001 - the ack wait is the fallback
-                    logger.debug("in-progress ack failed seq=%s error=%s", delivery.stream_seq, exc)
+
+async def _next_msg(sub: Any, timeout: float) -> Any:
+    """``sub.next_msg(timeout)``, but a message already queued is taken at
+    once: nats-py's ``next_msg`` makes a uuid4, a task and a ``wait_for`` per
+    call, which in a fetched batch cost more loop time than the message.
+    The accounting is nats-py's own (``_pending_size``, ``task_done``)."""
+    try:
+        msg = sub._pending_queue.get_nowait()
+    except (asyncio.QueueEmpty, AttributeError):
+        return await sub.next_msg(timeout=timeout)
+    sub._pending_size -= len(msg.data)
+    sub._pending_queue.task_done()
+    return msg
+
+
+def _pending_behind(msg: Any) -> bool:
+    """Whether the broker had messages pending behind ``msg`` when it sent it
+    (its reply subject's ``num_pending``); True when that can't be read."""
+    try:
+        return int(msg.metadata.num_pending) > 0
+    except Exception:  # noqa: BLE001 - no metadata: assume more, the no_wait request finds out
+        return True
 
 
 class PullLost(Exception):
@@ -830,12 +896,14 @@ class PullLane:
     While ``credit()`` (called on the loop; must be quick and thread-safe)
     is above 0, it asks for ``min(credit(), batch_size)`` messages with a
     ``no_wait`` request (what is there now); if none are there, one
-    long-poll request for a single message (``expires`` =
+    long-poll request for as many (``no_wait`` with ``expires`` =
     ``linger_seconds``, idle heartbeats every ``heartbeat_seconds``), re-sent
-    as it expires; that one message is handed over at once, and the next
-    ``no_wait`` request takes what arrived behind it. So a fetch never asks
-    for more than can start now, and nothing fetched waits for a message
-    that isn't there.
+    as it expires: the server holds it until the first message arrives, then
+    sends what is there with it and ends it (404), so it is handed over at
+    once. The no_wait look is skipped when the last message said nothing was
+    pending behind it (``num_pending`` of its metadata): a steady trickle
+    costs one request per unit. So a fetch never asks for more than can
+    start now, and nothing fetched waits for a message that isn't there.
     ``deliver(deliveries)`` gets each fetched unit (1 to ``batch_size``, on
     the loop thread: it must only hand them over) and must lower the credit.
     Status messages: 100 (heartbeat) is skipped, 404/408 end a request, 409
@@ -888,6 +956,7 @@ class PullLane:
     async def _run(self) -> None:
         self._wake = asyncio.Event()
         delay = 0.5
+        maybe_more = True  # unknown at start: look with a no_wait request first
         try:
             while not self._stopped:
                 want = min(self._credit(), self.batch_size)
@@ -897,13 +966,18 @@ class PullLane:
                         await self._wake.wait()
                     continue
                 try:
-                    msgs = await self._request(want, linger=False)
+                    # The last message said nothing was pending behind it
+                    # (its metadata's num_pending): go straight to the
+                    # long-poll, which gets whatever arrives (or falls due)
+                    # meanwhile. A steady trickle then costs one request per
+                    # message, not a no_wait request answered 404 and then one.
+                    msgs = await self._request(want, linger=False) if maybe_more else []
                     if not msgs:
                         self.idle.set()
-                        # The one message goes straight to a handler; what came in
-                        # behind it is fetched by the no_wait request after it.
-                        # An isolated event costs two requests, not three.
-                        msgs = await self._request(1, linger=True)
+                        # Waits for the first message, then hands over at once
+                        # what is there with it (up to the credit) and ends (404):
+                        # a burst arrives as one unit, an isolated event alone.
+                        msgs = await self._request(want, linger=True)
                     delay = 0.5
                 except (PullLost, nats.js.errors.APIError, nats.errors.NoRespondersError) as exc:
                     logger.error("pull failed consumer=%s error=%s; re-ensuring the durable in %.1fs", self.durable, exc or type(exc).__name__, delay)
@@ -911,15 +985,18 @@ class PullLane:
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, 10.0)
                     await self._reensure()
+                    maybe_more = True
                     continue
                 except (nats.errors.Error, OSError, asyncio.TimeoutError) as exc:
                     logger.error("pull failed consumer=%s broker error=%s; retrying in %.1fs", self.durable, exc or type(exc).__name__, delay)
                     await self._reset()
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, 10.0)
+                    maybe_more = True
                     continue
                 deliveries = to_deliveries(msgs)
                 self._held = []
+                maybe_more = _pending_behind(msgs[-1]) if msgs else True
                 if deliveries:
                     self.idle.clear()
                     self._deliver(deliveries)
@@ -974,6 +1051,10 @@ class PullLane:
         reply = f"{self._inbox}.{self._seq}"
         request: dict[str, Any] = {"batch": int(batch)}
         if linger:
+            # no_wait with expires: the server holds the request until the
+            # first message (or the expiry: 408), sends what is there, then
+            # ends it (404) instead of waiting to fill the batch.
+            request["no_wait"] = True
             request["expires"] = int(self.linger_seconds * 1e9)
             request["idle_heartbeat"] = int(self.heartbeat_seconds * 1e9)
             # Two missed heartbeats: the request is gone; the expiry answers with a 408 first.
@@ -986,7 +1067,7 @@ class PullLane:
         msgs = self._held = []
         while len(msgs) < batch and not self._stopped:
             try:
-                msg = await sub.next_msg(timeout=gap)
+                msg = await _next_msg(sub, gap)
             except (nats.errors.TimeoutError, asyncio.TimeoutError):
                 if msgs:
                     return msgs
@@ -994,8 +1075,7 @@ class PullLane:
             status = (msg.headers or {}).get("Status")
             if not status:
                 msgs.append(msg)
-                if not linger:
-                    gap = self.transport.request_timeout_seconds
+                gap = self.transport.request_timeout_seconds  # the rest (and the 404) follow at once
                 continue
             if msg.subject != reply:
                 continue  # a late status of an earlier request
