@@ -41,12 +41,24 @@ class Sizes:
     topo_idle_seconds: float = 20.0
 
     @classmethod
-    def quick(cls) -> "Sizes":
+    def quick(cls) -> Sizes:
         return cls(
-            reps=1, publish_events=1000, publish_many_batches=30, relay_rows=10_000, handle_events=5_000,
-            handle_events_slow=2_000, latency_seconds=5.0, backlog_rows=200_000, backlog_relay_rows=5_000,
-            rss_window_seconds=15.0, topo_window_seconds=5.0, topo_drain_events=3_000, topo_pings=3,
-            topo_rss_rows=200_000, topo_rss_seconds=10.0, topo_idle_seconds=10.0,
+            reps=1,
+            publish_events=1000,
+            publish_many_batches=30,
+            relay_rows=10_000,
+            handle_events=5_000,
+            handle_events_slow=2_000,
+            latency_seconds=5.0,
+            backlog_rows=200_000,
+            backlog_relay_rows=5_000,
+            rss_window_seconds=15.0,
+            topo_window_seconds=5.0,
+            topo_drain_events=3_000,
+            topo_pings=3,
+            topo_rss_rows=200_000,
+            topo_rss_seconds=10.0,
+            topo_idle_seconds=10.0,
         )
 
 
@@ -71,14 +83,34 @@ class Result:
         return asdict(self)
 
 
-def ratio_result(key: str, what: str, ours: list[float], floor: list[float], *, unit: str, floor_what: str, at_least: float, note: str = "", detail: dict | None = None) -> Result:
+def ratio_result(
+    key: str,
+    what: str,
+    ours: list[float],
+    floor: list[float],
+    *,
+    unit: str,
+    floor_what: str,
+    at_least: float,
+    note: str = "",
+    detail: dict | None = None,
+) -> Result:
     """A result whose target is ``median(ours) / median(floor) >= at_least``."""
     o, f = statistics.median(ours), statistics.median(floor)
     ratio = o / f if f else None
     return Result(
-        key=key, what=what, ours=o, unit=unit, floor=f, floor_what=floor_what, ratio=ratio,
-        target=f">= {at_least:g}x", met=None if ratio is None else ratio >= at_least, note=note,
-        samples={"ours": ours, "floor": floor}, detail=detail or {},
+        key=key,
+        what=what,
+        ours=o,
+        unit=unit,
+        floor=f,
+        floor_what=floor_what,
+        ratio=ratio,
+        target=f">= {at_least:g}x",
+        met=None if ratio is None else ratio >= at_least,
+        note=note,
+        samples={"ours": ours, "floor": floor},
+        detail=detail or {},
     )
 
 
@@ -91,6 +123,7 @@ def log(message: str) -> None:
 
 
 # --- database and stream state ------------------------------------------------
+
 
 def sql(statement: str, params: Any = None, *, fetch: bool = False) -> Any:
     from django.db import connection
@@ -105,7 +138,15 @@ def scalar(statement: str, params: Any = None) -> Any:
 
 
 def reset_tables(*extra: str) -> None:
-    tables = ["platformkit_outbox", "platformkit_task_results", "platformkit_handled", "platformkit_dead_letters", "bench_sink", "bench_row", *extra]
+    tables = [
+        "platformkit_outbox",
+        "platformkit_task_results",
+        "platformkit_handled",
+        "platformkit_dead_letters",
+        "bench_sink",
+        "bench_row",
+        *extra,
+    ]
     sql(f"TRUNCATE {', '.join(tables)}")
 
 
@@ -118,7 +159,7 @@ def reset_broker(transport: Any, *durables: str) -> None:
         for durable in durables:
             try:
                 await js.delete_consumer(conf.settings.STREAM, durable)
-            except Exception:  # noqa: BLE001 - not there yet
+            except Exception:
                 pass
         await js.purge_stream(conf.settings.STREAM)
 
@@ -147,7 +188,9 @@ def sink_rate(kind: str) -> tuple[int, float | None]:
     from the first to the last handler run (database clock), so process
     start-up and the burst worker's drained-check tail are not counted."""
     count, span = sql(
-        "SELECT count(*), EXTRACT(EPOCH FROM max(at) - min(at)) FROM bench_sink WHERE kind = %s", [kind], fetch=True,
+        "SELECT count(*), EXTRACT(EPOCH FROM max(at) - min(at)) FROM bench_sink WHERE kind = %s",
+        [kind],
+        fetch=True,
     )[0]
     if not count or not span:
         return count, None
@@ -155,6 +198,7 @@ def sink_rate(kind: str) -> tuple[int, float | None]:
 
 
 # --- processes ------------------------------------------------------------------
+
 
 def child_env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
@@ -165,7 +209,9 @@ def child_env(**extra: str) -> dict[str, str]:
 def manage(*args: str, env: dict[str, str] | None = None, **kwargs: Any) -> subprocess.Popen:
     """``bench/manage.py <args>`` as a real process with the bench settings
     (``env``: more environment variables, e.g. ``BENCH_CONN_MAX_AGE``)."""
-    return subprocess.Popen([sys.executable, str(ROOT / "bench" / "manage.py"), *args], env=child_env(**(env or {})), cwd=ROOT, **kwargs)
+    return subprocess.Popen(
+        [sys.executable, str(ROOT / "bench" / "manage.py"), *args], env=child_env(**(env or {})), cwd=ROOT, **kwargs
+    )
 
 
 def rss_kib(pid: int) -> tuple[int, int]:

@@ -76,7 +76,10 @@ def run_backlog(sizes: Sizes, transport) -> list[Result]:
     plan_big = explain(Relay(transport).batch_size)
     at_big = [relay_rows(transport, n) for _ in range(sizes.reps)]
     print(f"\nEXPLAIN of the relay's SELECT at {small:,} pending rows:\n{plan_small}\n")
-    print(f"EXPLAIN of the relay's SELECT at {pending():,} pending rows (of {big:,} in the table):\n{plan_big}\n", flush=True)
+    print(
+        f"EXPLAIN of the relay's SELECT at {pending():,} pending rows (of {big:,} in the table):\n{plan_big}\n",
+        flush=True,
+    )
     results = _rss(sizes, big)
     log(f"relay at {small} pending again: relay {n} rows (x{sizes.reps})")
     for _ in range(sizes.reps):
@@ -84,13 +87,21 @@ def run_backlog(sizes: Sizes, transport) -> list[Result]:
     reset_tables()
     reset_broker(transport, durable_name(SUBSCRIPTION))
     flat = Result(
-        "relay_flat", f"relay rate at {big:,} pending", statistics.median(at_big), "events/s",
-        floor=statistics.median(at_small), floor_what=f"relay rate at {small:,} pending", target=">= 0.8x",
-        samples={"ours": at_big, "floor": at_small}, detail={"explain_small": plan_small, "explain_big": plan_big},
+        "relay_flat",
+        f"relay rate at {big:,} pending",
+        statistics.median(at_big),
+        "events/s",
+        floor=statistics.median(at_small),
+        floor_what=f"relay rate at {small:,} pending",
+        target=">= 0.8x",
+        samples={"ours": at_big, "floor": at_small},
+        detail={"explain_small": plan_small, "explain_big": plan_big},
     )
     flat.ratio = flat.ours / flat.floor
     flat.met = flat.ratio >= 0.8
-    flat.note = "uses platformkit_outbox_pending" if "platformkit_outbox_pending" in plan_big else "NOT using the pending index"
+    flat.note = (
+        "uses platformkit_outbox_pending" if "platformkit_outbox_pending" in plan_big else "NOT using the pending index"
+    )
     return [flat, *results]
 
 
@@ -127,7 +138,7 @@ def _rss(sizes: Sizes, big: int) -> list[Result]:
         killed = False
         try:
             worker.wait(STOP_WAIT_SECONDS)
-        except Exception:  # noqa: BLE001
+        except Exception:
             killed = True
             worker.kill()
             worker.wait(10)
@@ -137,15 +148,32 @@ def _rss(sizes: Sizes, big: int) -> list[Result]:
     peak_mib = max(hwm, peak_sampled) / 1024
     relayed_after_window = (timeline[-1][1] if timeline else before) - after
     stop = Result(
-        "worker_stop", "(info) worker exit after SIGTERM, mid-backlog", stop_seconds, "s", target="info",
-        note=(f"killed after {STOP_WAIT_SECONDS:g}s; " if killed else "") + f"it relayed {relayed_after_window:,} more rows after the SIGTERM",
+        "worker_stop",
+        "(info) worker exit after SIGTERM, mid-backlog",
+        stop_seconds,
+        "s",
+        target="info",
+        note=(f"killed after {STOP_WAIT_SECONDS:g}s; " if killed else "")
+        + f"it relayed {relayed_after_window:,} more rows after the SIGTERM",
         detail={"killed": killed, "relayed_after_sigterm": relayed_after_window},
     )
     rss = Result(
-        "worker_rss", f"worker peak RSS, {big:,}-row backlog", peak_mib, "MiB", target="< 150 MiB", met=peak_mib < 150,
+        "worker_rss",
+        f"worker peak RSS, {big:,}-row backlog",
+        peak_mib,
+        "MiB",
+        target="< 150 MiB",
+        met=peak_mib < 150,
         note=f"relayed {before - (timeline[-1][1] if timeline else after):,} and handled {handled:,} in {window:g}s; RSS at start {start_rss / 1024:.0f} MiB",
-        detail={"pending_before": before, "pending_after": after, "handled": handled, "start_rss_mib": start_rss / 1024,
-                "hwm_mib": hwm / 1024, "sampled_peak_mib": peak_sampled / 1024, "pending_timeline": timeline},
+        detail={
+            "pending_before": before,
+            "pending_after": after,
+            "handled": handled,
+            "start_rss_mib": start_rss / 1024,
+            "hwm_mib": hwm / 1024,
+            "sampled_peak_mib": peak_sampled / 1024,
+            "pending_timeline": timeline,
+        },
     )
     return [rss, *_drain_curve(timeline), stop]
 
@@ -161,10 +189,15 @@ def _drain_curve(timeline: list[tuple[float, int]]) -> list[Result]:
     early = [r for r, _ in busy[:quarter]]
     late = [r for r, _ in busy[-quarter:]]
     if busy[-1][0] == 0:
-        late = [r for r, _ in busy[-quarter - 1:-1]]
+        late = [r for r, _ in busy[-quarter - 1 : -1]]
     result = Result(
-        "relay_drain_curve", "(info) worker relay rate, last quarter of the window", statistics.median(late), "events/s",
-        floor=statistics.median(early), floor_what="first quarter", target="info",
+        "relay_drain_curve",
+        "(info) worker relay rate, last quarter of the window",
+        statistics.median(late),
+        "events/s",
+        floor=statistics.median(early),
+        floor_what="first quarter",
+        target="info",
         note=f"relayed {timeline[0][1] - timeline[-1][1]:,} rows in {timeline[-1][0]:.0f}s (pending sampled every 2s)",
         samples={"ours": late, "floor": early},
     )

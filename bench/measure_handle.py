@@ -21,8 +21,27 @@ from django_platformkit.relay import Relay
 from django_platformkit.transport import Transport, durable_name
 from django_platformkit.worker import Worker
 
-from .benchapp.platformkit import BATCH_SUPPORTED, CONCURRENCY, CONCURRENCY_SUPPORTED, HANDLE, HANDLE_BATCH, HANDLE_BATCH_CONCURRENT
-from .harness import Result, Sizes, conn_max_age, fill_outbox, log, ratio_result, reset_broker, reset_tables, scalar, sink_rate, sql
+from .benchapp.platformkit import (
+    BATCH_SUPPORTED,
+    CONCURRENCY,
+    CONCURRENCY_SUPPORTED,
+    HANDLE,
+    HANDLE_BATCH,
+    HANDLE_BATCH_CONCURRENT,
+)
+from .harness import (
+    Result,
+    Sizes,
+    conn_max_age,
+    fill_outbox,
+    log,
+    ratio_result,
+    reset_broker,
+    reset_tables,
+    scalar,
+    sink_rate,
+    sql,
+)
 
 PROCRASTINATE_CONCURRENCY = 10
 PROCRASTINATE_POOL_SIZE = 12
@@ -32,8 +51,10 @@ PGQUEUER_POOL_SIZE = 4
 
 def _database_url() -> str:
     s = connection.settings_dict
-    return f"postgresql://{s['USER']}@{s['HOST']}:{s['PORT']}/{s['NAME']}" if not s["PASSWORD"] else (
-        f"postgresql://{s['USER']}:{s['PASSWORD']}@{s['HOST']}:{s['PORT']}/{s['NAME']}"
+    return (
+        f"postgresql://{s['USER']}@{s['HOST']}:{s['PORT']}/{s['NAME']}"
+        if not s["PASSWORD"]
+        else (f"postgresql://{s['USER']}:{s['PASSWORD']}@{s['HOST']}:{s['PORT']}/{s['NAME']}")
     )
 
 
@@ -51,7 +72,9 @@ def ours_rate(transport: Transport, subscription_name: str, event: str, kind: st
     fill_outbox(event, n)
     stats = Relay(transport).drain()
     assert stats.stored == n, stats
-    worker = Worker(transport=Transport(), relay=False, scheduler=False, burst=True, subscriptions=[sub], burst_timeout_seconds=600)
+    worker = Worker(
+        transport=Transport(), relay=False, scheduler=False, burst=True, subscriptions=[sub], burst_timeout_seconds=600
+    )
     started = time.perf_counter()
     code = worker.run()
     wall = time.perf_counter() - started
@@ -64,6 +87,7 @@ def ours_rate(transport: Transport, subscription_name: str, event: str, kind: st
 
 
 # --- procrastinate ---------------------------------------------------------------
+
 
 def procrastinate_rate(n: int) -> dict:
     """procrastinate 3 with its async psycopg connector (no Django), one
@@ -78,12 +102,17 @@ def procrastinate_rate(n: int) -> dict:
         sql("TRUNCATE procrastinate_jobs CASCADE")
 
     async def go() -> float:
-        app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=url, min_size=PROCRASTINATE_POOL_SIZE, max_size=PROCRASTINATE_POOL_SIZE))
+        app = procrastinate.App(
+            connector=procrastinate.PsycopgConnector(
+                conninfo=url, min_size=PROCRASTINATE_POOL_SIZE, max_size=PROCRASTINATE_POOL_SIZE
+            )
+        )
 
         @app.task(name="bench_sink")
         async def bench_sink(i: int) -> None:
             await app.connector.execute_query_async(
-                "INSERT INTO bench_sink (kind, event_id, at) VALUES ('procrastinate', %(i)s, clock_timestamp())", i=str(i),
+                "INSERT INTO bench_sink (kind, event_id, at) VALUES ('procrastinate', %(i)s, clock_timestamp())",
+                i=str(i),
             )
 
         async with app.open_async():
@@ -100,6 +129,7 @@ def procrastinate_rate(n: int) -> dict:
 
 
 # --- pgqueuer --------------------------------------------------------------------
+
 
 def pgqueuer_rate(n: int) -> dict:
     """pgqueuer with its asyncpg driver under uvloop (as its CLI runs),
@@ -128,10 +158,15 @@ def pgqueuer_rate(n: int) -> dict:
 
             @qm.entrypoint("bench_sink")
             async def bench_sink(job) -> None:
-                await pool.execute("INSERT INTO bench_sink (kind, event_id, at) VALUES ('pgqueuer', $1, clock_timestamp())", job.payload.decode())
+                await pool.execute(
+                    "INSERT INTO bench_sink (kind, event_id, at) VALUES ('pgqueuer', $1, clock_timestamp())",
+                    job.payload.decode(),
+                )
 
             started = time.perf_counter()
-            await qm.run(batch_size=PGQUEUER_BATCH_SIZE, mode=QueueExecutionMode.drain, dequeue_timeout=timedelta(seconds=1))
+            await qm.run(
+                batch_size=PGQUEUER_BATCH_SIZE, mode=QueueExecutionMode.drain, dequeue_timeout=timedelta(seconds=1)
+            )
             return time.perf_counter() - started
         finally:
             await pool.close()
@@ -171,7 +206,9 @@ def run_handle(sizes: Sizes, transport: Transport) -> list[Result]:
             if CONCURRENCY_SUPPORTED:
                 log(f"{step} ours batch=True, concurrency={CONCURRENCY} ({fast})")
                 samples["batch_concurrent"].append(
-                    ours_rate(transport, "bench.sink_batch_concurrent", HANDLE_BATCH_CONCURRENT.name, "batch_concurrent", fast)
+                    ours_rate(
+                        transport, "bench.sink_batch_concurrent", HANDLE_BATCH_CONCURRENT.name, "batch_concurrent", fast
+                    )
                 )
         log(f"{step} procrastinate ({slow})")
         samples["procrastinate"].append(procrastinate_rate(slow))
@@ -182,43 +219,99 @@ def run_handle(sizes: Sizes, transport: Transport) -> list[Result]:
             samples["tx_default"].append(ours_rate(transport, "bench.sink_tx", HANDLE.name, "tx", reconnecting))
             if BATCH_SUPPORTED:
                 log(f"{step} ours batch=True, CONN_MAX_AGE=0 ({fast // 2})")
-                samples["batch_default"].append(ours_rate(transport, "bench.sink_batch", HANDLE_BATCH.name, "batch", fast // 2))
+                samples["batch_default"].append(
+                    ours_rate(transport, "bench.sink_batch", HANDLE_BATCH.name, "batch", fast // 2)
+                )
     steady = {k: [s["steady"] for s in v] for k, v in samples.items()}
     detail = {"wall_rates": {k: [s["wall"] for s in v] for k, v in samples.items()}, "steady_rates": steady}
     results = []
     if BATCH_SUPPORTED:
         results += [
-            ratio_result("handle_batch_vs_procrastinate", "handled/s, batch=True", steady["batch"], steady["procrastinate"], unit="events/s",
-                         floor_what=f"procrastinate, concurrency {PROCRASTINATE_CONCURRENCY}", at_least=3.0, note=batch_note, detail=detail),
-            ratio_result("handle_batch_vs_pgqueuer", "handled/s, batch=True", steady["batch"], steady["pgqueuer"], unit="events/s",
-                         floor_what=f"pgqueuer, batch_size {PGQUEUER_BATCH_SIZE}", at_least=1.0,
-                         note=f"one consumer thread; pgqueuer runs on a pool of {PGQUEUER_POOL_SIZE} connections"),
-            ratio_result("handle_batch_vs_tx", "handled/s, batch=True", steady["batch"], steady["tx"], unit="events/s",
-                         floor_what="ours, one transaction per message", at_least=2.5),
+            ratio_result(
+                "handle_batch_vs_procrastinate",
+                "handled/s, batch=True",
+                steady["batch"],
+                steady["procrastinate"],
+                unit="events/s",
+                floor_what=f"procrastinate, concurrency {PROCRASTINATE_CONCURRENCY}",
+                at_least=3.0,
+                note=batch_note,
+                detail=detail,
+            ),
+            ratio_result(
+                "handle_batch_vs_pgqueuer",
+                "handled/s, batch=True",
+                steady["batch"],
+                steady["pgqueuer"],
+                unit="events/s",
+                floor_what=f"pgqueuer, batch_size {PGQUEUER_BATCH_SIZE}",
+                at_least=1.0,
+                note=f"one consumer thread; pgqueuer runs on a pool of {PGQUEUER_POOL_SIZE} connections",
+            ),
+            ratio_result(
+                "handle_batch_vs_tx",
+                "handled/s, batch=True",
+                steady["batch"],
+                steady["tx"],
+                unit="events/s",
+                floor_what="ours, one transaction per message",
+                at_least=2.5,
+            ),
         ]
         if CONCURRENCY_SUPPORTED:
-            results.append(ratio_result(
-                "handle_batch_concurrent_vs_pgqueuer", f"handled/s, batch=True, concurrency={CONCURRENCY}", steady["batch_concurrent"],
-                steady["pgqueuer"], unit="events/s", floor_what=f"pgqueuer, batch_size {PGQUEUER_BATCH_SIZE}, pool {PGQUEUER_POOL_SIZE}",
-                at_least=1.0, note="added row: as many consumer threads (connections) as pgqueuer's pool",
-            ))
+            results.append(
+                ratio_result(
+                    "handle_batch_concurrent_vs_pgqueuer",
+                    f"handled/s, batch=True, concurrency={CONCURRENCY}",
+                    steady["batch_concurrent"],
+                    steady["pgqueuer"],
+                    unit="events/s",
+                    floor_what=f"pgqueuer, batch_size {PGQUEUER_BATCH_SIZE}, pool {PGQUEUER_POOL_SIZE}",
+                    at_least=1.0,
+                    note="added row: as many consumer threads (connections) as pgqueuer's pool",
+                )
+            )
     else:
-        results.append(Result("handle_batch", "handled/s, batch=True", None, "events/s", target="skipped", note=batch_note))
+        results.append(
+            Result("handle_batch", "handled/s, batch=True", None, "events/s", target="skipped", note=batch_note)
+        )
     for key, what in (("procrastinate", "procrastinate"), ("pgqueuer", "pgqueuer")):
-        r = ratio_result(f"handle_tx_vs_{key}", "(info) handled/s, per message", steady["tx"], steady[key], unit="events/s",
-                         floor_what=what, at_least=1.0)
+        r = ratio_result(
+            f"handle_tx_vs_{key}",
+            "(info) handled/s, per message",
+            steady["tx"],
+            steady[key],
+            unit="events/s",
+            floor_what=what,
+            at_least=1.0,
+        )
         r.target, r.met = "info", None
         results.append(r)
-    results.append(ratio_result(
-        "handle_tx_default_conn", "handled/s, per message, CONN_MAX_AGE=0", steady["tx_default"], steady["tx"], unit="events/s",
-        floor_what="the same, CONN_MAX_AGE=None", at_least=0.9,
-        note="added target: Django's default CONN_MAX_AGE=0 must not cost the worker a reconnect per message",
-    ))
+    results.append(
+        ratio_result(
+            "handle_tx_default_conn",
+            "handled/s, per message, CONN_MAX_AGE=0",
+            steady["tx_default"],
+            steady["tx"],
+            unit="events/s",
+            floor_what="the same, CONN_MAX_AGE=None",
+            at_least=0.9,
+            note="added target: Django's default CONN_MAX_AGE=0 must not cost the worker a reconnect per message",
+        )
+    )
     if BATCH_SUPPORTED:
-        results.append(ratio_result(
-            "handle_batch_default_conn", "handled/s, batch=True, CONN_MAX_AGE=0", steady["batch_default"], steady["batch"], unit="events/s",
-            floor_what="the same, CONN_MAX_AGE=None", at_least=0.9, note="added target, as above",
-        ))
+        results.append(
+            ratio_result(
+                "handle_batch_default_conn",
+                "handled/s, batch=True, CONN_MAX_AGE=0",
+                steady["batch_default"],
+                steady["batch"],
+                unit="events/s",
+                floor_what="the same, CONN_MAX_AGE=None",
+                at_least=0.9,
+                note="added target, as above",
+            )
+        )
     reset_tables()
     reset_broker(transport)
     return results

@@ -59,7 +59,9 @@ def _latency(sizes: Sizes, transport, env: dict[str, str], label: str) -> list[R
     reset_tables()
     reset_broker(transport, durable_name(SUBSCRIPTION))
     health = Path(tempfile.mkdtemp(prefix="bench-")) / "health.json"
-    worker = manage("runworker", "--no-jobs", "--subscription", SUBSCRIPTION, "--health-file", str(health), "-v", "0", env=env)
+    worker = manage(
+        "runworker", "--no-jobs", "--subscription", SUBSCRIPTION, "--health-file", str(health), "-v", "0", env=env
+    )
     try:
         _wait_for(health.exists, 60, "the worker's health file")
         # Warm up: the durable exists and one event went all the way through.
@@ -74,7 +76,9 @@ def _latency(sizes: Sizes, transport, env: dict[str, str], label: str) -> list[R
         since = scalar("SELECT clock_timestamp()")
         rate, seconds = sizes.latency_rate_per_second, sizes.latency_seconds
         count = int(rate * seconds)
-        log(f"latency{f' ({label})' if label else ''}: {count} events at {rate:g}/s for {seconds:g}s, one per transaction, worker process running")
+        log(
+            f"latency{f' ({label})' if label else ''}: {count} events at {rate:g}/s for {seconds:g}s, one per transaction, worker process running"
+        )
         started = time.perf_counter()
         late = 0
         for n in range(count):
@@ -86,25 +90,54 @@ def _latency(sizes: Sizes, transport, env: dict[str, str], label: str) -> list[R
                 late += 1
             _publish_one(n)
         achieved = count / (time.perf_counter() - started)
-        _wait_for(lambda: scalar("SELECT count(*) FROM bench_sink WHERE occurred_at >= %s", [since]) >= count, 120, "every event to be handled")
+        _wait_for(
+            lambda: scalar("SELECT count(*) FROM bench_sink WHERE occurred_at >= %s", [since]) >= count,
+            120,
+            "every event to be handled",
+        )
         rows = sql(
             "SELECT EXTRACT(EPOCH FROM at - occurred_at) * 1000 FROM bench_sink WHERE occurred_at >= %s ORDER BY 1",
-            [since], fetch=True,
+            [since],
+            fetch=True,
         )
     finally:
         worker.send_signal(signal.SIGTERM)
         try:
             worker.wait(30)
-        except Exception:  # noqa: BLE001
+        except Exception:
             worker.kill()
     values = [float(r[0]) for r in rows]
     p50, p95, p99 = (_percentile(values, q) for q in (50, 95, 99))
-    detail = {"events": len(values), "achieved_rate": achieved, "late_publishes": late, "max_ms": values[-1], "mean_ms": statistics.fmean(values)}
+    detail = {
+        "events": len(values),
+        "achieved_rate": achieved,
+        "late_publishes": late,
+        "max_ms": values[-1],
+        "mean_ms": statistics.fmean(values),
+    }
     note = f"{label or 'CONN_MAX_AGE=None'}: {len(values)} events at {achieved:.0f}/s achieved; max {values[-1]:.1f} ms"
     results = [
-        Result("latency_p50", "commit -> handler start, p50" + (f" ({label})" if label else ""), p50, "ms", target="< 15 ms", met=p50 < 15, note=note, detail=detail),
-        Result("latency_p95", "commit -> handler start, p95" + (f" ({label})" if label else ""), p95, "ms", target="info"),
-        Result("latency_p99", "commit -> handler start, p99" + (f" ({label})" if label else ""), p99, "ms", target="< 100 ms", met=p99 < 100),
+        Result(
+            "latency_p50",
+            "commit -> handler start, p50" + (f" ({label})" if label else ""),
+            p50,
+            "ms",
+            target="< 15 ms",
+            met=p50 < 15,
+            note=note,
+            detail=detail,
+        ),
+        Result(
+            "latency_p95", "commit -> handler start, p95" + (f" ({label})" if label else ""), p95, "ms", target="info"
+        ),
+        Result(
+            "latency_p99",
+            "commit -> handler start, p99" + (f" ({label})" if label else ""),
+            p99,
+            "ms",
+            target="< 100 ms",
+            met=p99 < 100,
+        ),
     ]
     reset_tables()
     reset_broker(transport)

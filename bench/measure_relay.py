@@ -70,7 +70,14 @@ def processes_rate(transport, rows: int, processes: int, cpu_share: dict[int, li
     reset_broker(transport)
     fill_outbox(RELAY.name, rows)
     procs = [
-        subprocess.Popen([sys.executable, "-m", "bench.relayproc"], env=child_env(), cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [sys.executable, "-m", "bench.relayproc"],
+            env=child_env(),
+            cwd=ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         for _ in range(processes)
     ]
     try:
@@ -108,23 +115,37 @@ def run_relay(sizes: Sizes, transport) -> list[Result]:
         floor.append(raw_floor_rate(rows))
         reset_broker(transport)
         ours.append(relay_rate(transport, rows))
-    results = [ratio_result(
-        "relay", "relay drain, 1 process", ours, floor, unit="events/s",
-        floor_what="raw nats-py publish_async loop, Nats-Msg-Id", at_least=0.6,
-        note=f"RELAY_BATCH_SIZE={conf.settings.RELAY_BATCH_SIZE}",
-    )]
+    results = [
+        ratio_result(
+            "relay",
+            "relay drain, 1 process",
+            ours,
+            floor,
+            unit="events/s",
+            floor_what="raw nats-py publish_async loop, Nats-Msg-Id",
+            at_least=0.6,
+            note=f"RELAY_BATCH_SIZE={conf.settings.RELAY_BATCH_SIZE}",
+        )
+    ]
     log(f"relay: 2 processes vs 1 over {rows} rows (x{sizes.reps})")
     one, two = [], []
     cpu_share: dict[int, list] = {}
     for _ in range(sizes.reps):
         one.append(processes_rate(transport, rows, 1, cpu_share))
         two.append(processes_rate(transport, rows, 2, cpu_share))
-    results.append(ratio_result(
-        "relay_2proc", "relay drain, 2 processes", two, one, unit="events/s",
-        floor_what="the same, 1 process", at_least=1.3,
-        note=f"CPU per relay process (s/s): 1 process {cpu_share[1]}, 2 processes {cpu_share[2]}",
-        detail={"cpu_share": cpu_share},
-    ))
+    results.append(
+        ratio_result(
+            "relay_2proc",
+            "relay drain, 2 processes",
+            two,
+            one,
+            unit="events/s",
+            floor_what="the same, 1 process",
+            at_least=1.3,
+            note=f"CPU per relay process (s/s): 1 process {cpu_share[1]}, 2 processes {cpu_share[2]}",
+            detail={"cpu_share": cpu_share},
+        )
+    )
     reset_tables()
     reset_broker(transport)
     return results

@@ -54,7 +54,10 @@ def _enqueue_vs_orm(n: int) -> tuple[float, float]:
             noop.enqueue(i)
         t1 = time.perf_counter()
         with transaction.atomic():
-            Row.objects.create(name="platformkit.task_default", payload={"task": "bench.benchapp.tasks.noop", "args": [i], "kwargs": {}, "backend": "default"})
+            Row.objects.create(
+                name="platformkit.task_default",
+                payload={"task": "bench.benchapp.tasks.noop", "args": [i], "kwargs": {}, "backend": "default"},
+            )
         t2 = time.perf_counter()
         ours += t1 - t0
         orm += t2 - t1
@@ -77,7 +80,9 @@ def _drain_ours(transport, n: int, batch: bool = False) -> tuple[float, float]:
     _enqueue_many(n)
     t0 = time.perf_counter()
     env = {"BENCH_TASKS_BATCH": "1" if batch else "0"}
-    proc = manage("runworker", "--burst", "--no-jobs", "--queue", "default", "-v", "0", env=env, stdout=subprocess.DEVNULL)
+    proc = manage(
+        "runworker", "--burst", "--no-jobs", "--queue", "default", "-v", "0", env=env, stdout=subprocess.DEVNULL
+    )
     if proc.wait(600) != 0:
         raise RuntimeError(f"runworker --burst exited {proc.returncode}")
     wall = time.perf_counter() - t0
@@ -97,12 +102,25 @@ def _drain_db(n: int) -> tuple[float, float]:
     sql(f"TRUNCATE {DB_RESULTS}")
     _enqueue_many(n, backend="db")
     t0 = time.perf_counter()
-    proc = manage("db_worker", "--backend", "db", "--batch", "--no-startup-delay", "--interval", "0.1", "-v", "0", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = manage(
+        "db_worker",
+        "--backend",
+        "db",
+        "--batch",
+        "--no-startup-delay",
+        "--interval",
+        "0.1",
+        "-v",
+        "0",
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     if proc.wait(900) != 0:
         raise RuntimeError(f"db_worker exited {proc.returncode}")
     wall = time.perf_counter() - t0
     done, span = sql(
-        f"SELECT count(*), EXTRACT(EPOCH FROM max(finished_at) - min(started_at)) FROM {DB_RESULTS} WHERE status = 'SUCCESSFUL'", fetch=True,
+        f"SELECT count(*), EXTRACT(EPOCH FROM max(finished_at) - min(started_at)) FROM {DB_RESULTS} WHERE status = 'SUCCESSFUL'",
+        fetch=True,
     )[0]
     if done != n:
         raise RuntimeError(f"django-tasks-db: {done} of {n} tasks successful")
@@ -144,13 +162,14 @@ def _latency(transport, rate: float, seconds: float) -> tuple[float, float, int]
             time.sleep(0.1)
         rows = sql(
             "SELECT EXTRACT(EPOCH FROM r.started_at - o.created_at) * 1000 FROM platformkit_task_results r "
-            "JOIN platformkit_outbox o ON o.id = r.event_id WHERE o.payload->'args'->>0 <> '-1'", fetch=True,
+            "JOIN platformkit_outbox o ON o.id = r.event_id WHERE o.payload->'args'->>0 <> '-1'",
+            fetch=True,
         )
     finally:
         worker.send_signal(signal.SIGTERM)
         try:
             worker.wait(30)
-        except Exception:  # noqa: BLE001
+        except Exception:
             worker.kill()
     values = [float(r[0]) for r in rows]
     return _percentile(values, 50), achieved, len(values)
@@ -185,10 +204,17 @@ def run_tasks(sizes: Sizes, transport) -> list[Result]:
     log(f"tasks: enqueue() vs a bare ORM insert, {n_enqueue} each, one per transaction")
     reset_tables()
     pairs = [_enqueue_vs_orm(n_enqueue) for _ in range(sizes.reps)]
-    results.append(ratio_result(
-        "tasks_enqueue", "task.enqueue() (1 row, 1 tx) vs ORM insert", [p[0] for p in pairs], [p[1] for p in pairs],
-        unit="events/s", floor_what="bare ORM insert", at_least=0.85,
-    ))
+    results.append(
+        ratio_result(
+            "tasks_enqueue",
+            "task.enqueue() (1 row, 1 tx) vs ORM insert",
+            [p[0] for p in pairs],
+            [p[1] for p in pairs],
+            unit="events/s",
+            floor_what="bare ORM insert",
+            at_least=0.85,
+        )
+    )
 
     n = sizes.handle_events_slow
     log(f"tasks: {n} no-op tasks drained by runworker --burst --queue default")
@@ -198,40 +224,86 @@ def run_tasks(sizes: Sizes, transport) -> list[Result]:
     if _has_db_backend():
         log(f"tasks: {n} no-op tasks drained by django-tasks-db's db_worker --batch")
         theirs = [_drain_db(n) for _ in range(sizes.reps)]
-        results.append(ratio_result(
-            "tasks_drain_vs_django_tasks_db", "no-op tasks drained/s vs django-tasks-db db_worker", [o[0] for o in ours], [t[0] for t in theirs],
-            unit="events/s", floor_what="django-tasks-db db_worker", at_least=3.0,
-            note=f"wall incl. start-up: ours {statistics.median(o[1] for o in ours):.0f}/s, theirs {statistics.median(t[1] for t in theirs):.0f}/s",
-        ))
-        results.append(ratio_result(
-            "tasks_drain_batch_vs_django_tasks_db", "... with OPTIONS BATCH=True", [b[0] for b in batched], [t[0] for t in theirs],
-            unit="events/s", floor_what="django-tasks-db db_worker", at_least=3.0,
-        ))
+        results.append(
+            ratio_result(
+                "tasks_drain_vs_django_tasks_db",
+                "no-op tasks drained/s vs django-tasks-db db_worker",
+                [o[0] for o in ours],
+                [t[0] for t in theirs],
+                unit="events/s",
+                floor_what="django-tasks-db db_worker",
+                at_least=3.0,
+                note=f"wall incl. start-up: ours {statistics.median(o[1] for o in ours):.0f}/s, theirs {statistics.median(t[1] for t in theirs):.0f}/s",
+            )
+        )
+        results.append(
+            ratio_result(
+                "tasks_drain_batch_vs_django_tasks_db",
+                "... with OPTIONS BATCH=True",
+                [b[0] for b in batched],
+                [t[0] for t in theirs],
+                unit="events/s",
+                floor_what="django-tasks-db db_worker",
+                at_least=3.0,
+            )
+        )
     else:
-        results.append(Result("tasks_drain", "no-op tasks drained/s (django-tasks-db not installed)", statistics.median(o[0] for o in ours), "events/s", target="info"))
+        results.append(
+            Result(
+                "tasks_drain",
+                "no-op tasks drained/s (django-tasks-db not installed)",
+                statistics.median(o[0] for o in ours),
+                "events/s",
+                target="info",
+            )
+        )
 
     try:
         from .measure_handle import pgqueuer_rate
 
         log(f"tasks: pgqueuer drains {n} jobs")
         pgq = [pgqueuer_rate(n)["steady"] for _ in range(sizes.reps)]
-        results.append(ratio_result(
-            "tasks_drain_batch_vs_pgqueuer", "tasks drained/s (BATCH=True) vs pgqueuer", [b[0] for b in batched], pgq,
-            unit="events/s", floor_what="pgqueuer, batch_size 100, pool 4", at_least=1.0,
-            note=f"per message: {statistics.median(o[0] for o in ours):.0f}/s",
-        ))
+        results.append(
+            ratio_result(
+                "tasks_drain_batch_vs_pgqueuer",
+                "tasks drained/s (BATCH=True) vs pgqueuer",
+                [b[0] for b in batched],
+                pgq,
+                unit="events/s",
+                floor_what="pgqueuer, batch_size 100, pool 4",
+                at_least=1.0,
+                note=f"per message: {statistics.median(o[0] for o in ours):.0f}/s",
+            )
+        )
     except ImportError as exc:
         log(f"tasks: pgqueuer not measured ({exc})")
 
     rate, seconds = sizes.latency_rate_per_second, sizes.latency_seconds
     log(f"tasks: enqueue -> start at {rate:g}/s for {seconds:g}s, worker process running")
     p50, achieved, count = _latency(transport, rate, seconds)
-    results.append(Result("tasks_latency_p50", "task enqueue -> start, p50", p50, "ms", target="< 15 ms", met=p50 < 15, note=f"{count} tasks at {achieved:.0f}/s achieved"))
+    results.append(
+        Result(
+            "tasks_latency_p50",
+            "task enqueue -> start, p50",
+            p50,
+            "ms",
+            target="< 15 ms",
+            met=p50 < 15,
+            note=f"{count} tasks at {achieved:.0f}/s achieved",
+        )
+    )
 
     deferred, due = sizes.backlog_rows, sizes.backlog_relay_rows
     behind, alone = _deferred_backlog(transport, deferred, due)
-    results.append(ratio_result(
-        "tasks_deferred_backlog", f"relay of due rows behind {deferred:,} rows due tomorrow", [behind], [alone],
-        unit="events/s", floor_what="no deferred rows", at_least=0.9,
-    ))
+    results.append(
+        ratio_result(
+            "tasks_deferred_backlog",
+            f"relay of due rows behind {deferred:,} rows due tomorrow",
+            [behind],
+            [alone],
+            unit="events/s",
+            floor_what="no deferred rows",
+            at_least=0.9,
+        )
+    )
     return results

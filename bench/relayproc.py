@@ -38,7 +38,18 @@ def main() -> None:
     stats = relay.drain()
     finished = time.time()
     cpu = _cpu_seconds() - cpu_before
-    print(json.dumps({"stored": stats.stored, "temporary": stats.temporary, "started": started, "finished": finished, "cpu_seconds": cpu}), flush=True)
+    print(
+        json.dumps(
+            {
+                "stored": stats.stored,
+                "temporary": stats.temporary,
+                "started": started,
+                "finished": finished,
+                "cpu_seconds": cpu,
+            }
+        ),
+        flush=True,
+    )
     transport.close()
 
 

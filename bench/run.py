@@ -30,11 +30,30 @@ RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="Small sizes and one repetition: a smoke run of about 2 minutes.")
-    parser.add_argument("--only", action="append", choices=MEASUREMENTS + TOPOLOGY_PARTS, metavar="NAME", help=f"Run only this measurement (repeatable): {', '.join(MEASUREMENTS + TOPOLOGY_PARTS)}.")
-    parser.add_argument("--machine", action="store_true", help="Use the machine's PostgreSQL (127.0.0.1:5432) and NATS (127.0.0.1:4222) instead of throwaway servers; DATABASE_URL / NATS_URL win over both.")
-    parser.add_argument("--json", default=str(RESULTS_DIR / "latest.json"), metavar="PATH", help="Where to write the results (default: bench/results/latest.json).")
+    parser = argparse.ArgumentParser(
+        prog="python -m bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="Small sizes and one repetition: a smoke run of about 2 minutes."
+    )
+    parser.add_argument(
+        "--only",
+        action="append",
+        choices=MEASUREMENTS + TOPOLOGY_PARTS,
+        metavar="NAME",
+        help=f"Run only this measurement (repeatable): {', '.join(MEASUREMENTS + TOPOLOGY_PARTS)}.",
+    )
+    parser.add_argument(
+        "--machine",
+        action="store_true",
+        help="Use the machine's PostgreSQL (127.0.0.1:5432) and NATS (127.0.0.1:4222) instead of throwaway servers; DATABASE_URL / NATS_URL win over both.",
+    )
+    parser.add_argument(
+        "--json",
+        default=str(RESULTS_DIR / "latest.json"),
+        metavar="PATH",
+        help="Where to write the results (default: bench/results/latest.json).",
+    )
     return parser.parse_args(argv)
 
 
@@ -58,9 +77,14 @@ def table(results: list[Result]) -> str:
     for r in results:
         floor = f"{_fmt(r.floor, r.unit)} ({r.floor_what})" if r.floor is not None else (r.floor_what or "-")
         met = {True: "yes", False: "NO", None: "-"}[r.met]
-        rows.append([r.what, _fmt(r.ours, r.unit), floor, f"{r.ratio:.2f}x" if r.ratio is not None else "-", r.target, met])
+        rows.append(
+            [r.what, _fmt(r.ours, r.unit), floor, f"{r.ratio:.2f}x" if r.ratio is not None else "-", r.target, met]
+        )
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
-    lines = ["| " + " | ".join(h.ljust(w) for h, w in zip(header, widths)) + " |", "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
+    lines = [
+        "| " + " | ".join(h.ljust(w) for h, w in zip(header, widths)) + " |",
+        "|" + "|".join("-" * (w + 2) for w in widths) + "|",
+    ]
     lines += ["| " + " | ".join(str(c).ljust(w) for c, w in zip(row, widths)) + " |" for row in rows]
     return "\n".join(lines)
 
@@ -111,23 +135,35 @@ def main(argv: list[str] | None = None) -> int:
 
         meta = {
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
-            "quick": args.quick, "measurements": chosen, "sizes": vars(sizes), "services": services.origin,
-            "postgres": scalar("SHOW server_version"), "nats": transport._nc._server_info.get("version"),
-            "fsync": scalar("SHOW fsync"), "synchronous_commit": scalar("SHOW synchronous_commit"),
-            "cpus": os.cpu_count(), "versions": _versions(),
+            "quick": args.quick,
+            "measurements": chosen,
+            "sizes": vars(sizes),
+            "services": services.origin,
+            "postgres": scalar("SHOW server_version"),
+            "nats": transport._nc._server_info.get("version"),
+            "fsync": scalar("SHOW fsync"),
+            "synchronous_commit": scalar("SHOW synchronous_commit"),
+            "cpus": os.cpu_count(),
+            "versions": _versions(),
         }
-        log(f"postgres {meta['postgres']} ({services.origin['postgres']}), nats {meta['nats']} ({services.origin['nats']})")
+        log(
+            f"postgres {meta['postgres']} ({services.origin['postgres']}), nats {meta['nats']} ({services.origin['nats']})"
+        )
         meta["load"] = {}
         for name in chosen:
             load_before, began = os.getloadavg()[0], time.monotonic()
             try:
                 results += _run(name, sizes, transport)
-            except Exception:  # noqa: BLE001 - report it, go on with the rest
+            except Exception:
                 errors[name] = traceback.format_exc()
                 log(f"{name} FAILED:\n{errors[name]}")
             # Other processes on the machine skew every figure (the ratios less):
             # say how busy it was, so a reader can tell noise from a regression.
-            meta["load"][name] = {"loadavg_1min_before": load_before, "loadavg_1min_after": os.getloadavg()[0], "seconds": round(time.monotonic() - began, 1)}
+            meta["load"][name] = {
+                "loadavg_1min_before": load_before,
+                "loadavg_1min_after": os.getloadavg()[0],
+                "seconds": round(time.monotonic() - began, 1),
+            }
         try:
             transport.call(delete_stream(), timeout=60)
         finally:
@@ -141,19 +177,36 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(table(results))
     missed = [r for r in results if r.met is False]
-    print(f"\n{len(results)} rows, {sum(r.met is True for r in results)} targets met, {len(missed)} missed" + (f", {len(errors)} measurements failed: {', '.join(errors)}" if errors else ""))
+    print(
+        f"\n{len(results)} rows, {sum(r.met is True for r in results)} targets met, {len(missed)} missed"
+        + (f", {len(errors)} measurements failed: {', '.join(errors)}" if errors else "")
+    )
     for r in results:
         if r.note:
             print(f"  {r.key}: {r.note}")
     if missed:
-        print("missed: " + ", ".join(f"{r.key} ({_fmt(r.ours, r.unit) if r.ratio is None else f'{r.ratio:.2f}x'} vs {r.target})" for r in missed))
+        print(
+            "missed: "
+            + ", ".join(
+                f"{r.key} ({_fmt(r.ours, r.unit) if r.ratio is None else f'{r.ratio:.2f}x'} vs {r.target})"
+                for r in missed
+            )
+        )
     busy = {name: max(v["loadavg_1min_before"], v["loadavg_1min_after"]) for name, v in meta.get("load", {}).items()}
-    print("load average (1 min) around each measurement: " + ", ".join(f"{k} {v:.1f}" for k, v in busy.items()) + f" on {os.cpu_count()} CPUs")
+    print(
+        "load average (1 min) around each measurement: "
+        + ", ".join(f"{k} {v:.1f}" for k, v in busy.items())
+        + f" on {os.cpu_count()} CPUs"
+    )
     if any(v > (os.cpu_count() or 1) for v in busy.values()):
-        print("  the machine was busy with other work during this run: absolute figures are low and noisy, latency most of all")
+        print(
+            "  the machine was busy with other work during this run: absolute figures are low and noisy, latency most of all"
+        )
     path = Path(args.json)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"meta": meta, "results": [r.as_dict() for r in results], "errors": errors}, indent=2, default=str))
+    path.write_text(
+        json.dumps({"meta": meta, "results": [r.as_dict() for r in results], "errors": errors}, indent=2, default=str)
+    )
     print(f"\nwrote {path} ({meta['seconds']}s)")
     return 1 if errors else 0
 

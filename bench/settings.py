@@ -22,7 +22,11 @@ INSTALLED_APPS = [
     "bench.benchapp",
 ]
 
-DATABASES = {"default": database_settings(os.environ.get("BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/platformkit_bench"))}
+DATABASES = {
+    "default": database_settings(
+        os.environ.get("BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/platformkit_bench")
+    )
+}
 # Persistent connections (CONN_MAX_AGE=None), as procrastinate's and
 # pgqueuer's pools have: the comparisons are of queue designs, not of
 # reconnects. BENCH_CONN_MAX_AGE=0 (Django's default) is what the rows marked
@@ -38,7 +42,13 @@ PLATFORMKIT = {
 
 # django.tasks (bench/measure_tasks.py): ours, and django-tasks-db (the
 # reference database backend) when installed, on the same no-op task.
-TASKS = {"default": {"BACKEND": "django_platformkit.tasks.OutboxBackend", "QUEUES": ["default"], "OPTIONS": {"BATCH": os.environ.get("BENCH_TASKS_BATCH") == "1"}}}
+TASKS = {
+    "default": {
+        "BACKEND": "django_platformkit.tasks.OutboxBackend",
+        "QUEUES": ["default"],
+        "OPTIONS": {"BATCH": os.environ.get("BENCH_TASKS_BATCH") == "1"},
+    }
+}
 try:
     import django_tasks_db  # noqa: F401
 
@@ -52,5 +62,11 @@ LOGGING = {
     "disable_existing_loggers": False,
     "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "formatters": {"plain": {"format": "%(asctime)s %(process)d %(levelname)s %(name)s %(message)s"}},
-    "loggers": {"django_platformkit": {"handlers": ["stderr"], "level": os.environ.get("BENCH_LOG_LEVEL", "WARNING"), "propagate": False}},
+    "loggers": {
+        "django_platformkit": {
+            "handlers": ["stderr"],
+            "level": os.environ.get("BENCH_LOG_LEVEL", "WARNING"),
+            "propagate": False,
+        }
+    },
 }

@@ -17,8 +17,13 @@ from croniter import CroniterError, croniter
 
 FIELD_NAMES = ("minute", "hour", "day-of-month", "month", "day-of-week")
 _BOUNDS = ((0, 59), (0, 23), (1, 31), (1, 12), (0, 7))
-_MONTHS = {name: n for n, name in enumerate("jan feb mar apr may jun jul aug sep oct nov dec".split(), start=1)}
-_WEEKDAYS = {name: n for n, name in enumerate("sun mon tue wed thu fri sat".split())}
+_MONTHS = {
+    name: n
+    for n, name in enumerate(
+        ["jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"], start=1
+    )
+}
+_WEEKDAYS = {name: n for n, name in enumerate(["sun", "mon", "tue", "wed", "thu", "fri", "sat"])}
 _NAMES = (None, None, None, _MONTHS, _WEEKDAYS)
 #: One item of a list: ``*``, ``*/n``, ``a``, ``a-b`` or ``a-b/n``. Nothing
 #: else: ``L``, ``W``, ``#``, ``?``, ``H`` and ``R`` mean different things (or
@@ -40,7 +45,9 @@ def cron_problems(expression: object) -> list[str]:
     Pure: no croniter state is kept, no clock is read.
     """
     if not isinstance(expression, str):
-        return [f"cron must be a string of five fields (minute hour day-of-month month day-of-week), got {expression!r}"]
+        return [
+            f"cron must be a string of five fields (minute hour day-of-month month day-of-week), got {expression!r}"
+        ]
     fields = expression.split()
     if len(fields) != 5:
         return [
@@ -96,9 +103,13 @@ def _field_problems(expression: str, index: int, text: str) -> list[str]:
         low, high, step = match["low"], match["high"], match["step"]
         for token in (low, high):
             if token is not None and value(token) is None:
-                return [f"{where}: {token!r} is out of range; {name} takes {low_bound}-{high_bound}{' or names' if names else ''}"]
+                return [
+                    f"{where}: {token!r} is out of range; {name} takes {low_bound}-{high_bound}{' or names' if names else ''}"
+                ]
         if low is not None and high is not None and value(low) > value(high):
-            return [f"{where}: the range runs backwards; write it as two ranges ('{low}-{high_bound},{low_bound}-{high}')"]
+            return [
+                f"{where}: the range runs backwards; write it as two ranges ('{low}-{high_bound},{low_bound}-{high}')"
+            ]
         if step is not None:
             if match["star"] is None and high is None:
                 return [f"{where}: 'a/n' means different things in different crons; write 'a-{high_bound}/n' or '*/n'"]

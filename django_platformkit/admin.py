@@ -20,10 +20,10 @@ from typing import Any
 
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
+from django.contrib.admin.exceptions import DisallowedModelAdminLookup
 from django.contrib.admin.models import CHANGE, DELETION, LogEntry
 from django.core.exceptions import PermissionDenied
 from django.db.models import BooleanField, Count, Exists, Min, OuterRef, QuerySet
-from django.contrib.admin.exceptions import DisallowedModelAdminLookup
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
@@ -60,7 +60,9 @@ def _truncated(text: str) -> str:
 
 
 def _pretty_json(value: Any) -> str:
-    return format_html('<pre class="platformkit-json">{}</pre>', json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False))
+    return format_html(
+        '<pre class="platformkit-json">{}</pre>', json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)
+    )
 
 
 def _pre(text: str) -> str:
@@ -134,8 +136,17 @@ class DeadLetterAdmin(ReadOnlyAdmin):
     search_help_text = "Search by event id (or part of it) or error text."
     actions = ["replay_selected", "discard_selected"]
     fields = (
-        "event_id", "outbox_link", "name", "subscription", "tenant", "attempts", "failed",
-        "error_text", "payload", "traceback_text", "attempt_history",
+        "event_id",
+        "outbox_link",
+        "name",
+        "subscription",
+        "tenant",
+        "attempts",
+        "failed",
+        "error_text",
+        "payload",
+        "traceback_text",
+        "attempt_history",
     )
     readonly_fields = fields
     change_form_template = "admin/django_platformkit/deadletter/change_form.html"
@@ -173,26 +184,39 @@ class DeadLetterAdmin(ReadOnlyAdmin):
     @admin.display(description="attempts, one by one")
     def attempt_history(self, obj: DeadLetter) -> str:
         """Each run of the handler for this (subscription, event), from ``Attempt`` rows."""
-        rows = list(Attempt.objects.for_event(obj.event_id, obj.subscription).order_by("attempt")[:ATTEMPT_HISTORY_LIMIT])
+        rows = list(
+            Attempt.objects.for_event(obj.event_id, obj.subscription).order_by("attempt")[:ATTEMPT_HISTORY_LIMIT]
+        )
         if not rows:
             return "— (no per-attempt record: the worker that ran it did not keep one; the last error is above)"
         body = format_html_join(
-            "", '<tr class="platformkit-attempt-{}"><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>',
+            "",
+            '<tr class="platformkit-attempt-{}"><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>',
             (
-                (a.outcome, a.attempt, a.get_outcome_display(), when_html(a.started_at, relative=False),
-                 _duration(a.started_at, a.finished_at), a.worker or "—", _attempt_error(a))
+                (
+                    a.outcome,
+                    a.attempt,
+                    a.get_outcome_display(),
+                    when_html(a.started_at, relative=False),
+                    _duration(a.started_at, a.finished_at),
+                    a.worker or "—",
+                    _attempt_error(a),
+                )
                 for a in rows
             ),
         )
         return format_html(
             '<table class="platformkit-attempts"><thead><tr><th>#</th><th>outcome</th><th>started</th><th>ran for</th>'
-            "<th>worker</th><th>error</th></tr></thead><tbody>{}</tbody></table>", body,
+            "<th>worker</th><th>error</th></tr></thead><tbody>{}</tbody></table>",
+            body,
         )
 
     def has_replay_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm(REPLAY_PERMISSION)
 
-    def change_view(self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: dict[str, Any] | None = None) -> HttpResponse:
+    def change_view(
+        self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
         obj = self.get_object(request, object_id)
         context = {"replay_blocked": replay_blocker(obj) if obj is not None else None, **(extra_context or {})}
         return super().change_view(request, object_id, form_url, extra_context=context)
@@ -211,8 +235,8 @@ class DeadLetterAdmin(ReadOnlyAdmin):
         info = self.model._meta.app_label, self.model._meta.model_name
         view = self.admin_site.admin_view(self.verb_view)
         own = [
-            path("<path:object_id>/replay/", view, {"verb": "replay"}, name="%s_%s_replay" % info),
-            path("<path:object_id>/discard/", view, {"verb": "discard"}, name="%s_%s_discard" % info),
+            path("<path:object_id>/replay/", view, {"verb": "replay"}, name="{}_{}_replay".format(*info)),
+            path("<path:object_id>/discard/", view, {"verb": "discard"}, name="{}_{}_discard".format(*info)),
         ]
         return own + super().get_urls()
 
@@ -221,7 +245,11 @@ class DeadLetterAdmin(ReadOnlyAdmin):
         if not (self.has_view_permission(request) and self.has_replay_permission(request)):
             raise PermissionDenied
         # The URL takes any text: an id that isn't a number is "not found", not a 500.
-        queryset = self.get_queryset(request).filter(pk=object_id) if str(object_id).isdigit() else self.get_queryset(request).none()
+        queryset = (
+            self.get_queryset(request).filter(pk=object_id)
+            if str(object_id).isdigit()
+            else self.get_queryset(request).none()
+        )
         row = queryset.first()
         if row is None:
             return self._get_obj_does_not_exist_redirect(request, self.model._meta, object_id)
@@ -233,7 +261,9 @@ class DeadLetterAdmin(ReadOnlyAdmin):
         response = self._confirm(request, queryset, verb, from_object=True)
         return response or HttpResponseRedirect(self._url(DeadLetter, "changelist"))
 
-    def _confirm(self, request: HttpRequest, queryset: QuerySet[DeadLetter], verb: str, *, from_object: bool = False) -> HttpResponse | None:
+    def _confirm(
+        self, request: HttpRequest, queryset: QuerySet[DeadLetter], verb: str, *, from_object: bool = False
+    ) -> HttpResponse | None:
         """The intermediate page: list what will happen and ask for a reason;
         on a confirmed POST with a reason, do it and report in the message bar."""
         reason = (request.POST.get("reason") or "").strip()
@@ -241,7 +271,7 @@ class DeadLetterAdmin(ReadOnlyAdmin):
         if confirmed and reason:
             self._perform(request, list(queryset), verb, reason)
             return None
-        rows = list(queryset[: CONFIRMATION_LIST_LIMIT])
+        rows = list(queryset[:CONFIRMATION_LIST_LIMIT])
         context = {
             **self.admin_site.each_context(request),
             "title": f"{verb.capitalize()} dead letters",
@@ -293,7 +323,9 @@ class DeadLetterAdmin(ReadOnlyAdmin):
                 text = f"Discarded {len(done)} dead letter{plural} ({what}): the failure is accepted, nothing runs {them} again."
             self.message_user(request, text, messages.SUCCESS)
         for row, why in refused:
-            self.message_user(request, f"Did not {verb} {row.name} {row.event_id} for {row.subscription}: {why}", messages.ERROR)
+            self.message_user(
+                request, f"Did not {verb} {row.name} {row.event_id} for {row.subscription}: {why}", messages.ERROR
+            )
 
     def _log(self, request: HttpRequest, row: DeadLetter, verb: str, reason: str) -> None:
         """The admin's own history of what an operator did: one ``LogEntry``
@@ -303,12 +335,21 @@ class DeadLetterAdmin(ReadOnlyAdmin):
         past = "Replayed" if verb == "replay" else "Discarded"
         message = f"{past} for subscription {row.subscription} (event {row.event_id}). Reason: {reason}"
         LogEntry.objects.log_actions(
-            user_id=request.user.pk, queryset=[row], action_flag=CHANGE if verb == "replay" else DELETION,
-            change_message=message, single_object=True,
+            user_id=request.user.pk,
+            queryset=[row],
+            action_flag=CHANGE if verb == "replay" else DELETION,
+            change_message=message,
+            single_object=True,
         )
         outbox_row = OutboxEvent.objects.filter(pk=row.event_id).only("id", "name").first()
         if outbox_row is not None:
-            LogEntry.objects.log_actions(user_id=request.user.pk, queryset=[outbox_row], action_flag=CHANGE, change_message=message, single_object=True)
+            LogEntry.objects.log_actions(
+                user_id=request.user.pk,
+                queryset=[outbox_row],
+                action_flag=CHANGE,
+                change_message=message,
+                single_object=True,
+            )
 
 
 #: Attempt rows one dead letter's page lists.
@@ -343,7 +384,8 @@ def _attempt_error(attempt: Attempt) -> str:
         return _truncated(attempt.error)
     return format_html(
         '<details><summary><span class="platformkit-trunc">{}</span></summary><pre class="platformkit-pre">{}</pre></details>',
-        _first_line(attempt.error, limit=500), attempt.traceback,
+        _first_line(attempt.error, limit=500),
+        attempt.traceback,
     )
 
 
@@ -387,7 +429,19 @@ class OutboxEventAdmin(ReadOnlyAdmin):
     ordering = ("-created_at", "-id")
     # Counting a large outbox on every page view is the slow part: skip the total.
     show_full_result_count = False
-    fields = ("id", "name", "tenant", "status", "created", "published", "relay_lag", "payload_json", "headers_json", "related", "claims")
+    fields = (
+        "id",
+        "name",
+        "tenant",
+        "status",
+        "created",
+        "published",
+        "relay_lag",
+        "payload_json",
+        "headers_json",
+        "related",
+        "claims",
+    )
     readonly_fields = fields
     change_list_template = "admin/django_platformkit/outboxevent/change_list.html"
 
@@ -429,22 +483,34 @@ class OutboxEventAdmin(ReadOnlyAdmin):
         claims = HandledEvent.objects.filter(event_id=obj.pk).count()
         return format_html(
             '<a href="{}?q={}">{} dead letter(s)</a> · <a href="{}?q={}">{} claim(s)</a>',
-            self._url(DeadLetter, "changelist"), obj.pk, dead, self._url(HandledEvent, "changelist"), obj.pk, claims,
+            self._url(DeadLetter, "changelist"),
+            obj.pk,
+            dead,
+            self._url(HandledEvent, "changelist"),
+            obj.pk,
+            claims,
         )
 
     @admin.display(description="claims")
     def claims(self, obj: OutboxEvent) -> str:
         """Each subscription's claim on this event, terminal ones marked."""
-        rows = list(with_terminal(HandledEvent.objects.filter(event_id=obj.pk)).order_by("subscription")[:CLAIMS_ON_PAGE])
+        rows = list(
+            with_terminal(HandledEvent.objects.filter(event_id=obj.pk)).order_by("subscription")[:CLAIMS_ON_PAGE]
+        )
         if not rows:
             return "— (no subscription has handled or given up on it yet)"
         return format_html(
             '<table class="platformkit-claims"><tbody>{}</tbody></table>',
-            format_html_join("", "<tr><td>{}</td><td>{}</td><td>{}</td></tr>",
-                             ((c.subscription, claim_kind(c), when_html(c.handled_at)) for c in rows)),
+            format_html_join(
+                "",
+                "<tr><td>{}</td><td>{}</td><td>{}</td></tr>",
+                ((c.subscription, claim_kind(c), when_html(c.handled_at)) for c in rows),
+            ),
         )
 
-    def get_search_results(self, request: HttpRequest, queryset: QuerySet[OutboxEvent], search_term: str) -> tuple[QuerySet[OutboxEvent], bool]:
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[OutboxEvent], search_term: str
+    ) -> tuple[QuerySet[OutboxEvent], bool]:
         event_id = _uuid_or_none(search_term)
         if event_id is not None:  # the primary key: one index lookup, not a scan
             return queryset.filter(pk=event_id), False
@@ -521,7 +587,16 @@ class HandledEventAdmin(ReadOnlyAdmin):
 
 @admin.register(Attempt)
 class AttemptAdmin(ReadOnlyAdmin):
-    list_display = ("started", "subscription", "event_id", "attempt", "outcome", "ran_for", "worker", "error_first_line")
+    list_display = (
+        "started",
+        "subscription",
+        "event_id",
+        "attempt",
+        "outcome",
+        "ran_for",
+        "worker",
+        "error_first_line",
+    )
     list_display_links = ("started",)
     list_filter = ("outcome", "subscription")
     date_hierarchy = "started_at"
@@ -529,7 +604,17 @@ class AttemptAdmin(ReadOnlyAdmin):
     search_help_text = "Search by event id (or part of it) or error text."
     ordering = ("-started_at", "-id")
     show_full_result_count = False
-    fields = ("subscription", "event_id", "attempt", "outcome", "started", "finished", "worker", "error_text", "traceback_text")
+    fields = (
+        "subscription",
+        "event_id",
+        "attempt",
+        "outcome",
+        "started",
+        "finished",
+        "worker",
+        "error_text",
+        "traceback_text",
+    )
     readonly_fields = fields
 
     @admin.display(description="started at", ordering="started_at")
@@ -566,7 +651,16 @@ def _job_specs() -> dict[str, Any]:
 
 @admin.register(JobState)
 class JobStateAdmin(ReadOnlyAdmin):
-    list_display = ("name", "schedule", "time_zone", "last_slot_at", "started", "finished", "last_error_first_line", "next_slot")
+    list_display = (
+        "name",
+        "schedule",
+        "time_zone",
+        "last_slot_at",
+        "started",
+        "finished",
+        "last_error_first_line",
+        "next_slot",
+    )
     search_fields = ("name",)
     fields = ("name", "schedule", "time_zone", "last_slot_at", "started", "finished", "next_slot", "last_error_text")
     readonly_fields = fields

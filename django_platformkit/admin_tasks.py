@@ -35,7 +35,7 @@ def _result(obj: OutboxTask) -> Any:
 
     try:
         return load_result(_Alias(), obj.pk)
-    except Exception as exc:  # noqa: BLE001 - a task whose code is gone still shows its row
+    except Exception as exc:
         return str(exc)
 
 
@@ -44,7 +44,11 @@ class TaskStatusFilter(admin.SimpleListFilter):
     parameter_name = "task_status"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return [("successful", "successful"), ("failed", "failed (dead-lettered)"), ("unfinished", "ready / running / retrying")]
+        return [
+            ("successful", "successful"),
+            ("failed", "failed (dead-lettered)"),
+            ("unfinished", "ready / running / retrying"),
+        ]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
         if self.value() == "successful":
@@ -66,8 +70,21 @@ class OutboxTaskAdmin(admin.ModelAdmin):
     list_per_page = 50
     actions = ["replay_failed"]
     fields = (
-        "id", "task_path", "queue", "status", "arguments_detail", "created_at", "not_before", "published_at",
-        "started_at", "last_attempted_at", "finished_at", "return_value", "errors", "worker_ids", "dead_letter_link",
+        "id",
+        "task_path",
+        "queue",
+        "status",
+        "arguments_detail",
+        "created_at",
+        "not_before",
+        "published_at",
+        "started_at",
+        "last_attempted_at",
+        "finished_at",
+        "return_value",
+        "errors",
+        "worker_ids",
+        "dead_letter_link",
     )
     readonly_fields = fields
 
@@ -85,9 +102,13 @@ class OutboxTaskAdmin(admin.ModelAdmin):
 
     def get_queryset(self, request: HttpRequest) -> QuerySet:
         # Two EXISTS per page row, off the results' primary key and the dead letters' event index.
-        return super().get_queryset(request).annotate(
-            _succeeded=Exists(TaskResultRecord.objects.filter(event_id=OuterRef("pk"), status="SUCCESSFUL")),
-            _failed=Exists(DeadLetter.objects.filter(event_id=OuterRef("pk"))),
+        return (
+            super()
+            .get_queryset(request)
+            .annotate(
+                _succeeded=Exists(TaskResultRecord.objects.filter(event_id=OuterRef("pk"), status="SUCCESSFUL")),
+                _failed=Exists(DeadLetter.objects.filter(event_id=OuterRef("pk"))),
+            )
         )
 
     @admin.display(description="task")
@@ -110,13 +131,21 @@ class OutboxTaskAdmin(admin.ModelAdmin):
     @admin.display(description="arguments")
     def arguments(self, obj: OutboxTask) -> str:
         payload = obj.payload or {}
-        text = ", ".join([json.dumps(a, ensure_ascii=False) for a in payload.get("args", [])] + [f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in payload.get("kwargs", {}).items()])
+        text = ", ".join(
+            [json.dumps(a, ensure_ascii=False) for a in payload.get("args", [])]
+            + [f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in payload.get("kwargs", {}).items()]
+        )
         return text if len(text) <= 100 else text[:99] + "…"
 
     @admin.display(description="arguments")
     def arguments_detail(self, obj: OutboxTask) -> str:
         payload = obj.payload or {}
-        return format_html('<pre class="platformkit-json">{}</pre>', json.dumps({"args": payload.get("args", []), "kwargs": payload.get("kwargs", {})}, indent=2, ensure_ascii=False))
+        return format_html(
+            '<pre class="platformkit-json">{}</pre>',
+            json.dumps(
+                {"args": payload.get("args", []), "kwargs": payload.get("kwargs", {})}, indent=2, ensure_ascii=False
+            ),
+        )
 
     def _from_result(self, obj: OutboxTask, attr: str) -> Any:
         result = _result(obj)
@@ -141,14 +170,20 @@ class OutboxTaskAdmin(admin.ModelAdmin):
         result = _result(obj)
         if isinstance(result, str) or str(result.status) != "SUCCESSFUL":
             return "—"
-        return format_html('<pre class="platformkit-json">{}</pre>', json.dumps(result.return_value, indent=2, ensure_ascii=False))
+        return format_html(
+            '<pre class="platformkit-json">{}</pre>', json.dumps(result.return_value, indent=2, ensure_ascii=False)
+        )
 
     @admin.display(description="errors (one per failed attempt)")
     def errors(self, obj: OutboxTask) -> str:
         result = _result(obj)
         if isinstance(result, str) or not result.errors:
             return "—"
-        return format_html_join("", '<p>{}. {}</p><pre class="platformkit-pre">{}</pre>', ((n, e.exception_class_path, e.traceback) for n, e in enumerate(result.errors, 1)))
+        return format_html_join(
+            "",
+            '<p>{}. {}</p><pre class="platformkit-pre">{}</pre>',
+            ((n, e.exception_class_path, e.traceback) for n, e in enumerate(result.errors, 1)),
+        )
 
     @admin.display(description="workers")
     def worker_ids(self, obj: OutboxTask) -> str:
@@ -167,7 +202,9 @@ class OutboxTaskAdmin(admin.ModelAdmin):
     def replay_failed(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
         """Ask for a reason (the dead letters' confirmation page), then
         ``replay()`` each selected task's dead letter."""
-        dead = DeadLetter.objects.filter(event_id__in=list(queryset.values_list("pk", flat=True))).order_by("-failed_at")
+        dead = DeadLetter.objects.filter(event_id__in=list(queryset.values_list("pk", flat=True))).order_by(
+            "-failed_at"
+        )
         if not dead.exists():
             self.message_user(request, "None of the selected tasks failed: nothing to replay.", messages.WARNING)
             return None
@@ -186,7 +223,11 @@ class OutboxTaskAdmin(admin.ModelAdmin):
                 except ReplayRefused as exc:
                     self.message_user(request, f"Did not replay task {row.event_id}: {exc}", messages.ERROR)
             if done:
-                self.message_user(request, f"Replayed {done} failed task{'s' if done != 1 else ''}: pending again, the worker runs {'them' if done != 1 else 'it'} next.", messages.SUCCESS)
+                self.message_user(
+                    request,
+                    f"Replayed {done} failed task{'s' if done != 1 else ''}: pending again, the worker runs {'them' if done != 1 else 'it'} next.",
+                    messages.SUCCESS,
+                )
             return None
         context = {
             **self.admin_site.each_context(request),

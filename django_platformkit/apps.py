@@ -24,8 +24,10 @@ class PlatformKitConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from . import checks  # noqa: F401 - registers the system checks
-        from . import events  # noqa: F401 - declares the built-in events
+        from . import (
+            checks,  # noqa: F401 - registers the system checks
+            events,  # noqa: F401 - declares the built-in events
+        )
 
         discover()
         from .tasks import register_task_queues
@@ -61,7 +63,9 @@ def _refuse_signature(func: Callable[..., Any], args: tuple[Any, ...], what: str
     try:
         signature.bind(*args)
     except TypeError as exc:
-        raise ConfigurationError(f"app {_app_of(getattr(func, '__module__', '') or '')}: {what} ({exc}). Fix: {fix}") from None
+        raise ConfigurationError(
+            f"app {_app_of(getattr(func, '__module__', '') or '')}: {what} ({exc}). Fix: {fix}"
+        ) from None
 
 
 def validate_declarations() -> None:
@@ -74,14 +78,21 @@ def validate_declarations() -> None:
 
     for sub in subscriptions():
         _refuse_signature(
-            sub.handler, (object(),), f"handler {sub.declared_in} can't take one event",
+            sub.handler,
+            (object(),),
+            f"handler {sub.declared_in} can't take one event",
             f"define it as 'def {getattr(sub.handler, '__name__', 'handler')}(event): ...' (one ReceivedEvent).",
         )
-    for spec in getattr(jobs, "jobs", lambda: [])():
+    for spec in getattr(jobs, "jobs", list)():
         where = spec.declared_in or spec.name
         if (spec.every is None) == (spec.cron is None):
             raise ConfigurationError(
                 f"app {_app_of(where)}: job {spec.name!r} ({where}) needs exactly one of every= or cron=. "
                 "Fix: @job(every=timedelta(minutes=5)) or @job(cron='*/5 * * * *')."
             )
-        _refuse_signature(spec.func, (), f"job {where} can't be called with no arguments", f"define it as 'def {getattr(spec.func, '__name__', 'job')}(): ...' (no arguments).")
+        _refuse_signature(
+            spec.func,
+            (),
+            f"job {where} can't be called with no arguments",
+            f"define it as 'def {getattr(spec.func, '__name__', 'job')}(): ...' (no arguments).",
+        )

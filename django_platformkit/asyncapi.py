@@ -29,7 +29,11 @@ _ENVELOPE: dict[str, Any] = {
     "required": ["specversion", "id", "source", "type", "subject", "time", "datacontenttype", "data"],
     "properties": {
         "specversion": {"const": "1.0"},
-        "id": {"type": "string", "format": "uuid", "description": "The event id: outbox id, Nats-Msg-Id and claim key."},
+        "id": {
+            "type": "string",
+            "format": "uuid",
+            "description": "The event id: outbox id, Nats-Msg-Id and claim key.",
+        },
         "source": {"type": "string", "description": "'/<module>' of the event name."},
         "type": {"type": "string", "description": "The event name, '<module>.<event>'."},
         "subject": {"type": "string", "description": "The NATS subject the event travels on."},

@@ -32,31 +32,48 @@ TAG = "platformkit"
 MESSAGES: dict[str, tuple[str, str]] = {
     "E001": ("subscription {subscription!r}: event {event!r} is not declared", "{fix}"),
     "E002": ("{call}() of undeclared event {event!r}", "{fix}"),
-    "E003": ("database {alias!r} behind the outbox is {vendor}, not PostgreSQL",
-             "Point PLATFORMKIT['DATABASE_ALIAS'] at a PostgreSQL database (SKIP LOCKED, advisory locks)."),
-    "E004": ("PLATFORMKIT['DATABASE_ALIAS'] = {alias!r} is not in DATABASES",
-             "Set it to one of {aliases}."),
-    "E005": ("settings.PLATFORMKIT is a {type}, not a dict",
-             "Make PLATFORMKIT a dict of settings, e.g. {{'NATS_URL': 'nats://...'}}."),
+    "E003": (
+        "database {alias!r} behind the outbox is {vendor}, not PostgreSQL",
+        "Point PLATFORMKIT['DATABASE_ALIAS'] at a PostgreSQL database (SKIP LOCKED, advisory locks).",
+    ),
+    "E004": ("PLATFORMKIT['DATABASE_ALIAS'] = {alias!r} is not in DATABASES", "Set it to one of {aliases}."),
+    "E005": (
+        "settings.PLATFORMKIT is a {type}, not a dict",
+        "Make PLATFORMKIT a dict of settings, e.g. {{'NATS_URL': 'nats://...'}}.",
+    ),
     "E006": ("unknown PLATFORMKIT key {key!r}", "{fix}"),
     "E007": ("PLATFORMKIT[{key!r}] is invalid", "{error}"),
-    "E008": ("HANDLER_TIMEOUT_SECONDS ({timeout:g}) is not below ACK_WAIT_SECONDS ({ack_wait:g})",
-             "Lower HANDLER_TIMEOUT_SECONDS or raise ACK_WAIT_SECONDS: the broker redelivers after the ack wait."),
+    "E008": (
+        "HANDLER_TIMEOUT_SECONDS ({timeout:g}) is not below ACK_WAIT_SECONDS ({ack_wait:g})",
+        "Lower HANDLER_TIMEOUT_SECONDS or raise ACK_WAIT_SECONDS: the broker redelivers after the ack wait.",
+    ),
     "E009": ("job {job!r} has a schedule that can't run", "{problem}"),
-    "W001": ("BACKOFF_SECONDS has {delays} delays; MAX_ATTEMPTS={attempts} uses {retries}",
-             "One delay per retry, so the extra delays never run: drop them or raise MAX_ATTEMPTS."),
-    "W002": ("subscription {subscription!r}: {delays} delays; max_attempts={attempts} uses {retries}",
-             "One delay per retry, so the extra delays never run: drop them or raise max_attempts."),
-    "W003": ("runworker of {other!r} hides django_platformkit's runworker",
-             "List 'django_platformkit' before {other!r} in INSTALLED_APPS: the first app listed wins."),
-    "W004": ("runworker of {other!r} is hidden by django_platformkit's",
-             "List {other!r} first if you need its worker (ours is then hidden), or silence platformkit.W004."),
-    "W005": ("subscription {subscription!r}: max_ack_pending={value} leaves room for {room} events parked for retry",
-             "The broker stops delivering at max_ack_pending, and events NAKed for a retry count until they come back: "
-             "{value} is below CONSUMER_BATCH_SIZE x concurrency ({credit}) + {headroom}. Raise MAX_ACK_PENDING "
-             "(or the subscription's max_ack_pending), or leave it unset for the derived default."),
-    "W006": ("PLATFORMKIT[{key!r}] is left at its default {value!r}",
-             "Set PLATFORMKIT['STREAM'] and ['SUBJECT_PREFIX'] to this project's own names: projects sharing a NATS must not share them."),
+    "W001": (
+        "BACKOFF_SECONDS has {delays} delays; MAX_ATTEMPTS={attempts} uses {retries}",
+        "One delay per retry, so the extra delays never run: drop them or raise MAX_ATTEMPTS.",
+    ),
+    "W002": (
+        "subscription {subscription!r}: {delays} delays; max_attempts={attempts} uses {retries}",
+        "One delay per retry, so the extra delays never run: drop them or raise max_attempts.",
+    ),
+    "W003": (
+        "runworker of {other!r} hides django_platformkit's runworker",
+        "List 'django_platformkit' before {other!r} in INSTALLED_APPS: the first app listed wins.",
+    ),
+    "W004": (
+        "runworker of {other!r} is hidden by django_platformkit's",
+        "List {other!r} first if you need its worker (ours is then hidden), or silence platformkit.W004.",
+    ),
+    "W005": (
+        "subscription {subscription!r}: max_ack_pending={value} leaves room for {room} events parked for retry",
+        "The broker stops delivering at max_ack_pending, and events NAKed for a retry count until they come back: "
+        "{value} is below CONSUMER_BATCH_SIZE x concurrency ({credit}) + {headroom}. Raise MAX_ACK_PENDING "
+        "(or the subscription's max_ack_pending), or leave it unset for the derived default.",
+    ),
+    "W006": (
+        "PLATFORMKIT[{key!r}] is left at its default {value!r}",
+        "Set PLATFORMKIT['STREAM'] and ['SUBJECT_PREFIX'] to this project's own names: projects sharing a NATS must not share them.",
+    ),
 }
 
 FIXES = {
@@ -119,6 +136,7 @@ def _in_apps(module: str, app_configs: list[AppConfig] | None) -> bool:
 
 # --- the catalogue -----------------------------------------------------------
 
+
 @checks.register(TAG)
 def check_subscriptions(app_configs: list[AppConfig] | None = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """``E001``: a subscription to an event nobody declared. ``W002``: a
@@ -132,11 +150,28 @@ def check_subscriptions(app_configs: list[AppConfig] | None = None, **kwargs: An
         if not _in_apps(sub.declared_in, app_configs):
             continue
         if sub.event not in declared:
-            errors.append(_error("E001", sub.declared_in, subscription=sub.name, event=sub.event, fix=_undeclared_fix(sub.event, declared)))
+            errors.append(
+                _error(
+                    "E001",
+                    sub.declared_in,
+                    subscription=sub.name,
+                    event=sub.event,
+                    fix=_undeclared_fix(sub.event, declared),
+                )
+            )
         if sub.backoff_seconds_override is not None:
             attempts = sub.max_attempts_override or _setting("MAX_ATTEMPTS")
             if attempts is not None and len(sub.backoff_seconds_override) > attempts - 1:
-                errors.append(_warning("W002", sub.declared_in, subscription=sub.name, delays=len(sub.backoff_seconds_override), attempts=attempts, retries=attempts - 1))
+                errors.append(
+                    _warning(
+                        "W002",
+                        sub.declared_in,
+                        subscription=sub.name,
+                        delays=len(sub.backoff_seconds_override),
+                        attempts=attempts,
+                        retries=attempts - 1,
+                    )
+                )
     return errors
 
 
@@ -173,7 +208,11 @@ def _imported_names(tree: ast.Module) -> dict[str, str]:
                         names[alias.asname] = alias.name
                     else:
                         names["django_platformkit"] = "django_platformkit"
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module in ("django_platformkit", "django_platformkit.events"):
+        elif (
+            isinstance(node, ast.ImportFrom)
+            and node.level == 0
+            and node.module in ("django_platformkit", "django_platformkit.events")
+        ):
             for alias in node.names:
                 if alias.name == "*":
                     names.update({n: f"{node.module}.{n}" for n in ("publish", "publish_many")})
@@ -237,7 +276,9 @@ def publish_calls(source: str, path: Path) -> list[PublishCall]:
             if literal:
                 found.append(PublishCall(path, literal[1], call, literal[0]))
         elif call == "publish_many":
-            found.extend(PublishCall(path, line, call, name) for name, line in _many_literals(_argument(node, "events")))
+            found.extend(
+                PublishCall(path, line, call, name) for name, line in _many_literals(_argument(node, "events"))
+            )
     return sorted(found, key=lambda c: (c.line, c.event))
 
 
@@ -271,7 +312,8 @@ def project_sources(app_configs: Iterable[AppConfig]) -> Iterator[tuple[Path, Pa
         for dirpath, dirnames, filenames in os.walk(app_dir):
             # Prune in place: a virtualenv or node_modules inside an app is not the app.
             dirnames[:] = sorted(
-                d for d in dirnames
+                d
+                for d in dirnames
                 if not d.startswith(".") and d not in _SKIPPED_DIRS and not (Path(dirpath) / d / "pyvenv.cfg").exists()
             )
             for filename in sorted(filenames):
@@ -307,11 +349,14 @@ def check_publish_calls(app_configs: list[AppConfig] | None = None, **kwargs: An
         for call in publish_calls(source, path):
             if call.event not in declared:
                 where = f"{_display(call.path, root)}:{call.line}"
-                errors.append(_error("E002", where, call=call.call, event=call.event, fix=_undeclared_fix(call.event, declared)))
+                errors.append(
+                    _error("E002", where, call=call.call, event=call.event, fix=_undeclared_fix(call.event, declared))
+                )
     return errors
 
 
 # --- settings ----------------------------------------------------------------
+
 
 @checks.register(TAG)
 def check_settings(app_configs: list[AppConfig] | None = None, **kwargs: Any) -> list[checks.CheckMessage]:
@@ -350,7 +395,9 @@ def check_settings(app_configs: list[AppConfig] | None = None, **kwargs: Any) ->
         errors.append(_error("E008", "settings.PLATFORMKIT", timeout=timeout, ack_wait=ack_wait))
     attempts, delays = _setting("MAX_ATTEMPTS"), _setting("BACKOFF_SECONDS")
     if "BACKOFF_SECONDS" in raw and attempts is not None and delays is not None and len(delays) > attempts - 1:
-        errors.append(_warning("W001", "settings.PLATFORMKIT", delays=len(delays), attempts=attempts, retries=attempts - 1))
+        errors.append(
+            _warning("W001", "settings.PLATFORMKIT", delays=len(delays), attempts=attempts, retries=attempts - 1)
+        )
     return errors
 
 
@@ -378,6 +425,7 @@ def check_database(app_configs: list[AppConfig] | None = None, **kwargs: Any) ->
 
 # --- jobs and commands -------------------------------------------------------
 
+
 @checks.register(TAG)
 def check_jobs(app_configs: list[AppConfig] | None = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """``E009``: a job whose schedule can't run (a cron expression that never
@@ -393,7 +441,9 @@ def check_jobs(app_configs: list[AppConfig] | None = None, **kwargs: Any) -> lis
         if not _in_apps(spec.declared_in, app_configs):
             continue
         for problem in validate(every=spec.every, cron=spec.cron, timezone=spec.timezone):
-            errors.append(_error("E009", spec.declared_in or spec.name, job=spec.name, problem=" ".join(str(problem).split())))
+            errors.append(
+                _error("E009", spec.declared_in or spec.name, job=spec.name, problem=" ".join(str(problem).split()))
+            )
     return errors
 
 
@@ -404,7 +454,8 @@ def check_runworker(app_configs: list[AppConfig] | None = None, **kwargs: Any) -
     from django.core.management import find_commands
 
     providers = [
-        config.name for config in apps.get_app_configs()
+        config.name
+        for config in apps.get_app_configs()
         if "runworker" in find_commands(os.path.join(config.path, "management"))
     ]
     if len(providers) < 2 or "django_platformkit" not in providers:
@@ -412,7 +463,7 @@ def check_runworker(app_configs: list[AppConfig] | None = None, **kwargs: Any) -
     warnings: list[checks.CheckMessage] = []
     if providers[0] != "django_platformkit":
         warnings.append(_warning("W003", "settings.INSTALLED_APPS", other=providers[0]))
-    for other in providers[providers.index("django_platformkit") + 1:]:
+    for other in providers[providers.index("django_platformkit") + 1 :]:
         warnings.append(_warning("W004", "settings.INSTALLED_APPS", other=other))
     return warnings
 
@@ -431,17 +482,27 @@ def check_max_ack_pending(app_configs: list[AppConfig] | None = None, **kwargs: 
 
     try:
         batch = int(conf.settings.CONSUMER_BATCH_SIZE)
-    except Exception:  # noqa: BLE001 - a bad setting is E007's to report
+    except Exception:
         return []
     messages: list[checks.CheckMessage] = []
     for sub in subscriptions():
         try:
             value = max_ack_pending_for(sub.concurrency, getattr(sub, "max_ack_pending_override", None))
-        except Exception:  # noqa: BLE001 - a bad setting is E007's to report
+        except Exception:
             return []
         credit = batch * sub.concurrency
         if value < credit + MIN_RETRY_ROOM:
-            messages.append(_warning("W005", sub.declared_in or sub.name, subscription=sub.name, value=value, room=max(0, value - credit), credit=credit, headroom=MIN_RETRY_ROOM))
+            messages.append(
+                _warning(
+                    "W005",
+                    sub.declared_in or sub.name,
+                    subscription=sub.name,
+                    value=value,
+                    room=max(0, value - credit),
+                    credit=credit,
+                    headroom=MIN_RETRY_ROOM,
+                )
+            )
     return messages
 
 

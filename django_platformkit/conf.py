@@ -131,7 +131,18 @@ def _nats_options(key: str, value: Any) -> dict[str, Any]:
 
 #: Connection options passed on to nats-py: credentials and TLS.
 NATS_OPTION_KEYS = frozenset(
-    {"user", "password", "token", "user_credentials", "nkeys_seed", "tls_ca_file", "tls_cert_file", "tls_key_file", "tls_hostname", "name"}
+    {
+        "user",
+        "password",
+        "token",
+        "user_credentials",
+        "nkeys_seed",
+        "tls_ca_file",
+        "tls_cert_file",
+        "tls_key_file",
+        "tls_hostname",
+        "name",
+    }
 )
 
 # key -> (default, validator). The one place defaults live.

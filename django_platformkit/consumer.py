@@ -41,10 +41,18 @@ from django.utils import timezone
 from django.utils.module_loading import import_string
 
 from . import conf, signals, tracing
+from ._tables import ATTEMPTS_TABLE, DEAD_LETTER_TABLE, HANDLED_TABLE, OUTBOX_TABLE
 from .events import check_event_name, check_tenant, current_event
 from .exceptions import ConfigurationError, InvalidEventName
-from ._tables import ATTEMPTS_TABLE, DEAD_LETTER_TABLE, HANDLED_TABLE, OUTBOX_TABLE
-from .transport import Delivery, Transport, consumer_config, durable_name, filter_subject_for, max_ack_pending_for, parse_subject
+from .transport import (
+    Delivery,
+    Transport,
+    consumer_config,
+    durable_name,
+    filter_subject_for,
+    max_ack_pending_for,
+    parse_subject,
+)
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -95,11 +103,6 @@ class Subscription:
     #: The durable's ``max_ack_pending`` for this subscription, or None for the derived default.
     max_ack_pending_override: int | None = None
 
-    # The signals' sender: Django's dispatcher hashes the sender as soon as a
-    # receiver is connected, and an unhashable one crashes the consumer thread.
-    def __hash__(self) -> int:
-        return hash(self.name)
-
     def __hash__(self) -> int:
         # The signals' sender: Django's dispatcher hashes it once a receiver
         # is connected (an eq dataclass alone is unhashable and crashes the send).
@@ -133,7 +136,9 @@ class Subscription:
 
     def consumer_config(self):
         """The ``nats.js.api.ConsumerConfig`` this build wants for the durable (``transport.consumer_config``)."""
-        return consumer_config(self.name, self.event, max_ack_pending=max_ack_pending_for(self.concurrency, self.max_ack_pending_override))
+        return consumer_config(
+            self.name, self.event, max_ack_pending=max_ack_pending_for(self.concurrency, self.max_ack_pending_override)
+        )
 
 
 _subscriptions: dict[str, Subscription] = {}
@@ -155,7 +160,11 @@ def check_subscription_name(name: Any, where: str = "") -> str:
     """Return ``name`` if it is dot-separated identifiers without ``-`` (at most 200 characters), else raise ``ConfigurationError`` mentioning ``where``."""
     import re
 
-    if not isinstance(name, str) or not re.fullmatch(rf"{SUBSCRIPTION_NAME_PART}(\.{SUBSCRIPTION_NAME_PART})*", name) or len(name) > 200:
+    if (
+        not isinstance(name, str)
+        or not re.fullmatch(rf"{SUBSCRIPTION_NAME_PART}(\.{SUBSCRIPTION_NAME_PART})*", name)
+        or len(name) > 200
+    ):
         raise ConfigurationError(
             f"subscription name {name!r}{where} is invalid: use dot-separated identifiers "
             "([A-Za-z_][A-Za-z0-9_]*, no '-'), e.g. 'shop.send_confirmation'."
@@ -163,7 +172,17 @@ def check_subscription_name(name: Any, where: str = "") -> str:
     return name
 
 
-def subscribe(event: Any, *, name: str | None = None, max_attempts: int | None = None, backoff_seconds: Sequence[float] | None = None, batch: bool = True, concurrency: int = 1, external: bool = False, max_ack_pending: int | None = None) -> Callable[[Callable[[ReceivedEvent], None]], Callable[[ReceivedEvent], None]]:
+def subscribe(
+    event: Any,
+    *,
+    name: str | None = None,
+    max_attempts: int | None = None,
+    backoff_seconds: Sequence[float] | None = None,
+    batch: bool = True,
+    concurrency: int = 1,
+    external: bool = False,
+    max_ack_pending: int | None = None,
+) -> Callable[[Callable[[ReceivedEvent], None]], Callable[[ReceivedEvent], None]]:
     """Decorator: run ``handler(event: ReceivedEvent) -> None`` once per
     published ``event`` (a name or ``EventType``).
 
@@ -204,7 +223,9 @@ def subscribe(event: Any, *, name: str | None = None, max_attempts: int | None =
         except InvalidEventName as exc:
             raise ConfigurationError(f"@subscribe{where}: {exc}") from None
         sub_name = check_subscription_name(name if name is not None else _default_name(func), where)
-        if max_attempts is not None and (isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1):
+        if max_attempts is not None and (
+            isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1
+        ):
             raise ConfigurationError(f"@subscribe{where}: max_attempts must be an integer >= 1, got {max_attempts!r}.")
         try:
             conf._positive_int("concurrency", concurrency)
@@ -213,21 +234,35 @@ def subscribe(event: Any, *, name: str | None = None, max_attempts: int | None =
             conf._boolean("batch", batch)
             conf._boolean("external", external)
         except ConfigurationError as exc:
-            raise ConfigurationError(f"@subscribe{where}: " + re.sub(r"PLATFORMKIT\['(\w+)'\]", r"\1", str(exc))) from None
+            raise ConfigurationError(
+                f"@subscribe{where}: " + re.sub(r"PLATFORMKIT\['(\w+)'\]", r"\1", str(exc))
+            ) from None
         delays = None
         if backoff_seconds is not None:
             delays = tuple(backoff_seconds)
             if not delays or any(isinstance(d, bool) or not isinstance(d, (int, float)) or d < 0 for d in delays):
-                raise ConfigurationError(f"@subscribe{where}: backoff_seconds must be a non-empty list of seconds >= 0.")
+                raise ConfigurationError(
+                    f"@subscribe{where}: backoff_seconds must be a non-empty list of seconds >= 0."
+                )
         subscription = Subscription(
-            name=sub_name, event=event_name, handler=func, max_attempts_override=max_attempts,
-            backoff_seconds_override=delays, declared_in=f"{func.__module__}.{func.__qualname__}", batch=batch,
-            concurrency=concurrency, external=external, max_ack_pending_override=max_ack_pending,
+            name=sub_name,
+            event=event_name,
+            handler=func,
+            max_attempts_override=max_attempts,
+            backoff_seconds_override=delays,
+            declared_in=f"{func.__module__}.{func.__qualname__}",
+            batch=batch,
+            concurrency=concurrency,
+            external=external,
+            max_ack_pending_override=max_ack_pending,
         )
         existing = _subscriptions.get(sub_name)
         # Same function and event again is a re-import; one function stacked
         # under two @subscribe with the default name would silently lose one.
-        if existing is not None and (existing.declared_in, existing.event) != (subscription.declared_in, subscription.event):
+        if existing is not None and (existing.declared_in, existing.event) != (
+            subscription.declared_in,
+            subscription.event,
+        ):
             raise ConfigurationError(
                 f"two subscriptions are named {sub_name!r}: {existing.declared_in} ({existing.event}) and "
                 f"{subscription.declared_in} ({subscription.event}). Pass name='...' to one of them."
@@ -244,6 +279,7 @@ def subscriptions() -> list[Subscription]:
 
 
 # --- tenant context ----------------------------------------------------------
+
 
 @contextlib.contextmanager
 def set_config_tenant(tenant: str | None) -> Iterator[None]:
@@ -266,6 +302,7 @@ def tenant_context_factory() -> Callable[[str | None], contextlib.AbstractContex
 
 
 # --- parsing a delivery ------------------------------------------------------
+
 
 class MalformedMessage(Exception):
     """A message on our subjects that isn't a well-formed event of ours."""
@@ -299,7 +336,9 @@ def parse_delivery(delivery: Delivery) -> ReceivedEvent:
     if name != subject_name:
         raise MalformedMessage(f"type {name!r} differs from the subject's event {subject_name!r}")
     if tenant != subject_tenant:
-        raise MalformedMessage(f"tenantid {tenant!r} differs from the subject's tenant {subject_tenant!r}: refusing to run it in either")
+        raise MalformedMessage(
+            f"tenantid {tenant!r} differs from the subject's tenant {subject_tenant!r}: refusing to run it in either"
+        )
     data = body.get("data")
     if not isinstance(data, dict):
         raise MalformedMessage("data is not a JSON object")
@@ -313,10 +352,19 @@ def parse_delivery(delivery: Delivery) -> ReceivedEvent:
     for key in ("traceparent", "tracestate"):
         if isinstance(body.get(key), str):
             headers.setdefault(key, body[key])
-    return ReceivedEvent(id=event_id, name=name, tenant=tenant, payload=data, occurred_at=occurred_at, attempt=delivery.attempt, headers=headers)
+    return ReceivedEvent(
+        id=event_id,
+        name=name,
+        tenant=tenant,
+        payload=data,
+        occurred_at=occurred_at,
+        attempt=delivery.attempt,
+        headers=headers,
+    )
 
 
 # --- handling ----------------------------------------------------------------
+
 
 def _claim_sql(trust_outbox: bool) -> str:
     """The one statement that starts a unit of work: claim every event of the
@@ -333,8 +381,10 @@ def _claim_sql(trust_outbox: bool) -> str:
     if trust_outbox:
         rows = f"SELECT id, name, tenant, payload::text AS payload, created_at FROM {OUTBOX_TABLE} WHERE id = ANY(%s::uuid[]) AND name = %s"
     else:
-        rows = ("SELECT u.id, NULL::text AS name, NULL::text AS tenant, NULL::text AS payload, NULL::timestamptz AS created_at "
-                "FROM unnest(%s::uuid[]) AS u(id) WHERE %s::text IS NOT NULL")
+        rows = (
+            "SELECT u.id, NULL::text AS name, NULL::text AS tenant, NULL::text AS payload, NULL::timestamptz AS created_at "
+            "FROM unnest(%s::uuid[]) AS u(id) WHERE %s::text IS NOT NULL"
+        )
     return (
         f"WITH o AS ({rows}), "
         # Sorted: two workers claiming overlapping units take the unique-key
@@ -363,9 +413,7 @@ _START_SQL = (
     "VALUES (%s, %s, %s, 'running', clock_timestamp(), '', '', %s) "
     "ON CONFLICT (subscription, event_id, attempt) DO NOTHING RETURNING id"
 )
-_FAILED_ROW_SQL = (
-    f"UPDATE {ATTEMPTS_TABLE} SET outcome = 'failed', finished_at = clock_timestamp(), error = %s, traceback = %s WHERE id = %s"
-)
+_FAILED_ROW_SQL = f"UPDATE {ATTEMPTS_TABLE} SET outcome = 'failed', finished_at = clock_timestamp(), error = %s, traceback = %s WHERE id = %s"
 #: A first delivery's failure: its row is the next number after whatever is there.
 _FAILED_NEW_SQL = (
     f"INSERT INTO {ATTEMPTS_TABLE} (subscription, event_id, attempt, outcome, started_at, finished_at, error, traceback, worker) "
@@ -431,7 +479,7 @@ def not_the_handlers_fault(exc: BaseException, alias: str | None = None) -> bool
     # No SQLSTATE = libpq lost the socket. Leaving the failed atomic block
     # makes Django reconnect, so after pg_terminate_backend the connection
     # looks healthy again: judge by the error first, then by the connection.
-    if isinstance(cause, psycopg.OperationalError) or isinstance(cause, psycopg.InterfaceError):
+    if isinstance(cause, (psycopg.OperationalError, psycopg.InterfaceError)):
         return True
     if alias is None:
         return False
@@ -516,11 +564,26 @@ class _SlowRunRecorder:
                         continue
                     try:
                         with connections[using].cursor() as cursor:
-                            cursor.execute(_SLOW_START_SQL, [subscription, work.event.id, work.started_at or timezone.now(), WORKER_ID, subscription, work.event.id])
+                            cursor.execute(
+                                _SLOW_START_SQL,
+                                [
+                                    subscription,
+                                    work.event.id,
+                                    work.started_at or timezone.now(),
+                                    WORKER_ID,
+                                    subscription,
+                                    work.event.id,
+                                ],
+                            )
                             row = cursor.fetchone()
                         work.attempt_row = row[0] if row else None
-                    except Exception as exc:  # noqa: BLE001 - best effort: the run just isn't recorded early
-                        logger.debug("slow run not recorded subscription=%s event_id=%s error=%s", subscription, work.event.id, exc)
+                    except Exception as exc:
+                        logger.debug(
+                            "slow run not recorded subscription=%s event_id=%s error=%s",
+                            subscription,
+                            work.event.id,
+                            exc,
+                        )
                         with contextlib.suppress(Exception):
                             connections[using].close()
             if due:
@@ -539,9 +602,13 @@ def _history_text(rows: Sequence[tuple]) -> str:
     for attempt, outcome, error, _tb, started_at, worker in rows:
         at = started_at.isoformat(timespec="seconds") if started_at else "?"
         if outcome == "failed":
-            parts.append(f"run {attempt} failed (started {at} on {worker or '?'}): {(error or '').splitlines()[0] if error else '?'}")
+            parts.append(
+                f"run {attempt} failed (started {at} on {worker or '?'}): {(error or '').splitlines()[0] if error else '?'}"
+            )
         elif outcome == "running":
-            parts.append(f"run {attempt} started {at} on {worker or '?'} and never reported (the worker died, hung, or lost its session)")
+            parts.append(
+                f"run {attempt} started {at} on {worker or '?'} and never reported (the worker died, hung, or lost its session)"
+            )
         else:
             parts.append(f"run {attempt} {outcome} (started {at})")
     return "; ".join(parts) or "no runs recorded"
@@ -553,7 +620,15 @@ class Consumer:
     ``handle()`` may be called from several threads at once (each with its
     own database connection): per-run state is kept per thread."""
 
-    def __init__(self, subscription: Subscription, transport: Transport, *, using: str | None = None, stop: threading.Event | None = None, instance: int = 0) -> None:
+    def __init__(
+        self,
+        subscription: Subscription,
+        transport: Transport,
+        *,
+        using: str | None = None,
+        stop: threading.Event | None = None,
+        instance: int = 0,
+    ) -> None:
         self.subscription = subscription
         self.instance = instance  # which of the subscription's concurrent consumers: each pulls on its own
         self.transport = transport
@@ -585,7 +660,9 @@ class Consumer:
 
     def poll(self, *, batch: int | None = None, timeout: float = 1.0) -> int:
         """Fetch once and ``handle()`` what came; return how many were fetched."""
-        deliveries = self.transport.fetch(self.subscription.durable, batch or conf.settings.CONSUMER_BATCH_SIZE, timeout=timeout, puller=self.instance)
+        deliveries = self.transport.fetch(
+            self.subscription.durable, batch or conf.settings.CONSUMER_BATCH_SIZE, timeout=timeout, puller=self.instance
+        )
         if deliveries:
             self.handle(deliveries)
         return len(deliveries)
@@ -608,7 +685,9 @@ class Consumer:
         """
         own_keep = keep is None
         if own_keep:
-            keep = self.transport.keep_alive(deliveries, every_seconds=max(0.2, float(conf.settings.ACK_WAIT_SECONDS) / 3))
+            keep = self.transport.keep_alive(
+                deliveries, every_seconds=max(0.2, float(conf.settings.ACK_WAIT_SECONDS) / 3)
+            )
         results: dict[int, str] = {}
         try:
             units: list[list[_Work]] = []
@@ -670,7 +749,7 @@ class Consumer:
             return event, ""
         except MalformedMessage as exc:
             return None, str(exc)
-        except Exception as exc:  # noqa: BLE001 - any bytes on our subjects (RecursionError from 200 KB of nesting...) end as malformed
+        except Exception as exc:
             return None, f"cannot decode ({type(exc).__name__}: {str(exc)[:200]})"
 
     def _check_schema(self, event: ReceivedEvent) -> None:
@@ -696,7 +775,12 @@ class Consumer:
                 except _Stopping:
                     return [self._done(unit[0], self._hand_back(unit[0]))]
                 except DatabaseError as exc:
-                    logger.error("redelivery not started, left for the broker subscription=%s event_id=%s error=%s", sub.name, unit[0].event.id, exc)
+                    logger.error(
+                        "redelivery not started, left for the broker subscription=%s event_id=%s error=%s",
+                        sub.name,
+                        unit[0].event.id,
+                        exc,
+                    )
                     with contextlib.suppress(Exception):
                         connections[self.using].close()
                     return [self._done(unit[0], "unacked")]
@@ -710,7 +794,18 @@ class Consumer:
             safe = False
             while True:
                 try:
-                    self._until_db_answers(unit, lambda: self._execute(unit, safe=safe, skip=skip, trust_outbox=not sub.external, timeout=timeout), timeout * len(unit), keep)
+                    self._until_db_answers(
+                        unit,
+                        lambda safe=safe: self._execute(
+                            unit,
+                            safe=safe,
+                            skip=skip,
+                            trust_outbox=not sub.external,
+                            timeout=timeout,
+                        ),
+                        timeout * len(unit),
+                        keep,
+                    )
                     break
                 except _Redo:
                     # A handler failed: everything rolled back. Redo the rest of
@@ -723,7 +818,7 @@ class Consumer:
                     for work in unit:
                         work.outcome = self._hand_back(work)
                     return unit
-                except Exception as exc:  # noqa: BLE001 - the unit as a whole failed (not a handler): each message retries
+                except Exception as exc:
                     tb = "".join(traceback_module.format_exception(exc))
                     for work in unit:
                         if work.outcome != "failed":
@@ -735,7 +830,13 @@ class Consumer:
                     acks.append(work.delivery)
                     self.counts[work.outcome] += 1
                     self._send_handled(work.event, work.outcome)
-                    logger.debug("%s subscription=%s event_id=%s attempt=%s", work.outcome, sub.name, work.event.id, work.event.attempt)
+                    logger.debug(
+                        "%s subscription=%s event_id=%s attempt=%s",
+                        work.outcome,
+                        sub.name,
+                        work.event.id,
+                        work.event.attempt,
+                    )
             # Acked only now, after the commit: a crash before this line means
             # redeliveries that find the claims and skip.
             if acks:
@@ -768,7 +869,7 @@ class Consumer:
                 return run()
             except (_Redo, _Stopping):
                 raise
-            except BaseException as exc:  # noqa: BLE001 - classified below
+            except BaseException as exc:
                 # A session killed because the handler overran its timeout
                 # (idle_in_transaction_session_timeout) is the handler's fault.
                 if not (not_the_handlers_fault(exc, self.using) and time.monotonic() - started < timeout):
@@ -777,7 +878,10 @@ class Consumer:
                     raise _Stopping() from exc
                 logger.warning(
                     "database unavailable, retrying (not an attempt) subscription=%s event_id=%s retry_in=%.1fs error=%s",
-                    self.subscription.name, unit[0].event.id, wait, str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__,
+                    self.subscription.name,
+                    unit[0].event.id,
+                    wait,
+                    str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__,
                 )
                 with contextlib.suppress(Exception):
                     connections[self.using].close()
@@ -832,7 +936,9 @@ class Consumer:
             f"(max_attempts={sub.max_attempts}); history: {_history_text(rows)}"
         )
         error = f"{last_failed[2]}\n{why}" if last_failed else why
-        return self._dead_letter(work.delivery, work.event, attempts=len(counted), error=error, tb=last_failed[3] if last_failed else "")
+        return self._dead_letter(
+            work.delivery, work.event, attempts=len(counted), error=error, tb=last_failed[3] if last_failed else ""
+        )
 
     def _execute(self, unit: list[_Work], *, safe: bool, skip: set[int], trust_outbox: bool, timeout: float) -> None:
         """One transaction for the unit: one claim statement, then each
@@ -848,19 +954,29 @@ class Consumer:
         outcomes: dict[int, str] = {}
         events: dict[int, ReceivedEvent] = {}
         failures: list[_Work] = []
-        with transaction.atomic(using=self.using):
+        with transaction.atomic(using=self.using):  # noqa: SIM117 - the cursor lives inside the transaction, named separately for the blocks below
             with connection.cursor() as cursor:
                 # One array literal: psycopg would adapt a list item by item.
                 ids = "{" + ",".join(sorted({str(w.event.id) for w in todo})) + "}"
                 tenant = check_tenant(todo[0].event.tenant) or ""
                 cursor.execute(
                     _CLAIM_TRUSTED_SQL if trust_outbox else _CLAIM_EXTERNAL_SQL,
-                    [ids, sub.event, sub.name, todo[0].attempt_row if len(todo) == 1 else None, timeout_ms, timeout_ms, tenant],
+                    [
+                        ids,
+                        sub.event,
+                        sub.name,
+                        todo[0].attempt_row if len(todo) == 1 else None,
+                        timeout_ms,
+                        timeout_ms,
+                        tenant,
+                    ],
                 )
                 rows = {row[0]: row for row in cursor.fetchall() if row[0] is not None}
                 missing = [w for w in todo if w.event.id not in rows]
                 if missing:
-                    cursor.execute(_ALREADY_CLAIMED_SQL, [sub.name, "{" + ",".join(str(w.event.id) for w in missing) + "}"])
+                    cursor.execute(
+                        _ALREADY_CLAIMED_SQL, [sub.name, "{" + ",".join(str(w.event.id) for w in missing) + "}"]
+                    )
                     claimed_before = {r[0] for r in cursor.fetchall()}
                     for work in missing:
                         outcomes[id(work)] = "skipped" if work.event.id in claimed_before else "not_in_outbox"
@@ -876,7 +992,9 @@ class Consumer:
                     event = work.event
                     if trust_outbox:
                         # The outbox is the authority: a same-id copy with another payload runs with ours.
-                        event = replace(event, name=name, tenant=row_tenant, payload=json.loads(payload), occurred_at=created_at)
+                        event = replace(
+                            event, name=name, tenant=row_tenant, payload=json.loads(payload), occurred_at=created_at
+                        )
                     events[id(work)] = event
                     event_tenant = check_tenant(event.tenant) or ""
                     if safe:
@@ -900,17 +1018,23 @@ class Consumer:
                                 _slow_runs.unwatch(work)
                                 with work.lock:  # waits for a row being written now
                                     work.running = False
-                    except BaseException as exc:  # noqa: BLE001 - SystemExit & co. fail the attempt too, never the thread
+                    except BaseException as exc:
                         if not_the_handlers_fault(exc, self.using):
                             raise
-                        work.error, work.tb, work.outcome = exc, "".join(traceback_module.format_exception(exc)), "failed"
+                        work.error, work.tb, work.outcome = (
+                            exc,
+                            "".join(traceback_module.format_exception(exc)),
+                            "failed",
+                        )
                         work.event = event
                         if not safe:
                             raise _Redo() from None
                         # An ORM error marks the whole transaction for rollback;
                         # ours is a savepoint's, as in Django's own atomic().
                         connection.needs_rollback = False
-                        cursor.execute("ROLLBACK TO SAVEPOINT platformkit_message")  # _call_handler dropped its on_commit callbacks
+                        cursor.execute(
+                            "ROLLBACK TO SAVEPOINT platformkit_message"
+                        )  # _call_handler dropped its on_commit callbacks
                         failures.append(work)
                         tenant = None  # unknown after the rollback: set it again
                         continue
@@ -953,16 +1077,26 @@ class Consumer:
         try:
             context = contextlib.nullcontext() if self._default_tenant_context else self._tenant_factory(event.tenant)
             try:
-                with context, tracing.consumer_span(
-                    subscription=self.subscription.name, event_id=event.id, name=event.name, headers=event.headers, attempt=event.attempt,
+                with (
+                    context,
+                    tracing.consumer_span(
+                        subscription=self.subscription.name,
+                        event_id=event.id,
+                        name=event.name,
+                        headers=event.headers,
+                        attempt=event.attempt,
+                    ),
                 ):
                     self.subscription.handler(event)
             finally:
-                self._durations[event.id] = time.monotonic() - (self.handlers_started.get(threading.get_ident()) or time.monotonic())
+                self._durations[event.id] = time.monotonic() - (
+                    self.handlers_started.get(threading.get_ident()) or time.monotonic()
+                )
             if self._durations[event.id] > timeout:
                 raise HandlerTimeout(f"handler ran past HANDLER_TIMEOUT_SECONDS={timeout:g}; its work was rolled back")
             if wrapper.needs_rollback or (
-                wrapper.connection is not None and wrapper.connection.info.transaction_status == psycopg.pq.TransactionStatus.INERROR
+                wrapper.connection is not None
+                and wrapper.connection.info.transaction_status == psycopg.pq.TransactionStatus.INERROR
             ):
                 # An ORM error marks the transaction for rollback; a raw cursor's
                 # error leaves it aborted in PostgreSQL. Either way the commit
@@ -980,7 +1114,9 @@ class Consumer:
                 # Past its timeout the session is ended by the server
                 # (idle_in_transaction_session_timeout / statement_timeout):
                 # say why, rather than "terminating connection".
-                raise HandlerTimeout(f"handler ran past HANDLER_TIMEOUT_SECONDS={timeout:g}; its work was rolled back ({type(exc).__name__}: {exc})") from exc
+                raise HandlerTimeout(
+                    f"handler ran past HANDLER_TIMEOUT_SECONDS={timeout:g}; its work was rolled back ({type(exc).__name__}: {exc})"
+                ) from exc
             raise
         finally:
             current_event.reset(token)
@@ -988,7 +1124,9 @@ class Consumer:
         # when the event is handled for good: one that raises is logged
         # (Django's robust=True) instead of failing an attempt that
         # succeeded - or, in a batch, skipping every later message's callbacks.
-        wrapper.run_on_commit[on_commit_mark:] = [(sids, func, True) for sids, func, *_ in wrapper.run_on_commit[on_commit_mark:]]
+        wrapper.run_on_commit[on_commit_mark:] = [
+            (sids, func, True) for sids, func, *_ in wrapper.run_on_commit[on_commit_mark:]
+        ]
 
     def _handler_starts(self, event: ReceivedEvent, timeout: float) -> None:
         """The claim is in; the handler starts now. From here its message's
@@ -1020,20 +1158,34 @@ class Consumer:
         except _Stopping:
             return self._hand_back(work)
         except DatabaseError as exc:
-            logger.error("failed run not recorded, will retry subscription=%s event_id=%s error=%s", sub.name, event.id, exc)
+            logger.error(
+                "failed run not recorded, will retry subscription=%s event_id=%s error=%s", sub.name, event.id, exc
+            )
             connections[self.using].close()
             return "unacked"
         will_retry = event.attempt < sub.max_attempts
         signals.event_failed.send_robust(
-            sender=sub, subscription=sub.name, event=event, error=error, attempt=event.attempt,
-            will_retry=will_retry, duration_seconds=self._durations.pop(event.id, 0.0),
+            sender=sub,
+            subscription=sub.name,
+            event=event,
+            error=error,
+            attempt=event.attempt,
+            will_retry=will_retry,
+            duration_seconds=self._durations.pop(event.id, 0.0),
         )
         if not will_retry:
-            return self._dead_letter(work.delivery, event, attempts=event.attempt, error=message, tb=tb, exception=error)
+            return self._dead_letter(
+                work.delivery, event, attempts=event.attempt, error=message, tb=tb, exception=error
+            )
         delay = sub.delay_after(event.attempt)
         logger.warning(
             "handler failed, retrying subscription=%s event_id=%s attempt=%s/%s retry_in=%ss error=%s",
-            sub.name, event.id, event.attempt, sub.max_attempts, delay, message,
+            sub.name,
+            event.id,
+            event.attempt,
+            sub.max_attempts,
+            delay,
+            message,
         )
         self._settle(lambda: self.transport.nak(work.delivery, delay), event, "nak")
         self.counts["retried"] += 1
@@ -1046,7 +1198,19 @@ class Consumer:
             if work.attempt_row is not None:
                 cursor.execute(_FAILED_ROW_SQL, [message[:10000], tb[:50000], work.attempt_row])
             else:
-                cursor.execute(_FAILED_NEW_SQL, [sub.name, work.event.id, work.started_at or timezone.now(), message[:10000], tb[:50000], WORKER_ID, sub.name, work.event.id])
+                cursor.execute(
+                    _FAILED_NEW_SQL,
+                    [
+                        sub.name,
+                        work.event.id,
+                        work.started_at or timezone.now(),
+                        message[:10000],
+                        tb[:50000],
+                        WORKER_ID,
+                        sub.name,
+                        work.event.id,
+                    ],
+                )
 
     def _mark_interrupted(self, work: _Work) -> None:
         if work.attempt_row is None:
@@ -1055,7 +1219,12 @@ class Consumer:
             with connections[self.using].cursor() as cursor:
                 cursor.execute(_INTERRUPTED_SQL, [work.attempt_row])
         except DatabaseError as exc:
-            logger.warning("attempt not marked interrupted subscription=%s event_id=%s error=%s", self.subscription.name, work.event.id, exc)
+            logger.warning(
+                "attempt not marked interrupted subscription=%s event_id=%s error=%s",
+                self.subscription.name,
+                work.event.id,
+                exc,
+            )
 
     def _hand_back(self, work: _Work) -> str:
         """The worker is stopping: nak at once (not counted: no run recorded)."""
@@ -1071,40 +1240,73 @@ class Consumer:
     def _send_handled(self, event: ReceivedEvent, outcome: str) -> None:
         sub = self.subscription
         signals.event_handled.send_robust(
-            sender=sub, subscription=sub.name, event=event, outcome=outcome,
+            sender=sub,
+            subscription=sub.name,
+            event=event,
+            outcome=outcome,
             duration_seconds=self._durations.pop(event.id, 0.0),
         )
 
     def _settle(self, action: Callable[[], None], event: ReceivedEvent, what: str) -> None:
         try:
             action()
-        except Exception as exc:  # noqa: BLE001 - the claim decides; a lost ack only means a redelivery that skips
-            logger.warning("%s failed subscription=%s event_id=%s error=%s", what, self.subscription.name, event.id, exc)
+        except Exception as exc:
+            logger.warning(
+                "%s failed subscription=%s event_id=%s error=%s", what, self.subscription.name, event.id, exc
+            )
 
     # -- giving up --
-    def _dead_letter(self, delivery: Delivery, event: ReceivedEvent, *, attempts: int, error: str, tb: str, exception: BaseException | None = None) -> str:
+    def _dead_letter(
+        self,
+        delivery: Delivery,
+        event: ReceivedEvent,
+        *,
+        attempts: int,
+        error: str,
+        tb: str,
+        exception: BaseException | None = None,
+    ) -> str:
         sub = self.subscription
         try:
             written = record_dead_letter(
-                subscription=sub.name, event_id=event.id, name=event.name, tenant=event.tenant,
-                attempts=attempts, error=error, traceback=tb, using=self.using,
+                subscription=sub.name,
+                event_id=event.id,
+                name=event.name,
+                tenant=event.tenant,
+                attempts=attempts,
+                error=error,
+                traceback=tb,
+                using=self.using,
             )
         except DatabaseError as exc:
             # Not acked: the broker redelivers after the ack wait, and the
             # redelivery (counted runs at max_attempts) records it without running the handler.
-            logger.error("dead letter not recorded, will retry subscription=%s event_id=%s error=%s", sub.name, event.id, exc)
+            logger.error(
+                "dead letter not recorded, will retry subscription=%s event_id=%s error=%s", sub.name, event.id, exc
+            )
             connections[self.using].close()
             return "unacked"
         if written:
             logger.error(
                 "dead letter subscription=%s event_id=%s name=%s attempts=%s error=%s%s",
-                sub.name, event.id, event.name, attempts, error, "" if exception is not None else "\n" + tb,
+                sub.name,
+                event.id,
+                event.name,
+                attempts,
+                error,
+                "" if exception is not None else "\n" + tb,
                 exc_info=exception,  # error trackers (Sentry's logging integration) see the exception itself
             )
             self.counts["dead_lettered"] += 1
             signals.event_dead_lettered.send_robust(
-                sender=sub, subscription=sub.name, event_id=event.id, name=event.name, tenant=event.tenant,
-                attempts=attempts, error=error.splitlines()[0] if error else "", exception=exception,
+                sender=sub,
+                subscription=sub.name,
+                event_id=event.id,
+                name=event.name,
+                tenant=event.tenant,
+                attempts=attempts,
+                error=error.splitlines()[0] if error else "",
+                exception=exception,
             )
         else:
             logger.info("already claimed, no dead letter subscription=%s event_id=%s", sub.name, event.id)
@@ -1123,24 +1325,49 @@ class Consumer:
         event_id = uuid.uuid5(_NAMESPACE_MALFORMED, f"{conf.settings.STREAM}:{delivery.stream_seq}")
         claimed = f" claimed_id={body_id}" if body_id is not None else ""
         error = f"malformed message{claimed} on subject={delivery.subject} stream_seq={delivery.stream_seq}: {reason}"
-        logger.error("malformed message terminated subscription=%s subject=%s stream_seq=%s reason=%s", sub.name, delivery.subject, delivery.stream_seq, reason)
+        logger.error(
+            "malformed message terminated subscription=%s subject=%s stream_seq=%s reason=%s",
+            sub.name,
+            delivery.subject,
+            delivery.stream_seq,
+            reason,
+        )
         try:
             with transaction.atomic(using=self.using), connections[self.using].cursor() as cursor:
                 cursor.execute(
                     _DEAD_LETTER_SQL,
                     # NUL can't be stored in PostgreSQL text: unescaped, a body holding one
                     # could never be recorded and would come back after every ack wait.
-                    [event_id, sub.name, "(malformed)", None, delivery.attempt, clean_text(error)[:10000],
-                     clean_text(delivery.data[:4000].decode("utf-8", "replace"))],
+                    [
+                        event_id,
+                        sub.name,
+                        "(malformed)",
+                        None,
+                        delivery.attempt,
+                        clean_text(error)[:10000],
+                        clean_text(delivery.data[:4000].decode("utf-8", "replace")),
+                    ],
                 )
         except DatabaseError as exc:
-            logger.error("malformed message not recorded, will retry subscription=%s stream_seq=%s error=%s", sub.name, delivery.stream_seq, exc)
+            logger.error(
+                "malformed message not recorded, will retry subscription=%s stream_seq=%s error=%s",
+                sub.name,
+                delivery.stream_seq,
+                exc,
+            )
             connections[self.using].close()
             return "unacked"
         with contextlib.suppress(Exception):
             self.transport.term(delivery)
         self.counts["malformed"] += 1
-        signals.event_malformed.send_robust(sender=sub, subscription=sub.name, subject=delivery.subject, stream_seq=delivery.stream_seq, reason=reason, event_id=event_id)
+        signals.event_malformed.send_robust(
+            sender=sub,
+            subscription=sub.name,
+            subject=delivery.subject,
+            stream_seq=delivery.stream_seq,
+            reason=reason,
+            event_id=event_id,
+        )
         return "malformed"
 
 
@@ -1163,7 +1390,17 @@ def close_old_connections_for(alias: str) -> None:
         connection.close()
 
 
-def record_dead_letter(*, subscription: str, event_id: uuid.UUID, name: str, tenant: str | None, attempts: int, error: str, traceback: str, using: str | None = None) -> bool:
+def record_dead_letter(
+    *,
+    subscription: str,
+    event_id: uuid.UUID,
+    name: str,
+    tenant: str | None,
+    attempts: int,
+    error: str,
+    traceback: str,
+    using: str | None = None,
+) -> bool:
     """In one transaction: a terminal claim and, if the claim is new, the dead
     letter. Returns whether a dead letter was written (False: the event was
     already handled - its ack was lost - so there is nothing to report).
@@ -1175,5 +1412,8 @@ def record_dead_letter(*, subscription: str, event_id: uuid.UUID, name: str, ten
         cursor.execute(_TERMINAL_CLAIM_SQL, [event_id, subscription, event_id])
         if cursor.fetchone() is None:
             return False
-        cursor.execute(_DEAD_LETTER_SQL, [event_id, subscription, name, tenant, attempts, clean_text(error)[:10000], clean_text(traceback)[:50000]])
+        cursor.execute(
+            _DEAD_LETTER_SQL,
+            [event_id, subscription, name, tenant, attempts, clean_text(error)[:10000], clean_text(traceback)[:50000]],
+        )
     return True

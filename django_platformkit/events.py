@@ -24,6 +24,7 @@ from django.db import connections
 
 from . import conf, signals
 from ._ids import uuid7
+from ._tables import OUTBOX_TABLE
 from .exceptions import (
     ConfigurationError,
     InvalidEventName,
@@ -31,7 +32,6 @@ from .exceptions import (
     TransactionRequired,
     UndeclaredEvent,
 )
-from ._tables import OUTBOX_TABLE
 
 EVENT_NAME = re.compile(r"^[a-z][a-z0-9_]*\.[a-z][a-z0-9_]*$")
 TENANT = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -162,7 +162,9 @@ def declare(name: str, *, schema: Mapping[str, Any] | None = None, description: 
         )
     if schema is not None:
         if not isinstance(schema, Mapping):
-            raise ConfigurationError(f"declare({name!r}) in {where}: schema must be a dict (a JSON Schema), got {type(schema).__name__}.")
+            raise ConfigurationError(
+                f"declare({name!r}) in {where}: schema must be a dict (a JSON Schema), got {type(schema).__name__}."
+            )
         validator = _compile_schema(name, schema, where)
     else:
         validator = None
@@ -250,11 +252,16 @@ def _render(at: tuple) -> str:
 
 def _check_text(text: str, path: str, what: str) -> None:
     if "\x00" in text:
-        raise InvalidPayload(f"{what} at {path} contains a NUL character (\\u0000), which PostgreSQL jsonb can't store: remove it.", path=path)
+        raise InvalidPayload(
+            f"{what} at {path} contains a NUL character (\\u0000), which PostgreSQL jsonb can't store: remove it.",
+            path=path,
+        )
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
-        raise InvalidPayload(f"{what} at {path} contains a lone surrogate, which is not valid Unicode: fix the string.", path=path) from None
+        raise InvalidPayload(
+            f"{what} at {path} contains a lone surrogate, which is not valid Unicode: fix the string.", path=path
+        ) from None
 
 
 #: Python refuses to print integers past 4300 digits (~14,300 bits).
@@ -293,12 +300,17 @@ def _normalize(value: Any, at: tuple, depth: int, growth: list[int]) -> Any:
                 str(value)
             except ValueError:  # json can't write it, the consumer couldn't read it
                 path = _render(at)
-                raise InvalidPayload(f"integer at {path} has more than 4300 digits: send it as a string.", path=path) from None
+                raise InvalidPayload(
+                    f"integer at {path} has more than 4300 digits: send it as a string.", path=path
+                ) from None
         return int(value)
     if isinstance(value, float):
         if not math.isfinite(value):
             path = _render(at)
-            raise InvalidPayload(f"{value!r} at {path} is not a JSON number (NaN and Infinity aren't JSON): send null or a string.", path=path)
+            raise InvalidPayload(
+                f"{value!r} at {path} is not a JSON number (NaN and Infinity aren't JSON): send null or a string.",
+                path=path,
+            )
         text = repr(value)
         if "e" in text:
             growth[0] += len(format(Decimal(text), "f")) - len(text)
@@ -347,7 +359,9 @@ def _find_bad_text(data: Any, at: tuple = ()) -> None:
             _find_bad_text(item, (at, i))
 
 
-def encode_payload(payload: Any, event_type: EventType | None = None, *, max_bytes: int | None = None) -> tuple[str, Any]:
+def encode_payload(
+    payload: Any, event_type: EventType | None = None, *, max_bytes: int | None = None
+) -> tuple[str, Any]:
     """Validate ``payload`` and return ``(json_text, normalized_data)``.
 
     ``payload`` must be a dict (a JSON object). Values are encoded the way
@@ -382,7 +396,9 @@ def encode_payload(payload: Any, event_type: EventType | None = None, *, max_byt
             path = "$"
             for part in error.absolute_path:
                 path = _path(path, part)
-            raise InvalidPayload(f"payload for {event_type.name!r} fails its schema at {path}: {error.message}", path=path)
+            raise InvalidPayload(
+                f"payload for {event_type.name!r} fails its schema at {path}: {error.message}", path=path
+            )
     return text, data
 
 
@@ -438,7 +454,9 @@ def _connection(using: str | None):
     return connection
 
 
-def publish(event: str | EventType, payload: Mapping[str, Any], *, tenant: str | None = None, using: str | None = None) -> uuid.UUID:
+def publish(
+    event: str | EventType, payload: Mapping[str, Any], *, tenant: str | None = None, using: str | None = None
+) -> uuid.UUID:
     """Write one event into the outbox, in the caller's transaction; return its id.
 
     ``event``: a declared name or ``EventType``. ``payload``: a dict, encoded
@@ -455,13 +473,27 @@ def publish(event: str | EventType, payload: Mapping[str, Any], *, tenant: str |
     event_id, event_type, tenant, text, headers = _prepare(event, payload, tenant)
     connection = _connection(using)
     with connection.cursor() as cursor:
-        cursor.execute(_NOTIFY_SQL if conf.settings.RELAY_LISTEN else _PLAIN_SQL, [event_id, event_type.name, tenant, text, headers])
+        cursor.execute(
+            _NOTIFY_SQL if conf.settings.RELAY_LISTEN else _PLAIN_SQL,
+            [event_id, event_type.name, tenant, text, headers],
+        )
     if _published.receivers:  # one attribute test when nobody listens: publish() stays one INSERT
-        _published.send_robust(sender=event_type, event_id=event_id, name=event_type.name, tenant=tenant, payload_text=text, using=connection.alias)
+        _published.send_robust(
+            sender=event_type,
+            event_id=event_id,
+            name=event_type.name,
+            tenant=tenant,
+            payload_text=text,
+            using=connection.alias,
+        )
     return event_id
 
 
-def publish_many(events: Iterable[tuple[str | EventType, Mapping[str, Any]] | tuple[str | EventType, Mapping[str, Any], str | None]], *, using: str | None = None) -> list[uuid.UUID]:
+def publish_many(
+    events: Iterable[tuple[str | EventType, Mapping[str, Any]] | tuple[str | EventType, Mapping[str, Any], str | None]],
+    *,
+    using: str | None = None,
+) -> list[uuid.UUID]:
     """Write many events in one INSERT statement, in the caller's transaction.
 
     ``events``: ``(event, payload)`` or ``(event, payload, tenant)`` tuples,
@@ -477,7 +509,7 @@ def publish_many(events: Iterable[tuple[str | EventType, Mapping[str, Any]] | tu
     connection = _connection(using)
     if not prepared:
         return []
-    columns = list(zip(*prepared))
+    columns = list(zip(*prepared, strict=True))
     ids, names = list(columns[0]), [e.name for e in columns[1]]
     with connection.cursor() as cursor:
         cursor.execute(
@@ -486,7 +518,14 @@ def publish_many(events: Iterable[tuple[str | EventType, Mapping[str, Any]] | tu
         )
     if _published.receivers:
         for event_id, event_type, tenant, text, _ in prepared:
-            _published.send_robust(sender=event_type, event_id=event_id, name=event_type.name, tenant=tenant, payload_text=text, using=connection.alias)
+            _published.send_robust(
+                sender=event_type,
+                event_id=event_id,
+                name=event_type.name,
+                tenant=tenant,
+                payload_text=text,
+                using=connection.alias,
+            )
     return ids
 
 

@@ -73,7 +73,14 @@ class Heartbeat:
     database error: the beat is skipped and logged.
     """
 
-    def __init__(self, subscriptions: Sequence[str] = (), *, using: str | None = None, every_seconds: float = BEAT_EVERY_SECONDS, worker: str | None = None) -> None:
+    def __init__(
+        self,
+        subscriptions: Sequence[str] = (),
+        *,
+        using: str | None = None,
+        every_seconds: float = BEAT_EVERY_SECONDS,
+        worker: str | None = None,
+    ) -> None:
         self.worker = worker or worker_id()
         self.subscriptions = sorted(subscriptions)
         self.using = using or conf.settings.DATABASE_ALIAS
@@ -95,7 +102,9 @@ class Heartbeat:
                 if not self._forgotten:
                     cursor.execute(_FORGET_SQL, [FORGET_AFTER])
                     self._forgotten = True
-                cursor.execute(_UPSERT_SQL, [self.worker, self.started_at, json.dumps(self.subscriptions), self.version])
+                cursor.execute(
+                    _UPSERT_SQL, [self.worker, self.started_at, json.dumps(self.subscriptions), self.version]
+                )
         except DatabaseError as exc:
             # One line per outage: the watchdog beats every second or so.
             if not self._failing:

@@ -31,10 +31,10 @@ from django.db import connections
 from . import conf, signals
 from ._cron import CronSchedule, cron_problems
 from ._tables import JOBS_TABLE
+from ._text import storable_text
 from .consumer import SUBSCRIPTION_NAME_PART, _default_name
 from .exceptions import ConfigurationError
 from .locks import advisory_key
-from ._text import storable_text
 from .outage import Outage, database_unavailable, is_database_error
 
 logger = logging.getLogger(__name__)
@@ -60,6 +60,7 @@ def current_slot() -> datetime | None:
 
 
 # --- declarations ------------------------------------------------------------
+
 
 def validate_schedule(*, every: Any, cron: Any, timezone: Any) -> list[str]:
     """The problems with a schedule, each a sentence saying what to change;
@@ -94,7 +95,9 @@ def _zone_problem(timezone: Any) -> str | None:
             raise ValueError
         zoneinfo.ZoneInfo(timezone)
     except (zoneinfo.ZoneInfoNotFoundError, ValueError):
-        return f"timezone {timezone!r} is not a time zone zoneinfo knows; use an IANA name such as 'Europe/Paris' or 'UTC'"
+        return (
+            f"timezone {timezone!r} is not a time zone zoneinfo knows; use an IANA name such as 'Europe/Paris' or 'UTC'"
+        )
     return None
 
 
@@ -187,7 +190,14 @@ def _require_aware(moment: datetime) -> None:
 _jobs: dict[str, JobSpec] = {}
 
 
-def job(*, every: timedelta | None = None, cron: str | None = None, timezone: str = "UTC", name: str | None = None, grace: timedelta | None = None) -> Callable[[Callable[[], None]], Callable[[], None]]:
+def job(
+    *,
+    every: timedelta | None = None,
+    cron: str | None = None,
+    timezone: str = "UTC",
+    name: str | None = None,
+    grace: timedelta | None = None,
+) -> Callable[[Callable[[], None]], Callable[[], None]]:
     """Decorator: run ``func() -> None`` once per slot across all workers.
 
     Exactly one of ``every`` (a ``timedelta`` >= 1 s; slots are multiples of
@@ -219,7 +229,9 @@ def job(*, every: timedelta | None = None, cron: str | None = None, timezone: st
                 f"@job ({declared_in}): name {job_name!r} is invalid; use dot-separated identifiers "
                 "([A-Za-z_][A-Za-z0-9_]*), e.g. 'reports.send_daily'."
             )
-        spec = JobSpec(name=job_name, func=func, every=every, cron=cron, timezone=timezone, declared_in=declared_in, grace=grace)
+        spec = JobSpec(
+            name=job_name, func=func, every=every, cron=cron, timezone=timezone, declared_in=declared_in, grace=grace
+        )
         existing = _jobs.get(job_name)
         if existing is not None and existing.declared_in != declared_in:
             raise ConfigurationError(
@@ -314,7 +326,7 @@ class DatabaseClock:
                 database_now = cursor.fetchone()[0]
             after = time.monotonic()
             self._base, self._base_mono = database_now.astimezone(UTC), (before + after) / 2
-        except Exception as exc:  # noqa: BLE001 - keep the last offset; the scheduler's loop reports outages
+        except Exception as exc:
             if not is_database_error(exc):
                 raise
             logger.debug("database clock not read error=%s", exc)
@@ -376,7 +388,7 @@ class _Runner:
         if self.connection is not None:
             try:
                 self.connection.close()
-            except Exception:  # noqa: BLE001 - it is being thrown away
+            except Exception:
                 pass
         self.connection = None
 
@@ -394,14 +406,22 @@ class Scheduler:
     ``stop`` is set. Raises ``ConfigurationError`` for an unknown job name.
     """
 
-    def __init__(self, *, using: str | None = None, clock: Clock | None = None, jobs: Iterable[str | JobSpec] | None = None, stop_grace_seconds: float = STOP_GRACE_SECONDS, max_ahead_seconds: float | None = SLOT_AHEAD_TOLERANCE_SECONDS) -> None:
+    def __init__(
+        self,
+        *,
+        using: str | None = None,
+        clock: Clock | None = None,
+        jobs: Iterable[str | JobSpec] | None = None,
+        stop_grace_seconds: float = STOP_GRACE_SECONDS,
+        max_ahead_seconds: float | None = SLOT_AHEAD_TOLERANCE_SECONDS,
+    ) -> None:
         self.using = using or conf.settings.DATABASE_ALIAS
         self.clock = clock or DatabaseClock(self.using)
         # None only for tests of calendar arithmetic on a clock years ahead.
         self.max_ahead_seconds = max_ahead_seconds
         self.stop_grace_seconds = stop_grace_seconds
         specs = []
-        for item in (_registered() if jobs is None else jobs):
+        for item in _registered() if jobs is None else jobs:
             if isinstance(item, JobSpec):
                 specs.append(item)
             elif item in _jobs:
@@ -466,18 +486,25 @@ class Scheduler:
                 logger.warning(
                     "slot skipped, too late name=%s slot=%s now=%s grace=%s: the scheduler was not ticking "
                     "(a busy or paused process, a database outage) until after the slot's grace",
-                    runner.spec.name, slot.isoformat(), now.isoformat(), runner.spec.grace_after(slot),
+                    runner.spec.name,
+                    slot.isoformat(),
+                    now.isoformat(),
+                    runner.spec.grace_after(slot),
                 )
                 continue
             if runner.busy():
                 logger.warning(
                     "job still running, slot skipped name=%s slot=%s running_slot=%s running_for=%.0fs",
-                    runner.spec.name, slot.isoformat(), runner.running_slot.isoformat() if runner.running_slot else "-",
+                    runner.spec.name,
+                    slot.isoformat(),
+                    runner.running_slot.isoformat() if runner.running_slot else "-",
                     time.monotonic() - runner.running_since,
                 )
                 continue
             runner.running_slot, runner.running_since = slot, time.monotonic()
-            thread = threading.Thread(target=self._run_slot, args=(runner, slot), name=f"platformkit-job-{runner.spec.name}", daemon=True)
+            thread = threading.Thread(
+                target=self._run_slot, args=(runner, slot), name=f"platformkit-job-{runner.spec.name}", daemon=True
+            )
             runner.thread = thread
             thread.start()
             started.append(thread)
@@ -509,7 +536,9 @@ class Scheduler:
         connection = connections[self.using]
         try:
             with connection.cursor() as cursor:
-                cursor.execute(f"SELECT name, last_slot FROM {JOBS_TABLE} WHERE name = ANY(%s)", [[r.spec.name for r in runners]])
+                cursor.execute(
+                    f"SELECT name, last_slot FROM {JOBS_TABLE} WHERE name = ANY(%s)", [[r.spec.name for r in runners]]
+                )
                 ledger = dict(cursor.fetchall())
         finally:
             # The scheduler thread needs no connection between start-ups.
@@ -528,7 +557,10 @@ class Scheduler:
             else:
                 logger.info(
                     "missed slots skipped name=%s last_slot=%s newest_missed=%s grace=%s",
-                    spec.name, last.isoformat(), newest.isoformat(), spec.grace_after(newest),
+                    spec.name,
+                    last.isoformat(),
+                    newest.isoformat(),
+                    spec.grace_after(newest),
                 )
 
     # -- one run, in its own thread --
@@ -541,7 +573,7 @@ class Scheduler:
                 self._claim_and_run(runner, slot)
             finally:
                 self._unlock(runner)
-        except Exception:  # noqa: BLE001 - a thread's last resort: never die silently
+        except Exception:
             logger.exception("job run failed before the job ran name=%s slot=%s", spec.name, slot.isoformat())
             runner.close_connection()
         finally:
@@ -577,13 +609,21 @@ class Scheduler:
                 # A reused connection may have died while idle: one fresh try.
                 runner.close_connection()
                 if attempt == 2:
-                    logger.error("job lock not taken, database unavailable name=%s slot=%s error=%s", spec.name, slot.isoformat(), exc)
+                    logger.error(
+                        "job lock not taken, database unavailable name=%s slot=%s error=%s",
+                        spec.name,
+                        slot.isoformat(),
+                        exc,
+                    )
                     return False
         last_slot, started_at, finished_at = row or (None, None, None)
         if last_slot is not None and last_slot < slot and finished_at is None:
             logger.warning(
                 "job still running in another worker, slot skipped name=%s slot=%s running_slot=%s started_at=%s",
-                spec.name, slot.isoformat(), last_slot.isoformat(), started_at.isoformat() if started_at else "-",
+                spec.name,
+                slot.isoformat(),
+                last_slot.isoformat(),
+                started_at.isoformat() if started_at else "-",
             )
         else:
             logger.debug("job lock held elsewhere name=%s slot=%s", spec.name, slot.isoformat())
@@ -594,14 +634,24 @@ class Scheduler:
 
         spec, connection = runner.spec, runner.connection
         # Claim before running: a crash mid-run loses this slot, never doubles it.
-        claimed, database_now, previous = connection.execute(_CLAIM_SQL, {"name": spec.name, "slot": slot, "ahead": 1e10 if self.max_ahead_seconds is None else self.max_ahead_seconds}).fetchone()
+        claimed, database_now, previous = connection.execute(
+            _CLAIM_SQL,
+            {
+                "name": spec.name,
+                "slot": slot,
+                "ahead": 1e10 if self.max_ahead_seconds is None else self.max_ahead_seconds,
+            },
+        ).fetchone()
         if not claimed:
             ahead_seconds = (slot - database_now).total_seconds()
             if self.max_ahead_seconds is not None and ahead_seconds > self.max_ahead_seconds:
                 logger.warning(
                     "slot skipped, ahead of the database clock name=%s slot=%s database_now=%s ahead=%.1fs: "
                     "this worker's clock runs ahead; slots are decided by the database's clock",
-                    spec.name, slot.isoformat(), database_now.isoformat(), ahead_seconds,
+                    spec.name,
+                    slot.isoformat(),
+                    database_now.isoformat(),
+                    ahead_seconds,
                 )
             else:
                 logger.debug("slot already run name=%s slot=%s", spec.name, slot.isoformat())
@@ -609,25 +659,41 @@ class Scheduler:
         if previous is not None and previous > slot:
             logger.warning(
                 "job ledger held a slot ahead of the database clock name=%s recorded_slot=%s slot=%s: written by a "
-                "worker whose clock ran ahead; replaced by the slot due now", spec.name, previous.isoformat(), slot.isoformat(),
+                "worker whose clock ran ahead; replaced by the slot due now",
+                spec.name,
+                previous.isoformat(),
+                slot.isoformat(),
             )
         logger.debug("job started name=%s slot=%s", spec.name, slot.isoformat())
         started, error, failure = time.monotonic(), "", None
         try:
             spec.func()
-        except Exception as exc:  # noqa: BLE001 - recorded; the next slot is the retry
+        except Exception as exc:
             failure = exc
             error = f"{type(exc).__name__}: {exc}\n\n" + "".join(traceback_module.format_exception(exc))
-            logger.error("job failed name=%s slot=%s error=%s: %s", spec.name, slot.isoformat(), type(exc).__name__, exc, exc_info=exc)
+            logger.error(
+                "job failed name=%s slot=%s error=%s: %s",
+                spec.name,
+                slot.isoformat(),
+                type(exc).__name__,
+                exc,
+                exc_info=exc,
+            )
         duration = time.monotonic() - started
         signals.job_finished.send_robust(
-            sender=spec, job=spec.name, slot=slot, outcome="failed" if failure is not None else "succeeded",
-            error=failure, duration_seconds=duration,
+            sender=spec,
+            job=spec.name,
+            slot=slot,
+            outcome="failed" if failure is not None else "succeeded",
+            error=failure,
+            duration_seconds=duration,
         )
         try:
             # Escaped: PostgreSQL can't store a NUL, and a job's error may
             # hold one; unescaped, the finish and the error would be lost.
-            recorded = connection.execute(_FINISH_SQL, [storable_text(error, max_chars=10000), spec.name, slot]).rowcount == 1
+            recorded = (
+                connection.execute(_FINISH_SQL, [storable_text(error, max_chars=10000), spec.name, slot]).rowcount == 1
+            )
         except psycopg.Error as exc:
             if not database_unavailable(exc):
                 # The session is fine; the statement was refused. Say what
@@ -640,11 +706,20 @@ class Scheduler:
             # have run meanwhile: this run can't be reported as a success.
             logger.error(
                 "job lost its database session during the run name=%s slot=%s duration=%.3fs: its lock was released "
-                "early and its outcome is not recorded", spec.name, slot.isoformat(), duration,
+                "early and its outcome is not recorded",
+                spec.name,
+                slot.isoformat(),
+                duration,
             )
             runner.close_connection()
         elif not error:
-            logger.log(_run_log_level(spec), "job finished name=%s slot=%s duration=%.3fs", spec.name, slot.isoformat(), duration)
+            logger.log(
+                _run_log_level(spec),
+                "job finished name=%s slot=%s duration=%.3fs",
+                spec.name,
+                slot.isoformat(),
+                duration,
+            )
 
     def _unlock(self, runner: _Runner) -> None:
         connection = runner.connection
@@ -652,7 +727,7 @@ class Scheduler:
             return
         try:
             released = bool(connection.execute("SELECT pg_advisory_unlock(%s)", [runner.key]).fetchone()[0])
-        except Exception:  # noqa: BLE001 - unconfirmed is as bad as refused
+        except Exception:
             released = False
         if not released:
             # A connection whose lock state we can't vouch for is never reused:

@@ -33,7 +33,23 @@ logger = logging.getLogger(__name__)
 #: ``platformkit_handled_total`` outcomes: one per settled delivery.
 OUTCOMES = ("handled", "retried", "dead_lettered", "skipped", "malformed")
 #: Handler runs take milliseconds to minutes; the default buckets stop at 10 s.
-DURATION_BUCKETS_SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, float("inf"))
+DURATION_BUCKETS_SECONDS = (
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+    float("inf"),
+)
 #: How long a scrape may wait for PostgreSQL and for NATS (each), in seconds.
 SCRAPE_TIMEOUT_SECONDS = 2.0
 
@@ -44,7 +60,7 @@ _DEAD_LETTERS_SQL = f"SELECT subscription, count(*) FROM {DEAD_LETTER_TABLE} GRO
 def _prometheus() -> Any:
     try:
         import prometheus_client
-        import prometheus_client.core  # noqa: F401 - the collector's metric families
+        import prometheus_client.core
     except ImportError:
         raise ConfigurationError(
             "metrics need prometheus-client: pip install 'django-platformkit[metrics]' (or drop --metrics-port)."
@@ -67,7 +83,14 @@ class Metrics:
     counted, whichever worker sent it.
     """
 
-    def __init__(self, *, using: str | None = None, transport: Any = None, subscriptions: Sequence[Any] = (), scrape_timeout_seconds: float = SCRAPE_TIMEOUT_SECONDS) -> None:
+    def __init__(
+        self,
+        *,
+        using: str | None = None,
+        transport: Any = None,
+        subscriptions: Sequence[Any] = (),
+        scrape_timeout_seconds: float = SCRAPE_TIMEOUT_SECONDS,
+    ) -> None:
         pc = _prometheus()
         self._pc = pc
         self.using = using or conf.settings.DATABASE_ALIAS
@@ -76,24 +99,33 @@ class Metrics:
         self.scrape_timeout_seconds = scrape_timeout_seconds
         self.registry = pc.CollectorRegistry(auto_describe=True)
         self.relayed = pc.Counter(
-            "platformkit_relayed", "Outbox rows the relay sent and the stream stored (broker-side duplicates included).",
+            "platformkit_relayed",
+            "Outbox rows the relay sent and the stream stored (broker-side duplicates included).",
             registry=self.registry,
         )
         self.relay_dead_lettered = pc.Counter(
-            "platformkit_relay_dead_lettered", "Outbox rows the broker refused for good (dead letters of platformkit.relay).",
+            "platformkit_relay_dead_lettered",
+            "Outbox rows the broker refused for good (dead letters of platformkit.relay).",
             registry=self.registry,
         )
         self.handled = pc.Counter(
-            "platformkit_handled", "Deliveries settled, by subscription and outcome (handled, retried, dead_lettered, skipped, malformed).",
-            ["subscription", "outcome"], registry=self.registry,
+            "platformkit_handled",
+            "Deliveries settled, by subscription and outcome (handled, retried, dead_lettered, skipped, malformed).",
+            ["subscription", "outcome"],
+            registry=self.registry,
         )
         self.duration = pc.Histogram(
-            "platformkit_handler_duration_seconds", "How long a handler ran, successful or not (skips excluded).",
-            ["subscription"], buckets=DURATION_BUCKETS_SECONDS, registry=self.registry,
+            "platformkit_handler_duration_seconds",
+            "How long a handler ran, successful or not (skips excluded).",
+            ["subscription"],
+            buckets=DURATION_BUCKETS_SECONDS,
+            registry=self.registry,
         )
         self.job_runs = pc.Counter(
-            "platformkit_job_runs", "Periodic job runs, by job and outcome (succeeded, failed).",
-            ["job", "outcome"], registry=self.registry,
+            "platformkit_job_runs",
+            "Periodic job runs, by job and outcome (succeeded, failed).",
+            ["job", "outcome"],
+            registry=self.registry,
         )
         for sub in self.subscriptions:  # a subscription that never ran still shows 0, not a missing series
             for outcome in OUTCOMES:
@@ -104,12 +136,16 @@ class Metrics:
         self._thread: threading.Thread | None = None
 
     # -- signal receivers (run in worker threads: prometheus-client is thread-safe) --
-    def _on_handled(self, sender: Any, *, subscription: str, outcome: str, duration_seconds: float = 0.0, **kwargs: Any) -> None:
+    def _on_handled(
+        self, sender: Any, *, subscription: str, outcome: str, duration_seconds: float = 0.0, **kwargs: Any
+    ) -> None:
         self.handled.labels(subscription, outcome).inc()
         if outcome == "handled":
             self.duration.labels(subscription).observe(duration_seconds)
 
-    def _on_failed(self, sender: Any, *, subscription: str, will_retry: bool, duration_seconds: float = 0.0, **kwargs: Any) -> None:
+    def _on_failed(
+        self, sender: Any, *, subscription: str, will_retry: bool, duration_seconds: float = 0.0, **kwargs: Any
+    ) -> None:
         self.duration.labels(subscription).observe(duration_seconds)
         if will_retry:  # the last failure is counted once, by event_dead_lettered
             self.handled.labels(subscription, "retried").inc()
@@ -139,7 +175,7 @@ class Metrics:
             (signals.job_finished, self._on_job),
         )
 
-    def connect(self) -> "Metrics":
+    def connect(self) -> Metrics:
         """Start counting what the signals report; returns self."""
         for signal, receiver in self._receivers():
             signal.connect(receiver, weak=False, dispatch_uid=self._uid)
@@ -174,13 +210,16 @@ class Metrics:
             with transaction.atomic(using=self.using), connection.cursor() as cursor:
                 if not nested:  # inside a caller's transaction the setting would outlive the scrape
                     # A scrape must never queue behind a slow backlog count.
-                    cursor.execute("SELECT set_config('statement_timeout', %s, true)", [str(int(self.scrape_timeout_seconds * 1000))])
+                    cursor.execute(
+                        "SELECT set_config('statement_timeout', %s, true)",
+                        [str(int(self.scrape_timeout_seconds * 1000))],
+                    )
                 cursor.execute(_OUTBOX_SQL)
                 pending, lag = cursor.fetchone()
                 cursor.execute(_DEAD_LETTERS_SQL)
                 dead = [(str(s), int(n)) for s, n in cursor.fetchall()]
             return (int(pending), float(lag)), dead
-        except Exception as exc:  # noqa: BLE001 - a scrape reports what it can
+        except Exception as exc:
             logger.warning("metrics: database figures unavailable error=%s", exc)
             return None
         finally:
@@ -205,12 +244,13 @@ class Metrics:
 
         try:
             infos = transport.call(ask(), timeout=self.scrape_timeout_seconds + 0.5)
-        except Exception as exc:  # noqa: BLE001 - NATS down: the database figures still come
+        except Exception as exc:
             logger.warning("metrics: broker figures unavailable error=%s", exc or type(exc).__name__)
             return None
         return [
             (s.name, int(i.num_pending or 0), int(i.num_ack_pending or 0))
-            for s, i in zip(subs, infos) if not isinstance(i, BaseException)
+            for s, i in zip(subs, infos, strict=True)
+            if not isinstance(i, BaseException)
         ]
 
 
@@ -224,11 +264,28 @@ class _ScrapeCollector:
         core = self.metrics._pc.core
         return {
             "pending": core.GaugeMetricFamily("platformkit_outbox_pending", "Outbox rows not yet relayed."),
-            "lag": core.GaugeMetricFamily("platformkit_outbox_lag_seconds", "Age of the oldest outbox row not yet relayed (0 when none): the relay lag."),
-            "dead": core.GaugeMetricFamily("platformkit_dead_letters", "Open dead letters, by subscription.", labels=["subscription"]),
-            "consumer": core.GaugeMetricFamily("platformkit_consumer_pending", "Messages in the stream the subscription's durable has not been delivered yet.", labels=["subscription"]),
-            "ack": core.GaugeMetricFamily("platformkit_consumer_ack_pending", "Messages delivered to the subscription and not acknowledged yet (in flight).", labels=["subscription"]),
-            "up": core.GaugeMetricFamily("platformkit_scrape_ok", "1 when the scrape reached the source, 0 when it timed out or failed.", labels=["source"]),
+            "lag": core.GaugeMetricFamily(
+                "platformkit_outbox_lag_seconds",
+                "Age of the oldest outbox row not yet relayed (0 when none): the relay lag.",
+            ),
+            "dead": core.GaugeMetricFamily(
+                "platformkit_dead_letters", "Open dead letters, by subscription.", labels=["subscription"]
+            ),
+            "consumer": core.GaugeMetricFamily(
+                "platformkit_consumer_pending",
+                "Messages in the stream the subscription's durable has not been delivered yet.",
+                labels=["subscription"],
+            ),
+            "ack": core.GaugeMetricFamily(
+                "platformkit_consumer_ack_pending",
+                "Messages delivered to the subscription and not acknowledged yet (in flight).",
+                labels=["subscription"],
+            ),
+            "up": core.GaugeMetricFamily(
+                "platformkit_scrape_ok",
+                "1 when the scrape reached the source, 0 when it timed out or failed.",
+                labels=["source"],
+            ),
         }
 
     def describe(self) -> list[Any]:
@@ -256,7 +313,14 @@ class _ScrapeCollector:
         return list(families.values())
 
 
-def serve_metrics(port: int, *, transport: Any = None, subscriptions: Sequence[Any] = (), using: str | None = None, addr: str = "0.0.0.0") -> Metrics:
+def serve_metrics(
+    port: int,
+    *,
+    transport: Any = None,
+    subscriptions: Sequence[Any] = (),
+    using: str | None = None,
+    addr: str = "0.0.0.0",
+) -> Metrics:
     """What ``--metrics-port`` does: make a ``Metrics``, connect it to the
     signals and serve it on ``port``. Raises ``ConfigurationError`` without
     prometheus-client, ``OSError`` when the port is taken."""

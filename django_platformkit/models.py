@@ -11,7 +11,15 @@ from django.db import models
 from django.db.models.functions import Now
 
 from ._ids import uuid7
-from ._tables import ATTEMPTS_TABLE, DEAD_LETTER_TABLE, HANDLED_TABLE, JOBS_TABLE, OUTBOX_TABLE, TASK_RESULTS_TABLE, WORKERS_TABLE
+from ._tables import (
+    ATTEMPTS_TABLE,
+    DEAD_LETTER_TABLE,
+    HANDLED_TABLE,
+    JOBS_TABLE,
+    OUTBOX_TABLE,
+    TASK_RESULTS_TABLE,
+    WORKERS_TABLE,
+)
 
 #: ``clock_timestamp()`` rather than ``now()``: ``now()`` is the transaction's
 #: start, so every event of one transaction would tie and lose its order.
@@ -19,13 +27,13 @@ ClockTimestamp = models.Func(function="clock_timestamp", output_field=models.Dat
 
 
 class OutboxQuerySet(models.QuerySet):
-    def pending(self) -> "OutboxQuerySet":
+    def pending(self) -> OutboxQuerySet:
         return self.filter(published_at__isnull=True)
 
-    def published(self) -> "OutboxQuerySet":
+    def published(self) -> OutboxQuerySet:
         return self.filter(published_at__isnull=False)
 
-    def due(self) -> "OutboxQuerySet":
+    def due(self) -> OutboxQuerySet:
         """Pending rows the relay may send now: no not-before time, or one that has passed."""
         return self.pending().filter(models.Q(not_before__isnull=True) | models.Q(not_before__lte=Now()))
 
@@ -84,7 +92,7 @@ class OutboxEvent(models.Model):
 
 
 class HandledQuerySet(models.QuerySet):
-    def for_event(self, event_id) -> "HandledQuerySet":
+    def for_event(self, event_id) -> HandledQuerySet:
         return self.filter(event_id=event_id)
 
 
@@ -118,20 +126,20 @@ class HandledEvent(models.Model):
 
 
 class AttemptQuerySet(models.QuerySet):
-    def for_event(self, event_id, subscription: str | None = None) -> "AttemptQuerySet":
+    def for_event(self, event_id, subscription: str | None = None) -> AttemptQuerySet:
         rows = self.filter(event_id=event_id)
         return rows if subscription is None else rows.filter(subscription=subscription)
 
-    def counted(self) -> "AttemptQuerySet":
+    def counted(self) -> AttemptQuerySet:
         """The runs that count against ``max_attempts``: failed, or started
         and never reported (the worker died or hung in them)."""
         return self.filter(outcome__in=[Attempt.FAILED, Attempt.RUNNING])
 
-    def never_reported(self) -> "AttemptQuerySet":
+    def never_reported(self) -> AttemptQuerySet:
         """Runs that started and have no outcome: the worker died or hung in them (or is still in them)."""
         return self.filter(outcome=Attempt.RUNNING)
 
-    def last_failure(self) -> "Attempt | None":
+    def last_failure(self) -> Attempt | None:
         """The newest failed run with its error and traceback, or None."""
         return self.filter(outcome=Attempt.FAILED).order_by("-attempt").first()
 
@@ -277,7 +285,9 @@ class TaskResultRecord(models.Model):
     row that purge keeps."""
 
     event_id = models.UUIDField(primary_key=True)
-    status = models.CharField(max_length=16, blank=True, default="", help_text="SUCCESSFUL once a run committed; '' before")
+    status = models.CharField(
+        max_length=16, blank=True, default="", help_text="SUCCESSFUL once a run committed; '' before"
+    )
     return_value = models.JSONField(null=True, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
     last_attempted_at = models.DateTimeField(null=True, blank=True)
@@ -294,11 +304,13 @@ class TaskResultRecord(models.Model):
 
 
 class TaskQuerySet(OutboxQuerySet):
-    def failed(self) -> "TaskQuerySet":
+    def failed(self) -> TaskQuerySet:
         return self.filter(models.Exists(DeadLetter.objects.filter(event_id=models.OuterRef("pk"))))
 
-    def successful(self) -> "TaskQuerySet":
-        return self.filter(models.Exists(TaskResultRecord.objects.filter(event_id=models.OuterRef("pk"), status="SUCCESSFUL")))
+    def successful(self) -> TaskQuerySet:
+        return self.filter(
+            models.Exists(TaskResultRecord.objects.filter(event_id=models.OuterRef("pk"), status="SUCCESSFUL"))
+        )
 
 
 class TaskManager(models.Manager.from_queryset(TaskQuerySet)):  # type: ignore[misc]

@@ -97,13 +97,19 @@ class Outage:
             self.since, self.retries = time.monotonic(), 0
             self.log.error(
                 "%s: database %s error=%s; retrying until it is back (nothing is lost: work stays in the database)",
-                self.what, kind, text,
+                self.what,
+                kind,
+                text,
             )
         else:
             self.retries += 1
-            self.log.debug("%s: database still %s retry=%s in=%.1fs error=%s", self.what, kind, self.retries, retry_seconds, text)
+            self.log.debug(
+                "%s: database still %s retry=%s in=%.1fs error=%s", self.what, kind, self.retries, retry_seconds, text
+            )
 
     def recovered(self) -> None:
         if self.since is not None:
-            self.log.warning("%s: database back after %.1fs retries=%s", self.what, time.monotonic() - self.since, self.retries)
+            self.log.warning(
+                "%s: database back after %.1fs retries=%s", self.what, time.monotonic() - self.since, self.retries
+            )
             self.since = None

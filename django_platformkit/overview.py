@@ -140,6 +140,7 @@ class Overview:
 
 # --- the database ----------------------------------------------------------------
 
+
 def _buckets(rows: Sequence[tuple[int, Any]], *, empty: Any = 0) -> list[Any]:
     """``(minutes_ago, value)`` rows -> ``BUCKETS`` values, oldest first."""
     values = [empty] * BUCKETS
@@ -166,7 +167,9 @@ class _Timed:
                 return list(cursor.fetchall())
         except DatabaseError as exc:
             logger.warning("overview query failed what=%s error=%s", what, exc)
-            self.notes.append(f"{what}: not shown ({str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}).")
+            self.notes.append(
+                f"{what}: not shown ({str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__})."
+            )
             return None
 
 
@@ -214,7 +217,9 @@ def _lock_key(classid: int, objid: int) -> int:
     return unsigned - (1 << 64) if unsigned >= 1 << 63 else unsigned
 
 
-def _database_figures(subs: list[SubscriptionFigures], alias: str, notes: list[str]) -> tuple[OutboxFigures, list[JobFigures], list[WorkerFigures]]:
+def _database_figures(
+    subs: list[SubscriptionFigures], alias: str, notes: list[str]
+) -> tuple[OutboxFigures, list[JobFigures], list[WorkerFigures]]:
     from .jobs import jobs as job_specs
     from .locks import advisory_key
 
@@ -256,7 +261,9 @@ def _database_figures(subs: list[SubscriptionFigures], alias: str, notes: list[s
         outbox.relayed_5m = sum(outbox.relayed_per_minute[-5:])
     # Per event, the oldest pending row: what the overview can say about
     # "oldest unhandled" without the broker (a lower bound).
-    for name, age in q.rows(_PENDING_BY_NAME_SQL, [sorted({s.event for s in subs if s.registered})], "pending per event") or []:
+    for name, age in (
+        q.rows(_PENDING_BY_NAME_SQL, [sorted({s.event for s in subs if s.registered})], "pending per event") or []
+    ):
         for s in subs:
             if s.event == name:
                 s.oldest_unhandled_age_seconds, s.oldest_unhandled_source = float(age), "outbox"
@@ -270,26 +277,46 @@ def _database_figures(subs: list[SubscriptionFigures], alias: str, notes: list[s
         spec = specs.get(name)
         _, last_slot, started_at, finished_at, last_error = ledger.get(name, (name, None, None, None, ""))
         unfinished = started_at is not None and (finished_at is None or finished_at < started_at)
-        job_rows.append(JobFigures(
-            name=name, schedule=spec.schedule_text if spec else "— (no longer declared)", declared=spec is not None,
-            last_slot=last_slot, next_slot=spec.next_slot(now) if spec else None, started_at=started_at,
-            finished_at=finished_at, last_error=last_error or "",
-            # The ledger alone would call a run "running" forever after its worker died mid-run.
-            running=unfinished and advisory_key(name) in held,
-        ))
+        job_rows.append(
+            JobFigures(
+                name=name,
+                schedule=spec.schedule_text if spec else "— (no longer declared)",
+                declared=spec is not None,
+                last_slot=last_slot,
+                next_slot=spec.next_slot(now) if spec else None,
+                started_at=started_at,
+                finished_at=finished_at,
+                last_error=last_error or "",
+                # The ledger alone would call a run "running" forever after its worker died mid-run.
+                running=unfinished and advisory_key(name) in held,
+            )
+        )
 
     alive_within = timedelta(seconds=ALIVE_AFTER_SECONDS)
     workers = [
-        WorkerFigures(worker=w, started_at=st, last_seen=seen, stopped_at=stopped,
-                      subscriptions=list(json.loads(subs_) if isinstance(subs_, str) else subs_ or []), version=v, alive=bool(alive))
-        for w, st, seen, stopped, subs_, v, alive in q.rows(_WORKERS_SQL, [alive_within, WORKERS_SEEN_WITHIN], "workers") or []
+        WorkerFigures(
+            worker=w,
+            started_at=st,
+            last_seen=seen,
+            stopped_at=stopped,
+            subscriptions=list(json.loads(subs_) if isinstance(subs_, str) else subs_ or []),
+            version=v,
+            alive=bool(alive),
+        )
+        for w, st, seen, stopped, subs_, v, alive in q.rows(
+            _WORKERS_SQL, [alive_within, WORKERS_SEEN_WITHIN], "workers"
+        )
+        or []
     ]
     return outbox, job_rows, workers
 
 
 # --- the broker --------------------------------------------------------------------
 
-async def _broker_figures(url: str, options: dict[str, Any], stream: str, subs: list[tuple[str, str]], timeout: float) -> dict[str, dict[str, Any]]:
+
+async def _broker_figures(
+    url: str, options: dict[str, Any], stream: str, subs: list[tuple[str, str]], timeout: float
+) -> dict[str, dict[str, Any]]:
     """Per durable: pending, ack pending, redelivered and the oldest
     unacknowledged message's age in seconds (or None)."""
     import nats
@@ -304,7 +331,14 @@ async def _broker_figures(url: str, options: dict[str, Any], stream: str, subs: 
 
     # nats-py's own connect timeout ends first, so it closes its socket itself;
     # the caller's deadline is the backstop.
-    kwargs.update(allow_reconnect=False, max_reconnect_attempts=0, connect_timeout=timeout * 0.75, error_cb=quiet, disconnected_cb=quiet, reconnected_cb=quiet)
+    kwargs.update(
+        allow_reconnect=False,
+        max_reconnect_attempts=0,
+        connect_timeout=timeout * 0.75,
+        error_cb=quiet,
+        disconnected_cb=quiet,
+        reconnected_cb=quiet,
+    )
     kwargs["name"] = "django_platformkit-admin"
     nc = nats.NATS()
     try:
@@ -317,8 +351,10 @@ async def _broker_figures(url: str, options: dict[str, Any], stream: str, subs: 
             except nats.js.errors.NotFoundError:
                 return {"error": "no durable yet: no worker has started it"}
             figures: dict[str, Any] = {
-                "num_pending": info.num_pending, "num_ack_pending": info.num_ack_pending,
-                "num_redelivered": info.num_redelivered, "oldest_age_seconds": None,
+                "num_pending": info.num_pending,
+                "num_ack_pending": info.num_ack_pending,
+                "num_redelivered": info.num_redelivered,
+                "oldest_age_seconds": None,
             }
             if info.num_pending or info.num_ack_pending:
                 floor = info.ack_floor.stream_seq if info.ack_floor else 0
@@ -338,14 +374,16 @@ async def _broker_figures(url: str, options: dict[str, Any], stream: str, subs: 
         # Also after a failed or cancelled connect: an open socket would leak per page view.
         try:
             await nc.close()
-        except Exception:  # noqa: BLE001 - closing what never opened
+        except Exception:
             pass
         transport = getattr(nc, "_transport", None)
         if transport is not None:
             transport.close()
 
 
-def broker_figures(subs: list[tuple[str, str]], *, timeout: float = BROKER_TIMEOUT_SECONDS) -> dict[str, dict[str, Any]]:
+def broker_figures(
+    subs: list[tuple[str, str]], *, timeout: float = BROKER_TIMEOUT_SECONDS
+) -> dict[str, dict[str, Any]]:
     """``subs``: (durable, filter subject) pairs. Returns figures per durable.
     Raises ``BrokerUnavailable`` (message redacted) when NATS doesn't answer
     within ``timeout`` seconds in total."""
@@ -359,10 +397,14 @@ def broker_figures(subs: list[tuple[str, str]], *, timeout: float = BROKER_TIMEO
     try:
         future = pool.submit(asyncio.run, asyncio.wait_for(_broker_figures(*coro_args), timeout))
         return future.result(timeout + 0.5)
-    except (concurrent.futures.TimeoutError, TimeoutError, asyncio.TimeoutError):
-        raise BrokerUnavailable(f"NATS at {conf.redact_url(settings.NATS_URL)} did not answer within {timeout:g} s") from None
-    except Exception as exc:  # noqa: BLE001 - any failure of the round trip is "unreachable", said plainly
-        text = conf.redact_url(str(exc) or type(exc).__name__).replace(settings.NATS_URL, conf.redact_url(settings.NATS_URL))
+    except (concurrent.futures.TimeoutError, TimeoutError):
+        raise BrokerUnavailable(
+            f"NATS at {conf.redact_url(settings.NATS_URL)} did not answer within {timeout:g} s"
+        ) from None
+    except Exception as exc:
+        text = conf.redact_url(str(exc) or type(exc).__name__).replace(
+            settings.NATS_URL, conf.redact_url(settings.NATS_URL)
+        )
         raise BrokerUnavailable(f"NATS at {conf.redact_url(settings.NATS_URL)} is unreachable: {text}") from None
     finally:
         # Don't wait for a thread stuck past the deadline: the page goes on, the thread ends on its own.
@@ -395,20 +437,34 @@ def collect(*, using: str | None = None, broker_timeout_seconds: float = BROKER_
             if "error" in f:
                 s.broker_error = f["error"]
                 continue
-            s.num_pending, s.num_ack_pending, s.num_redelivered = f["num_pending"], f["num_ack_pending"], f["num_redelivered"]
+            s.num_pending, s.num_ack_pending, s.num_redelivered = (
+                f["num_pending"],
+                f["num_ack_pending"],
+                f["num_redelivered"],
+            )
             # The older of the two: a row the relay hasn't sent yet, or a message in the stream.
             age = f["oldest_age_seconds"]
             if age is not None and (s.oldest_unhandled_age_seconds is None or age >= s.oldest_unhandled_age_seconds):
                 s.oldest_unhandled_age_seconds, s.oldest_unhandled_source = age, "broker"
     return Overview(
-        generated_at=timezone.now(), nats_url=conf.redact_url(conf.settings.NATS_URL), stream=conf.settings.STREAM,
-        subscriptions=subs, outbox=outbox, jobs=job_rows, workers=workers, broker_error=broker_error, notes=notes,
+        generated_at=timezone.now(),
+        nats_url=conf.redact_url(conf.settings.NATS_URL),
+        stream=conf.settings.STREAM,
+        subscriptions=subs,
+        outbox=outbox,
+        jobs=job_rows,
+        workers=workers,
+        broker_error=broker_error,
+        notes=notes,
     )
 
 
 # --- rendering helpers -------------------------------------------------------------
 
-def sparkline_svg(values: Sequence[float] | None, *, width: int = 120, height: int = 24, label: str = "", unit: str = "") -> str:
+
+def sparkline_svg(
+    values: Sequence[float] | None, *, width: int = 120, height: int = 24, label: str = "", unit: str = ""
+) -> str:
     """A server-rendered SVG polyline of ``values`` (oldest first), scaled to
     its own maximum, with a ``<title>`` for screen readers and hover. Returns
     safe HTML (``format_html``); "—" for None."""
@@ -427,5 +483,11 @@ def sparkline_svg(values: Sequence[float] | None, *, width: int = 120, height: i
         '<svg class="platformkit-spark" width="{}" height="{}" viewBox="0 0 {} {}" role="img" aria-label="{}">'
         "<title>{}</title>"
         '<polyline fill="none" stroke="currentColor" stroke-width="1.5" points="{}"/></svg>',
-        width, height, width, height, title, title, points,
+        width,
+        height,
+        width,
+        height,
+        title,
+        title,
+        points,
     )

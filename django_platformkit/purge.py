@@ -150,7 +150,13 @@ class PurgeResult:
     attempts_deleted: int = 0
 
 
-def purge(*, older_than: timedelta | None = None, dry_run: bool = False, batch_size: int = DEFAULT_BATCH_SIZE, using: str | None = None) -> PurgeResult:
+def purge(
+    *,
+    older_than: timedelta | None = None,
+    dry_run: bool = False,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    using: str | None = None,
+) -> PurgeResult:
     """Delete published outbox rows older than ``older_than`` (default
     ``RETENTION_DAYS``), the claims that no longer guard a row and the
     attempt history that goes with them - never what the stream can still
@@ -185,20 +191,39 @@ def purge(*, older_than: timedelta | None = None, dry_run: bool = False, batch_s
             cursor.execute(_DRY_OUTBOX_SQL, params)
             outbox = cursor.fetchone()[0]
             cursor.execute(_DRY_CLAIMS_SQL, {**params, "cutoff": claims_cutoff})
-            result = PurgeResult(cutoff=cutoff, dry_run=True, outbox_deleted=outbox, claims_deleted=cursor.fetchone()[0])
-            logger.info("purge dry run outbox=%s claims=%s cutoff=%s", result.outbox_deleted, result.claims_deleted, cutoff.isoformat())
+            result = PurgeResult(
+                cutoff=cutoff, dry_run=True, outbox_deleted=outbox, claims_deleted=cursor.fetchone()[0]
+            )
+            logger.info(
+                "purge dry run outbox=%s claims=%s cutoff=%s",
+                result.outbox_deleted,
+                result.claims_deleted,
+                cutoff.isoformat(),
+            )
             return result
     outbox, skipped, outbox_batches = _purge_outbox(alias, params, batch_size)
     claims, claim_batches = _purge_by_id(alias, _CLAIMS_BATCH_SQL, claims_cutoff, batch_size)
     attempts, attempt_batches = _purge_by_id(alias, _ATTEMPTS_BATCH_SQL, claims_cutoff, batch_size)
     result = PurgeResult(
-        cutoff=cutoff, dry_run=False, outbox_deleted=outbox, claims_deleted=claims,
-        skipped_locked=skipped, batches=outbox_batches + claim_batches + attempt_batches, attempts_deleted=attempts,
+        cutoff=cutoff,
+        dry_run=False,
+        outbox_deleted=outbox,
+        claims_deleted=claims,
+        skipped_locked=skipped,
+        batches=outbox_batches + claim_batches + attempt_batches,
+        attempts_deleted=attempts,
     )
     level = logging.INFO if outbox or claims or skipped or attempts else logging.DEBUG
     logger.log(
-        level, "purged outbox=%s claims=%s attempts=%s skipped_locked=%s batches=%s cutoff=%s claims_cutoff=%s",
-        outbox, claims, attempts, skipped, result.batches, cutoff.isoformat(), claims_cutoff.isoformat(),
+        level,
+        "purged outbox=%s claims=%s attempts=%s skipped_locked=%s batches=%s cutoff=%s claims_cutoff=%s",
+        outbox,
+        claims,
+        attempts,
+        skipped,
+        result.batches,
+        cutoff.isoformat(),
+        claims_cutoff.isoformat(),
     )
     return result
 
@@ -218,7 +243,9 @@ def _purge_outbox(alias: str, params: dict, batch_size: int) -> tuple[int, int, 
     deleted = skipped = batches = 0
     while True:
         with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
-            cursor.execute(_OUTBOX_BATCH_SQL, {**params, "after_at": after_at, "after_id": after_id, "batch": batch_size})
+            cursor.execute(
+                _OUTBOX_BATCH_SQL, {**params, "after_at": after_at, "after_id": after_id, "batch": batch_size}
+            )
             paged, eligible, gone, last_at, last_id = cursor.fetchone()
         batches += 1
         deleted += gone

@@ -23,12 +23,12 @@ from typing import Any
 from django.db import connections, transaction
 
 from . import conf, signals, tracing
+from ._tables import ATTEMPTS_TABLE, DEAD_LETTER_TABLE, HANDLED_TABLE, OUTBOX_TABLE
 from .consumer import record_dead_letter
 from .events import EVENT_REPLAYED, NOTIFY_CHANNEL, publish
 from .exceptions import ReplayRefused
 from .outage import Outage, is_database_error
-from ._tables import ATTEMPTS_TABLE, DEAD_LETTER_TABLE, HANDLED_TABLE, OUTBOX_TABLE
-from .transport import NO_TENANT, OutgoingMessage, Outcome, PendingPublish, Transport
+from .transport import NO_TENANT, Outcome, OutgoingMessage, PendingPublish, Transport
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +82,9 @@ _NEXT_DUE_SQL = (
 # SELECT, so their ctid can't change. clock_timestamp(): the moment the acks
 # were in, not the batch transaction's start.
 _STAMP_SQL = f"UPDATE {OUTBOX_TABLE} SET published_at = clock_timestamp() WHERE ctid = ANY(%s::tid[])"
-_STAMP_BY_ID_SQL = f"UPDATE {OUTBOX_TABLE} SET published_at = clock_timestamp() WHERE id = ANY(%s::uuid[]) AND published_at IS NULL"
+_STAMP_BY_ID_SQL = (
+    f"UPDATE {OUTBOX_TABLE} SET published_at = clock_timestamp() WHERE id = ANY(%s::uuid[]) AND published_at IS NULL"
+)
 
 
 @dataclass
@@ -93,7 +95,7 @@ class RelayStats:
     temporary: int = 0
     dead_lettered: int = 0
 
-    def __iadd__(self, other: "RelayStats") -> "RelayStats":
+    def __iadd__(self, other: RelayStats) -> RelayStats:
         for key in self.__dataclass_fields__:
             setattr(self, key, getattr(self, key) + getattr(other, key))
         return self
@@ -109,7 +111,14 @@ def _message_id(event_id: str, replay: Any) -> str:
     return event_id if not replay else f"{event_id}:replay:{replay}"
 
 
-def envelope(event_id: uuid.UUID, name: str, tenant: str | None, payload_text: str, headers: dict[str, Any] | None, created_at: datetime) -> OutgoingMessage:
+def envelope(
+    event_id: uuid.UUID,
+    name: str,
+    tenant: str | None,
+    payload_text: str,
+    headers: dict[str, Any] | None,
+    created_at: datetime,
+) -> OutgoingMessage:
     """The CloudEvents 1.0 structured-mode message of one outbox row.
 
     Attributes per the CloudEvents spec (v1.0.2, "Required/Optional
@@ -124,9 +133,15 @@ def envelope(event_id: uuid.UUID, name: str, tenant: str | None, payload_text: s
         headers = json.loads(headers)
     headers = headers or {}
     return _compose(
-        conf.settings.SUBJECT_PREFIX, str(event_id), name, tenant, payload_text,
+        conf.settings.SUBJECT_PREFIX,
+        str(event_id),
+        name,
+        tenant,
+        payload_text,
         created_at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
-        headers.get("traceparent"), headers.get("tracestate"), headers.get("platformkit_replay"),
+        headers.get("traceparent"),
+        headers.get("tracestate"),
+        headers.get("platformkit_replay"),
     )
 
 
@@ -156,7 +171,17 @@ def _json(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
-def _compose(prefix: str, event_id: str, name: str, tenant: str | None, payload_text: str, time_text: str, traceparent: str | None, tracestate: str | None, replay: Any) -> OutgoingMessage:
+def _compose(
+    prefix: str,
+    event_id: str,
+    name: str,
+    tenant: str | None,
+    payload_text: str,
+    time_text: str,
+    traceparent: str | None,
+    tracestate: str | None,
+    replay: Any,
+) -> OutgoingMessage:
     subject, middle, after_time = _static_parts(prefix, name, tenant)
     trace = ""
     if traceparent:
@@ -187,7 +212,15 @@ class Relay:
     its acks arrived.
     """
 
-    def __init__(self, transport: Transport, *, using: str | None = None, batch_size: int | None = None, publish_timeout_seconds: float = 10.0, lanes: int | None = None) -> None:
+    def __init__(
+        self,
+        transport: Transport,
+        *,
+        using: str | None = None,
+        batch_size: int | None = None,
+        publish_timeout_seconds: float = 10.0,
+        lanes: int | None = None,
+    ) -> None:
         self.transport = transport
         self.using = using or conf.settings.DATABASE_ALIAS
         self.batch_size = batch_size or conf.settings.RELAY_BATCH_SIZE
@@ -206,7 +239,7 @@ class Relay:
             from .identity import database_identity
 
             self.transport.ensure_stream(owner=database_identity(self.using))
-        except Exception as exc:  # noqa: BLE001 - retried on the next failure
+        except Exception as exc:
             logger.error("relay: stream check failed error=%s", exc)
 
     def next_wait_seconds(self, interval: float) -> float:
@@ -217,7 +250,7 @@ class Relay:
             with connections[self.using].cursor() as cursor:
                 cursor.execute(_NEXT_DUE_SQL)
                 due_in = cursor.fetchone()[0]
-        except Exception as exc:  # noqa: BLE001 - a database error: the next pass meets the outage and reconnects
+        except Exception as exc:
             if not is_database_error(exc):
                 raise
             connections[self.using].close()
@@ -229,7 +262,11 @@ class Relay:
         Safe to call from several threads at once (that is what lanes do)."""
         stats = RelayStats()
         # Outermost, so the producer spans end after the commit that stamps their rows.
-        with contextlib.ExitStack() as spans, transaction.atomic(using=self.using), connections[self.using].cursor() as cursor:
+        with (
+            contextlib.ExitStack() as spans,
+            transaction.atomic(using=self.using),
+            connections[self.using].cursor() as cursor,
+        ):
             with self._turn:
                 cursor.execute(_PLAN_SQL)
                 cursor.execute(_SELECT_SQL, [self.batch_size])
@@ -243,16 +280,32 @@ class Relay:
                 pending = self.transport.publish_start(messages, timeout=self.publish_timeout_seconds)
             first_temporary = self._settle(cursor, rows, messages, pending, stats)
         if stats.temporary:
-            logger.error("relay: %s of %s rows not accepted, left pending, will retry error=%s", stats.temporary, stats.selected, first_temporary)
+            logger.error(
+                "relay: %s of %s rows not accepted, left pending, will retry error=%s",
+                stats.temporary,
+                stats.selected,
+                first_temporary,
+            )
         with self._totals_lock:
             self.totals += stats
         if signals.events_relayed.receivers:
             signals.events_relayed.send_robust(
-                sender=Relay, stored=stats.stored, duplicates=stats.duplicates, dead_lettered=stats.dead_lettered, temporary=stats.temporary,
+                sender=Relay,
+                stored=stats.stored,
+                duplicates=stats.duplicates,
+                dead_lettered=stats.dead_lettered,
+                temporary=stats.temporary,
             )
         return stats
 
-    def _settle(self, cursor: Any, rows: list[tuple], messages: list[OutgoingMessage], pending: PendingPublish, stats: RelayStats) -> str:
+    def _settle(
+        self,
+        cursor: Any,
+        rows: list[tuple],
+        messages: list[OutgoingMessage],
+        pending: PendingPublish,
+        stats: RelayStats,
+    ) -> str:
         """Wait for a batch's acks; dead-letter what the broker refused for
         good; stamp what it stored (and the dead-lettered rows). Returns the
         first temporary failure's error ("" when there was none)."""
@@ -268,11 +321,22 @@ class Relay:
                 # The dead letter keeps the row from purge; replay() can send it again.
                 event_id = uuid.UUID(row[1])
                 record_dead_letter(
-                    subscription=RELAY_SUBSCRIPTION, event_id=event_id, name=row[2], tenant=row[3],
-                    attempts=1, error=f"the broker refused the message for good ({len(message.body)} bytes): {result.error}",
-                    traceback="", using=self.using,
+                    subscription=RELAY_SUBSCRIPTION,
+                    event_id=event_id,
+                    name=row[2],
+                    tenant=row[3],
+                    attempts=1,
+                    error=f"the broker refused the message for good ({len(message.body)} bytes): {result.error}",
+                    traceback="",
+                    using=self.using,
                 )
-                logger.error("relay dead letter event_id=%s name=%s bytes=%s error=%s", event_id, row[2], len(message.body), result.error)
+                logger.error(
+                    "relay dead letter event_id=%s name=%s bytes=%s error=%s",
+                    event_id,
+                    row[2],
+                    len(message.body),
+                    result.error,
+                )
                 stats.dead_lettered += 1
             else:
                 stats.temporary += 1
@@ -285,7 +349,9 @@ class Relay:
             # Stamp after the broker acknowledged: a crash before this line
             # re-sends (deduplicated by Nats-Msg-Id), it never loses.
             cursor.execute(_STAMP_SQL, ['{"' + '","'.join(done) + '"}'])  # one array literal: no per-item adaptation
-            if cursor.rowcount != len(done):  # can't happen while the rows are locked; never leave one behind if it does
+            if cursor.rowcount != len(
+                done
+            ):  # can't happen while the rows are locked; never leave one behind if it does
                 logger.warning("relay: stamped %s of %s rows by ctid; stamping by id", cursor.rowcount, len(done))
                 cursor.execute(_STAMP_BY_ID_SQL, [done_ids])
         return first_temporary
@@ -317,7 +383,7 @@ class Relay:
                         total.__iadd__(stats)
                     if self._finished(stats, stop):
                         over.set()
-            except BaseException as exc:  # noqa: BLE001 - re-raised by drain() in the calling thread
+            except BaseException as exc:
                 errors.append(exc)
                 over.set()
 
@@ -327,7 +393,10 @@ class Relay:
             finally:
                 connections[self.using].close()  # this thread's own connection
 
-        helpers = [threading.Thread(target=helper, name=f"platformkit-relay-lane-{i}", daemon=True) for i in range(1, self.lanes)]
+        helpers = [
+            threading.Thread(target=helper, name=f"platformkit-relay-lane-{i}", daemon=True)
+            for i in range(1, self.lanes)
+        ]
         for thread in helpers:
             thread.start()
         try:
@@ -356,7 +425,9 @@ class Relay:
         listener = _Listener(self.using) if conf.settings.RELAY_LISTEN else None
         backoff = 0.5
         outage = Outage("relay", logger)
-        logger.info("relay started batch_size=%s listen=%s interval=%ss", self.batch_size, listener is not None, interval)
+        logger.info(
+            "relay started batch_size=%s listen=%s interval=%ss", self.batch_size, listener is not None, interval
+        )
         try:
             while not stop.is_set():
                 try:
@@ -365,7 +436,12 @@ class Relay:
                     stats = self.drain(stop)
                     outage.recovered()
                     if stats.stored or stats.dead_lettered:
-                        logger.info("relayed count=%s duplicates=%s dead_lettered=%s", stats.stored, stats.duplicates, stats.dead_lettered)
+                        logger.info(
+                            "relayed count=%s duplicates=%s dead_lettered=%s",
+                            stats.stored,
+                            stats.duplicates,
+                            stats.dead_lettered,
+                        )
                     if stats.temporary:
                         if self.missing_stream:
                             self._recreate_stream()
@@ -430,7 +506,7 @@ class _Listener:
                 # Short slices so a stop request is seen within a quarter second.
                 for _ in self.connection.notifies(timeout=min(remaining, 0.25), stop_after=1):
                     return
-            except Exception as exc:  # noqa: BLE001 - fall back to polling; ensure() reconnects
+            except Exception as exc:
                 logger.warning("relay listen connection lost error=%s", exc)
                 self.close()
                 stop.wait(max(0.0, min(remaining, 1.0)))
@@ -440,12 +516,13 @@ class _Listener:
         if self.connection is not None:
             try:
                 self.connection.close()
-            except Exception:  # noqa: BLE001
+            except Exception:
                 pass
         self.connection = None
 
 
 # --- replay ------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class ReplayResult:
@@ -455,7 +532,15 @@ class ReplayResult:
     audit_event_id: uuid.UUID
 
 
-def replay(event_id: uuid.UUID | str, *, subscription: str | None = None, actor: str, reason: str, include_handled: bool = False, using: str | None = None) -> ReplayResult:
+def replay(
+    event_id: uuid.UUID | str,
+    *,
+    subscription: str | None = None,
+    actor: str,
+    reason: str,
+    include_handled: bool = False,
+    using: str | None = None,
+) -> ReplayResult:
     """Send an event again to the subscriptions that gave up on it.
 
     In one transaction: lock the outbox row; delete the dead letter and its
@@ -477,7 +562,9 @@ def replay(event_id: uuid.UUID | str, *, subscription: str | None = None, actor:
     if not actor:
         raise ReplayRefused("replay() needs an actor: who is replaying (e.g. the operator's username).")
     if not reason:
-        raise ReplayRefused("replay() needs a reason: say why this event is sent again (it is kept in the audit event).")
+        raise ReplayRefused(
+            "replay() needs a reason: say why this event is sent again (it is kept in the audit event)."
+        )
     if include_handled and subscription is None:
         raise ReplayRefused("include_handled=True needs a subscription: name the one handler to run again.")
     try:
@@ -489,7 +576,9 @@ def replay(event_id: uuid.UUID | str, *, subscription: str | None = None, actor:
         cursor.execute(f"SELECT name, headers FROM {OUTBOX_TABLE} WHERE id = %s FOR UPDATE", [event_id])
         row = cursor.fetchone()
         if row is None:
-            raise ReplayRefused(f"event {event_id} is not in the outbox (never published, or purged): nothing to replay.")
+            raise ReplayRefused(
+                f"event {event_id} is not in the outbox (never published, or purged): nothing to replay."
+            )
         name, headers = row
         if isinstance(headers, str):
             headers = json.loads(headers)
@@ -510,10 +599,14 @@ def replay(event_id: uuid.UUID | str, *, subscription: str | None = None, actor:
             )
         # Only the claims of what is replayed: a subscription that handled the
         # event keeps its claim and skips the re-send.
-        cursor.execute(f"DELETE FROM {HANDLED_TABLE} WHERE event_id = %s AND subscription = ANY(%s)", [event_id, cleared])
+        cursor.execute(
+            f"DELETE FROM {HANDLED_TABLE} WHERE event_id = %s AND subscription = ANY(%s)", [event_id, cleared]
+        )
         # A replay starts the handler-run count afresh (DESIGN.md "Attempts"):
         # left in place, the old runs would dead-letter the re-send at once.
-        cursor.execute(f"DELETE FROM {ATTEMPTS_TABLE} WHERE event_id = %s AND subscription = ANY(%s)", [event_id, cleared])
+        cursor.execute(
+            f"DELETE FROM {ATTEMPTS_TABLE} WHERE event_id = %s AND subscription = ANY(%s)", [event_id, cleared]
+        )
         count = int((headers or {}).get("platformkit_replay") or 0) + 1
         cursor.execute(
             f"UPDATE {OUTBOX_TABLE} SET published_at = NULL, headers = headers || %s::jsonb WHERE id = %s",
@@ -524,8 +617,17 @@ def replay(event_id: uuid.UUID | str, *, subscription: str | None = None, actor:
             {"event_id": str(event_id), "name": name, "subscription": subscription, "actor": actor, "reason": reason},
             using=alias,
         )
-    logger.info("replayed event_id=%s name=%s subscriptions=%s actor=%s reason=%s", event_id, name, ",".join(cleared), actor, reason)
-    return ReplayResult(event_id=event_id, subscriptions=tuple(cleared), dead_letters_cleared=len(dead), audit_event_id=audit)
+    logger.info(
+        "replayed event_id=%s name=%s subscriptions=%s actor=%s reason=%s",
+        event_id,
+        name,
+        ",".join(cleared),
+        actor,
+        reason,
+    )
+    return ReplayResult(
+        event_id=event_id, subscriptions=tuple(cleared), dead_letters_cleared=len(dead), audit_event_id=audit
+    )
 
 
 def discard(event_id: uuid.UUID | str, *, subscription: str, actor: str, reason: str, using: str | None = None) -> bool:
@@ -549,5 +651,12 @@ def discard(event_id: uuid.UUID | str, *, subscription: str, actor: str, reason:
         )
         row = cursor.fetchone()
     if row is not None:
-        logger.info("discarded dead letter event_id=%s name=%s subscription=%s actor=%s reason=%s", event_id, row[0], subscription, actor, reason)
+        logger.info(
+            "discarded dead letter event_id=%s name=%s subscription=%s actor=%s reason=%s",
+            event_id,
+            row[0],
+            subscription,
+            actor,
+            reason,
+        )
     return row is not None

@@ -69,13 +69,29 @@ class Supervisor:
     gave up on a child, else the first non-zero code a child stopped with.
     """
 
-    def __init__(self, *, processes: int, relay: bool = True, scheduler: bool = True, subscriptions: Sequence[Any] | None = None, jobs: Sequence[str] | None = None, health_file: str | os.PathLike[str] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        processes: int,
+        relay: bool = True,
+        scheduler: bool = True,
+        subscriptions: Sequence[Any] | None = None,
+        jobs: Sequence[str] | None = None,
+        health_file: str | os.PathLike[str] | None = None,
+    ) -> None:
         self.health_file = Path(health_file) if health_file else None
         self.children: list[_Child] = []
         if relay or scheduler:
-            self.children.append(_Child("relay", dict(relay=relay, scheduler=scheduler, consumers=False, jobs=jobs)))
+            self.children.append(
+                _Child("relay", {"relay": relay, "scheduler": scheduler, "consumers": False, "jobs": jobs})
+            )
         for number in range(processes):
-            self.children.append(_Child(f"consumer{number}", dict(relay=False, scheduler=False, consumers=True, subscriptions=subscriptions)))
+            self.children.append(
+                _Child(
+                    f"consumer{number}",
+                    {"relay": False, "scheduler": False, "consumers": True, "subscriptions": subscriptions},
+                )
+            )
         self.stopping = False
         self.exit_code = 0
         self._signals = 0
@@ -85,7 +101,11 @@ class Supervisor:
             self._signals += 1
             name = signal.Signals(signum).name
             if self._signals == 1:
-                logger.info("supervisor stopping signal=%s: stopping children=%s", name, ",".join(c.role for c in self.children if c.pid))
+                logger.info(
+                    "supervisor stopping signal=%s: stopping children=%s",
+                    name,
+                    ",".join(c.role for c in self.children if c.pid),
+                )
             else:
                 logger.warning("supervisor stopping now signal=%s (second request): children stop at once", name)
             self.stopping = True
@@ -133,7 +153,7 @@ class Supervisor:
                 code = _child_main(child, self.health_file)
             except SystemExit as exc:
                 code = exc.code if isinstance(exc.code, int) else 1
-            except BaseException:  # noqa: BLE001 - logged, then a non-zero exit for the supervisor
+            except BaseException:
                 logger.exception("worker child crashed role=%s", child.role)
                 code = 1
             finally:
@@ -166,7 +186,11 @@ class Supervisor:
             if len(child.deaths) >= GIVE_UP_AFTER_DEATHS:
                 logger.critical(
                     "child keeps dying role=%s exit=%s deaths=%s within=%.0fs: stopping every child, supervisor exit=%s",
-                    child.role, code, len(child.deaths), GIVE_UP_WINDOW_SECONDS, EXIT_GAVE_UP,
+                    child.role,
+                    code,
+                    len(child.deaths),
+                    GIVE_UP_WINDOW_SECONDS,
+                    EXIT_GAVE_UP,
                 )
                 self.exit_code = EXIT_GAVE_UP
                 self.stopping = True
@@ -183,14 +207,22 @@ class Supervisor:
             if self.health_file is not None and child.pid is not None:
                 try:
                     reported = json.loads(Path(f"{self.health_file}.{child.role}").read_text())
-                    state["healthy"] = bool(reported.get("healthy")) and time.time() - float(reported.get("time", 0)) < 10
+                    state["healthy"] = (
+                        bool(reported.get("healthy")) and time.time() - float(reported.get("time", 0)) < 10
+                    )
                 except (OSError, ValueError):
                     state["healthy"] = False
             else:
                 state["healthy"] = child.pid is not None
             healthy = healthy and state["healthy"]
             children[child.role] = state
-        return {"pid": os.getpid(), "healthy": healthy, "stopped": self.stopping, "children": children, "time": time.time()}
+        return {
+            "pid": os.getpid(),
+            "healthy": healthy,
+            "stopped": self.stopping,
+            "children": children,
+            "time": time.time(),
+        }
 
     def _write_health(self, final: bool = False) -> None:
         if self.health_file is None:
@@ -198,7 +230,9 @@ class Supervisor:
         state = self.health()
         if final:
             state.update(healthy=False, stopped=True, exit_code=self.exit_code)
-        tmp = self.health_file.with_name(self.health_file.name + f".{os.getpid()}.tmp")  # one per process: children share a folder
+        tmp = self.health_file.with_name(
+            self.health_file.name + f".{os.getpid()}.tmp"
+        )  # one per process: children share a folder
         try:
             tmp.write_text(json.dumps(state))
             tmp.replace(self.health_file)
@@ -230,5 +264,5 @@ def _die_with_parent() -> None:
         libc = ctypes.CDLL(None, use_errno=True)
         PR_SET_PDEATHSIG = 1
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    except Exception:  # noqa: BLE001 - not Linux: the child outlives a killed supervisor
+    except Exception:
         pass

@@ -65,12 +65,18 @@ NEEDS_DJANGO_6 = (
 # System checks of the backend (ids in a range of their own, 1xx, so they
 # can't collide with checks.py's): message, hint.
 CHECKS = {
-    "E101": ("TASKS[{alias!r}] uses {backend} but 'django_platformkit' is not in INSTALLED_APPS",
-             "Add 'django_platformkit' to INSTALLED_APPS and run migrate: tasks are outbox rows and need its tables."),
-    "E102": ("TASKS[{alias!r}]: queue {queue!r} can't be an event name",
-             "Rename the queue to lowercase letters, digits and underscores (at most 150), e.g. {suggestion!r}."),
-    "E103": ("TASKS[{alias!r}]: QUEUES is empty",
-             "List the queues, e.g. \"QUEUES\": [\"default\"]: each is a subscription a worker must know before a task arrives."),
+    "E101": (
+        "TASKS[{alias!r}] uses {backend} but 'django_platformkit' is not in INSTALLED_APPS",
+        "Add 'django_platformkit' to INSTALLED_APPS and run migrate: tasks are outbox rows and need its tables.",
+    ),
+    "E102": (
+        "TASKS[{alias!r}]: queue {queue!r} can't be an event name",
+        "Rename the queue to lowercase letters, digits and underscores (at most 150), e.g. {suggestion!r}.",
+    ),
+    "E103": (
+        "TASKS[{alias!r}]: QUEUES is empty",
+        'List the queues, e.g. "QUEUES": ["default"]: each is a subscription a worker must know before a task arrives.',
+    ),
 }
 
 
@@ -81,7 +87,7 @@ def event_name(queue: str) -> str:
 
 def queue_of(name: str) -> str | None:
     """The queue of a task event or subscription name, or None for any other name."""
-    return name[len(TASK_EVENT_PREFIX):] if name.startswith(TASK_EVENT_PREFIX) else None
+    return name[len(TASK_EVENT_PREFIX) :] if name.startswith(TASK_EVENT_PREFIX) else None
 
 
 def worker_id() -> str:
@@ -120,7 +126,9 @@ def _is_ours(path: Any) -> bool:
 def _batch(queue: str) -> bool:
     """``OPTIONS["BATCH"]`` of the backends serving ``queue`` (any of them True: batch)."""
     tasks_setting = getattr(django_settings, "TASKS", None) or {}
-    return any(bool((tasks_setting[alias].get("OPTIONS") or {}).get("BATCH")) for alias in configured_queues().get(queue, []))
+    return any(
+        bool((tasks_setting[alias].get("OPTIONS") or {}).get("BATCH")) for alias in configured_queues().get(queue, [])
+    )
 
 
 def register_task_queues() -> list[str]:
@@ -136,7 +144,10 @@ def register_task_queues() -> list[str]:
         if not QUEUE_NAME.match(str(queue)):
             continue
         name = event_name(queue)
-        declare(name, description=f"A django.tasks task on queue {queue!r} (payload: task path, args, kwargs, backend alias).")
+        declare(
+            name,
+            description=f"A django.tasks task on queue {queue!r} (payload: task path, args, kwargs, backend alias).",
+        )
         from .tasks_results import run_task
 
         subscribe(name, name=name, batch=_batch(queue))(run_task)
@@ -198,7 +209,9 @@ class OutboxBackend(BaseTaskBackend):  # type: ignore[misc,valid-type]
     def validate_task(self, task: Any) -> None:
         super().validate_task(task)
         if not QUEUE_NAME.match(task.queue_name):
-            raise InvalidTask(f"Queue {task.queue_name!r} can't be an event name: rename it (lowercase letters, digits, '_').")
+            raise InvalidTask(
+                f"Queue {task.queue_name!r} can't be an event name: rename it (lowercase letters, digits, '_')."
+            )
 
     # -- enqueue --
     def enqueue(self, task: Any, args: Any, kwargs: Any) -> Any:
@@ -238,15 +251,28 @@ class OutboxBackend(BaseTaskBackend):  # type: ignore[misc,valid-type]
                 cursor.execute(sql, params)
                 enqueued_at = cursor.fetchone()[0]
         if _published.receivers:  # as publish() does: testing.capture_events(), metrics
-            _published.send_robust(sender=get_event_type(name), event_id=event_id, name=name, tenant=tenant, payload_text=text, using=alias)
+            _published.send_robust(
+                sender=get_event_type(name), event_id=event_id, name=name, tenant=tenant, payload_text=text, using=alias
+            )
         result = TaskResult(
-            task=task, id=str(event_id), status=TaskResultStatus.READY, enqueued_at=enqueued_at,
-            started_at=None, finished_at=None, last_attempted_at=None, args=data["args"], kwargs=data["kwargs"],
-            backend=self.alias, errors=[], worker_ids=[],
+            task=task,
+            id=str(event_id),
+            status=TaskResultStatus.READY,
+            enqueued_at=enqueued_at,
+            started_at=None,
+            finished_at=None,
+            last_attempted_at=None,
+            args=data["args"],
+            kwargs=data["kwargs"],
+            backend=self.alias,
+            errors=[],
+            worker_ids=[],
         )
         # As Django's database backend does: enqueued means committed, so a
         # rollback sends nothing (and outside atomic() it is sent at once).
-        transaction.on_commit(lambda: task_enqueued.send_robust(type(self), task_result=result), using=alias, robust=True)
+        transaction.on_commit(
+            lambda: task_enqueued.send_robust(type(self), task_result=result), using=alias, robust=True
+        )
         return result
 
     # -- results --

@@ -74,7 +74,9 @@ def _task_at(path: str, alias: str, queue: str) -> Any:
     try:
         task = import_string(path)
     except ImportError as exc:
-        raise ValueError(f"task {path!r} can't be imported ({exc}): was it renamed or removed? Deploy it back, or discard the task.") from exc
+        raise ValueError(
+            f"task {path!r} can't be imported ({exc}): was it renamed or removed? Deploy it back, or discard the task."
+        ) from exc
     if not isinstance(task, Task):
         raise ValueError(f"{path!r} is not a task (decorate it with @django.tasks.task).")
     if task.backend != alias or task.queue_name != queue:
@@ -111,12 +113,21 @@ def run_task(event: Any) -> None:
                 errors = [TaskError(**e) for e in json.loads(row[1])]
                 earlier_workers = json.loads(row[2])
     # TaskContext.attempt is len(worker_ids): make it the handler-run count.
-    previous = earlier_workers[-(event.attempt - 1):] if event.attempt > 1 else []
+    previous = earlier_workers[-(event.attempt - 1) :] if event.attempt > 1 else []
     workers = ["(unrecorded)"] * (event.attempt - 1 - len(previous)) + previous + [me]
     result = TaskResult(
-        task=task, id=str(event.id), status=TaskResultStatus.RUNNING, enqueued_at=event.occurred_at,
-        started_at=earlier_started or started, last_attempted_at=started, finished_at=None,
-        args=args, kwargs=kwargs, backend=alias, errors=errors, worker_ids=workers,
+        task=task,
+        id=str(event.id),
+        status=TaskResultStatus.RUNNING,
+        enqueued_at=event.occurred_at,
+        started_at=earlier_started or started,
+        last_attempted_at=started,
+        finished_at=None,
+        args=args,
+        kwargs=kwargs,
+        backend=alias,
+        errors=errors,
+        worker_ids=workers,
     )
     task_started.send(type(backend), task_result=result)
     if task.takes_context:
@@ -126,7 +137,9 @@ def run_task(event: Any) -> None:
     # A return value JSON can't carry fails the attempt, as Django's backends do.
     value = normalize_json(value)
     with connections[db].cursor() as cursor:
-        cursor.execute(_SUCCESS_SQL, [event.id, json.dumps(value), earlier_started or started, started, json.dumps([me])])
+        cursor.execute(
+            _SUCCESS_SQL, [event.id, json.dumps(value), earlier_started or started, started, json.dumps([me])]
+        )
     object.__setattr__(result, "status", TaskResultStatus.SUCCESSFUL)
     object.__setattr__(result, "finished_at", timezone.now())
     object.__setattr__(result, "_return_value", value)
@@ -134,13 +147,18 @@ def run_task(event: Any) -> None:
     transaction.on_commit(lambda: task_finished.send(type(backend), task_result=result), using=db)
 
 
-def _record_failure(sender: Any, subscription: str, event: Any, error: BaseException, duration_seconds: float = 0.0, **kwargs: Any) -> None:
+def _record_failure(
+    sender: Any, subscription: str, event: Any, error: BaseException, duration_seconds: float = 0.0, **kwargs: Any
+) -> None:
     """``event_failed`` receiver: append the attempt's error (class path and
     traceback) and worker to the task's result, after the rollback."""
     if queue_of(subscription) is None:
         return
     kind = type(error)
-    entry = {"exception_class_path": f"{kind.__module__}.{kind.__qualname__}", "traceback": "".join(traceback_module.format_exception(error))}
+    entry = {
+        "exception_class_path": f"{kind.__module__}.{kind.__qualname__}",
+        "traceback": "".join(traceback_module.format_exception(error)),
+    }
     started = timezone.now() - timedelta(seconds=duration_seconds or 0.0)
     with connections[conf.settings.DATABASE_ALIAS].cursor() as cursor:
         cursor.execute(_FAILURE_SQL, [event.id, started, started, json.dumps([entry]), json.dumps([worker_id()])])
@@ -185,7 +203,20 @@ def load_result(backend: Any, result_id: Any) -> Any:
         row = cursor.fetchone()
     if row is None:
         raise TaskResultDoesNotExist(f"no task {event_id}: never enqueued, rolled back, or purged with its outbox row.")
-    name, payload_text, enqueued_at, status, value_text, started_at, last_attempted_at, finished_at, errors_text, workers_text, failed_at, running_since = row
+    (
+        name,
+        payload_text,
+        enqueued_at,
+        status,
+        value_text,
+        started_at,
+        last_attempted_at,
+        finished_at,
+        errors_text,
+        workers_text,
+        failed_at,
+        running_since,
+    ) = row
     payload = json.loads(payload_text)
     task = _task_at(payload["task"], payload.get("backend", backend.alias), queue_of(name) or "default")
     errors = [TaskError(**e) for e in json.loads(errors_text or "[]")]
@@ -199,9 +230,17 @@ def load_result(backend: Any, result_id: Any) -> Any:
     else:
         state = TaskResultStatus.READY
     result = TaskResult(
-        task=task, id=str(event_id), status=state, enqueued_at=enqueued_at, started_at=started_at,
-        finished_at=finished_at, last_attempted_at=last_attempted_at, args=payload.get("args", []),
-        kwargs=payload.get("kwargs", {}), backend=payload.get("backend", backend.alias), errors=errors,
+        task=task,
+        id=str(event_id),
+        status=state,
+        enqueued_at=enqueued_at,
+        started_at=started_at,
+        finished_at=finished_at,
+        last_attempted_at=last_attempted_at,
+        args=payload.get("args", []),
+        kwargs=payload.get("kwargs", {}),
+        backend=payload.get("backend", backend.alias),
+        errors=errors,
         worker_ids=json.loads(workers_text or "[]"),
     )
     if state == TaskResultStatus.SUCCESSFUL:

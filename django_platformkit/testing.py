@@ -22,7 +22,8 @@ from django.db import connections, transaction
 
 from . import conf, signals
 from ._tables import OUTBOX_TABLE
-from .consumer import Consumer, ReceivedEvent, Subscription, subscriptions as registered_subscriptions
+from .consumer import Consumer, ReceivedEvent, Subscription
+from .consumer import subscriptions as registered_subscriptions
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,9 @@ def capture_events() -> Iterator[list[CapturedEvent]]:
     happened); check the outbox for what committed."""
     captured: list[CapturedEvent] = []
 
-    def listener(sender: Any, *, event_id: uuid.UUID, name: str, tenant: str | None, payload_text: str, **kwargs: Any) -> None:
+    def listener(
+        sender: Any, *, event_id: uuid.UUID, name: str, tenant: str | None, payload_text: str, **kwargs: Any
+    ) -> None:
         captured.append(CapturedEvent(event_id, name, tenant, json.loads(payload_text)))
 
     # A uid of its own: nested or concurrent captures each get every event.
@@ -62,7 +65,9 @@ class _NoTransport:
         raise RuntimeError("run_pending() handles events without a broker")
 
 
-def run_pending(*, subscriptions: Iterable[Subscription] | None = None, using: str | None = None, max_rounds: int = 10) -> int:
+def run_pending(
+    *, subscriptions: Iterable[Subscription] | None = None, using: str | None = None, max_rounds: int = 10
+) -> int:
     """Handle every pending outbox event now, in this thread: for each event
     (relay order) and each subscription of its name, claim and run the handler
     in one transaction, as the worker does; then mark the rows published.
@@ -87,7 +92,15 @@ def run_pending(*, subscriptions: Iterable[Subscription] | None = None, using: s
         if not rows:
             break
         for event_id, name, tenant, payload, headers, created_at in rows:
-            event = ReceivedEvent(id=event_id, name=name, tenant=tenant, payload=json.loads(payload), occurred_at=created_at, attempt=1, headers=json.loads(headers or "{}"))
+            event = ReceivedEvent(
+                id=event_id,
+                name=name,
+                tenant=tenant,
+                payload=json.loads(payload),
+                occurred_at=created_at,
+                attempt=1,
+                headers=json.loads(headers or "{}"),
+            )
             for sub in by_event.get(name, []):
                 if Consumer(sub, _NoTransport(), using=alias).run_event(event, timeout=timeout) == "handled":
                     runs += 1

@@ -39,7 +39,12 @@ def _api() -> Any:
             _otel = False
         else:
             _otel = SimpleNamespace(
-                trace=trace, propagate=propagate, proxy=ProxyTracerProvider, kind=SpanKind, status=Status, code=StatusCode,
+                trace=trace,
+                propagate=propagate,
+                proxy=ProxyTracerProvider,
+                kind=SpanKind,
+                status=Status,
+                code=StatusCode,
             )
     return _otel
 
@@ -77,7 +82,9 @@ def _parent(api: Any, traceparent: Any, tracestate: Any) -> Any:
 
 
 @contextlib.contextmanager
-def consumer_span(*, subscription: str, event_id: Any, name: str, headers: Mapping[str, str], attempt: int) -> Iterator[Any]:
+def consumer_span(
+    *, subscription: str, event_id: Any, name: str, headers: Mapping[str, str], attempt: int
+) -> Iterator[Any]:
     """Wrap one handler run: a CONSUMER span ``process <event name>`` whose
     parent is the publisher's context (``traceparent``/``tracestate`` in
     ``headers``), current while the handler runs (spans the handler starts
@@ -101,8 +108,12 @@ def consumer_span(*, subscription: str, event_id: Any, name: str, headers: Mappi
         "platformkit.attempt": int(attempt),
     }
     with tracer.start_as_current_span(
-        f"process {name}", context=_parent(api, headers.get("traceparent"), headers.get("tracestate")),
-        kind=api.kind.CONSUMER, attributes=attributes, record_exception=True, set_status_on_exception=True,
+        f"process {name}",
+        context=_parent(api, headers.get("traceparent"), headers.get("tracestate")),
+        kind=api.kind.CONSUMER,
+        attributes=attributes,
+        record_exception=True,
+        set_status_on_exception=True,
     ) as span:
         yield span
 
@@ -115,7 +126,7 @@ class _ProducerSpans:
     def __init__(self, spans: list[Any]) -> None:
         self.spans = spans
 
-    def __enter__(self) -> "_ProducerSpans":
+    def __enter__(self) -> _ProducerSpans:
         return self
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
@@ -130,7 +141,9 @@ class _ProducerSpans:
 _NO_SPANS = contextlib.nullcontext()
 
 
-def producer_spans(messages: Sequence[Any], events: Iterable[tuple[Any, str, Any, Any]]) -> contextlib.AbstractContextManager[Any]:
+def producer_spans(
+    messages: Sequence[Any], events: Iterable[tuple[Any, str, Any, Any]]
+) -> contextlib.AbstractContextManager[Any]:
     """Start one PRODUCER span ``send <event name>`` per relayed message.
 
     ``messages``: the batch's ``OutgoingMessage`` objects (``subject``,
@@ -148,16 +161,20 @@ def producer_spans(messages: Sequence[Any], events: Iterable[tuple[Any, str, Any
     api = _otel
     spans = []
     for message, (event_id, name, traceparent, tracestate) in zip(messages, events, strict=True):
-        spans.append(tracer.start_span(
-            f"send {name}", context=_parent(api, traceparent, tracestate), kind=api.kind.PRODUCER,
-            attributes={
-                "messaging.system": MESSAGING_SYSTEM,
-                "messaging.operation.type": "send",
-                "messaging.operation.name": "send",
-                "messaging.destination.name": message.subject,
-                "messaging.message.id": str(event_id),
-                "messaging.message.body.size": len(message.body),
-                "platformkit.nats_msg_id": message.msg_id,
-            },
-        ))
+        spans.append(
+            tracer.start_span(
+                f"send {name}",
+                context=_parent(api, traceparent, tracestate),
+                kind=api.kind.PRODUCER,
+                attributes={
+                    "messaging.system": MESSAGING_SYSTEM,
+                    "messaging.operation.type": "send",
+                    "messaging.operation.name": "send",
+                    "messaging.destination.name": message.subject,
+                    "messaging.message.id": str(event_id),
+                    "messaging.message.body.size": len(message.body),
+                    "platformkit.nats_msg_id": message.msg_id,
+                },
+            )
+        )
     return _ProducerSpans(spans)

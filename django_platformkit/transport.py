@@ -53,6 +53,7 @@ KEEP_ALIVE_TICK_SECONDS = 0.05
 
 # --- the wire scheme, defined once ------------------------------------------
 
+
 def subject_for(event_name: str, tenant: str | None) -> str:
     """``<SUBJECT_PREFIX>.<tenant or _>.<module>.<event>``: a tenant's backlog is an address."""
     return f"{conf.settings.SUBJECT_PREFIX}.{tenant or NO_TENANT}.{event_name}"
@@ -68,7 +69,7 @@ def parse_subject(subject: str) -> tuple[str | None, str] | None:
     prefix = conf.settings.SUBJECT_PREFIX + "."
     if not subject.startswith(prefix):
         return None
-    parts = subject[len(prefix):].split(".")
+    parts = subject[len(prefix) :].split(".")
     if len(parts) != 3:
         return None
     tenant, module, event = parts
@@ -117,7 +118,9 @@ def max_ack_pending_for(concurrency: int = 1, override: int | None = None) -> in
     return int(conf.settings.CONSUMER_BATCH_SIZE) * max(1, int(concurrency)) * 2 + RETRY_BACKLOG_HEADROOM
 
 
-def consumer_config(subscription_name: str, event_name: str, *, max_ack_pending: int | None = None) -> api.ConsumerConfig:
+def consumer_config(
+    subscription_name: str, event_name: str, *, max_ack_pending: int | None = None
+) -> api.ConsumerConfig:
     """The durable consumer of one subscription, used to create it and to
     compare an existing one. ``max_deliver`` is unlimited on purpose: the
     worker counts attempts itself and dead-letters, so the broker never drops
@@ -149,6 +152,7 @@ _FIXED = ("deliver_policy", "ack_policy", "filter_subject", "replay_policy")
 
 def consumer_differences(want: api.ConsumerConfig, have: api.ConsumerConfig) -> tuple[dict, dict]:
     """``(updatable, fixed)`` dicts of field -> (have, want) that differ."""
+
     def norm(value):
         return value.value if isinstance(value, enum.Enum) else value
 
@@ -169,6 +173,7 @@ _NO_STALL_BELOW = 3000
 
 
 # --- values crossing the bridge ---------------------------------------------
+
 
 @dataclass(frozen=True)
 class OutgoingMessage:
@@ -216,10 +221,19 @@ def to_deliveries(msgs: Sequence[Any]) -> list[Delivery]:
         try:
             metadata = msg.metadata
             attempt, seq = int(metadata.num_delivered), int(metadata.sequence.stream)
-        except Exception:  # noqa: BLE001 - not a JetStream delivery; can't be acked either
+        except Exception:
             logger.warning("fetch got a non-JetStream message subject=%s", msg.subject)
             continue
-        out.append(Delivery(subject=msg.subject, data=msg.data, headers=dict(msg.headers or {}), attempt=attempt, stream_seq=seq, msg=msg))
+        out.append(
+            Delivery(
+                subject=msg.subject,
+                data=msg.data,
+                headers=dict(msg.headers or {}),
+                attempt=attempt,
+                stream_seq=seq,
+                msg=msg,
+            )
+        )
     return out
 
 
@@ -232,10 +246,17 @@ def classify_publish_error(exc: BaseException) -> PublishResult:
         return PublishResult(Outcome.PERMANENT, f"larger than the server's max_payload: {exc}")
     if isinstance(exc, nats.js.errors.APIError) and exc.code is not None:
         if 400 <= int(exc.code) < 500 and int(exc.code) != 408:
-            return PublishResult(Outcome.PERMANENT, f"the stream refused it: {exc.description} (code {exc.code}, err_code {exc.err_code})")
+            return PublishResult(
+                Outcome.PERMANENT,
+                f"the stream refused it: {exc.description} (code {exc.code}, err_code {exc.err_code})",
+            )
         return PublishResult(Outcome.TEMPORARY, f"the stream is unavailable: {exc.description} (code {exc.code})")
     if isinstance(exc, nats.js.errors.NoStreamResponseError):
-        return PublishResult(Outcome.TEMPORARY, "no stream answered (no responders): is the stream there and JetStream up?", no_stream=True)
+        return PublishResult(
+            Outcome.TEMPORARY,
+            "no stream answered (no responders): is the stream there and JetStream up?",
+            no_stream=True,
+        )
     return PublishResult(Outcome.TEMPORARY, f"{type(exc).__name__}: {exc}".rstrip(": "))
 
 
@@ -249,6 +270,7 @@ def _jetstream_disabled(exc: BaseException | None) -> bool:
 
 # --- the transport -----------------------------------------------------------
 
+
 class Transport:
     """A NATS connection and its event loop, behind a synchronous API.
 
@@ -258,7 +280,14 @@ class Transport:
     raises ``BrokerUnavailable`` when NATS can't be reached.
     """
 
-    def __init__(self, url: str | None = None, options: dict[str, Any] | None = None, *, name: str = "django_platformkit", request_timeout_seconds: float = 5.0) -> None:
+    def __init__(
+        self,
+        url: str | None = None,
+        options: dict[str, Any] | None = None,
+        *,
+        name: str = "django_platformkit",
+        request_timeout_seconds: float = 5.0,
+    ) -> None:
         self.url = url or conf.settings.NATS_URL
         self.options = dict(conf.settings.NATS_OPTIONS if options is None else options)
         self.name = self.options.pop("name", name)
@@ -275,7 +304,9 @@ class Transport:
         self._keep_beater_future: Any = None
         self.connected = threading.Event()
         self._error_logged = False
-        self._last_error: BaseException | None = None  # the server's reason, for a failed connect (first error since connecting began)
+        self._last_error: BaseException | None = (
+            None  # the server's reason, for a failed connect (first error since connecting began)
+        )
         self._closing = False
 
     # -- the bridge --
@@ -309,7 +340,7 @@ class Transport:
             future.cancel()
             raise BrokerUnavailable(f"NATS did not answer within {timeout} s") from None
 
-    def submit(self, coro: Coroutine[Any, Any, Any]) -> "asyncio.Future[Any]":
+    def submit(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Future[Any]:
         """Schedule ``coro`` on the loop without waiting (fire and forget)."""
         return asyncio.run_coroutine_threadsafe(coro, self._ensure_loop())
 
@@ -389,13 +420,17 @@ class Transport:
             # nats-py never returns from a first connect whose TLS handshake
             # failed verification: the bridge's timeout ends it; say why.
             if self._last_error is not None:
-                raise BrokerUnavailable(self.redact(f"can't connect to NATS at {self.url}: {exc} (last error: {self._last_error})")) from exc
+                raise BrokerUnavailable(
+                    self.redact(f"can't connect to NATS at {self.url}: {exc} (last error: {self._last_error})")
+                ) from exc
             raise
-        except (OSError, nats.errors.Error, asyncio.TimeoutError) as exc:
+        except (TimeoutError, OSError, nats.errors.Error) as exc:
             # nats-py ends with "no servers available"; the server's reason
             # ('Authorization Violation', a TLS failure) came to error_cb.
             cause = self._last_error
-            why = f"{exc or type(exc).__name__}" + (f" (last error: {cause})" if cause and str(cause) != str(exc) else "")
+            why = f"{exc or type(exc).__name__}" + (
+                f" (last error: {cause})" if cause and str(cause) != str(exc) else ""
+            )
             if _jetstream_disabled(exc) or _jetstream_disabled(cause):
                 raise BrokerUnavailable(self.redact(_no_jetstream_text(self.url))) from exc
             raise BrokerUnavailable(self.redact(f"can't connect to NATS at {self.url}: {why}")) from exc
@@ -414,7 +449,9 @@ class Transport:
                 text = text.replace(secret, "***")
         return text
 
-    def connect_until(self, stop: threading.Event, *, retry_seconds: float = 2.0, give_up_after_seconds: float | None = None) -> bool:
+    def connect_until(
+        self, stop: threading.Event, *, retry_seconds: float = 2.0, give_up_after_seconds: float | None = None
+    ) -> bool:
         """Connect, retrying with a logged error until it works or ``stop`` is
         set. Returns whether it connected: a worker started during a broker
         outage waits for the broker instead of crash-looping. With
@@ -430,7 +467,12 @@ class Transport:
             except BrokerUnavailable as exc:
                 if deadline is not None and time.monotonic() + retry_seconds > deadline:
                     raise
-                logger.error("nats unreachable url=%s error=%s; retrying in %.0f s", conf.redact_url(self.url), self.redact(str(exc)), retry_seconds)
+                logger.error(
+                    "nats unreachable url=%s error=%s; retrying in %.0f s",
+                    conf.redact_url(self.url),
+                    self.redact(str(exc)),
+                    retry_seconds,
+                )
                 stop.wait(retry_seconds)
         return False
 
@@ -454,12 +496,13 @@ class Transport:
                     # flush, not drain: the acks are out once flushed, and
                     # draining would wait out every lingering pull request.
                     await self._nc.flush(timeout=2)
-                except Exception:  # noqa: BLE001 - closing anyway
+                except Exception:
                     pass
                 await self._nc.close()
+
         try:
             self.call(_close(), timeout=10)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             logger.debug("nats close error=%s", exc)
         self._loop.call_soon_threadsafe(self._loop.stop)
         if self._thread is not None:
@@ -532,7 +575,13 @@ class Transport:
                     ) from None
                 raise
             # Only now: a refused create must not leave a false "created" line.
-            logger.info("stream created stream=%s subjects=%s replicas=%s owner=%s", want.name, want.subjects, want.num_replicas, owner or "-")
+            logger.info(
+                "stream created stream=%s subjects=%s replicas=%s owner=%s",
+                want.name,
+                want.subjects,
+                want.num_replicas,
+                owner or "-",
+            )
             return created
         have = info.config
         if owner is not None:
@@ -542,7 +591,9 @@ class Transport:
             if theirs is None:
                 logger.warning(
                     "stream adopted stream=%s owner=%s: it recorded no owning database (made before identities); "
-                    "this database is recorded now, and another project's worker will be refused", want.name, owner,
+                    "this database is recorded now, and another project's worker will be refused",
+                    want.name,
+                    owner,
                 )
                 have.description = want.description
                 if want.metadata:
@@ -561,7 +612,10 @@ class Transport:
         if drift:
             logger.warning(
                 "stream drift stream=%s differs: %s. Update it with `nats stream edit %s` "
-                "(the stream is never deleted for you).", want.name, "; ".join(drift), want.name,
+                "(the stream is never deleted for you).",
+                want.name,
+                "; ".join(drift),
+                want.name,
             )
         return info
 
@@ -576,7 +630,7 @@ class Transport:
         return one ``PublishResult`` per message, in order."""
         return self.publish_start(messages, timeout=timeout).results()
 
-    def publish_start(self, messages: Sequence[OutgoingMessage], *, timeout: float = 10.0) -> "PendingPublish":
+    def publish_start(self, messages: Sequence[OutgoingMessage], *, timeout: float = 10.0) -> PendingPublish:
         """Hand ``messages`` to the loop and return at once; ``.results()``
         waits for the acks. Batches are sent in the order they were started,
         never interleaved, so a caller that starts batch N+1 while batch N's
@@ -608,14 +662,16 @@ class Transport:
                 # when nats-py's in-flight limit could make publish_async wait.
                 stall = timeout if js.publish_async_pending() >= _NO_STALL_BELOW else None
                 try:
-                    future = await js.publish_async(message.subject, message.body, headers={"Nats-Msg-Id": message.msg_id}, wait_stall=stall)
-                except Exception as exc:  # noqa: BLE001 - classified, never lost: the row stays pending
+                    future = await js.publish_async(
+                        message.subject, message.body, headers={"Nats-Msg-Id": message.msg_id}, wait_stall=stall
+                    )
+                except Exception as exc:
                     result = classify_publish_error(exc)
                     results[i] = result
                     if result.outcome is not Outcome.PERMANENT:
                         # A stall, a lost connection, a cancel: the rest would fail
                         # the same way, one timeout each. They stay pending.
-                        results[i + 1:] = [result] * (len(messages) - i - 1)
+                        results[i + 1 :] = [result] * (len(messages) - i - 1)
                         break
                     continue
                 futures.append((i, future))
@@ -675,7 +731,9 @@ class Transport:
 
     def consumer_info(self, durable: str) -> api.ConsumerInfo:
         """A durable's info (pending, ack pending, delivered). Raises ``BrokerUnavailable`` on timeout, ``nats.js.errors.NotFoundError`` if it doesn't exist."""
-        return self.call(self._js.consumer_info(conf.settings.STREAM, durable), timeout=self.request_timeout_seconds + 1)
+        return self.call(
+            self._js.consumer_info(conf.settings.STREAM, durable), timeout=self.request_timeout_seconds + 1
+        )
 
     async def _pull(self, durable: str, puller: int = 0):
         # One pull subscription per (durable, puller): nats-py's fetch() is not
@@ -692,34 +750,52 @@ class Transport:
         always carries an expiry, so an orphaned one can't hang the loop.
         Threads fetching the same durable at once pass distinct ``puller``
         numbers (each gets a pull subscription of its own)."""
-        return self.call(self._fetch(durable, batch, timeout, puller), timeout=timeout + self.request_timeout_seconds + 5)
+        return self.call(
+            self._fetch(durable, batch, timeout, puller), timeout=timeout + self.request_timeout_seconds + 5
+        )
 
     async def _fetch(self, durable: str, batch: int, timeout: float, puller: int = 0) -> list[Delivery]:
         sub = await self._pull(durable, puller)
         try:
             msgs = await sub.fetch(batch, timeout=timeout, heartbeat=1.0 if timeout >= 3.0 else None)
-        except (nats.errors.TimeoutError, asyncio.TimeoutError):
+        except (TimeoutError, nats.errors.TimeoutError):
             return []
         return to_deliveries(msgs)
 
     def pull_lane(
-        self, want: api.ConsumerConfig, *, credit: Callable[[], int], deliver: Callable[[list[Delivery]], None],
-        batch_size: int, linger_seconds: float = PULL_LINGER_SECONDS, heartbeat_seconds: float = PULL_HEARTBEAT_SECONDS,
-    ) -> "PullLane":
+        self,
+        want: api.ConsumerConfig,
+        *,
+        credit: Callable[[], int],
+        deliver: Callable[[list[Delivery]], None],
+        batch_size: int,
+        linger_seconds: float = PULL_LINGER_SECONDS,
+        heartbeat_seconds: float = PULL_HEARTBEAT_SECONDS,
+    ) -> PullLane:
         """Start pulling ``want``'s durable on the loop, for as long as the
         transport lives or until ``PullLane.stop()``; see ``PullLane``."""
-        lane = PullLane(self, want, credit=credit, deliver=deliver, batch_size=batch_size, linger_seconds=linger_seconds, heartbeat_seconds=heartbeat_seconds)
+        lane = PullLane(
+            self,
+            want,
+            credit=credit,
+            deliver=deliver,
+            batch_size=batch_size,
+            linger_seconds=linger_seconds,
+            heartbeat_seconds=heartbeat_seconds,
+        )
         lane.start()
         return lane
 
     def forget_pull(self, durable: str) -> None:
         """Drop a cached pull subscription (after the durable was recreated)."""
+
         async def _forget() -> None:
             for key in [k for k in self._pulls if k[0] == durable]:
                 try:
                     await self._pulls.pop(key).unsubscribe()
-                except Exception:  # noqa: BLE001
+                except Exception:
                     pass
+
         try:
             self.call(_forget(), timeout=5)
         except BrokerUnavailable:
@@ -732,9 +808,11 @@ class Transport:
 
     def ack_many(self, deliveries: Sequence[Delivery]) -> None:
         """Ack several deliveries in one trip through the loop, without waiting (see ``ack``)."""
+
         async def _acks() -> None:
             for d in deliveries:
                 await d.msg.ack()
+
         if deliveries:
             self.submit(_acks())
 
@@ -750,7 +828,7 @@ class Transport:
         """Restart the delivery's ack wait (work in progress). Raises ``BrokerUnavailable`` on timeout."""
         self.call(delivery.msg.in_progress(), timeout=self.request_timeout_seconds)
 
-    def keep_alive(self, deliveries: Sequence[Delivery], every_seconds: float) -> "KeepAlive":
+    def keep_alive(self, deliveries: Sequence[Delivery], every_seconds: float) -> KeepAlive:
         """Send in-progress acks for every delivery of a fetched batch, from
         fetch time, every ``every_seconds``: a message waiting behind others
         in the batch ages against its ack wait too. Stops per delivery at
@@ -791,14 +869,16 @@ class Transport:
                 for delivery in due:
                     try:
                         await delivery.msg.in_progress()
-                    except Exception as exc:  # noqa: BLE001 - the ack wait is the fallback
+                    except Exception as exc:
                         logger.debug("in-progress ack failed seq=%s error=%s", delivery.stream_seq, exc)
 
 
 class PendingPublish:
     """A batch handed to the loop by ``Transport.publish_start()``."""
 
-    def __init__(self, future: "concurrent.futures.Future[list[PublishResult]] | None", count: int, timeout: float) -> None:
+    def __init__(
+        self, future: concurrent.futures.Future[list[PublishResult]] | None, count: int, timeout: float
+    ) -> None:
         self._future = future
         self._count = count
         self._timeout = timeout
@@ -814,8 +894,10 @@ class PendingPublish:
             return self._future.result(2 * self._timeout + 5)
         except concurrent.futures.TimeoutError:
             self._future.cancel()
-            return [PublishResult(Outcome.TEMPORARY, f"NATS did not answer within {2 * self._timeout + 5:.0f} s")] * self._count
-        except Exception as exc:  # noqa: BLE001 - a bug in the loop must not lose rows: they stay pending
+            return [
+                PublishResult(Outcome.TEMPORARY, f"NATS did not answer within {2 * self._timeout + 5:.0f} s")
+            ] * self._count
+        except Exception as exc:
             logger.exception("publish batch failed")
             return [PublishResult(Outcome.TEMPORARY, f"{type(exc).__name__}: {exc}")] * self._count
 
@@ -881,7 +963,7 @@ def _pending_behind(msg: Any) -> bool:
     (its reply subject's ``num_pending``); True when that can't be read."""
     try:
         return int(msg.metadata.num_pending) > 0
-    except Exception:  # noqa: BLE001 - no metadata: assume more, the no_wait request finds out
+    except Exception:
         return True
 
 
@@ -914,7 +996,17 @@ class PullLane:
     (ADR-13) and nats-py's ``_fetch_n``, without its wait for a full batch.
     """
 
-    def __init__(self, transport: Transport, want: api.ConsumerConfig, *, credit: Callable[[], int], deliver: Callable[[list[Delivery]], None], batch_size: int, linger_seconds: float, heartbeat_seconds: float) -> None:
+    def __init__(
+        self,
+        transport: Transport,
+        want: api.ConsumerConfig,
+        *,
+        credit: Callable[[], int],
+        deliver: Callable[[list[Delivery]], None],
+        batch_size: int,
+        linger_seconds: float,
+        heartbeat_seconds: float,
+    ) -> None:
         self.transport = transport
         self.want = want
         self.durable = want.durable_name
@@ -962,7 +1054,9 @@ class PullLane:
                 want = min(self._credit(), self.batch_size)
                 if want <= 0:
                     self._wake.clear()
-                    if min(self._credit(), self.batch_size) <= 0:  # re-read after clear(): a wake in between is not lost
+                    if (
+                        min(self._credit(), self.batch_size) <= 0
+                    ):  # re-read after clear(): a wake in between is not lost
                         await self._wake.wait()
                     continue
                 try:
@@ -980,15 +1074,25 @@ class PullLane:
                         msgs = await self._request(want, linger=True)
                     delay = 0.5
                 except (PullLost, nats.js.errors.APIError, nats.errors.NoRespondersError) as exc:
-                    logger.error("pull failed consumer=%s error=%s; re-ensuring the durable in %.1fs", self.durable, exc or type(exc).__name__, delay)
+                    logger.error(
+                        "pull failed consumer=%s error=%s; re-ensuring the durable in %.1fs",
+                        self.durable,
+                        exc or type(exc).__name__,
+                        delay,
+                    )
                     await self._reset()
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, 10.0)
                     await self._reensure()
                     maybe_more = True
                     continue
-                except (nats.errors.Error, OSError, asyncio.TimeoutError) as exc:
-                    logger.error("pull failed consumer=%s broker error=%s; retrying in %.1fs", self.durable, exc or type(exc).__name__, delay)
+                except (TimeoutError, nats.errors.Error, OSError) as exc:
+                    logger.error(
+                        "pull failed consumer=%s broker error=%s; retrying in %.1fs",
+                        self.durable,
+                        exc or type(exc).__name__,
+                        delay,
+                    )
                     await self._reset()
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, 10.0)
@@ -1002,7 +1106,7 @@ class PullLane:
                     self._deliver(deliveries)
         except asyncio.CancelledError:
             pass
-        except BaseException as exc:  # noqa: BLE001 - recorded: the worker's watchdog ends the process on it
+        except BaseException as exc:
             self.error = exc
             logger.exception("pull lane crashed consumer=%s", self.durable)
         finally:
@@ -1029,7 +1133,7 @@ class PullLane:
             while True:
                 try:
                     msg = self._sub._pending_queue.get_nowait()
-                except Exception:  # noqa: BLE001 - empty
+                except Exception:
                     break
                 if not (msg.headers or {}).get("Status"):
                     held.append(msg)
@@ -1042,7 +1146,7 @@ class PullLane:
             await self.transport._ensure_consumer(self.want)
         except ConsumerDrift:
             raise
-        except Exception as exc:  # noqa: BLE001 - the next pull tries again
+        except Exception as exc:
             logger.error("durable not ensured consumer=%s error=%s", self.durable, exc or type(exc).__name__)
 
     async def _request(self, batch: int, *, linger: bool) -> list[Any]:
@@ -1063,12 +1167,16 @@ class PullLane:
             request["no_wait"] = True  # no expires: with one the server would linger
             gap = self.transport.request_timeout_seconds
         nc = self.transport._nc
-        await nc.publish(f"$JS.API.CONSUMER.MSG.NEXT.{conf.settings.STREAM}.{self.durable}", json.dumps(request).encode(), reply=reply)
+        await nc.publish(
+            f"$JS.API.CONSUMER.MSG.NEXT.{conf.settings.STREAM}.{self.durable}",
+            json.dumps(request).encode(),
+            reply=reply,
+        )
         msgs = self._held = []
         while len(msgs) < batch and not self._stopped:
             try:
                 msg = await _next_msg(sub, gap)
-            except (nats.errors.TimeoutError, asyncio.TimeoutError):
+            except (TimeoutError, nats.errors.TimeoutError):
                 if msgs:
                     return msgs
                 raise PullLost(f"no answer to a pull request within {gap:g} s") from None

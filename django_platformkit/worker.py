@@ -38,10 +38,11 @@ import nats.errors
 from django.db import DatabaseError, connections
 
 from . import conf
-from .consumer import Consumer, Subscription, subscriptions as registered_subscriptions
+from .consumer import Consumer, Subscription
+from .consumer import subscriptions as registered_subscriptions
 from .exceptions import BrokerUnavailable, ConsumerDrift, DatabaseUnavailable
-from .identity import database_identity
 from .heartbeat import Heartbeat
+from .identity import database_identity
 from .models import OutboxEvent
 from .relay import Relay
 from .transport import Delivery, PullLane, Transport, max_ack_pending_for
@@ -104,7 +105,9 @@ def desired_consumer_config(subscription: Subscription):
     ``consumer_config()`` with the ``max_ack_pending`` that fits its
     concurrency and ``max_ack_pending`` override."""
     want = subscription.consumer_config()
-    want.max_ack_pending = max_ack_pending_for(subscription.concurrency, getattr(subscription, "max_ack_pending_override", None))
+    want.max_ack_pending = max_ack_pending_for(
+        subscription.concurrency, getattr(subscription, "max_ack_pending_override", None)
+    )
     return want
 
 
@@ -196,16 +199,25 @@ class Worker:
         """Run until stopped (or drained, with ``burst``). Returns the exit code."""
         try:
             # A burst is a script's step: fail it rather than wait forever for a broker.
-            if not self.transport.connect_until(self.stop_event, give_up_after_seconds=self.connect_timeout_seconds if self.burst else None):
+            if not self.transport.connect_until(
+                self.stop_event, give_up_after_seconds=self.connect_timeout_seconds if self.burst else None
+            ):
                 return self._stopped_in_start_up()
             # owner: refuse a stream another project's database owns (identity.py).
-            self._retry_until_stopped(lambda: self.transport.ensure_stream(owner=database_identity(self.using)), f"stream {conf.settings.STREAM}")
+            self._retry_until_stopped(
+                lambda: self.transport.ensure_stream(owner=database_identity(self.using)),
+                f"stream {conf.settings.STREAM}",
+            )
             if self.want_consumers:
                 for subscription in self.subscriptions:
                     want = desired_consumer_config(subscription)
-                    self._retry_until_stopped(lambda want=want: self.transport.ensure_consumer(want), f"durable {subscription.durable}")
+                    self._retry_until_stopped(
+                        lambda want=want: self.transport.ensure_consumer(want), f"durable {subscription.durable}"
+                    )
                     consumers = [
-                        Consumer(subscription, self.transport, using=self.using, stop=self.stop_event, instance=instance)
+                        Consumer(
+                            subscription, self.transport, using=self.using, stop=self.stop_event, instance=instance
+                        )
                         for instance in range(subscription.concurrency)
                     ]
                     self.consumers += consumers
@@ -216,12 +228,20 @@ class Worker:
             self._write_final_health()
             self.transport.close()
             raise
-        self.heartbeat = Heartbeat([s.name for s in self.subscriptions] if self.want_consumers else [], using=self.using)  # the admin overview's "workers seen"
+        self.heartbeat = Heartbeat(
+            [s.name for s in self.subscriptions] if self.want_consumers else [], using=self.using
+        )  # the admin overview's "workers seen"
         logger.info(
             "worker started pid=%s relay=%s subscriptions=%s threads=%s batch_size=%s scheduler=%s burst=%s",
-            os.getpid(), self.want_relay, len(self._lanes) if self.want_consumers else "-",
-            min(int(conf.settings.CONSUMER_THREADS), max(1, sum(len(lane.consumers) for lane in self._lanes))) if self._lanes else 0,
-            conf.settings.CONSUMER_BATCH_SIZE, self.want_scheduler, self.burst,
+            os.getpid(),
+            self.want_relay,
+            len(self._lanes) if self.want_consumers else "-",
+            min(int(conf.settings.CONSUMER_THREADS), max(1, sum(len(lane.consumers) for lane in self._lanes)))
+            if self._lanes
+            else 0,
+            conf.settings.CONSUMER_BATCH_SIZE,
+            self.want_scheduler,
+            self.burst,
         )
         try:
             if self.burst:
@@ -260,7 +280,9 @@ class Worker:
         connections.close_all()
         self._write_final_health()
         logger.info(
-            "worker stopped exit=%s uptime=%.0fs totals %s", self.exit_code, time.monotonic() - self._started,
+            "worker stopped exit=%s uptime=%.0fs totals %s",
+            self.exit_code,
+            time.monotonic() - self._started,
             " ".join(f"{k}={v}" for k, v in self.counts().items()),
         )
 
@@ -290,7 +312,9 @@ class Worker:
             except ConsumerDrift:
                 raise
             except (BrokerUnavailable, DatabaseUnavailable, nats.errors.Error, TimeoutError) as exc:
-                logger.error("%s: unavailable error=%s; retrying in %.1fs", what, self.transport.redact(str(exc)), delay)
+                logger.error(
+                    "%s: unavailable error=%s; retrying in %.1fs", what, self.transport.redact(str(exc)), delay
+                )
                 self.stop_event.wait(delay)
                 delay = min(delay * 2, 10)
 
@@ -311,7 +335,7 @@ class Worker:
     def _guard(self, name: str, target, *args) -> None:
         try:
             target(*args)
-        except BaseException as exc:  # noqa: BLE001 - SystemExit too: a dead thread must end the process
+        except BaseException as exc:
             self._crash(name, exc)
         finally:
             connections.close_all()
@@ -319,7 +343,13 @@ class Worker:
     def _crash(self, name: str, exc: BaseException | None) -> None:
         # Never a live process that no longer consumes: stop everything and
         # exit non-zero so the supervisor starts a fresh one.
-        logger.critical("worker thread crashed thread=%s error=%r; stopping the worker exit=%s", name, exc, EXIT_CRASHED, exc_info=exc)
+        logger.critical(
+            "worker thread crashed thread=%s error=%r; stopping the worker exit=%s",
+            name,
+            exc,
+            EXIT_CRASHED,
+            exc_info=exc,
+        )
         self._crashed = name
         self.exit_code = EXIT_CRASHED
         self.stop_event.set()
@@ -415,7 +445,13 @@ class Worker:
         except (DatabaseError, BrokerUnavailable, nats.errors.Error, TimeoutError, OSError) as exc:
             # Outside a handler (the consumer settles a handler's own errors):
             # an outage. Hand the unit back; the claim makes a redo harmless.
-            logger.error("consumer subscription=%s error=%s; handing back deliveries=%s, retrying in %.1fs", consumer.subscription.name, exc, len(deliveries), POOL_ERROR_BACKOFF_SECONDS)
+            logger.error(
+                "consumer subscription=%s error=%s; handing back deliveries=%s, retrying in %.1fs",
+                consumer.subscription.name,
+                exc,
+                len(deliveries),
+                POOL_ERROR_BACKOFF_SECONDS,
+            )
             with contextlib.suppress(Exception):
                 connections[self.using].close()
             for delivery in deliveries:
@@ -435,7 +471,8 @@ class Worker:
                 counts = self.counts()
                 if counts != last_counts:
                     logger.info(
-                        "progress interval=%.0fs %s", now - last_logged,
+                        "progress interval=%.0fs %s",
+                        now - last_logged,
                         " ".join(f"{k}={counts[k] - last_counts.get(k, 0)}" for k in counts),
                     )
                 last_counts, last_logged = counts, now
@@ -451,10 +488,19 @@ class Worker:
                     warned.add(id(consumer))
                     logger.error(
                         "handler stuck subscription=%s running=%.0fs timeout=%ss: its ack is no longer extended; "
-                        "the worker exits in %.0fs unless it returns", consumer.subscription.name, running, timeout, timeout + grace - running,
+                        "the worker exits in %.0fs unless it returns",
+                        consumer.subscription.name,
+                        running,
+                        timeout,
+                        timeout + grace - running,
                     )
                 if running > timeout + grace:
-                    logger.critical("handler stuck subscription=%s running=%.0fs: exiting status=%s so the supervisor restarts the worker", consumer.subscription.name, running, EXIT_STUCK_HANDLER)
+                    logger.critical(
+                        "handler stuck subscription=%s running=%.0fs: exiting status=%s so the supervisor restarts the worker",
+                        consumer.subscription.name,
+                        running,
+                        EXIT_STUCK_HANDLER,
+                    )
                     self._write_health(stuck=consumer.subscription.name)
                     logging.shutdown()
                     os._exit(EXIT_STUCK_HANDLER)
@@ -471,21 +517,33 @@ class Worker:
             return
         for lane in self._lanes:
             puller = lane.puller
-            if puller is not None and (puller.error is not None or (puller.future is not None and puller.future.done())):
+            if puller is not None and (
+                puller.error is not None or (puller.future is not None and puller.future.done())
+            ):
                 self._crash(f"pull-{puller.durable}", puller.error or RuntimeError("the pull lane ended"))
                 return
 
     def health(self, stuck: str | None = None) -> dict[str, Any]:
         now = time.monotonic()
         timeout = float(conf.settings.HANDLER_TIMEOUT_SECONDS)
-        stuck_subscriptions = sorted({c.subscription.name for c in self.consumers if c.handler_started is not None and now - c.handler_started > timeout})
+        stuck_subscriptions = sorted(
+            {
+                c.subscription.name
+                for c in self.consumers
+                if c.handler_started is not None and now - c.handler_started > timeout
+            }
+        )
         stopped = self.stop_event.is_set()
         return {
             "pid": os.getpid(),
             "uptime_seconds": round(now - self._started, 1),
             "broker_connected": self.transport.connected.is_set(),
             "stuck_handlers": stuck_subscriptions or ([stuck] if stuck else []),
-            "healthy": not stuck_subscriptions and not stuck and not stopped and self._crashed is None and self.transport.connected.is_set(),
+            "healthy": not stuck_subscriptions
+            and not stuck
+            and not stopped
+            and self._crashed is None
+            and self.transport.connected.is_set(),
             "stopped": stopped,
             "crashed": self._crashed,
             "counts": self.counts(),
@@ -495,7 +553,9 @@ class Worker:
     def _write_health(self, stuck: str | None = None, final: bool = False) -> None:
         if self.health_file is None:
             return
-        tmp = self.health_file.with_name(f"{self.health_file.name}.{os.getpid()}.{threading.get_ident()}.tmp")  # one per writer: --processes children share a folder
+        tmp = self.health_file.with_name(
+            f"{self.health_file.name}.{os.getpid()}.{threading.get_ident()}.tmp"
+        )  # one per writer: --processes children share a folder
         try:
             state = self.health(stuck)
             if final:
@@ -572,9 +632,14 @@ class Worker:
         for lane in self._lanes:
             try:
                 info = self.transport.consumer_info(lane.subscription.durable)
-            except Exception:  # noqa: BLE001
+            except Exception:
                 return False
-            logger.debug("burst check consumer=%s pending=%s ack_pending=%s", lane.subscription.durable, info.num_pending, info.num_ack_pending)
+            logger.debug(
+                "burst check consumer=%s pending=%s ack_pending=%s",
+                lane.subscription.durable,
+                info.num_pending,
+                info.num_ack_pending,
+            )
             if info.num_pending or info.num_ack_pending:
                 return False
         return True

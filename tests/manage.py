@@ -1,5 +1,6 @@
 #!/usr/bin/env python
 """manage.py for the worker processes the tests start."""
+
 import os
 import sys
 from pathlib import Path

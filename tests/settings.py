@@ -94,7 +94,9 @@ LOGGING = {
     "disable_existing_loggers": False,
     "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "formatters": {"plain": {"format": "%(asctime)s %(process)d %(levelname)s %(name)s %(message)s"}},
-    "loggers": {"django_platformkit": {"handlers": ["stderr"], "level": os.environ.get("PLATFORMKIT_LOG_LEVEL", "INFO")}},
+    "loggers": {
+        "django_platformkit": {"handlers": ["stderr"], "level": os.environ.get("PLATFORMKIT_LOG_LEVEL", "INFO")}
+    },
 }
 
 # django.tasks (Django 6+): the test app's tasks are decorated against these
@@ -103,7 +105,9 @@ LOGGING = {
 # tests' workers don't get the task subscriptions.
 TASKS = {
     "default": {
-        "BACKEND": "django_platformkit.tasks.OutboxBackend" if os.environ.get("PLATFORMKIT_TEST_TASKS") else "django.tasks.backends.immediate.ImmediateBackend",
+        "BACKEND": "django_platformkit.tasks.OutboxBackend"
+        if os.environ.get("PLATFORMKIT_TEST_TASKS")
+        else "django.tasks.backends.immediate.ImmediateBackend",
         "QUEUES": ["default", "emails"],
     }
 }

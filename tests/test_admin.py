@@ -29,7 +29,9 @@ TRACEBACK = 'Traceback (most recent call last):\n  File "handler.py", line 3\nRu
 
 def _user(username: str, *codenames: str) -> User:
     user = User.objects.create_user(username, is_staff=True)  # no password: no slow hashing
-    user.user_permissions.set(Permission.objects.filter(content_type__app_label="django_platformkit", codename__in=codenames))
+    user.user_permissions.set(
+        Permission.objects.filter(content_type__app_label="django_platformkit", codename__in=codenames)
+    )
     return user
 
 
@@ -46,13 +48,27 @@ def viewer() -> User:
     return _user("victor", *VIEW_ALL)
 
 
-def dead_letter(name: str = "testapp.flaky", *, subscription: str = "testapp.flaky", tenant: str | None = None,
-                payload: dict | None = None, error: str = "RuntimeError: card declined\nsecond line", attempts: int = 3) -> DeadLetter:
+def dead_letter(
+    name: str = "testapp.flaky",
+    *,
+    subscription: str = "testapp.flaky",
+    tenant: str | None = None,
+    payload: dict | None = None,
+    error: str = "RuntimeError: card declined\nsecond line",
+    attempts: int = 3,
+) -> DeadLetter:
     with transaction.atomic():
         event_id = publish(name, payload if payload is not None else {"order": 7, "note": "ünïcode"}, tenant=tenant)
     OutboxEvent.objects.filter(pk=event_id).update(published_at=timezone.now())
-    assert record_dead_letter(subscription=subscription, event_id=event_id, name=name, tenant=tenant,
-                              attempts=attempts, error=error, traceback=TRACEBACK)
+    assert record_dead_letter(
+        subscription=subscription,
+        event_id=event_id,
+        name=name,
+        tenant=tenant,
+        attempts=attempts,
+        error=error,
+        traceback=TRACEBACK,
+    )
     return DeadLetter.objects.get(event_id=event_id, subscription=subscription)
 
 
@@ -68,12 +84,23 @@ def changelist(client, **params):
 
 # --- dead letters: list, filters, dates, search, detail -----------------------
 
-def test_the_dead_letter_list_shows_time_event_subscription_tenant_attempts_event_id_and_the_first_error_line(client, viewer):
+
+def test_the_dead_letter_list_shows_time_event_subscription_tenant_attempts_event_id_and_the_first_error_line(
+    client, viewer
+):
     row = dead_letter(tenant="acme", attempts=4)
     client.force_login(viewer)
     response = changelist(client)
     html = response.content.decode()
-    for column in ("column-failed", "column-name", "column-subscription", "column-tenant", "column-attempts", "column-event_id", "column-error_first_line"):
+    for column in (
+        "column-failed",
+        "column-name",
+        "column-subscription",
+        "column-tenant",
+        "column-attempts",
+        "column-event_id",
+        "column-error_first_line",
+    ):
         assert column in html
     assert "testapp.flaky" in html and "acme" in html and ">4<" in html
     assert str(row.event_id) in html
@@ -121,7 +148,9 @@ def test_the_dead_letter_page_shows_the_payload_as_json_the_traceback_and_links_
     response = client.get(reverse("admin:django_platformkit_deadletter_change", args=[row.pk]))
     assert response.status_code == 200
     html = response.content.decode()
-    pretty = json.dumps({"order": 7, "lines": [{"sku": "A-1", "qty": 2}]}, indent=2, sort_keys=True).replace('"', "&quot;")
+    pretty = json.dumps({"order": 7, "lines": [{"sku": "A-1", "qty": 2}]}, indent=2, sort_keys=True).replace(
+        '"', "&quot;"
+    )
     assert pretty in html
     assert "RuntimeError: card declined" in html and "File &quot;handler.py&quot;, line 3" in html
     assert reverse("admin:django_platformkit_outboxevent_change", args=[row.event_id]) in html
@@ -140,7 +169,15 @@ def test_the_dead_letter_page_offers_replay_and_discard_to_an_operator(client, o
 
 def test_a_dead_letter_whose_outbox_row_is_gone_says_so(client, viewer):
     event_id = uuid.uuid4()
-    record_dead_letter(subscription="testapp.flaky", event_id=event_id, name="(malformed)", tenant=None, attempts=1, error="malformed", traceback="{not json")
+    record_dead_letter(
+        subscription="testapp.flaky",
+        event_id=event_id,
+        name="(malformed)",
+        tenant=None,
+        attempts=1,
+        error="malformed",
+        traceback="{not json",
+    )
     row = DeadLetter.objects.get(event_id=event_id)
     client.force_login(viewer)
     html = client.get(reverse("admin:django_platformkit_deadletter_change", args=[row.pk])).content.decode()
@@ -151,7 +188,10 @@ def test_nobody_adds_edits_or_deletes_a_dead_letter_by_hand(client, admin_user):
     row = dead_letter()
     client.force_login(admin_user)
     assert client.get(reverse("admin:django_platformkit_deadletter_add")).status_code == 403
-    assert client.post(reverse("admin:django_platformkit_deadletter_change", args=[row.pk]), {"attempts": 1}).status_code == 403
+    assert (
+        client.post(reverse("admin:django_platformkit_deadletter_change", args=[row.pk]), {"attempts": 1}).status_code
+        == 403
+    )
     assert client.get(reverse("admin:django_platformkit_deadletter_delete", args=[row.pk])).status_code == 403
     actions = [name for name, _ in changelist(client).context["action_form"].fields["action"].choices]
     assert "delete_selected" not in actions
@@ -165,6 +205,7 @@ def test_staff_without_view_permission_sees_no_dead_letters(client):
 
 
 # --- Replay ------------------------------------------------------------------
+
 
 def _action(client, action: str, rows: list[DeadLetter], **extra):
     data = {"action": action, "_selected_action": [str(r.pk) for r in rows], **extra}
@@ -192,8 +233,11 @@ def test_replay_asks_for_a_reason_then_replays_as_the_signed_in_user(client, ope
     assert OutboxEvent.objects.get(pk=row.event_id).published_at is None
     audit = OutboxEvent.objects.get(name="platformkit.event_replayed")
     assert audit.payload == {
-        "event_id": str(row.event_id), "name": "testapp.flaky", "subscription": "testapp.flaky",
-        "actor": "olga", "reason": "card processor fixed",
+        "event_id": str(row.event_id),
+        "name": "testapp.flaky",
+        "subscription": "testapp.flaky",
+        "actor": "olga",
+        "reason": "card processor fixed",
     }
 
 
@@ -210,7 +254,15 @@ def test_replay_without_a_reason_asks_again_and_changes_nothing(client, operator
 def test_replay_of_many_rows_reports_each_outcome(client, operator):
     first, second = dead_letter(), dead_letter("testapp.order_placed", subscription="testapp.record_order")
     gone = uuid.uuid4()  # a malformed message: its id is no outbox row
-    record_dead_letter(subscription="testapp.slow", event_id=gone, name="(malformed)", tenant=None, attempts=1, error="malformed", traceback="")
+    record_dead_letter(
+        subscription="testapp.slow",
+        event_id=gone,
+        name="(malformed)",
+        tenant=None,
+        attempts=1,
+        error="malformed",
+        traceback="",
+    )
     malformed = DeadLetter.objects.get(event_id=gone)
     client.force_login(operator)
     done = _action(client, "replay_selected", [first, second, malformed], confirm="yes", reason="deploy 42 fixed it")
@@ -233,7 +285,12 @@ def test_replay_needs_the_replay_permission_not_just_staff(client, viewer):
     assert not OutboxEvent.objects.filter(name="platformkit.event_replayed").exists()
     assert changelist(client).context["action_form"] is None  # no action this user may run
     assert client.get(reverse("admin:django_platformkit_deadletter_replay", args=[row.pk])).status_code == 403
-    assert client.post(reverse("admin:django_platformkit_deadletter_replay", args=[row.pk]), {"confirm": "yes", "reason": "x"}).status_code == 403
+    assert (
+        client.post(
+            reverse("admin:django_platformkit_deadletter_replay", args=[row.pk]), {"confirm": "yes", "reason": "x"}
+        ).status_code
+        == 403
+    )
     assert DeadLetter.objects.filter(pk=row.pk).exists()
 
 
@@ -257,6 +314,7 @@ def test_the_page_of_a_dead_letter_that_is_gone_redirects(client, operator):
 
 # --- Discard -------------------------------------------------------------------
 
+
 def test_discard_removes_the_dead_letter_keeps_the_claim_and_leaves_the_row_purgeable(client, operator):
     row = dead_letter()
     client.force_login(operator)
@@ -278,15 +336,23 @@ def test_discard_needs_the_replay_permission_and_a_reason(client, viewer, operat
     row = dead_letter()
     client.force_login(viewer)
     _action(client, "discard_selected", [row], confirm="yes", reason="no")
-    assert client.post(reverse("admin:django_platformkit_deadletter_discard", args=[row.pk]), {"confirm": "yes", "reason": "x"}).status_code == 403
+    assert (
+        client.post(
+            reverse("admin:django_platformkit_deadletter_discard", args=[row.pk]), {"confirm": "yes", "reason": "x"}
+        ).status_code
+        == 403
+    )
     assert DeadLetter.objects.filter(pk=row.pk).exists()
     client.force_login(operator)
-    response = client.post(reverse("admin:django_platformkit_deadletter_discard", args=[row.pk]), {"confirm": "yes", "reason": ""})
+    response = client.post(
+        reverse("admin:django_platformkit_deadletter_discard", args=[row.pk]), {"confirm": "yes", "reason": ""}
+    )
     assert response.status_code == 200 and "a reason is required" in response.content.decode()
     assert DeadLetter.objects.filter(pk=row.pk).exists()
 
 
 # --- the outbox, claims and jobs ------------------------------------------------
+
 
 def test_the_outbox_list_shows_status_age_and_the_relay_lag_at_the_top(client, viewer):
     with transaction.atomic():
@@ -326,7 +392,12 @@ def test_an_outbox_row_page_is_read_only_and_links_its_dead_letters_and_claims(c
     assert f"{reverse(CHANGELIST)}?q={row.event_id}" in html and "1 dead letter(s)" in html and "1 claim(s)" in html
     assert 'name="_save"' not in html
     assert client.get(reverse("admin:django_platformkit_outboxevent_add")).status_code == 403
-    assert client.post(reverse("admin:django_platformkit_outboxevent_change", args=[row.event_id]), {"name": "x"}).status_code == 403
+    assert (
+        client.post(
+            reverse("admin:django_platformkit_outboxevent_change", args=[row.event_id]), {"name": "x"}
+        ).status_code
+        == 403
+    )
 
 
 def test_claims_are_read_only_with_search_by_event_id(client, admin_user):
@@ -339,7 +410,12 @@ def test_claims_are_read_only_with_search_by_event_id(client, admin_user):
     claim = HandledEvent.objects.get(event_id=row.event_id)
     assert client.get(reverse("admin:django_platformkit_handledevent_change", args=[claim.pk])).status_code == 200
     assert client.get(reverse("admin:django_platformkit_handledevent_add")).status_code == 403
-    assert client.post(reverse("admin:django_platformkit_handledevent_change", args=[claim.pk]), {"subscription": "x"}).status_code == 403
+    assert (
+        client.post(
+            reverse("admin:django_platformkit_handledevent_change", args=[claim.pk]), {"subscription": "x"}
+        ).status_code
+        == 403
+    )
 
 
 def test_job_state_is_read_only(client, admin_user):
@@ -350,7 +426,12 @@ def test_job_state_is_read_only(client, admin_user):
     html = response.content.decode()
     assert "testapp.gone_job" in html and "— (no longer declared)" in html and "Boom" in html
     assert client.get(reverse("admin:django_platformkit_jobstate_add")).status_code == 403
-    assert client.post(reverse("admin:django_platformkit_jobstate_change", args=["testapp.gone_job"]), {"name": "x"}).status_code == 403
+    assert (
+        client.post(
+            reverse("admin:django_platformkit_jobstate_change", args=["testapp.gone_job"]), {"name": "x"}
+        ).status_code
+        == 403
+    )
 
 
 def test_job_state_shows_schedule_time_zone_last_run_and_next_slot(client, admin_user, registries):  # noqa: F811
@@ -359,24 +440,32 @@ def test_job_state_shows_schedule_time_zone_last_run_and_next_slot(client, admin
 
     jobs.job(cron="0 3 * * *", timezone="Europe/Paris", name="testapp.nightly_report")(nightly_report)
     slot = datetime.datetime(2026, 1, 5, 2, tzinfo=datetime.UTC)
-    JobState.objects.create(name="testapp.nightly_report", last_slot=slot, started_at=slot, finished_at=slot + datetime.timedelta(seconds=3))
+    JobState.objects.create(
+        name="testapp.nightly_report", last_slot=slot, started_at=slot, finished_at=slot + datetime.timedelta(seconds=3)
+    )
     client.force_login(admin_user)
     response = client.get(reverse("admin:django_platformkit_jobstate_changelist"))
     html = response.content.decode()
     assert "cron 0 3 * * * (Europe/Paris)" in html
     assert "column-next_slot" in html and "column-time_zone" in html and "column-last_slot_at" in html
-    assert '<time datetime="2026-01-05T02:00:00+00:00">2026-01-05 02:00:00 UTC</time>' in html  # the last slot, to the second
+    assert (
+        '<time datetime="2026-01-05T02:00:00+00:00">2026-01-05 02:00:00 UTC</time>' in html
+    )  # the last slot, to the second
     row = JobState.objects.get(name="testapp.nightly_report")
     spec = {s.name: s for s in jobs.jobs()}["testapp.nightly_report"]
     expected = spec.next_slot(timezone.now())
     assert expected.astimezone(zoneinfo.ZoneInfo("Europe/Paris")).hour == 3
     shown = str(response.context["cl"].model_admin.next_slot(row))
-    assert f'<time datetime="{expected.isoformat()}">{expected:%Y-%m-%d %H:%M:%S} UTC</time>' in shown and " · in " in shown
+    assert (
+        f'<time datetime="{expected.isoformat()}">{expected:%Y-%m-%d %H:%M:%S} UTC</time>' in shown
+        and " · in " in shown
+    )
     detail = client.get(reverse("admin:django_platformkit_jobstate_change", args=["testapp.nightly_report"]))
     assert detail.status_code == 200 and "Europe/Paris" in detail.content.decode()
 
 
 # --- what an operator reads: times, terminal claims, attempts, history ---------
+
 
 def test_list_times_show_seconds_and_a_relative_age(client, viewer):
     row = dead_letter()
@@ -398,20 +487,33 @@ def test_a_terminal_claim_is_marked_as_such_on_the_claims_list_and_the_outbox_ro
     with transaction.atomic():
         ok = publish("testapp.order_placed", {"n": 1})
     HandledEvent.objects.create(subscription="testapp.record_order", event_id=ok)
-    HandledEvent.objects.create(subscription="testapp.count_order", event_id=failed.event_id)  # handled by another subscription
+    HandledEvent.objects.create(
+        subscription="testapp.count_order", event_id=failed.event_id
+    )  # handled by another subscription
     client.force_login(viewer)
     url = reverse("admin:django_platformkit_handledevent_changelist")
     response = client.get(url)
     kinds = {(c.subscription, c.event_id): c.terminal for c in response.context["cl"].result_list}
-    assert kinds == {("testapp.flaky", failed.event_id): True, ("testapp.record_order", ok): False, ("testapp.count_order", failed.event_id): False}
+    assert kinds == {
+        ("testapp.flaky", failed.event_id): True,
+        ("testapp.record_order", ok): False,
+        ("testapp.count_order", failed.event_id): False,
+    }
     html = response.content.decode()
     assert html.count("terminal: dead-lettered</strong>") == 1
-    assert [c.subscription for c in client.get(url, {"kind": "terminal"}).context["cl"].result_list] == ["testapp.flaky"]
-    assert {c.subscription for c in client.get(url, {"kind": "handled"}).context["cl"].result_list} == {"testapp.record_order", "testapp.count_order"}
+    assert [c.subscription for c in client.get(url, {"kind": "terminal"}).context["cl"].result_list] == [
+        "testapp.flaky"
+    ]
+    assert {c.subscription for c in client.get(url, {"kind": "handled"}).context["cl"].result_list} == {
+        "testapp.record_order",
+        "testapp.count_order",
+    }
     detail = client.get(reverse("admin:django_platformkit_outboxevent_change", args=[failed.event_id])).content.decode()
-    claims = detail[detail.index('class="platformkit-claims"'):]
+    claims = detail[detail.index('class="platformkit-claims"') :]
     assert "<td>testapp.count_order</td><td>handled</td>" in claims
-    assert '<td>testapp.flaky</td><td><strong class="platformkit-terminal">terminal: dead-lettered</strong></td>' in claims
+    assert (
+        '<td>testapp.flaky</td><td><strong class="platformkit-terminal">terminal: dead-lettered</strong></td>' in claims
+    )
 
 
 def test_the_claims_list_costs_the_same_queries_for_one_row_or_many(client, viewer, django_assert_max_num_queries):
@@ -428,16 +530,40 @@ def _attempts_as_the_runtime_writes_them(row: DeadLetter) -> None:
     from django_platformkit.models import Attempt
 
     start = timezone.now() - datetime.timedelta(minutes=3)
-    Attempt.objects.create(subscription=row.subscription, event_id=row.event_id, attempt=1, outcome=Attempt.FAILED,
-                           started_at=start, finished_at=start + datetime.timedelta(milliseconds=40),
-                           error="TimeoutError: gateway timed out", traceback="Traceback ...\nTimeoutError: gateway timed out", worker="web-1:4242")
-    Attempt.objects.create(subscription=row.subscription, event_id=row.event_id, attempt=2, outcome=Attempt.FAILED,
-                           started_at=start + datetime.timedelta(minutes=1), finished_at=start + datetime.timedelta(minutes=1, seconds=3),
-                           error="RuntimeError: card declined", traceback=TRACEBACK, worker="web-2:77")
-    Attempt.objects.create(subscription=row.subscription, event_id=row.event_id, attempt=3, outcome=Attempt.RUNNING,
-                           started_at=start + datetime.timedelta(minutes=2), worker="web-1:4243")
+    Attempt.objects.create(
+        subscription=row.subscription,
+        event_id=row.event_id,
+        attempt=1,
+        outcome=Attempt.FAILED,
+        started_at=start,
+        finished_at=start + datetime.timedelta(milliseconds=40),
+        error="TimeoutError: gateway timed out",
+        traceback="Traceback ...\nTimeoutError: gateway timed out",
+        worker="web-1:4242",
+    )
+    Attempt.objects.create(
+        subscription=row.subscription,
+        event_id=row.event_id,
+        attempt=2,
+        outcome=Attempt.FAILED,
+        started_at=start + datetime.timedelta(minutes=1),
+        finished_at=start + datetime.timedelta(minutes=1, seconds=3),
+        error="RuntimeError: card declined",
+        traceback=TRACEBACK,
+        worker="web-2:77",
+    )
+    Attempt.objects.create(
+        subscription=row.subscription,
+        event_id=row.event_id,
+        attempt=3,
+        outcome=Attempt.RUNNING,
+        started_at=start + datetime.timedelta(minutes=2),
+        worker="web-1:4243",
+    )
     # Another subscription's attempts on the same event are not this dead letter's history.
-    Attempt.objects.create(subscription="testapp.other", event_id=row.event_id, attempt=1, outcome=Attempt.FAILED, error="NotMine")
+    Attempt.objects.create(
+        subscription="testapp.other", event_id=row.event_id, attempt=1, outcome=Attempt.FAILED, error="NotMine"
+    )
 
 
 def test_a_dead_letter_page_lists_each_attempt_when_it_ran_and_what_it_raised(client, viewer):
@@ -445,11 +571,13 @@ def test_a_dead_letter_page_lists_each_attempt_when_it_ran_and_what_it_raised(cl
     _attempts_as_the_runtime_writes_them(row)
     client.force_login(viewer)
     html = client.get(reverse("admin:django_platformkit_deadletter_change", args=[row.pk])).content.decode()
-    table = html[html.index('class="platformkit-attempts"'):html.index("</table>", html.index('class="platformkit-attempts"'))]
-    assert table.count("<tr class=\"platformkit-attempt-") == 3
+    table = html[
+        html.index('class="platformkit-attempts"') : html.index("</table>", html.index('class="platformkit-attempts"'))
+    ]
+    assert table.count('<tr class="platformkit-attempt-') == 3
     assert table.index("TimeoutError: gateway timed out") < table.index("RuntimeError: card declined")
     assert "web-1:4242" in table and "web-2:77" in table and "40 ms" in table and "3 s" in table
-    assert "— (never reported)" in table and 'platformkit-attempt-running' in table
+    assert "— (never reported)" in table and "platformkit-attempt-running" in table
     assert "NotMine" not in table
 
 
@@ -466,15 +594,35 @@ def test_replay_and_discard_leave_admin_history_with_actor_and_reason(client, op
     replayed, discarded = dead_letter(), dead_letter("testapp.order_placed", subscription="testapp.record_order")
     client.force_login(operator)
     _action(client, "replay_selected", [replayed], confirm="yes", reason="card processor fixed")
-    client.post(reverse("admin:django_platformkit_deadletter_discard", args=[discarded.pk]), {"confirm": "yes", "reason": "order was cancelled"})
-    entries = {(e.content_type.model, e.object_id, e.action_flag): (e.user.username, e.get_change_message()) for e in LogEntry.objects.all()}
-    assert entries == {
-        ("deadletter", str(replayed.pk), CHANGE): ("olga", f"Replayed for subscription testapp.flaky (event {replayed.event_id}). Reason: card processor fixed"),
-        ("outboxevent", str(replayed.event_id), CHANGE): ("olga", f"Replayed for subscription testapp.flaky (event {replayed.event_id}). Reason: card processor fixed"),
-        ("deadletter", str(discarded.pk), DELETION): ("olga", f"Discarded for subscription testapp.record_order (event {discarded.event_id}). Reason: order was cancelled"),
-        ("outboxevent", str(discarded.event_id), CHANGE): ("olga", f"Discarded for subscription testapp.record_order (event {discarded.event_id}). Reason: order was cancelled"),
+    client.post(
+        reverse("admin:django_platformkit_deadletter_discard", args=[discarded.pk]),
+        {"confirm": "yes", "reason": "order was cancelled"},
+    )
+    entries = {
+        (e.content_type.model, e.object_id, e.action_flag): (e.user.username, e.get_change_message())
+        for e in LogEntry.objects.all()
     }
-    history = client.get(reverse("admin:django_platformkit_outboxevent_history", args=[replayed.event_id])).content.decode()
+    assert entries == {
+        ("deadletter", str(replayed.pk), CHANGE): (
+            "olga",
+            f"Replayed for subscription testapp.flaky (event {replayed.event_id}). Reason: card processor fixed",
+        ),
+        ("outboxevent", str(replayed.event_id), CHANGE): (
+            "olga",
+            f"Replayed for subscription testapp.flaky (event {replayed.event_id}). Reason: card processor fixed",
+        ),
+        ("deadletter", str(discarded.pk), DELETION): (
+            "olga",
+            f"Discarded for subscription testapp.record_order (event {discarded.event_id}). Reason: order was cancelled",
+        ),
+        ("outboxevent", str(discarded.event_id), CHANGE): (
+            "olga",
+            f"Discarded for subscription testapp.record_order (event {discarded.event_id}). Reason: order was cancelled",
+        ),
+    }
+    history = client.get(
+        reverse("admin:django_platformkit_outboxevent_history", args=[replayed.event_id])
+    ).content.decode()
     assert "card processor fixed" in history and "olga" in history
 
 
@@ -482,7 +630,15 @@ def test_a_refused_replay_leaves_no_admin_history(client, operator):
     from django.contrib.admin.models import LogEntry
 
     gone = uuid.uuid4()
-    record_dead_letter(subscription="testapp.slow", event_id=gone, name="(malformed)", tenant=None, attempts=1, error="malformed", traceback="")
+    record_dead_letter(
+        subscription="testapp.slow",
+        event_id=gone,
+        name="(malformed)",
+        tenant=None,
+        attempts=1,
+        error="malformed",
+        traceback="",
+    )
     client.force_login(operator)
     _action(client, "replay_selected", list(DeadLetter.objects.all()), confirm="yes", reason="try")
     assert not LogEntry.objects.exists()
@@ -490,25 +646,45 @@ def test_a_refused_replay_leaves_no_admin_history(client, operator):
 
 # --- issue 12 item 16: a malformed dead letter offers Discard only -----------------
 
+
 def test_a_malformed_dead_letter_offers_discard_only_and_says_why(client, operator):
     event_id = uuid.uuid4()
-    record_dead_letter(subscription="testapp.flaky", event_id=event_id, name="(malformed)", tenant=None, attempts=1,
-                       error="malformed message on subject=pktest._.testapp.flaky stream_seq=9: not JSON", traceback="{not json")
+    record_dead_letter(
+        subscription="testapp.flaky",
+        event_id=event_id,
+        name="(malformed)",
+        tenant=None,
+        attempts=1,
+        error="malformed message on subject=pktest._.testapp.flaky stream_seq=9: not JSON",
+        traceback="{not json",
+    )
     row = DeadLetter.objects.get(event_id=event_id)
     client.force_login(operator)
     page = reverse("admin:django_platformkit_deadletter_change", args=[row.pk])
     html = client.get(page).content.decode()
     assert "platformkit-replay" not in html
     assert reverse("admin:django_platformkit_deadletter_discard", args=[row.pk]) in html
-    assert 'id="platformkit-no-replay"' in html and "it is a malformed message" in html and "Discard it to accept the failure" in html
+    assert (
+        'id="platformkit-no-replay"' in html
+        and "it is a malformed message" in html
+        and "Discard it to accept the failure" in html
+    )
     # A hand-typed Replay URL is told why and sent back, not to a confirmation that can only fail.
     response = client.get(reverse("admin:django_platformkit_deadletter_replay", args=[row.pk]))
     assert response.status_code == 302 and response["Location"] == page
     assert messages_of(response)[0].startswith(f"No replay for (malformed) {event_id}: it is a malformed message")
-    assert client.post(reverse("admin:django_platformkit_deadletter_replay", args=[row.pk]), {"confirm": "yes", "reason": "x"}).status_code == 302
+    assert (
+        client.post(
+            reverse("admin:django_platformkit_deadletter_replay", args=[row.pk]), {"confirm": "yes", "reason": "x"}
+        ).status_code
+        == 302
+    )
     assert DeadLetter.objects.filter(pk=row.pk).exists()
     # Discard works.
-    done = client.post(reverse("admin:django_platformkit_deadletter_discard", args=[row.pk]), {"confirm": "yes", "reason": "garbage on the wire"})
+    done = client.post(
+        reverse("admin:django_platformkit_deadletter_discard", args=[row.pk]),
+        {"confirm": "yes", "reason": "garbage on the wire"},
+    )
     assert done.status_code == 302 and not DeadLetter.objects.filter(pk=row.pk).exists()
 
 
@@ -529,36 +705,53 @@ def test_a_healthy_dead_letter_says_nothing_about_replay(client, operator):
 
 # --- issue 12 item 12: only the filters the admin offers -------------------------------
 
-@pytest.mark.parametrize("url_name, params", [
-    ("deadletter", {"error__regex": "("}),
-    ("deadletter", {"tenant__regex": "["}),
-    ("deadletter", {"event_id__startswith": "0"}),
-    ("deadletter", {"traceback__icontains": "card"}),
-    ("outboxevent", {"payload__card__number": "4111"}),
-    ("outboxevent", {"payload__has_key": "card"}),
-    ("outboxevent", {"name__regex": "("}),
-    ("handledevent", {"event_id__regex": "("}),
-    ("jobstate", {"last_error__regex": "("}),
-    ("attempt", {"traceback__regex": "("}),
-])
+
+@pytest.mark.parametrize(
+    "url_name, params",
+    [
+        ("deadletter", {"error__regex": "("}),
+        ("deadletter", {"tenant__regex": "["}),
+        ("deadletter", {"event_id__startswith": "0"}),
+        ("deadletter", {"traceback__icontains": "card"}),
+        ("outboxevent", {"payload__card__number": "4111"}),
+        ("outboxevent", {"payload__has_key": "card"}),
+        ("outboxevent", {"name__regex": "("}),
+        ("handledevent", {"event_id__regex": "("}),
+        ("jobstate", {"last_error__regex": "("}),
+        ("attempt", {"traceback__regex": "("}),
+    ],
+)
 def test_a_lookup_the_list_does_not_offer_is_refused_with_400_not_a_500(client, viewer, url_name, params):
 
-    viewer.user_permissions.add(Permission.objects.get(content_type__app_label="django_platformkit", codename="view_attempt"))
+    viewer.user_permissions.add(
+        Permission.objects.get(content_type__app_label="django_platformkit", codename="view_attempt")
+    )
     dead_letter()
     client.force_login(viewer)
     response = client.get(reverse(f"admin:django_platformkit_{url_name}_changelist"), params)
     assert response.status_code == 400
     (lookup,) = params
-    assert response.content.decode().startswith(f"Filtering by {lookup} not allowed: this list filters only by what it offers (")
+    assert response.content.decode().startswith(
+        f"Filtering by {lookup} not allowed: this list filters only by what it offers ("
+    )
     assert "Use the filters beside the list or the search box." in response.content.decode()
 
 
 def test_the_filters_the_lists_offer_still_work_from_the_query_string(client, viewer):
     row = dead_letter(tenant="acme")
     client.force_login(viewer)
-    for params in ({"subscription": "testapp.flaky"}, {"subscription__exact": "testapp.flaky"}, {"tenant__isnull": "False"},
-                   {"failed_at__year": str(row.failed_at.year)}, {"failed_at__year": str(row.failed_at.year), "failed_at__month": str(row.failed_at.month)},
-                   {"q": str(row.event_id)}, {"o": "1"}):
+    for params in (
+        {"subscription": "testapp.flaky"},
+        {"subscription__exact": "testapp.flaky"},
+        {"tenant__isnull": "False"},
+        {"failed_at__year": str(row.failed_at.year)},
+        {"failed_at__year": str(row.failed_at.year), "failed_at__month": str(row.failed_at.month)},
+        {"q": str(row.event_id)},
+        {"o": "1"},
+    ):
         assert [r.pk for r in changelist(client, **params).context["cl"].result_list] == [row.pk], params
-    claims = client.get(reverse("admin:django_platformkit_handledevent_changelist"), {"handled_at__year": str(row.failed_at.year), "kind": "terminal"})
+    claims = client.get(
+        reverse("admin:django_platformkit_handledevent_changelist"),
+        {"handled_at__year": str(row.failed_at.year), "kind": "terminal"},
+    )
     assert claims.status_code == 200 and len(claims.context["cl"].result_list) == 1

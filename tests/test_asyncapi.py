@@ -29,7 +29,9 @@ SNAPSHOTS = Path(__file__).resolve().parent / "snapshots"
 def _clean_env(**extra: str) -> dict[str, str]:
     """The environment without the knobs tests turn for worker processes,
     so the document depends on the committed settings only."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PLATFORMKIT_TEST_") and k != "DJANGO_SETTINGS_MODULE"}
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith("PLATFORMKIT_TEST_") and k != "DJANGO_SETTINGS_MODULE"
+    }
     env.update(extra)
     return env
 
@@ -37,7 +39,11 @@ def _clean_env(**extra: str) -> dict[str, str]:
 def _command_output(manage_py: Path, env: dict[str, str]) -> str:
     result = subprocess.run(
         [sys.executable, str(manage_py), "platformkit_asyncapi"],
-        env=env, cwd=manage_py.parent, capture_output=True, text=True, timeout=120,
+        env=env,
+        cwd=manage_py.parent,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 0, result.stderr
     return result.stdout
@@ -62,7 +68,9 @@ def test_the_test_catalogue_matches_its_committed_snapshot():
     _matches_snapshot("asyncapi_testapp.json", text)
 
 
-@pytest.mark.skipif(not (ROOT / "example_project" / "manage.py").exists(), reason="the example project is not in this tree")
+@pytest.mark.skipif(
+    not (ROOT / "example_project" / "manage.py").exists(), reason="the example project is not in this tree"
+)
 def test_the_example_projects_catalogue_matches_its_committed_snapshot():
     env = _clean_env(
         PYTHONPATH=os.pathsep.join([str(ROOT / "example_project"), str(ROOT)]),

@@ -38,7 +38,9 @@ def drain(consumer, until, timeout=20):
 
 
 @pytest.mark.parametrize("batch", [True, False])
-def test_a_handler_that_fails_twice_then_succeeds_sees_attempts_1_2_3_and_the_rows_match(transport, settings, broker, batch):
+def test_a_handler_that_fails_twice_then_succeeds_sees_attempts_1_2_3_and_the_rows_match(
+    transport, settings, broker, batch
+):
     seen = []
 
     def handler(event):
@@ -46,14 +48,24 @@ def test_a_handler_that_fails_twice_then_succeeds_sees_attempts_1_2_3_and_the_ro
         if event.payload["n"] == 1 and event.attempt < 3:
             raise RuntimeError(f"not yet on attempt {event.attempt}")
 
-    sub = Subscription(name="testapp.twice_then_ok", event="testapp.flaky", handler=handler, batch=batch, max_attempts_override=3, backoff_seconds_override=(0.1,))
+    sub = Subscription(
+        name="testapp.twice_then_ok",
+        event="testapp.flaky",
+        handler=handler,
+        batch=batch,
+        max_attempts_override=3,
+        backoff_seconds_override=(0.1,),
+    )
     ids, consumer = publish_and_relay(transport, sub, [{"n": 0}, {"n": 1}, {"n": 2}])
     drain(consumer, lambda: HandledEvent.objects.filter(subscription=sub.name).count() == 3)
     assert [a for n, a in seen if n == 1] == [1, 2, 3]
     # The neighbours ran once each, as attempt 1 (a batch redo runs them again, still attempt 1).
     assert {a for n, a in seen if n != 1} == {1}
     assert rows(ids[1], sub.name) == [(1, "failed"), (2, "failed"), (3, "handled")]
-    assert Attempt.objects.for_event(ids[1], sub.name).filter(attempt=1).get().error == "RuntimeError: not yet on attempt 1"
+    assert (
+        Attempt.objects.for_event(ids[1], sub.name).filter(attempt=1).get().error
+        == "RuntimeError: not yet on attempt 1"
+    )
     # The first, usual delivery that succeeds writes no row at all.
     assert rows(ids[0], sub.name) == [] and rows(ids[2], sub.name) == []
     assert not DeadLetter.objects.exists()
@@ -63,7 +75,13 @@ def test_the_dead_letter_after_max_attempts_carries_the_last_error_and_traceback
     def handler(event):
         raise RuntimeError(f"broken on attempt {event.attempt}")
 
-    sub = Subscription(name="testapp.always_broken", event="testapp.flaky", handler=handler, max_attempts_override=3, backoff_seconds_override=(0.1,))
+    sub = Subscription(
+        name="testapp.always_broken",
+        event="testapp.flaky",
+        handler=handler,
+        max_attempts_override=3,
+        backoff_seconds_override=(0.1,),
+    )
     (event_id,), consumer = publish_and_relay(transport, sub, [{}])
     drain(consumer, lambda: DeadLetter.objects.exists())
     dead = DeadLetter.objects.get()
@@ -122,12 +140,19 @@ def _run_in_thread(consumer, stop):
     return thread
 
 
-def test_a_read_only_database_window_counts_no_attempt_and_everything_is_handled_after_it(transport, settings, broker, caplog):
+def test_a_read_only_database_window_counts_no_attempt_and_everything_is_handled_after_it(
+    transport, settings, broker, caplog
+):
     """default_transaction_read_only (a failover, a replica promoted late):
     the claim is refused with SQLSTATE 25006. Not the handler's fault: wait
     and retry, never an attempt, never a dead letter - even with max_attempts=1."""
     seen = []
-    sub = Subscription(name="testapp.read_only_window", event="testapp.flaky", handler=lambda e: seen.append(e.attempt), max_attempts_override=1)
+    sub = Subscription(
+        name="testapp.read_only_window",
+        event="testapp.flaky",
+        handler=lambda e: seen.append(e.attempt),
+        max_attempts_override=1,
+    )
     ids, consumer = publish_and_relay(transport, sub, [{"n": i} for i in range(10)])
     name = connections["default"].settings_dict["NAME"]
     with connections["default"].cursor() as cursor:
@@ -140,7 +165,11 @@ def test_a_read_only_database_window_counts_no_attempt_and_everything_is_handled
             assert seen == [] and not HandledEvent.objects.exists()
             with connections["default"].cursor() as cursor:
                 cursor.execute(f'ALTER DATABASE "{name}" RESET default_transaction_read_only')
-            wait_for(lambda: HandledEvent.objects.filter(subscription=sub.name).count() == 10, timeout=20, what="every event handled")
+            wait_for(
+                lambda: HandledEvent.objects.filter(subscription=sub.name).count() == 10,
+                timeout=20,
+                what="every event handled",
+            )
     finally:
         with connections["default"].cursor() as cursor:
             cursor.execute(f'ALTER DATABASE "{name}" RESET default_transaction_read_only')
@@ -169,7 +198,9 @@ def server_side_binding_alias(settings):
 
 
 @pytest.mark.parametrize("with_failure", [False, True])
-def test_the_batched_path_handles_events_under_server_side_binding(transport, settings, broker, server_side_binding_alias, with_failure):
+def test_the_batched_path_handles_events_under_server_side_binding(
+    transport, settings, broker, server_side_binding_alias, with_failure
+):
     """Never several statements in one execute: with server-side binding (or
     a prepared statement) PostgreSQL refuses them. A failure exercises the
     redo with savepoints, a statement of its own each."""
@@ -183,15 +214,24 @@ def test_the_batched_path_handles_events_under_server_side_binding(transport, se
         if with_failure and event.payload["n"] == 3 and event.attempt == 1:
             raise RuntimeError("once")
 
-    sub = Subscription(name="testapp.server_side", event="testapp.flaky", handler=handler, backoff_seconds_override=(0.1,))
+    sub = Subscription(
+        name="testapp.server_side", event="testapp.flaky", handler=handler, backoff_seconds_override=(0.1,)
+    )
     with transaction.atomic():
         ids = [publish("testapp.flaky", {"n": i}, tenant=f"t{i % 2}") for i in range(6)]
     Relay(transport).drain()
     consumer = Consumer(sub, transport, using=alias)
     consumer.ensure()
-    assert consumer.handle(transport.fetch(sub.durable, 10, timeout=2)) == ["handled"] * 3 + (["retried"] if with_failure else ["handled"]) + ["handled"] * 2
+    assert (
+        consumer.handle(transport.fetch(sub.durable, 10, timeout=2))
+        == ["handled"] * 3 + (["retried"] if with_failure else ["handled"]) + ["handled"] * 2
+    )
     if with_failure:
-        wait_for(lambda: consumer.poll(timeout=0.5) and HandledEvent.objects.filter(subscription=sub.name).count() == 6, timeout=10, what="the retry")
+        wait_for(
+            lambda: consumer.poll(timeout=0.5) and HandledEvent.objects.filter(subscription=sub.name).count() == 6,
+            timeout=10,
+            what="the retry",
+        )
     assert HandledEvent.objects.filter(subscription=sub.name).count() == 6
     assert not DeadLetter.objects.exists()
     # each handler saw its own event's tenant, on the server-side-binding connection
@@ -213,9 +253,15 @@ def test_a_first_run_that_hangs_and_is_killed_counts_so_its_redelivery_is_attemp
         worker = manage("runworker", "--subscription", "testapp.slow", "--no-jobs", env=env)
         try:
             wait_for(lambda: seen() == expected, timeout=60, what=f"runs {expected}")
-            wait_for(lambda: Attempt.objects.for_event(event_id).never_reported().count() == len(expected), timeout=10, what="the running row")
+            wait_for(
+                lambda: Attempt.objects.for_event(event_id).never_reported().count() == len(expected),
+                timeout=10,
+                what="the running row",
+            )
         finally:
             worker.send_signal(signal.SIGKILL)
             worker.wait(30)
-        assert list(Attempt.objects.for_event(event_id).values_list("attempt", "outcome")) == [(n, "running") for n in expected]
+        assert list(Attempt.objects.for_event(event_id).values_list("attempt", "outcome")) == [
+            (n, "running") for n in expected
+        ]
     assert not HandledEvent.objects.filter(event_id=event_id).exists()

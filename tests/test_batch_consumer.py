@@ -39,7 +39,9 @@ def publish_and_relay(transport, sub, count):
 
 
 def test_a_batch_handles_every_event_once_with_each_events_tenant(transport, run_worker):
-    sub = Subscription(name="testapp.batch_writer", event="testapp.order_placed", handler=effect_writer("b"), batch=True)
+    sub = Subscription(
+        name="testapp.batch_writer", event="testapp.order_placed", handler=effect_writer("b"), batch=True
+    )
     with transaction.atomic():
         ids = [publish("testapp.order_placed", {"n": i}, tenant=["t1", None, "t2"][i % 3]) for i in range(250)]
     run_worker(subscriptions=[sub])
@@ -54,7 +56,10 @@ def test_a_batch_handles_every_event_once_with_each_events_tenant(transport, run
 def test_one_failing_message_is_undone_alone_and_retried_while_the_rest_commit(transport, settings, broker):
     settings.PLATFORMKIT = dict(broker, BACKOFF_SECONDS=[0.1])
     sub = Subscription(
-        name="testapp.batch_flaky", event="testapp.order_placed", batch=True, max_attempts_override=2,
+        name="testapp.batch_flaky",
+        event="testapp.order_placed",
+        batch=True,
+        max_attempts_override=2,
         handler=effect_writer("f", fail_when=lambda e: e.payload["n"] == 3),
     )
     ids, consumer = publish_and_relay(transport, sub, 6)
@@ -62,7 +67,9 @@ def test_one_failing_message_is_undone_alone_and_retried_while_the_rest_commit(t
     assert consumer.counts["handled"] == 5 and consumer.counts["retried"] == 1
     assert sorted(Effect.objects.values_list("event_id", flat=True)) == sorted(ids[:3] + ids[4:])
     assert not HandledEvent.objects.filter(event_id=ids[3]).exists()  # its claim went with its savepoint
-    wait_for(lambda: consumer.poll(timeout=0.5) and consumer.counts["dead_lettered"], timeout=10, what="the last attempt")
+    wait_for(
+        lambda: consumer.poll(timeout=0.5) and consumer.counts["dead_lettered"], timeout=10, what="the last attempt"
+    )
     dead = DeadLetter.objects.get()
     assert dead.event_id == ids[3] and dead.attempts == 2 and "bad event" in dead.error
     assert Effect.objects.filter(event_id=ids[3]).count() == 0
@@ -86,7 +93,9 @@ def test_claim_is_one_statement_per_batch(transport, django_assert_max_num_queri
 def test_a_failed_message_never_leaks_its_tenant_to_the_next_one(transport, settings, broker):
     settings.PLATFORMKIT = dict(broker, BACKOFF_SECONDS=[30])
     sub = Subscription(
-        name="testapp.batch_tenants", event="testapp.order_placed", batch=True,
+        name="testapp.batch_tenants",
+        event="testapp.order_placed",
+        batch=True,
         handler=effect_writer("t", fail_when=lambda e: e.payload.get("fail")),
     )
     with transaction.atomic():
@@ -144,7 +153,9 @@ def test_a_subscription_with_concurrency_is_handled_by_several_threads_exactly_o
             with lock:
                 running[0] -= 1
 
-    sub = Subscription(name="testapp.concurrent", event="testapp.order_placed", handler=handler, batch=batch, concurrency=3)
+    sub = Subscription(
+        name="testapp.concurrent", event="testapp.order_placed", handler=handler, batch=batch, concurrency=3
+    )
     with transaction.atomic():
         ids = [publish("testapp.order_placed", {"n": i}) for i in range(300)]
     worker = run_worker(subscriptions=[sub])
@@ -173,7 +184,9 @@ def test_an_orm_error_in_one_message_fails_that_message_alone(transport, setting
 
 @pytest.mark.parametrize("batch", [False, True])
 @pytest.mark.parametrize("error", ["orm", "raw"])
-def test_a_handler_that_swallows_a_database_error_fails_its_attempt_instead_of_being_acked(transport, settings, broker, batch, error):
+def test_a_handler_that_swallows_a_database_error_fails_its_attempt_instead_of_being_acked(
+    transport, settings, broker, batch, error
+):
     """After a caught database error the transaction can only roll back - an
     ORM error marks it so in Django, a raw cursor's error leaves it aborted
     in PostgreSQL. The commit would roll back silently, claim included, and
@@ -252,6 +265,7 @@ def test_a_subscriptions_concurrency_is_its_cap_of_units_in_flight(run_worker, s
             finally:
                 with lock:
                     running["a"] -= 1
+
         return handler
 
     subs = [Subscription(name="testapp.conc_a", event="testapp.order_placed", handler=recorder("a"), concurrency=2)] + [
@@ -270,7 +284,9 @@ def test_a_concurrent_subscription_beside_a_single_one_starts(run_worker):
     """Two subscriptions, one with concurrency=2: three consumers whose
     offsets leave a thread of the four without work (it used to divide by zero)."""
     subs = [
-        Subscription(name="testapp.mixed_a", event="testapp.order_placed", handler=lambda e: None, batch=True, concurrency=2),
+        Subscription(
+            name="testapp.mixed_a", event="testapp.order_placed", handler=lambda e: None, batch=True, concurrency=2
+        ),
         Subscription(name="testapp.mixed_b", event="testapp.order_placed", handler=lambda e: None),
     ]
     with transaction.atomic():

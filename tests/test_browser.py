@@ -19,14 +19,21 @@ from django_platformkit.models import DeadLetter, OutboxEvent
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
-    "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-    "--disable-sync", "--no-first-run", "--disable-quic",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--disable-quic",
 ]
 PASSWORD = "replay-with-care-1"
 
 pytestmark = [
     pytest.mark.browser,
-    pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"no system Chromium at {CHROMIUM} (apt-get install chromium)"),
+    pytest.mark.skipif(
+        not Path(CHROMIUM).exists(), reason=f"no system Chromium at {CHROMIUM} (apt-get install chromium)"
+    ),
 ]
 
 
@@ -34,7 +41,9 @@ pytestmark = [
 def operator(transactional_db) -> User:
     user = User.objects.create_user("olga", password=PASSWORD, is_staff=True)
     user.user_permissions.set(
-        Permission.objects.filter(content_type__app_label="django_platformkit", codename__in=["view_deadletter", "replay_deadletter"])
+        Permission.objects.filter(
+            content_type__app_label="django_platformkit", codename__in=["view_deadletter", "replay_deadletter"]
+        )
     )
     return user
 
@@ -45,13 +54,20 @@ def failed_event(transactional_db) -> DeadLetter:
         event_id = publish("testapp.flaky", {"order": 7})
     OutboxEvent.objects.filter(pk=event_id).update(published_at=timezone.now())
     record_dead_letter(
-        subscription="testapp.flaky", event_id=event_id, name="testapp.flaky", tenant=None, attempts=3,
-        error="RuntimeError: card declined", traceback="Traceback (most recent call last):\nRuntimeError: card declined",
+        subscription="testapp.flaky",
+        event_id=event_id,
+        name="testapp.flaky",
+        tenant=None,
+        attempts=3,
+        error="RuntimeError: card declined",
+        traceback="Traceback (most recent call last):\nRuntimeError: card declined",
     )
     return DeadLetter.objects.get(event_id=event_id)
 
 
-def test_an_operator_replays_a_dead_letter_with_a_reason_in_chromium(live_server, operator, failed_event, tmp_path_factory, monkeypatch):
+def test_an_operator_replays_a_dead_letter_with_a_reason_in_chromium(
+    live_server, operator, failed_event, tmp_path_factory, monkeypatch
+):
     # Playwright's sync API runs an event loop in this thread; the ORM calls
     # below are still plain synchronous ones, so Django may allow them.
     monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
@@ -118,10 +134,19 @@ def own_nats(settings):
 @pytest.fixture
 def console_user(transactional_db) -> User:
     user = User.objects.create_user("otto", password=PASSWORD, is_staff=True)
-    user.user_permissions.set(Permission.objects.filter(
-        content_type__app_label="django_platformkit",
-        codename__in=["view_deadletter", "view_outboxevent", "view_handledevent", "view_jobstate", "view_attempt", "replay_deadletter"],
-    ))
+    user.user_permissions.set(
+        Permission.objects.filter(
+            content_type__app_label="django_platformkit",
+            codename__in=[
+                "view_deadletter",
+                "view_outboxevent",
+                "view_handledevent",
+                "view_jobstate",
+                "view_attempt",
+                "replay_deadletter",
+            ],
+        )
+    )
     return user
 
 
@@ -134,14 +159,22 @@ def _assert_no_sideways_scroll(page, box: str) -> None:
     inner, outer, right = page.evaluate(
         f"(() => {{ const e = document.querySelector({box!r}); return [e.scrollWidth, e.clientWidth, e.getBoundingClientRect().right]; }})()"
     )
-    assert inner <= outer and right <= window, f"{box} is cut off at {window} px: content {inner} px in a {outer} px box ending at {right}"
+    assert inner <= outer and right <= window, (
+        f"{box} is cut off at {window} px: content {inner} px in a {outer} px box ending at {right}"
+    )
 
 
 def _cell(page, subscription: str, column: str) -> str:
-    return page.locator(f'#platformkit-subscriptions tr[data-subscription="{subscription}"] td.{column}').inner_text().strip()
+    return (
+        page.locator(f'#platformkit-subscriptions tr[data-subscription="{subscription}"] td.{column}')
+        .inner_text()
+        .strip()
+    )
 
 
-def test_the_overview_shows_a_backlog_and_a_dead_letter_and_still_renders_with_nats_stopped(live_server, own_nats, console_user, monkeypatch):
+def test_the_overview_shows_a_backlog_and_a_dead_letter_and_still_renders_with_nats_stopped(
+    live_server, own_nats, console_user, monkeypatch
+):
     monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
     from playwright.sync_api import expect, sync_playwright
 
@@ -161,9 +194,15 @@ def test_the_overview_shows_a_backlog_and_a_dead_letter_and_still_renders_with_n
     with transaction.atomic():
         long_id = publish("testapp.slow", {"sku": "A-1"})
     OutboxEvent.objects.filter(pk=long_id).update(published_at=timezone.now())
-    record_dead_letter(subscription="testapp.slow", event_id=long_id, name="testapp.slow", tenant="tenant-with-a-long-name-0042",
-                       attempts=5, error="psycopg.errors.UniqueViolation: duplicate key value violates unique constraint " + "x" * 400,
-                       traceback="Traceback (most recent call last):\n  ...\npsycopg.errors.UniqueViolation: duplicate key")
+    record_dead_letter(
+        subscription="testapp.slow",
+        event_id=long_id,
+        name="testapp.slow",
+        tenant="tenant-with-a-long-name-0042",
+        attempts=5,
+        error="psycopg.errors.UniqueViolation: duplicate key value violates unique constraint " + "x" * 400,
+        traceback="Traceback (most recent call last):\n  ...\npsycopg.errors.UniqueViolation: duplicate key",
+    )
     # A backlog of 7 on testapp.record_order: its durable exists, nobody consumes it.
     transport = Transport()
     transport.connect()
@@ -180,7 +219,9 @@ def test_the_overview_shows_a_backlog_and_a_dead_letter_and_still_renders_with_n
     with transaction.atomic():  # three rows the relay has not sent: the outbox figure with NATS gone
         for n in range(3):
             publish("testapp.order_placed", {"n": 100 + n})
-    Heartbeat(["testapp.count_order", "testapp.flaky", "testapp.record_order", "testapp.slow"], worker="worker-1:4242").beat()
+    Heartbeat(
+        ["testapp.count_order", "testapp.flaky", "testapp.record_order", "testapp.slow"], worker="worker-1:4242"
+    ).beat()
 
     SCREENSHOTS.mkdir(exist_ok=True)
     with sync_playwright() as playwright:
@@ -198,7 +239,10 @@ def test_the_overview_shows_a_backlog_and_a_dead_letter_and_still_renders_with_n
             assert _cell(page, "testapp.record_order", "pk-dead-letters") == "0"
             assert _cell(page, "testapp.flaky", "pk-dead-letters") == "1"
             assert _cell(page, "testapp.flaky", "pk-waiting") == "0"
-            assert (_cell(page, "testapp.count_order", "pk-waiting"), _cell(page, "testapp.count_order", "pk-handled-5m")) == ("0", "7")
+            assert (
+                _cell(page, "testapp.count_order", "pk-waiting"),
+                _cell(page, "testapp.count_order", "pk-handled-5m"),
+            ) == ("0", "7")
             assert page.locator(".pk-outbox-pending").inner_text().strip() == "3"
             expect(page.locator("#platformkit-broker-down")).to_have_count(0)
             expect(page.locator('#platformkit-workers tr[data-worker="worker-1:4242"]')).to_contain_text("alive")

@@ -27,8 +27,8 @@ from django.test.utils import CaptureQueriesContext
 
 from django_platformkit import checks, consumer, events, jobs
 from django_platformkit.checks import MESSAGES
-from django_platformkit.exceptions import ConfigurationError
 from django_platformkit.devservices import free_port
+from django_platformkit.exceptions import ConfigurationError
 
 ROOT = Path(__file__).resolve().parent.parent
 BASE_APPS = list(django_settings.INSTALLED_APPS)
@@ -88,12 +88,14 @@ def handler_path(func) -> str:
 
 # --- the texts themselves ----------------------------------------------------
 
+
 def test_every_check_text_is_one_line():
     for check_id, (message, hint) in MESSAGES.items():
         assert "\n" not in message and "\n" not in hint, check_id
 
 
 # --- E001 / W002: subscriptions ----------------------------------------------
+
 
 def test_e001_a_subscription_to_a_near_miss_event_suggests_the_declared_one(registries):
     def on_typo(event):
@@ -103,7 +105,10 @@ def test_e001_a_subscription_to_a_near_miss_event_suggests_the_declared_one(regi
     message = only(checks.check_subscriptions(), "E001")
     assert isinstance(message, django_checks.Error)
     assert message.msg == "subscription 'testapp.on_typo': event 'testapp.order_placd' is not declared"
-    assert message.hint == "Did you mean 'testapp.order_placed'? Else add declare('testapp.order_placd') to an app's platformkit.py."
+    assert (
+        message.hint
+        == "Did you mean 'testapp.order_placed'? Else add declare('testapp.order_placd') to an app's platformkit.py."
+    )
     assert message.obj == handler_path(on_typo)
 
 
@@ -206,11 +211,14 @@ def test_e002_reads_only_the_projects_own_apps_not_site_packages_or_this_package
 
 
 def test_e002_skips_virtualenvs_and_hidden_directories_inside_an_app(make_app):
-    app = make_app("pkchecks_vendored", {
-        ".cache/bad.py": "from django_platformkit import publish\npublish('nope.hidden', {})\n",
-        "venv/lib/bad.py": "from django_platformkit import publish\npublish('nope.venv', {})\n",
-        "node_modules/x/bad.py": "from django_platformkit import publish\npublish('nope.node', {})\n",
-    })
+    app = make_app(
+        "pkchecks_vendored",
+        {
+            ".cache/bad.py": "from django_platformkit import publish\npublish('nope.hidden', {})\n",
+            "venv/lib/bad.py": "from django_platformkit import publish\npublish('nope.venv', {})\n",
+            "node_modules/x/bad.py": "from django_platformkit import publish\npublish('nope.node', {})\n",
+        },
+    )
     (app / "venv" / "pyvenv.cfg").write_text("home = /usr\n")
     with override_settings(INSTALLED_APPS=[*BASE_APPS, "pkchecks_vendored"]):
         assert checks.check_publish_calls() == []
@@ -218,8 +226,11 @@ def test_e002_skips_virtualenvs_and_hidden_directories_inside_an_app(make_app):
 
 # --- E003 / E004: the outbox's database --------------------------------------
 
+
 def test_e003_an_outbox_database_that_is_not_postgresql_is_an_error(settings, monkeypatch):
-    monkeypatch.setitem(django_settings.DATABASES, "legacy", {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"})
+    monkeypatch.setitem(
+        django_settings.DATABASES, "legacy", {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}
+    )
     settings.PLATFORMKIT = {**settings.PLATFORMKIT, "DATABASE_ALIAS": "legacy"}
     message = only(checks.check_database(), "E003")
     assert message.msg == "database 'legacy' behind the outbox is sqlite, not PostgreSQL"
@@ -235,6 +246,7 @@ def test_e004_a_database_alias_not_in_databases_is_an_error(settings):
 
 
 # --- E005..E008 / W001: settings -----------------------------------------------
+
 
 def test_e005_a_platformkit_setting_that_is_not_a_dict_is_an_error(settings):
     settings.PLATFORMKIT = [("NATS_URL", "nats://x")]
@@ -268,7 +280,9 @@ def test_e007_relay_lanes_past_16_is_an_error_saying_what_to_do_instead(settings
     settings.PLATFORMKIT = {**settings.PLATFORMKIT, "RELAY_LANES": 150}
     (message,) = [m for m in checks.check_settings() if m.id == "platformkit.E007"]
     assert message.msg == "PLATFORMKIT['RELAY_LANES'] is invalid"
-    assert message.hint.startswith("PLATFORMKIT['RELAY_LANES'] must be 1 to 16, got 150: each lane holds a database connection")
+    assert message.hint.startswith(
+        "PLATFORMKIT['RELAY_LANES'] must be 1 to 16, got 150: each lane holds a database connection"
+    )
     assert message.hint.endswith("Run more runrelay processes instead.")
 
 
@@ -276,7 +290,10 @@ def test_e008_a_handler_timeout_not_below_the_ack_wait_is_an_error(settings):
     settings.PLATFORMKIT = {**settings.PLATFORMKIT, "HANDLER_TIMEOUT_SECONDS": 30, "ACK_WAIT_SECONDS": 30}
     message = only(checks.check_settings(), "E008")
     assert message.msg == "HANDLER_TIMEOUT_SECONDS (30) is not below ACK_WAIT_SECONDS (30)"
-    assert message.hint == "Lower HANDLER_TIMEOUT_SECONDS or raise ACK_WAIT_SECONDS: the broker redelivers after the ack wait."
+    assert (
+        message.hint
+        == "Lower HANDLER_TIMEOUT_SECONDS or raise ACK_WAIT_SECONDS: the broker redelivers after the ack wait."
+    )
 
 
 def test_w001_a_backoff_list_longer_than_max_attempts_retries_warns(settings):
@@ -297,13 +314,17 @@ def test_fewer_delays_than_retries_and_the_default_list_cut_short_are_fine(setti
 
 # --- E009: job schedules --------------------------------------------------------
 
+
 def test_e009_a_job_whose_cron_can_never_fire_is_an_error(registries):
     def leap_day_report():
         pass
 
     # @job refuses this at import; a spec registered some other way is still caught.
     jobs._jobs["testapp.never"] = jobs.JobSpec(
-        name="testapp.never", func=leap_day_report, cron="0 0 30 2 *", declared_in=handler_path(leap_day_report),
+        name="testapp.never",
+        func=leap_day_report,
+        cron="0 0 30 2 *",
+        declared_in=handler_path(leap_day_report),
     )
     message = only(checks.check_jobs(), "E009")
     assert message.msg == "job 'testapp.never' has a schedule that can't run"
@@ -314,7 +335,9 @@ def test_e009_a_job_whose_cron_can_never_fire_is_an_error(registries):
 
 
 def test_e009_a_time_zone_on_an_interval_job_is_an_error(registries):
-    jobs._jobs["testapp.zoned"] = jobs.JobSpec(name="testapp.zoned", func=lambda: None, every=datetime.timedelta(minutes=5), timezone="Mars/Olympus")
+    jobs._jobs["testapp.zoned"] = jobs.JobSpec(
+        name="testapp.zoned", func=lambda: None, every=datetime.timedelta(minutes=5), timezone="Mars/Olympus"
+    )
     message = only(checks.check_jobs(), "E009")
     assert message.msg == "job 'testapp.zoned' has a schedule that can't run"
     assert message.obj == "testapp.zoned"
@@ -338,7 +361,10 @@ def test_w003_another_app_listed_first_hides_our_runworker(make_app):
         messages = checks.check_runworker()
     message = only(messages, "W003")
     assert message.msg == "runworker of 'pkchecks_channels' hides django_platformkit's runworker"
-    assert message.hint == "List 'django_platformkit' before 'pkchecks_channels' in INSTALLED_APPS: the first app listed wins."
+    assert (
+        message.hint
+        == "List 'django_platformkit' before 'pkchecks_channels' in INSTALLED_APPS: the first app listed wins."
+    )
     assert ids(messages) == ["platformkit.W003"]
 
 
@@ -348,11 +374,15 @@ def test_w004_our_runworker_hides_another_apps(make_app):
         messages = checks.check_runworker()
     message = only(messages, "W004")
     assert message.msg == "runworker of 'pkchecks_channels' is hidden by django_platformkit's"
-    assert message.hint == "List 'pkchecks_channels' first if you need its worker (ours is then hidden), or silence platformkit.W004."
+    assert (
+        message.hint
+        == "List 'pkchecks_channels' first if you need its worker (ours is then hidden), or silence platformkit.W004."
+    )
     assert ids(messages) == ["platformkit.W004"]
 
 
 # --- no queries, no network ----------------------------------------------------
+
 
 @pytest.mark.django_db
 def test_the_test_settings_pass_every_check_without_a_query_or_a_connection(monkeypatch):
@@ -370,12 +400,18 @@ def test_the_test_settings_pass_every_check_without_a_query_or_a_connection(monk
 def _run(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, str(ROOT / "tests" / "manage.py"), *args],
-        env=env, cwd=ROOT, capture_output=True, text=True, timeout=120,
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 
 def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PLATFORMKIT_TEST_") and k != "DJANGO_SETTINGS_MODULE"}
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith("PLATFORMKIT_TEST_") and k != "DJANGO_SETTINGS_MODULE"
+    }
     env.update(PYTHONPATH=str(ROOT), NATS_URL=f"nats://127.0.0.1:{free_port()}", **extra)
     return env
 
@@ -406,6 +442,7 @@ def test_check_exits_0_with_the_database_and_the_broker_both_unreachable():
 
 # --- boot validation -----------------------------------------------------------
 
+
 def _boot(app: str):
     """Install ``app`` the way a project would: the app registry populates
     and ``PlatformKitConfig.ready()`` runs."""
@@ -421,27 +458,37 @@ def boot_error(make_app, app: str, platformkit_py: str) -> str:
 
 
 def test_boot_refuses_a_bad_event_name_naming_the_app_and_the_fix(registries, make_app):
-    assert boot_error(make_app, "pkboot_name", "from django_platformkit import declare\ndeclare('Shop.OrderPlaced')\n") == (
+    assert boot_error(
+        make_app, "pkboot_name", "from django_platformkit import declare\ndeclare('Shop.OrderPlaced')\n"
+    ) == (
         "app 'pkboot_name' (pkboot_name.platformkit): declare() in pkboot_name.platformkit: 'Shop.OrderPlaced' is not an "
         "event name: use '<module>.<event>', lower case, each part [a-z][a-z0-9_]*, exactly one dot (e.g. 'shop.order_placed')."
     )
 
 
 def test_boot_refuses_one_event_declared_with_two_schemas(registries, make_app):
-    assert boot_error(make_app, "pkboot_schema", """
+    assert boot_error(
+        make_app,
+        "pkboot_schema",
+        """
         from django_platformkit import declare
         declare("testapp.order_placed", schema={"type": "object"})
-    """) == (
+    """,
+    ) == (
         "app 'pkboot_schema' (pkboot_schema.platformkit): event 'testapp.order_placed' is declared twice with different "
         "schemas (in tests.testapp.platformkit and pkboot_schema.platformkit): declare it once and import the EventType."
     )
 
 
 def test_boot_refuses_an_invalid_json_schema(registries, make_app):
-    message = boot_error(make_app, "pkboot_jsonschema", """
+    message = boot_error(
+        make_app,
+        "pkboot_jsonschema",
+        """
         from django_platformkit import declare
         declare("pkboot.thing_done", schema={"type": "objekt"})
-    """)
+    """,
+    )
     assert message.startswith(
         "app 'pkboot_jsonschema' (pkboot_jsonschema.platformkit): declare('pkboot.thing_done') in "
         "pkboot_jsonschema.platformkit: the schema is not valid JSON Schema at type: "
@@ -450,7 +497,10 @@ def test_boot_refuses_an_invalid_json_schema(registries, make_app):
 
 
 def test_boot_refuses_two_handlers_with_one_subscription_name(registries, make_app):
-    assert boot_error(make_app, "pkboot_twice", """
+    assert boot_error(
+        make_app,
+        "pkboot_twice",
+        """
         from django_platformkit import subscribe
 
         @subscribe("testapp.order_placed", name="pkboot.one")
@@ -460,7 +510,8 @@ def test_boot_refuses_two_handlers_with_one_subscription_name(registries, make_a
         @subscribe("testapp.order_placed", name="pkboot.one")
         def second(event):
             pass
-    """) == (
+    """,
+    ) == (
         "app 'pkboot_twice' (pkboot_twice.platformkit): two subscriptions are named 'pkboot.one': "
         "pkboot_twice.platformkit.first (testapp.order_placed) and pkboot_twice.platformkit.second (testapp.order_placed). "
         "Pass name='...' to one of them."
@@ -468,70 +519,93 @@ def test_boot_refuses_two_handlers_with_one_subscription_name(registries, make_a
 
 
 def test_boot_refuses_one_function_stacked_under_two_events_with_the_default_name(registries, make_app):
-    assert "two subscriptions are named 'pkboot_stacked.both'" in boot_error(make_app, "pkboot_stacked", """
+    assert "two subscriptions are named 'pkboot_stacked.both'" in boot_error(
+        make_app,
+        "pkboot_stacked",
+        """
         from django_platformkit import subscribe
 
         @subscribe("testapp.order_placed")
         @subscribe("testapp.flaky")
         def both(event):
             pass
-    """)
+    """,
+    )
 
 
 def test_boot_refuses_a_handler_that_cannot_take_one_event(registries, make_app):
-    assert boot_error(make_app, "pkboot_signature", """
+    assert boot_error(
+        make_app,
+        "pkboot_signature",
+        """
         from django_platformkit import subscribe
 
         @subscribe("testapp.order_placed")
         def handle(event, order):
             pass
-    """) == (
+    """,
+    ) == (
         "app 'pkboot_signature': handler pkboot_signature.platformkit.handle can't take one event "
         "(missing a required argument: 'order'). Fix: define it as 'def handle(event): ...' (one ReceivedEvent)."
     )
 
 
 def test_a_subscription_to_an_event_another_app_declares_boots_fine(registries, make_app):
-    make_app("pkboot_ok", {"platformkit.py": """
+    make_app(
+        "pkboot_ok",
+        {
+            "platformkit.py": """
         from django_platformkit import subscribe
 
         @subscribe("testapp.order_placed")
         def audit(event):
             pass
-    """})
+    """
+        },
+    )
     with _boot("pkboot_ok"):
         assert "pkboot_ok.audit" in {s.name for s in consumer.subscriptions()}
         assert checks.check_subscriptions() == []
 
 
 def test_boot_refuses_a_job_with_an_unknown_time_zone_naming_app_and_function(registries, make_app):
-    assert boot_error(make_app, "pkboot_zone", """
+    assert boot_error(
+        make_app,
+        "pkboot_zone",
+        """
         from django_platformkit import job
 
         @job(cron="0 3 * * *", timezone="Mars/Olympus")
         def nightly():
             pass
-    """) == (
+    """,
+    ) == (
         "app 'pkboot_zone' (pkboot_zone.platformkit): @job (pkboot_zone.platformkit.nightly): timezone 'Mars/Olympus' "
         "is not a time zone zoneinfo knows; use an IANA name such as 'Europe/Paris' or 'UTC'."
     )
 
 
 def test_boot_refuses_a_job_that_takes_arguments(registries, make_app):
-    assert boot_error(make_app, "pkboot_jobargs", """
+    assert boot_error(
+        make_app,
+        "pkboot_jobargs",
+        """
         from datetime import timedelta
         from django_platformkit import job
 
         @job(every=timedelta(minutes=5))
         def tidy(batch):
             pass
-    """) == (
+    """,
+    ) == (
         "app 'pkboot_jobargs': job pkboot_jobargs.platformkit.tidy can't be called with no arguments "
         "(missing a required argument: 'batch'). Fix: define it as 'def tidy(): ...' (no arguments)."
     )
 
 
-@pytest.mark.parametrize("key,value", [("STREAM", "ORDERS\n"), ("SUBJECT_PREFIX", "orders\n"), ("SUBJECT_PREFIX", "a.b\n")])
+@pytest.mark.parametrize(
+    "key,value", [("STREAM", "ORDERS\n"), ("SUBJECT_PREFIX", "orders\n"), ("SUBJECT_PREFIX", "a.b\n")]
+)
 def test_e007_a_trailing_newline_in_a_stream_or_subject_prefix_is_refused(settings, key, value):
     settings.PLATFORMKIT = {**settings.PLATFORMKIT, key: value}
     (message,) = [m for m in checks.check_settings() if m.id == "platformkit.E007"]

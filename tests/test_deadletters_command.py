@@ -43,9 +43,20 @@ def dead():
         new = publish("testapp.flaky", {"n": 2})
         other = publish("testapp.order_placed", {"n": 3})
     OutboxEvent.objects.update(published_at=timezone.now())
-    for sub, event_id, name in (("testapp.flaky", old, "testapp.flaky"), ("testapp.flaky", new, "testapp.flaky"), ("testapp.record_order", other, "testapp.order_placed")):
-        assert record_dead_letter(subscription=sub, event_id=event_id, name=name, tenant=None, attempts=3,
-                                  error=f"RuntimeError: boom {event_id}\nsecond line", traceback="Traceback (most recent call last):\n  boom")
+    for sub, event_id, name in (
+        ("testapp.flaky", old, "testapp.flaky"),
+        ("testapp.flaky", new, "testapp.flaky"),
+        ("testapp.record_order", other, "testapp.order_placed"),
+    ):
+        assert record_dead_letter(
+            subscription=sub,
+            event_id=event_id,
+            name=name,
+            tenant=None,
+            attempts=3,
+            error=f"RuntimeError: boom {event_id}\nsecond line",
+            traceback="Traceback (most recent call last):\n  boom",
+        )
     DeadLetter.objects.filter(event_id=old).update(failed_at=timezone.now() - timedelta(hours=2))
     return {"old": old, "new": new, "other": other, "ids": {d.event_id: d.id for d in DeadLetter.objects.all()}}
 
@@ -63,12 +74,19 @@ def test_replay_by_subscription_and_since_replays_exactly_the_matching_rows(dead
     out = run("replay", "--subscription", "testapp.flaky", "--since", "1h", "--reason", "fixed the bug")
     assert f"replayed=1 refused=0 actor={getpass.getuser()}" in out
     assert set(DeadLetter.objects.values_list("event_id", flat=True)) == {dead["old"], dead["other"]}
-    assert set(OutboxEvent.objects.filter(published_at__isnull=True, name="testapp.flaky").values_list("id", flat=True)) == {dead["new"]}
+    assert set(
+        OutboxEvent.objects.filter(published_at__isnull=True, name="testapp.flaky").values_list("id", flat=True)
+    ) == {dead["new"]}
     assert not HandledEvent.objects.filter(event_id=dead["new"]).exists()  # its terminal claim is gone
     assert HandledEvent.objects.filter(event_id__in=[dead["old"], dead["other"]]).count() == 2  # theirs stay
     (audit,) = OutboxEvent.objects.filter(name="platformkit.event_replayed")
-    assert audit.payload == {"event_id": str(dead["new"]), "name": "testapp.flaky", "subscription": "testapp.flaky",
-                             "actor": getpass.getuser(), "reason": "fixed the bug"}
+    assert audit.payload == {
+        "event_id": str(dead["new"]),
+        "name": "testapp.flaky",
+        "subscription": "testapp.flaky",
+        "actor": getpass.getuser(),
+        "reason": "fixed the bug",
+    }
 
 
 def test_replay_takes_dead_letter_ids_and_event_ids_and_an_actor(dead):
@@ -131,12 +149,15 @@ def test_show_prints_the_error_traceback_and_payload(dead):
     assert run("show", str(dead["other"])).count("dead letter ") == 1
 
 
-@pytest.mark.parametrize("args, marker", [
-    (["purgeoutbox", "--older-than", "1h"], "outbox="),
-    (["purgeoutbox", "--older-than", "1h", "--dry-run"], "outbox="),
-    (["runworker", "--burst", "--no-jobs", "--subscription", "testapp.record_order"], "relayed="),
-    (["runrelay", "--once"], "relayed="),
-])
+@pytest.mark.parametrize(
+    "args, marker",
+    [
+        (["purgeoutbox", "--older-than", "1h"], "outbox="),
+        (["purgeoutbox", "--older-than", "1h", "--dry-run"], "outbox="),
+        (["runworker", "--burst", "--no-jobs", "--subscription", "testapp.record_order"], "relayed="),
+        (["runrelay", "--once"], "relayed="),
+    ],
+)
 def test_operator_commands_print_their_result_once(args, marker, broker):
     """stdout carries the result; the log (stderr) doesn't repeat it."""
     import subprocess
@@ -147,7 +168,13 @@ def test_operator_commands_print_their_result_once(args, marker, broker):
     with transaction.atomic():
         publish("testapp.order_placed", {"n": 1})
     OutboxEvent.objects.update(published_at=timezone.now() - timedelta(hours=2)) if args[0] == "purgeoutbox" else None
-    result = subprocess.run([sys.executable, str(ROOT / "tests" / "manage.py"), *args], env=worker_env(broker), cwd=ROOT, capture_output=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "manage.py"), *args],
+        env=worker_env(broker),
+        cwd=ROOT,
+        capture_output=True,
+        timeout=120,
+    )
     out, err = result.stdout.decode(), result.stderr.decode()
     assert result.returncode == 0, err
     assert (out + err).count(marker) == 1, (out, err)

@@ -55,7 +55,11 @@ def test_the_message_on_the_wire_is_a_cloudevents_envelope(transport, broker):
 
     msg = transport.call(read(), timeout=10)
     body = json.loads(msg.data)
-    assert msg.subject == subject_for("testapp.order_placed", "acme") == f"{broker['SUBJECT_PREFIX']}.acme.testapp.order_placed"
+    assert (
+        msg.subject
+        == subject_for("testapp.order_placed", "acme")
+        == f"{broker['SUBJECT_PREFIX']}.acme.testapp.order_placed"
+    )
     assert msg.headers["Nats-Msg-Id"] == str(event_id)
     assert body["specversion"] == "1.0"
     assert body["id"] == str(event_id)
@@ -148,11 +152,17 @@ def test_more_subscriptions_than_consumer_threads_are_all_served(run_worker, set
 
     settings.PLATFORMKIT = dict(broker, CONSUMER_THREADS=2)
     seen = {f"testapp.many_{i}": [] for i in range(5)}
-    subs = [Subscription(name=name, event="testapp.order_placed", handler=lambda e, name=name: seen[name].append(e.id)) for name in seen]
+    subs = [
+        Subscription(name=name, event="testapp.order_placed", handler=lambda e, name=name: seen[name].append(e.id))
+        for name in seen
+    ]
     with transaction.atomic():
         ids = [publish("testapp.order_placed", {"n": i}) for i in range(20)]
     worker = run_worker(subscriptions=subs)
-    assert {t.name for t in worker._threads if t.name.startswith("platformkit-consumer")} == {"platformkit-consumer-0", "platformkit-consumer-1"}
+    assert {t.name for t in worker._threads if t.name.startswith("platformkit-consumer")} == {
+        "platformkit-consumer-0",
+        "platformkit-consumer-1",
+    }
     assert all(sorted(v) == sorted(ids) for v in seen.values())
 
 

@@ -20,7 +20,9 @@ MANAGE = ROOT / "example_project" / "manage.py"
 
 def run_manage(*args: str, env: dict[str, str], timeout: float = 240) -> subprocess.CompletedProcess:
     env = {k: v for k, v in env.items() if k != "DJANGO_SETTINGS_MODULE"}  # the suite's; manage.py sets its own
-    return subprocess.run([sys.executable, str(MANAGE), *args], env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, str(MANAGE), *args], env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def test_the_shop_apps_own_tests_pass_against_real_postgresql():
@@ -45,5 +47,7 @@ def test_the_demo_on_an_empty_machine_places_relays_and_handles_every_order_once
     assert re.search(rf"handled={60 if tasks else 40} skipped=0 retried=0 dead_lettered=0", out), out
     assert "MISMATCH" not in out
     assert ("20 send_receipt tasks ran once each" in out) == tasks, out
-    assert "OK: 20 orders, each published once, relayed once and handled exactly once by each of 2 subscriptions" in out, out
+    assert (
+        "OK: 20 orders, each published once, relayed once and handled exactly once by each of 2 subscriptions" in out
+    ), out
     assert "stopped and deleted the throwaway servers" in out, out

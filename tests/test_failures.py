@@ -26,7 +26,9 @@ def sub(name):
 
 
 def attempts_of(event_id, subscription):
-    return list(Attempt.objects.filter(event_id=event_id, subscription=subscription).order_by("at").values_list("attempt", "at"))
+    return list(
+        Attempt.objects.filter(event_id=event_id, subscription=subscription).order_by("at").values_list("attempt", "at")
+    )
 
 
 def test_a_handler_that_always_raises_runs_max_attempts_times_then_one_dead_letter(run_worker):
@@ -39,7 +41,12 @@ def test_a_handler_that_always_raises_runs_max_attempts_times_then_one_dead_lett
     gaps = [(b - a).total_seconds() for (_, a), (_, b) in zip(runs, runs[1:])]
     assert all(gap >= 0.18 for gap in gaps), gaps  # backoff_seconds=[0.2, 0.2]
     dead = DeadLetter.objects.get()
-    assert (dead.event_id, dead.subscription, dead.name, dead.attempts) == (event_id, "testapp.flaky", "testapp.flaky", 3)
+    assert (dead.event_id, dead.subscription, dead.name, dead.attempts) == (
+        event_id,
+        "testapp.flaky",
+        "testapp.flaky",
+        3,
+    )
     assert dead.error == "RuntimeError: flaky failure on attempt 3"
     assert "Traceback" in dead.traceback and "raise RuntimeError" in dead.traceback
     # only the terminal claim: the failed attempts' claims rolled back with their writes
@@ -108,7 +115,13 @@ def test_twenty_failing_events_ahead_of_a_good_one_do_not_hold_it_up(broker, bac
             raise RuntimeError("always fails")
         seen.append(time.monotonic())
 
-    slow_retry = Subscription(name="testapp.slow_retry", event="testapp.flaky", handler=handler, max_attempts_override=5, backoff_seconds_override=(60,))
+    slow_retry = Subscription(
+        name="testapp.slow_retry",
+        event="testapp.flaky",
+        handler=handler,
+        max_attempts_override=5,
+        backoff_seconds_override=(60,),
+    )
     with transaction.atomic():
         for i in range(20):
             publish("testapp.flaky", {"fail": True, "n": i})
@@ -161,12 +174,23 @@ def test_a_redelivery_whose_runs_never_reported_is_dead_lettered_without_running
             event_id = publish("testapp.flaky", {})
         Relay(t).drain()
         # What two earlier runs left behind: one failure, then a worker that died in its run.
-        RunAttempt.objects.create(subscription=twice.name, event_id=event_id, attempt=1, outcome="failed", error="RuntimeError: boom", traceback="Traceback: boom")
-        RunAttempt.objects.create(subscription=twice.name, event_id=event_id, attempt=2, outcome="running", worker="host:1")
+        RunAttempt.objects.create(
+            subscription=twice.name,
+            event_id=event_id,
+            attempt=1,
+            outcome="failed",
+            error="RuntimeError: boom",
+            traceback="Traceback: boom",
+        )
+        RunAttempt.objects.create(
+            subscription=twice.name, event_id=event_id, attempt=2, outcome="running", worker="host:1"
+        )
         consumer = Consumer(twice, t)
         consumer.ensure()
         assert len(t.fetch(twice.durable, 1, timeout=2)) == 1  # not settled: comes back as a redelivery
-        wait_for(lambda: consumer.poll(timeout=1) and consumer.counts["dead_lettered"], timeout=10, what="the dead letter")
+        wait_for(
+            lambda: consumer.poll(timeout=1) and consumer.counts["dead_lettered"], timeout=10, what="the dead letter"
+        )
     finally:
         t.close()
     assert ran == []
@@ -211,7 +235,9 @@ def test_a_slow_handler_with_two_workers_has_one_effect_and_no_redelivery(broker
     wait_for(lambda: Attempt.objects.exists(), timeout=30, what="the first worker to start handling")
     workers = [first, manage("runworker", "--subscription", "testapp.slow", "--no-jobs", env=env)]
     try:
-        wait_for(lambda: Effect.objects.filter(subscription="testapp.slow").count() >= 4, timeout=60, what="four effects")
+        wait_for(
+            lambda: Effect.objects.filter(subscription="testapp.slow").count() >= 4, timeout=60, what="four effects"
+        )
         time.sleep(2.5)  # longer than the ack wait: a redelivery would show now
     finally:
         for w in workers:
@@ -232,8 +258,14 @@ def test_a_slow_handler_with_two_workers_has_one_effect_and_no_redelivery(broker
 
 def test_a_forged_message_whose_subject_tenant_differs_from_its_body_is_not_run(transport, broker, run_worker):
     good_tenant_body = {
-        "specversion": "1.0", "id": str(uuid.uuid4()), "source": "/testapp", "type": "testapp.order_placed",
-        "time": "2026-01-01T00:00:00Z", "datacontenttype": "application/json", "tenantid": "victim", "data": {"n": 1},
+        "specversion": "1.0",
+        "id": str(uuid.uuid4()),
+        "source": "/testapp",
+        "type": "testapp.order_placed",
+        "time": "2026-01-01T00:00:00Z",
+        "datacontenttype": "application/json",
+        "tenantid": "victim",
+        "data": {"n": 1},
     }
     transport.publish_raw(subject_for("testapp.order_placed", "attacker"), json.dumps(good_tenant_body).encode())
     transport.publish_raw(subject_for("testapp.order_placed", None), b"not json at all")
@@ -269,7 +301,13 @@ def test_a_replay_reruns_only_the_subscription_whose_dead_letter_it_cleared(run_
     assert not DeadLetter.objects.exists()
     audit = OutboxEvent.objects.get(id=result.audit_event_id)
     assert audit.name == "platformkit.event_replayed"
-    assert audit.payload == {"event_id": str(event_id), "name": "testapp.flaky", "subscription": None, "actor": "alice", "reason": "bug fixed in 1.2.3"}
+    assert audit.payload == {
+        "event_id": str(event_id),
+        "name": "testapp.flaky",
+        "subscription": None,
+        "actor": "alice",
+        "reason": "bug fixed in 1.2.3",
+    }
     run_worker(subscriptions=[sub("testapp.flaky")])
     assert Effect.objects.filter(subscription="testapp.flaky", event_id=event_id).count() == 1
     assert OutboxEvent.objects.get(id=event_id).headers.get("platformkit_replay") == 1
@@ -298,7 +336,13 @@ def test_a_handler_past_its_timeout_is_a_failed_attempt_and_its_writes_roll_back
         Effect.objects.create(subscription="testapp.overruns", event_id=event.id)
         time.sleep(0.7)
 
-    overrun = Subscription(name="testapp.overruns", event="testapp.flaky", handler=overruns, max_attempts_override=2, backoff_seconds_override=(0.1,))
+    overrun = Subscription(
+        name="testapp.overruns",
+        event="testapp.flaky",
+        handler=overruns,
+        max_attempts_override=2,
+        backoff_seconds_override=(0.1,),
+    )
     with transaction.atomic():
         event_id = publish("testapp.flaky", {})
     consumer = _consume_until_settled(overrun)
@@ -317,7 +361,9 @@ def test_a_handlers_database_work_is_bounded_by_the_timeout(broker, settings):
         with conn.cursor() as cursor:
             cursor.execute("SELECT pg_sleep(10)")
 
-    sleeper = Subscription(name="testapp.sql_sleeper", event="testapp.flaky", handler=sleeps_in_sql, max_attempts_override=1)
+    sleeper = Subscription(
+        name="testapp.sql_sleeper", event="testapp.flaky", handler=sleeps_in_sql, max_attempts_override=1
+    )
     with transaction.atomic():
         publish("testapp.flaky", {})
     started = time.monotonic()
@@ -328,10 +374,22 @@ def test_a_handlers_database_work_is_bounded_by_the_timeout(broker, settings):
 
 def test_a_worker_with_a_handler_stuck_past_timeout_and_grace_exits_non_zero(broker, tmp_path):
     health = tmp_path / "health.json"
-    env = worker_env(broker, PLATFORMKIT_TEST_ACK_WAIT="3", PLATFORMKIT_TEST_HANDLER_TIMEOUT="1", PLATFORMKIT_TEST_STUCK_GRACE="2")
+    env = worker_env(
+        broker, PLATFORMKIT_TEST_ACK_WAIT="3", PLATFORMKIT_TEST_HANDLER_TIMEOUT="1", PLATFORMKIT_TEST_STUCK_GRACE="2"
+    )
     with transaction.atomic():
         publish("testapp.slow", {"sleep": 60})
-    worker = manage("runworker", "--subscription", "testapp.slow", "--no-jobs", "--health-file", str(health), env=env, stderr=__import__("subprocess").PIPE, text=True)
+    worker = manage(
+        "runworker",
+        "--subscription",
+        "testapp.slow",
+        "--no-jobs",
+        "--health-file",
+        str(health),
+        env=env,
+        stderr=__import__("subprocess").PIPE,
+        text=True,
+    )
     try:
         _, stderr = worker.communicate(timeout=40)
     finally:
@@ -372,8 +430,12 @@ def test_a_dead_letter_that_cannot_be_written_is_retried_without_running_the_han
         wait_for(lambda: consumer.poll(timeout=0.5), timeout=10, what="first delivery")
         assert runs == [1] and not DeadLetter.objects.exists()
         with conn.cursor() as cursor:
-            cursor.execute("DROP TRIGGER pk_no_dead_letters ON platformkit_dead_letters; DROP FUNCTION pk_no_dead_letters();")
-        wait_for(lambda: consumer.poll(timeout=0.5) and DeadLetter.objects.exists(), timeout=10, what="the recording retried")
+            cursor.execute(
+                "DROP TRIGGER pk_no_dead_letters ON platformkit_dead_letters; DROP FUNCTION pk_no_dead_letters();"
+            )
+        wait_for(
+            lambda: consumer.poll(timeout=0.5) and DeadLetter.objects.exists(), timeout=10, what="the recording retried"
+        )
     finally:
         t.close()
     assert runs == [1]
@@ -456,14 +518,20 @@ def test_replay_of_all_reruns_only_the_subscriptions_that_dead_lettered(run_work
     assert runs == {"a": 2, "b": 2}
 
 
-@pytest.mark.parametrize("signals,expected", [(1, 3), (2, 1)], ids=["sigterm-waits-then-exits-3", "second-sigterm-exits-at-once"])
+@pytest.mark.parametrize(
+    "signals,expected", [(1, 3), (2, 1)], ids=["sigterm-waits-then-exits-3", "second-sigterm-exits-at-once"]
+)
 def test_sigterm_with_a_stuck_handler_still_ends_the_worker(broker, signals, expected):
     import subprocess
 
-    env = worker_env(broker, PLATFORMKIT_TEST_ACK_WAIT="3", PLATFORMKIT_TEST_HANDLER_TIMEOUT="1", PLATFORMKIT_TEST_STUCK_GRACE="2")
+    env = worker_env(
+        broker, PLATFORMKIT_TEST_ACK_WAIT="3", PLATFORMKIT_TEST_HANDLER_TIMEOUT="1", PLATFORMKIT_TEST_STUCK_GRACE="2"
+    )
     with transaction.atomic():
         event_id = publish("testapp.slow", {"sleep": 120})
-    worker = manage("runworker", "--subscription", "testapp.slow", "--no-jobs", env=env, stderr=subprocess.PIPE, text=True)
+    worker = manage(
+        "runworker", "--subscription", "testapp.slow", "--no-jobs", env=env, stderr=subprocess.PIPE, text=True
+    )
     try:
         wait_for(lambda: Attempt.objects.filter(event_id=event_id).exists(), timeout=30, what="the handler to start")
         for _ in range(signals):

@@ -63,7 +63,9 @@ def test_a_stream_made_before_identities_is_adopted_with_a_warning(bare_transpor
         bare_transport.ensure_stream(owner=str(uuid.uuid4()))
 
 
-def test_a_stream_whose_subjects_overlap_another_is_a_clear_error_and_never_logged_created(broker, bare_transport, settings, caplog):
+def test_a_stream_whose_subjects_overlap_another_is_a_clear_error_and_never_logged_created(
+    broker, bare_transport, settings, caplog
+):
     bare_transport.ensure_stream(owner=str(uuid.uuid4()))
     other = dict(broker, STREAM=broker["STREAM"] + "_B")  # its own stream, the same subject prefix
     settings.PLATFORMKIT = other
@@ -76,12 +78,16 @@ def test_a_stream_whose_subjects_overlap_another_is_a_clear_error_and_never_logg
     text = str(refused.value)
     assert f"refused to create the stream {other['STREAM']!r}" in text and "overlap" in text
     assert "PLATFORMKIT['SUBJECT_PREFIX']" in text
-    assert not any(r.getMessage().startswith("stream created") and other["STREAM"] in r.getMessage() for r in caplog.records)
+    assert not any(
+        r.getMessage().startswith("stream created") and other["STREAM"] in r.getMessage() for r in caplog.records
+    )
 
 
 def test_a_server_without_jetstream_says_to_start_it_with_js(broker, settings):
     port = free_port()
-    server = subprocess.Popen([NatsServer.binary(), "-a", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        [NatsServer.binary(), "-a", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     try:
         wait_for_port(port, process=server)
         t = Transport(url=f"nats://127.0.0.1:{port}")
@@ -94,7 +100,10 @@ def test_a_server_without_jetstream_says_to_start_it_with_js(broker, settings):
     finally:
         server.terminate()
         server.wait(10)
-    assert str(refused.value) == f"JetStream is not enabled on nats://127.0.0.1:{port}: start nats-server with -js (or jetstream {{}} in its config)."
+    assert (
+        str(refused.value)
+        == f"JetStream is not enabled on nats://127.0.0.1:{port}: start nats-server with -js (or jetstream {{}} in its config)."
+    )
 
 
 def test_credentials_never_reach_a_log_line_an_error_or_a_command_error(broker, settings, caplog):

@@ -92,7 +92,9 @@ def tick(scheduler: Scheduler, clock: FakeClock, moment: datetime) -> None:
         assert not thread.is_alive(), "a job run did not finish"
 
 
-def drive(scheduler: Scheduler, clock: FakeClock, start: datetime, end: datetime, step: timedelta = timedelta(minutes=10)) -> None:
+def drive(
+    scheduler: Scheduler, clock: FakeClock, start: datetime, end: datetime, step: timedelta = timedelta(minutes=10)
+) -> None:
     moment = start
     while moment <= end:
         tick(scheduler, clock, moment)
@@ -105,6 +107,7 @@ def local_day(year: int, month: int, day: int, zone=AMSTERDAM) -> tuple[datetime
 
 
 # --- slots ---------------------------------------------------------------------
+
 
 def test_every_slots_are_multiples_of_the_interval_since_the_epoch(registry):
     job(every=timedelta(minutes=7), name="testapp.seven")(lambda: None)
@@ -160,6 +163,7 @@ def test_the_29_february_job_waits_eight_years_across_2100(registry):
 
 # --- declarations ----------------------------------------------------------------
 
+
 @pytest.mark.parametrize(
     ("schedule", "fragment"),
     [
@@ -199,7 +203,15 @@ def test_a_schedule_that_cant_run_is_refused_with_the_fix(registry, schedule, fr
 
 
 def test_valid_schedules_pass_and_a_never_firing_one_is_found_quickly():
-    for cron in ("0 0 29 2 *", "0 9 * * mon-fri", "*/5 * * * *", "0 0 1-31/2 * 1", "0 0 31 4,6 1", "0 0 * * 7", "15 2 * JAN-mar SUN"):
+    for cron in (
+        "0 0 29 2 *",
+        "0 9 * * mon-fri",
+        "*/5 * * * *",
+        "0 0 1-31/2 * 1",
+        "0 0 31 4,6 1",
+        "0 0 * * 7",
+        "15 2 * JAN-mar SUN",
+    ):
         assert validate_schedule(every=None, cron=cron, timezone="Europe/Amsterdam") == [], cron
     assert validate_schedule(every=timedelta(seconds=1), cron=None, timezone="UTC") == []
     started = time.perf_counter()
@@ -212,7 +224,9 @@ def test_two_jobs_with_one_name_are_refused_and_names_default_to_the_app_label(r
         pass
 
     job(every=timedelta(days=1))(nightly)
-    assert jobs_module._jobs["tests.nightly"].declared_in.endswith("test_two_jobs_with_one_name_are_refused_and_names_default_to_the_app_label.<locals>.nightly")
+    assert jobs_module._jobs["tests.nightly"].declared_in.endswith(
+        "test_two_jobs_with_one_name_are_refused_and_names_default_to_the_app_label.<locals>.nightly"
+    )
 
     def other():
         pass
@@ -236,6 +250,7 @@ def test_runworker_refuses_an_unknown_job():
 
 
 # --- once per slot, in this process ----------------------------------------------
+
 
 @db
 def test_a_cron_job_runs_once_per_minute_boundary_across_two_skewed_schedulers(runs):
@@ -350,7 +365,11 @@ def test_a_failing_job_is_logged_recorded_and_retried_at_the_next_slot(runs, cap
         scheduler.close()
     assert len(attempts) == 2
     retried = JobState.objects.get(name=name)
-    assert retried.last_slot == datetime(2026, 6, 1, 12, 10, tzinfo=UTC) and retried.last_error == "" and retried.finished_at
+    assert (
+        retried.last_slot == datetime(2026, 6, 1, 12, 10, tzinfo=UTC)
+        and retried.last_error == ""
+        and retried.finished_at
+    )
 
 
 @db
@@ -440,10 +459,13 @@ def test_a_scheduler_on_an_injected_clock_runs_the_dst_and_leap_day_counts(runs,
 
 # --- once per slot, across worker processes -----------------------------------------
 
+
 @pytest.fixture
 def runs_table(django_db_blocker):
     with django_db_blocker.unblock(), connection.cursor() as cursor:
-        cursor.execute(f"CREATE TABLE {RUNS_TABLE} (job text NOT NULL, slot timestamptz NOT NULL, pid int NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp())")
+        cursor.execute(
+            f"CREATE TABLE {RUNS_TABLE} (job text NOT NULL, slot timestamptz NOT NULL, pid int NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp())"
+        )
     yield RUNS_TABLE
     with django_db_blocker.unblock(), connection.cursor() as cursor:
         cursor.execute(f"DROP TABLE IF EXISTS {RUNS_TABLE}")
@@ -543,6 +565,7 @@ def test_a_worker_killed_mid_job_releases_its_lock_and_the_next_slots_run_once(b
 
 
 # --- one clock: the database's ------------------------------------------------
+
 
 def _database_now() -> datetime:
     with connection.cursor() as cursor:

@@ -30,7 +30,8 @@ def scrape(port: int) -> dict[tuple[str, tuple], float]:
         text = response.read().decode()
     return {
         (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(text) for s in family.samples
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
     }
 
 
@@ -60,14 +61,21 @@ def test_metrics_scraped_after_a_burst_equal_what_the_database_says_happened(run
 
     samples = scrape(port)
     # relayed: every outbox row the relay stamped (the replay-free run: 7)
-    assert samples[("platformkit_relayed_total", ())] == OutboxEvent.objects.filter(published_at__isnull=False).count() == 7
+    assert (
+        samples[("platformkit_relayed_total", ())]
+        == OutboxEvent.objects.filter(published_at__isnull=False).count()
+        == 7
+    )
     dead = DeadLetter.objects.exclude(name="(malformed)")
     for name in SUBS:
         claims = HandledEvent.objects.filter(subscription=name).count()
         terminal = dead.filter(subscription=name).count()
         assert handled(samples, name, "handled") == claims - terminal, name
         assert handled(samples, name, "dead_lettered") == terminal, name
-        assert handled(samples, name, "malformed") == DeadLetter.objects.filter(subscription=name, name="(malformed)").count(), name
+        assert (
+            handled(samples, name, "malformed")
+            == DeadLetter.objects.filter(subscription=name, name="(malformed)").count()
+        ), name
     # retried = every attempt that ran and was not the last one of its event
     runs = Attempt.objects.filter(subscription="testapp.flaky").count()
     flaky_events = HandledEvent.objects.filter(subscription="testapp.flaky").count()
@@ -82,7 +90,11 @@ def test_metrics_scraped_after_a_burst_equal_what_the_database_says_happened(run
     assert samples[("platformkit_outbox_lag_seconds", ())] == 0
     for name in SUBS:
         assert samples[("platformkit_consumer_pending", (("subscription", name),))] == 0
-    assert samples[("platformkit_dead_letters", (("subscription", "testapp.flaky"),))] == DeadLetter.objects.filter(subscription="testapp.flaky").count() == 2
+    assert (
+        samples[("platformkit_dead_letters", (("subscription", "testapp.flaky"),))]
+        == DeadLetter.objects.filter(subscription="testapp.flaky").count()
+        == 2
+    )
     assert samples[("platformkit_scrape_ok", (("source", "database"),))] == 1
     assert samples[("platformkit_scrape_ok", (("source", "nats"),))] == 1
 
@@ -115,14 +127,29 @@ def test_two_metrics_in_one_process_have_registries_of_their_own(metrics):
 
     other = Metrics().connect()
     try:
-        signals.job_finished.send_robust(sender=None, job="testapp.tick", slot=None, outcome="succeeded", error=None, duration_seconds=0.1)
+        signals.job_finished.send_robust(
+            sender=None, job="testapp.tick", slot=None, outcome="succeeded", error=None, duration_seconds=0.1
+        )
         for m in (metrics, other):
-            assert m.registry.get_sample_value("platformkit_job_runs_total", {"job": "testapp.tick", "outcome": "succeeded"}) == 1
+            assert (
+                m.registry.get_sample_value(
+                    "platformkit_job_runs_total", {"job": "testapp.tick", "outcome": "succeeded"}
+                )
+                == 1
+            )
     finally:
         other.close()
-    signals.job_finished.send_robust(sender=None, job="testapp.tick", slot=None, outcome="failed", error=None, duration_seconds=0.1)
-    assert other.registry.get_sample_value("platformkit_job_runs_total", {"job": "testapp.tick", "outcome": "failed"}) is None
-    assert metrics.registry.get_sample_value("platformkit_job_runs_total", {"job": "testapp.tick", "outcome": "failed"}) == 1
+    signals.job_finished.send_robust(
+        sender=None, job="testapp.tick", slot=None, outcome="failed", error=None, duration_seconds=0.1
+    )
+    assert (
+        other.registry.get_sample_value("platformkit_job_runs_total", {"job": "testapp.tick", "outcome": "failed"})
+        is None
+    )
+    assert (
+        metrics.registry.get_sample_value("platformkit_job_runs_total", {"job": "testapp.tick", "outcome": "failed"})
+        == 1
+    )
 
 
 def test_runrelay_metrics_port_serves_metrics_from_a_real_process(broker):
@@ -134,8 +161,16 @@ def test_runrelay_metrics_port_serves_metrics_from_a_real_process(broker):
     with transaction.atomic():
         for i in range(3):
             publish("testapp.order_placed", {"n": i})
-    process = manage("runrelay", "--metrics-port", str(port), env=worker_env(broker), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    process = manage(
+        "runrelay",
+        "--metrics-port",
+        str(port),
+        env=worker_env(broker),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     try:
+
         def relayed():
             try:
                 return scrape(port).get(("platformkit_relayed_total", ()), 0) == 3
@@ -159,7 +194,10 @@ def test_metrics_port_taken_is_a_clear_command_error(broker):
         port = s.getsockname()[1]
         result = subprocess.run(
             [sys.executable, str(ROOT / "tests" / "manage.py"), "runrelay", "--once", "--metrics-port", str(port)],
-            env=worker_env(broker), cwd=ROOT, capture_output=True, timeout=60,
+            env=worker_env(broker),
+            cwd=ROOT,
+            capture_output=True,
+            timeout=60,
         )
     assert result.returncode == 1
     assert f"--metrics-port {port}: can't listen there" in result.stderr.decode()
@@ -172,8 +210,17 @@ def test_runworker_metrics_port_counts_what_the_database_holds_in_a_real_process
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    process = manage("runworker", "--metrics-port", str(port), "--no-jobs", "--subscription", "testapp.record_order",
-                     env=worker_env(broker), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    process = manage(
+        "runworker",
+        "--metrics-port",
+        str(port),
+        "--no-jobs",
+        "--subscription",
+        "testapp.record_order",
+        env=worker_env(broker),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     try:
         with transaction.atomic():
             for i in range(4):
@@ -187,10 +234,20 @@ def test_runworker_metrics_port_counts_what_the_database_holds_in_a_real_process
             return handled(samples, "testapp.record_order", "handled") == 4 and samples
 
         samples = wait_for(settled, timeout=60, what="runworker's /metrics to show 4 handled")
-        assert handled(samples, "testapp.record_order", "handled") == HandledEvent.objects.filter(subscription="testapp.record_order").count()
-        assert samples[("platformkit_relayed_total", ())] == OutboxEvent.objects.filter(published_at__isnull=False).count() == 4
+        assert (
+            handled(samples, "testapp.record_order", "handled")
+            == HandledEvent.objects.filter(subscription="testapp.record_order").count()
+        )
+        assert (
+            samples[("platformkit_relayed_total", ())]
+            == OutboxEvent.objects.filter(published_at__isnull=False).count()
+            == 4
+        )
         assert samples[("platformkit_consumer_pending", (("subscription", "testapp.record_order"),))] == 0
-        assert ("platformkit_consumer_pending", (("subscription", "testapp.count_order"),)) not in samples  # not this worker's
+        assert (
+            "platformkit_consumer_pending",
+            (("subscription", "testapp.count_order"),),
+        ) not in samples  # not this worker's
     finally:
         process.send_signal(signal.SIGTERM)
         _, err = process.communicate(timeout=60)

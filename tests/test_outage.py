@@ -20,7 +20,11 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def _params(**extra):
-    params = {k: v for k, v in connection.get_connection_params().items() if k not in ("cursor_factory", "context", "prepare_threshold")}
+    params = {
+        k: v
+        for k, v in connection.get_connection_params().items()
+        if k not in ("cursor_factory", "context", "prepare_threshold")
+    }
     params.update(extra)
     return params
 
@@ -46,14 +50,12 @@ def test_too_many_connections_is_an_outage():
 
 
 def test_a_read_only_transaction_is_an_outage_and_a_wrong_query_is_not():
-    with pytest.raises(DatabaseError) as read_only:
-        with transaction.atomic(), connection.cursor() as cursor:
-            cursor.execute("SET TRANSACTION READ ONLY")
-            cursor.execute("INSERT INTO platformkit_jobs (name, last_error) VALUES ('x', '')")
+    with pytest.raises(DatabaseError) as read_only, transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SET TRANSACTION READ ONLY")
+        cursor.execute("INSERT INTO platformkit_jobs (name, last_error) VALUES ('x', '')")
     assert sqlstate(read_only.value) == "25006" and database_unavailable(read_only.value)
-    with pytest.raises(DatabaseError) as wrong:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT * FROM no_such_table_here")
+    with pytest.raises(DatabaseError) as wrong, connection.cursor() as cursor:
+        cursor.execute("SELECT * FROM no_such_table_here")
     assert sqlstate(wrong.value) == "42P01"
     assert is_database_error(wrong.value) and not database_unavailable(wrong.value)
 

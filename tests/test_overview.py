@@ -41,7 +41,9 @@ def _figures(result: overview.Overview, name: str) -> overview.SubscriptionFigur
 
 def _viewer(*codenames: str) -> User:
     user = User.objects.create_user(f"u{uuid.uuid4().hex[:6]}", is_staff=True)
-    user.user_permissions.set(Permission.objects.filter(content_type__app_label="django_platformkit", codename__in=codenames))
+    user.user_permissions.set(
+        Permission.objects.filter(content_type__app_label="django_platformkit", codename__in=codenames)
+    )
     return user
 
 
@@ -51,6 +53,7 @@ def _publish(name: str, n: int, **payload) -> list[uuid.UUID]:
 
 
 # --- the page: who may see it, where it is linked ---------------------------------
+
 
 def test_the_overview_is_linked_from_the_app_index_for_staff_who_may_view_a_table(client):
     url = reverse(OVERVIEW)
@@ -67,6 +70,7 @@ def test_the_overview_is_linked_from_the_app_index_for_staff_who_may_view_a_tabl
 
 
 # --- database figures ------------------------------------------------------------------
+
 
 def test_outbox_figures_are_pending_rows_the_oldest_ones_age_and_what_was_relayed_recently(settings):
     pending = _publish("testapp.slow", 3)
@@ -93,8 +97,12 @@ def test_a_row_deferred_to_later_is_neither_pending_nor_lag_until_it_falls_due(s
     later, due = _publish("testapp.slow", 2)
     now = timezone.now()
     # Written 10 min ago: one due tomorrow (a task's run_after), one that fell due 20 s ago.
-    OutboxEvent.objects.filter(pk=later).update(created_at=now - datetime.timedelta(minutes=10), not_before=now + datetime.timedelta(days=1))
-    OutboxEvent.objects.filter(pk=due).update(created_at=now - datetime.timedelta(minutes=10), not_before=now - datetime.timedelta(seconds=20))
+    OutboxEvent.objects.filter(pk=later).update(
+        created_at=now - datetime.timedelta(minutes=10), not_before=now + datetime.timedelta(days=1)
+    )
+    OutboxEvent.objects.filter(pk=due).update(
+        created_at=now - datetime.timedelta(minutes=10), not_before=now - datetime.timedelta(seconds=20)
+    )
     out = overview.collect(broker_timeout_seconds=1).outbox
     assert out.pending == 1
     assert 15 < out.oldest_pending_age_seconds < 60  # due 20 s ago, not written 10 min ago
@@ -108,10 +116,19 @@ def test_subscription_figures_count_successes_by_window_not_terminal_claims(sett
     ids = _publish("testapp.order_placed", 6)
     ages_seconds = (10, 100, 290, 600, 3000, 5000)  # 3 in 5 min, 5 in the hour, 1 older
     for event_id, ago in zip(ids, ages_seconds, strict=True):
-        HandledEvent.objects.create(subscription="testapp.record_order", event_id=event_id, handled_at=now - datetime.timedelta(seconds=ago))
+        HandledEvent.objects.create(
+            subscription="testapp.record_order", event_id=event_id, handled_at=now - datetime.timedelta(seconds=ago)
+        )
     failed = _publish("testapp.order_placed", 1)[0]
-    assert record_dead_letter(subscription="testapp.record_order", event_id=failed, name="testapp.order_placed", tenant=None,
-                              attempts=3, error="RuntimeError: x", traceback="")
+    assert record_dead_letter(
+        subscription="testapp.record_order",
+        event_id=failed,
+        name="testapp.order_placed",
+        tenant=None,
+        attempts=3,
+        error="RuntimeError: x",
+        traceback="",
+    )
     result = overview.collect(broker_timeout_seconds=1)
     row = _figures(result, "testapp.record_order")
     assert (row.handled_5m, row.handled_1h, row.open_dead_letters) == (3, 5, 1)
@@ -120,7 +137,15 @@ def test_subscription_figures_count_successes_by_window_not_terminal_claims(sett
     other = _figures(result, "testapp.count_order")
     assert (other.handled_5m, other.handled_1h, other.open_dead_letters, other.last_handled_at) == (0, 0, 0, None)
     # The relay's own dead letters get a row although no handler is subscribed under that name.
-    record_dead_letter(subscription="platformkit.relay", event_id=ids[0], name="testapp.order_placed", tenant=None, attempts=1, error="too big", traceback="")
+    record_dead_letter(
+        subscription="platformkit.relay",
+        event_id=ids[0],
+        name="testapp.order_placed",
+        tenant=None,
+        attempts=1,
+        error="too big",
+        traceback="",
+    )
     relay_row = _figures(overview.collect(broker_timeout_seconds=1), "platformkit.relay")
     assert relay_row.open_dead_letters == 1 and not relay_row.registered
 
@@ -150,11 +175,17 @@ def test_a_job_is_running_now_only_while_its_lock_is_held(registries):  # noqa: 
     jobs.job(every=datetime.timedelta(minutes=5), name="testapp.report")(lambda: None)
     slot = timezone.now().replace(microsecond=0) - datetime.timedelta(minutes=1)
     JobState.objects.create(name="testapp.report", last_slot=slot, started_at=slot, last_error="")
-    JobState.objects.create(name="testapp.gone", last_slot=slot, started_at=slot, finished_at=slot, last_error="Boom\nline two")
+    JobState.objects.create(
+        name="testapp.gone", last_slot=slot, started_at=slot, finished_at=slot, last_error="Boom\nline two"
+    )
     crashed = {j.name: j for j in overview.collect(broker_timeout_seconds=1).jobs}
     assert crashed["testapp.report"].running is False  # the ledger says started, no lock: its worker died mid-run
-    assert crashed["testapp.report"].next_slot > timezone.now() and crashed["testapp.report"].schedule == "every 0:05:00"
-    assert crashed["testapp.gone"].schedule == "— (no longer declared)" and crashed["testapp.gone"].last_error.startswith("Boom")
+    assert (
+        crashed["testapp.report"].next_slot > timezone.now() and crashed["testapp.report"].schedule == "every 0:05:00"
+    )
+    assert crashed["testapp.gone"].schedule == "— (no longer declared)" and crashed[
+        "testapp.gone"
+    ].last_error.startswith("Boom")
     holder = connections.create_connection("default")
     try:
         with holder.cursor() as cursor:
@@ -170,14 +201,23 @@ def test_the_page_renders_every_section_from_the_database(client, registries):  
     Heartbeat(["testapp.slow"], worker="web-9:123").beat()
     client.force_login(_viewer("view_outboxevent"))
     html = client.get(reverse(OVERVIEW)).content.decode()
-    for section in ('id="platformkit-subscriptions"', 'id="platformkit-outbox"', 'id="platformkit-jobs"', 'id="platformkit-workers"'):
+    for section in (
+        'id="platformkit-subscriptions"',
+        'id="platformkit-outbox"',
+        'id="platformkit-jobs"',
+        'id="platformkit-workers"',
+    ):
         assert section in html
-    assert '<strong class="pk-outbox-pending"><a href="/admin/django_platformkit/outboxevent/?status=pending">2</a></strong>' in html
+    assert (
+        '<strong class="pk-outbox-pending"><a href="/admin/django_platformkit/outboxevent/?status=pending">2</a></strong>'
+        in html
+    )
     assert 'data-worker="web-9:123"' in html and "<strong>alive</strong>" in html
     assert html.count('<svg class="platformkit-spark"') >= len(subscriptions()) + 2
 
 
 # --- the broker: a backlog on one subscription, a dead letter on another ---------------
+
 
 def test_broker_figures_show_a_backlog_and_a_real_dead_letter_side_by_side(broker, transport, run_worker, client):
     # A dead letter from a real failing handler run (3 attempts, then given up).
@@ -206,16 +246,18 @@ def test_broker_figures_show_a_backlog_and_a_real_dead_letter_side_by_side(broke
 
     client.force_login(_viewer("view_deadletter"))
     html = client.get(reverse(OVERVIEW)).content.decode()
-    row = html[html.index('data-subscription="testapp.record_order"'):]
+    row = html[html.index('data-subscription="testapp.record_order"') :]
     row = row[: row.index("</tr>")]
     assert '<td class="num pk-waiting">5</td>' in row and '<td class="num pk-in-flight">0</td>' in row
-    row = html[html.index('data-subscription="testapp.flaky"'):]
+    row = html[html.index('data-subscription="testapp.flaky"') :]
     row = row[: row.index("</tr>")]
-    assert '>1</a></td>' in row and "?subscription=testapp.flaky" in row
+    assert ">1</a></td>" in row and "?subscription=testapp.flaky" in row
     assert "platformkit-broker-down" not in html
 
 
-def test_a_dead_letter_from_a_real_failing_run_shows_its_error_and_whatever_attempts_were_recorded(broker, run_worker, client):
+def test_a_dead_letter_from_a_real_failing_run_shows_its_error_and_whatever_attempts_were_recorded(
+    broker, run_worker, client
+):
     flaky_id = _publish("testapp.flaky", 1, always_fail=True)[0]
     run_worker(subscriptions=[_subscription("testapp.flaky")])
     row = DeadLetter.objects.get(subscription="testapp.flaky", event_id=flaky_id)
@@ -231,6 +273,7 @@ def test_a_dead_letter_from_a_real_failing_run_shows_its_error_and_whatever_atte
 
 # --- NATS unreachable or silent -----------------------------------------------------------
 
+
 def _closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -245,10 +288,18 @@ def test_with_nats_unreachable_the_database_figures_render_and_the_page_says_so_
         result = overview.collect()
         took = time.monotonic() - started
         assert took < overview.BROKER_TIMEOUT_SECONDS + 1.0
-        assert not result.broker_ok and "s3cret" not in result.broker_error and "nats://***@127.0.0.1" in result.broker_error
+        assert (
+            not result.broker_ok
+            and "s3cret" not in result.broker_error
+            and "nats://***@127.0.0.1" in result.broker_error
+        )
         assert result.outbox.pending == 2
         slow = _figures(result, "testapp.slow")
-        assert slow.num_pending is None and slow.oldest_unhandled_source == "outbox" and slow.oldest_unhandled_age_seconds >= 0
+        assert (
+            slow.num_pending is None
+            and slow.oldest_unhandled_source == "outbox"
+            and slow.oldest_unhandled_age_seconds >= 0
+        )
         client.force_login(_viewer("view_outboxevent"))
         response = client.get(reverse(OVERVIEW))
     html = response.content.decode()
@@ -293,6 +344,7 @@ def test_a_nats_that_accepts_and_never_answers_costs_the_page_the_deadline_not_m
 
 
 # --- heartbeats ------------------------------------------------------------------------------
+
 
 def test_a_heartbeat_writes_its_row_at_most_once_per_interval_and_marks_a_clean_stop():
     beat = Heartbeat(["b.two", "a.one"], every_seconds=60, worker="host-a:1")
@@ -356,11 +408,24 @@ def test_real_worker_processes_beat_a_killed_one_falls_silent_a_stopped_one_says
     killed = manage("runworker", "--subscription", "testapp.slow", "--no-jobs", env=env)
     stopped = manage("runworker", "--subscription", "testapp.flaky", "--no-jobs", env=env)
     try:
-        rows = wait_for(lambda: {w.worker.rsplit(":", 1)[1]: w for w in WorkerHeartbeat.objects.all()} if WorkerHeartbeat.objects.count() == 2 else None,
-                        timeout=60, what="both workers' first heartbeat")
-        assert rows[str(killed.pid)].subscriptions == ["testapp.slow"] and rows[str(stopped.pid)].subscriptions == ["testapp.flaky"]
+        rows = wait_for(
+            lambda: (
+                {w.worker.rsplit(":", 1)[1]: w for w in WorkerHeartbeat.objects.all()}
+                if WorkerHeartbeat.objects.count() == 2
+                else None
+            ),
+            timeout=60,
+            what="both workers' first heartbeat",
+        )
+        assert rows[str(killed.pid)].subscriptions == ["testapp.slow"] and rows[str(stopped.pid)].subscriptions == [
+            "testapp.flaky"
+        ]
         first_seen = WorkerHeartbeat.objects.get(worker__endswith=f":{killed.pid}").last_seen
-        wait_for(lambda: WorkerHeartbeat.objects.get(worker__endswith=f":{killed.pid}").last_seen > first_seen, timeout=15, what="a second beat")
+        wait_for(
+            lambda: WorkerHeartbeat.objects.get(worker__endswith=f":{killed.pid}").last_seen > first_seen,
+            timeout=15,
+            what="a second beat",
+        )
         killed.kill()
         assert killed.wait(30) == -signal.SIGKILL
         stopped.send_signal(signal.SIGTERM)

@@ -24,7 +24,8 @@ from collections.abc import Mapping
 import pytest
 from django.db import connection, transaction
 from django.utils.duration import duration_iso_string
-from hypothesis import HealthCheck, example, given, settings, strategies as st
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
 
 from django_platformkit import publish
 from django_platformkit.consumer import Consumer, Subscription
@@ -42,6 +43,7 @@ TENANT_GRAMMAR = r"[A-Za-z0-9_-]{1,64}"
 
 
 # --- the documented encoding -------------------------------------------------
+
 
 def received(value, *, stored: bool = True):
     """What a handler finds in ``event.payload`` for a value ``publish()``
@@ -155,7 +157,21 @@ def same(a, b) -> bool:
 
 # --- strategies --------------------------------------------------------------
 
-NASTY_CHARS = ["\x00", "\ud800", "\udfff", "\U0010ffff", "\u2028", "\x7f", "\x1b", "\ufeff", "\U00020000", "\U000e0001", "\U0001f600", '"', "\\"]
+NASTY_CHARS = [
+    "\x00",
+    "\ud800",
+    "\udfff",
+    "\U0010ffff",
+    "\u2028",
+    "\x7f",
+    "\x1b",
+    "\ufeff",
+    "\U00020000",
+    "\U000e0001",
+    "\U0001f600",
+    '"',
+    "\\",
+]
 #: Every code point, surrogates included, plus a sampler that reaches each of
 #: the 17 planes and the characters JSON and PostgreSQL treat specially.
 characters = st.one_of(
@@ -164,18 +180,58 @@ characters = st.one_of(
     st.integers(0, 16).map(lambda plane: chr(plane * 0x10000 + 0x41)),
 )
 texts = st.text(characters, max_size=12)
-long_keys = st.text(st.characters(min_codepoint=0x20, max_codepoint=0x2FFF, exclude_categories=("Cs",)), min_size=200, max_size=1200)
-keys = st.one_of(texts, long_keys, st.integers(), st.none(), st.booleans(), st.floats(), st.tuples(st.integers()), st.uuids())
-special_numbers = st.sampled_from([
-    -0.0, 0.0, 5e-324, 2.2250738585072014e-308, 1e-7, 1e15, 1e16, 1.0000000000000002e16, 1.5e300, 1.7976931348623157e308,
-    -1.7976931348623157e308, float("nan"), float("inf"), float("-inf"), 2**63, -(2**63) - 1, 2**64, 2**200,
-])
+long_keys = st.text(
+    st.characters(min_codepoint=0x20, max_codepoint=0x2FFF, exclude_categories=("Cs",)), min_size=200, max_size=1200
+)
+keys = st.one_of(
+    texts, long_keys, st.integers(), st.none(), st.booleans(), st.floats(), st.tuples(st.integers()), st.uuids()
+)
+special_numbers = st.sampled_from(
+    [
+        -0.0,
+        0.0,
+        5e-324,
+        2.2250738585072014e-308,
+        1e-7,
+        1e15,
+        1e16,
+        1.0000000000000002e16,
+        1.5e300,
+        1.7976931348623157e308,
+        -1.7976931348623157e308,
+        float("nan"),
+        float("inf"),
+        float("-inf"),
+        2**63,
+        -(2**63) - 1,
+        2**64,
+        2**200,
+    ]
+)
 # Built, not listed: hypothesis can't print an int past 4300 digits as a strategy.
-longest_ints = st.builds(lambda sign, digits: sign * 10 ** (digits - 1), st.sampled_from([1, -1]), st.sampled_from([MAX_INT_DIGITS, MAX_INT_DIGITS + 1]))
+longest_ints = st.builds(
+    lambda sign, digits: sign * 10 ** (digits - 1),
+    st.sampled_from([1, -1]),
+    st.sampled_from([MAX_INT_DIGITS, MAX_INT_DIGITS + 1]),
+)
 scalars = st.one_of(
-    st.none(), st.booleans(), texts, st.integers(), st.integers(-(2**200), 2**200), st.floats(), special_numbers, longest_ints,
-    st.decimals(), st.datetimes(timezones=st.none() | st.timezones()), st.dates(), st.times(timezones=st.none() | st.timezones()),
-    st.timedeltas(), st.uuids(), st.binary(max_size=4), st.frozensets(st.integers(), max_size=2), st.sets(st.integers(), max_size=2),
+    st.none(),
+    st.booleans(),
+    texts,
+    st.integers(),
+    st.integers(-(2**200), 2**200),
+    st.floats(),
+    special_numbers,
+    longest_ints,
+    st.decimals(),
+    st.datetimes(timezones=st.none() | st.timezones()),
+    st.dates(),
+    st.times(timezones=st.none() | st.timezones()),
+    st.timedeltas(),
+    st.uuids(),
+    st.binary(max_size=4),
+    st.frozensets(st.integers(), max_size=2),
+    st.sets(st.integers(), max_size=2),
     st.complex_numbers(allow_nan=False, allow_infinity=False, max_magnitude=10),
 )
 values = st.recursive(
@@ -203,10 +259,17 @@ payloads = st.one_of(st.dictionaries(keys, values, max_size=6), deeply_nested())
 
 # --- payloads ----------------------------------------------------------------
 
+
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.large_base_example])
 @given(payloads)
 @example({"negative_zero": -0.0, "tiny": 5e-324, "huge": 1.7976931348623157e308, "big_int": 2**70, "int_float": 1e16})
-@example({"at": dt.datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=dt.UTC), "naive": dt.datetime(2026, 1, 2), "price": decimal.Decimal("9.990")})
+@example(
+    {
+        "at": dt.datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=dt.UTC),
+        "naive": dt.datetime(2026, 1, 2),
+        "price": decimal.Decimal("9.990"),
+    }
+)
 @example({"nul": "a\x00b"})
 @example({"lone": "\udc00"})
 @example({1: "non-string key"})
@@ -234,16 +297,38 @@ def test_an_accepted_payload_reaches_the_handler_exactly_as_documented(transport
     """Through PostgreSQL, the relay, JetStream and the consumer. A refused
     payload raises before any SQL: the caller's transaction stays usable."""
     seen: dict[uuid.UUID, dict] = {}
-    subscription = Subscription(name="testapp.props_roundtrip", event=EVENT, handler=lambda event: seen.__setitem__(event.id, event.payload))
+    subscription = Subscription(
+        name="testapp.props_roundtrip", event=EVENT, handler=lambda event: seen.__setitem__(event.id, event.payload)
+    )
     consumer = Consumer(subscription, transport)
     consumer.ensure()
     relay = Relay(transport)
 
     @settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
     @given(payloads)
-    @example({"negative_zero": -0.0, "tiny": 5e-324, "huge": 1.7976931348623157e308, "big_int": -(2**70), "int_float": 1e16, "float": 0.1})
-    @example({"at": dt.datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=dt.timezone(dt.timedelta(hours=5, minutes=30))), "d": dt.date(1, 1, 1), "dur": dt.timedelta(days=-1, microseconds=5)})
-    @example({"planes": "".join(chr(p * 0x10000 + 0x41) for p in range(17)) + "\u2028\x7f\x01", "ключ" * 100: [None, True, ()]})
+    @example(
+        {
+            "negative_zero": -0.0,
+            "tiny": 5e-324,
+            "huge": 1.7976931348623157e308,
+            "big_int": -(2**70),
+            "int_float": 1e16,
+            "float": 0.1,
+        }
+    )
+    @example(
+        {
+            "at": dt.datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=dt.timezone(dt.timedelta(hours=5, minutes=30))),
+            "d": dt.date(1, 1, 1),
+            "dur": dt.timedelta(days=-1, microseconds=5),
+        }
+    )
+    @example(
+        {
+            "planes": "".join(chr(p * 0x10000 + 0x41) for p in range(17)) + "\u2028\x7f\x01",
+            "ключ" * 100: [None, True, ()],
+        }
+    )
     @example({"x": [1.5e300] * 4000})  # tiny as compact JSON, 1.2 MB as jsonb prints it
     def roundtrip(payload):
         expected = problems(payload)
@@ -270,7 +355,14 @@ def test_an_accepted_payload_reaches_the_handler_exactly_as_documented(transport
 
 # --- event names and tenants ------------------------------------------------
 
-anything = st.one_of(st.text(characters, max_size=20), st.none(), st.integers(), st.binary(max_size=8), st.floats(), st.lists(st.text(max_size=3), max_size=2))
+anything = st.one_of(
+    st.text(characters, max_size=20),
+    st.none(),
+    st.integers(),
+    st.binary(max_size=8),
+    st.floats(),
+    st.lists(st.text(max_size=3), max_size=2),
+)
 name_like = st.one_of(
     anything,
     st.from_regex(EVENT_GRAMMAR, fullmatch=True),
@@ -341,8 +433,13 @@ json_values = st.recursive(
 def envelopes(draw):
     """A CloudEvents envelope of ours with some attributes dropped or replaced."""
     body = {
-        "specversion": "1.0", "id": str(uuid.uuid4()), "source": "/testapp", "type": EVENT,
-        "time": "2026-01-01T00:00:00Z", "datacontenttype": "application/json", "data": {"n": 1},
+        "specversion": "1.0",
+        "id": str(uuid.uuid4()),
+        "source": "/testapp",
+        "type": EVENT,
+        "time": "2026-01-01T00:00:00Z",
+        "datacontenttype": "application/json",
+        "data": {"n": 1},
     }
     if draw(st.booleans()):
         body["tenantid"] = draw(st.from_regex(TENANT_GRAMMAR, fullmatch=True))
@@ -362,13 +459,23 @@ bodies = st.one_of(
 )
 # Header names are tokens; Nats-* headers are instructions to the broker
 # (dedup ids, expectations), not message content, so they are left out.
-header_names = st.from_regex(r"[A-Za-z][A-Za-z0-9_-]{0,15}", fullmatch=True).filter(lambda h: not h.lower().startswith("nats"))
-headers = st.dictionaries(header_names, st.text(st.characters(min_codepoint=0x20, max_codepoint=0x7E), max_size=30), max_size=4)
-subject_tenants = st.one_of(st.just("_"), st.from_regex(TENANT_GRAMMAR, fullmatch=True), st.from_regex(r"[A-Za-z0-9$%&+=@!~]{1,8}", fullmatch=True))
+header_names = st.from_regex(r"[A-Za-z][A-Za-z0-9_-]{0,15}", fullmatch=True).filter(
+    lambda h: not h.lower().startswith("nats")
+)
+headers = st.dictionaries(
+    header_names, st.text(st.characters(min_codepoint=0x20, max_codepoint=0x7E), max_size=30), max_size=4
+)
+subject_tenants = st.one_of(
+    st.just("_"),
+    st.from_regex(TENANT_GRAMMAR, fullmatch=True),
+    st.from_regex(r"[A-Za-z0-9$%&+=@!~]{1,8}", fullmatch=True),
+)
 
 
 @pytest.mark.django_db(transaction=True)
-def test_arbitrary_bytes_and_headers_on_our_subjects_are_recorded_terminated_and_the_next_good_event_is_handled(transport, broker):
+def test_arbitrary_bytes_and_headers_on_our_subjects_are_recorded_terminated_and_the_next_good_event_is_handled(
+    transport, broker
+):
     handled: list[uuid.UUID] = []
     subscription = Subscription(name="testapp.props_fuzz", event=EVENT, handler=lambda event: handled.append(event.id))
     consumer = Consumer(subscription, transport)
@@ -394,9 +501,12 @@ def test_arbitrary_bytes_and_headers_on_our_subjects_are_recorded_terminated_and
         assert good in handled, "the good event behind the bad message was not handled"
         delta = {k: consumer.counts[k] - before[k] for k in before}
         assert delta["handled"] == 1 and delta["malformed"] == 1, delta
-        assert DeadLetter.objects.filter(subscription=subscription.name, name="(malformed)", error__contains=f"stream_seq={ack.seq}:").exists()
+        assert DeadLetter.objects.filter(
+            subscription=subscription.name, name="(malformed)", error__contains=f"stream_seq={ack.seq}:"
+        ).exists()
 
     fuzz()
+
     # The last ack/term is on its way: the server applies it to the consumer
     # asynchronously, so give it a moment before reading the counts.
     def counts():

@@ -19,7 +19,6 @@ from django_platformkit.exceptions import (
 from django_platformkit.models import OutboxEvent
 from tests.testapp.models import Order
 
-
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
@@ -35,10 +34,9 @@ def test_a_committed_transaction_leaves_one_pending_row():
 
 
 def test_a_rolled_back_transaction_leaves_no_row():
-    with pytest.raises(ZeroDivisionError):
-        with transaction.atomic():
-            publish("testapp.order_placed", {"order": 1})
-            1 / 0
+    with pytest.raises(ZeroDivisionError), transaction.atomic():
+        publish("testapp.order_placed", {"order": 1})
+        1 / 0
     assert OutboxEvent.objects.count() == 0
 
 
@@ -136,34 +134,47 @@ def test_values_encode_the_way_django_json_encoder_does():
     with transaction.atomic():
         publish(
             "testapp.order_placed",
-            {"d": decimal.Decimal("10.50"), "t": when, "day": datetime.date(2028, 2, 29), "u": uid, "tuple": (1, 2), "big": 2**70},
+            {
+                "d": decimal.Decimal("10.50"),
+                "t": when,
+                "day": datetime.date(2028, 2, 29),
+                "u": uid,
+                "tuple": (1, 2),
+                "big": 2**70,
+            },
             tenant=str(uid),
         )
     row = OutboxEvent.objects.get()
-    assert row.payload == {"d": "10.50", "t": "2026-01-02T03:04:05.600Z", "day": "2028-02-29", "u": str(uid), "tuple": [1, 2], "big": 2**70}
+    assert row.payload == {
+        "d": "10.50",
+        "t": "2026-01-02T03:04:05.600Z",
+        "day": "2028-02-29",
+        "u": str(uid),
+        "tuple": [1, 2],
+        "big": 2**70,
+    }
     assert row.tenant == str(uid)
 
 
 def test_publish_many_writes_every_event_in_one_statement_in_order(django_assert_num_queries):
-    with transaction.atomic():
-        with django_assert_num_queries(1):
-            ids = publish_many([("testapp.order_placed", {"n": i}) for i in range(100)] + [("testapp.order_placed", {"n": 100}, "acme")])
+    with transaction.atomic(), django_assert_num_queries(1):
+        ids = publish_many(
+            [("testapp.order_placed", {"n": i}) for i in range(100)] + [("testapp.order_placed", {"n": 100}, "acme")]
+        )
     stored = list(OutboxEvent.objects.order_by("created_at", "id").values_list("id", "tenant"))
     assert [i for i, _ in stored] == ids
     assert stored[-1][1] == "acme"
 
 
 def test_publish_many_writes_nothing_when_one_event_is_bad():
-    with transaction.atomic():
-        with pytest.raises(InvalidPayload):
-            publish_many([("testapp.order_placed", {"n": 1}), ("testapp.order_placed", {"n": math.nan})])
+    with transaction.atomic(), pytest.raises(InvalidPayload):
+        publish_many([("testapp.order_placed", {"n": 1}), ("testapp.order_placed", {"n": math.nan})])
     assert OutboxEvent.objects.count() == 0
 
 
 def test_publish_is_one_query(django_assert_num_queries):
-    with transaction.atomic():
-        with django_assert_num_queries(1):
-            publish("testapp.order_placed", {"n": 1})
+    with transaction.atomic(), django_assert_num_queries(1):
+        publish("testapp.order_placed", {"n": 1})
 
 
 def test_the_platformkit_event_module_is_reserved():
@@ -190,7 +201,9 @@ def test_the_reserved_tenant_token_is_refused_at_publish_saying_what_to_pass():
 
     assert NO_TENANT in RESERVED_TENANTS  # the subject's "no tenant" is what is reserved
     with transaction.atomic():
-        with pytest.raises(InvalidEventName, match=r"tenant '_' is reserved: on the subject it means 'no tenant'.*tenant=None"):
+        with pytest.raises(
+            InvalidEventName, match=r"tenant '_' is reserved: on the subject it means 'no tenant'.*tenant=None"
+        ):
             publish("testapp.order_placed", {}, tenant="_")
         # Still usable: the refusal came before any SQL.
         publish("testapp.order_placed", {}, tenant="_a")

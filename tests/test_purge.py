@@ -45,7 +45,9 @@ def add_claim(subscription: str, event_id: uuid.UUID, *, days_ago: float) -> Non
 
 def add_dead_letter(subscription: str, event_id: uuid.UUID, *, days_ago: float = 9.0) -> None:
     """A dead letter and its terminal claim, as the consumer writes them."""
-    DeadLetter.objects.create(event_id=event_id, subscription=subscription, name="testapp.order_placed", attempts=5, error="boom")
+    DeadLetter.objects.create(
+        event_id=event_id, subscription=subscription, name="testapp.order_placed", attempts=5, error="boom"
+    )
     add_claim(subscription, event_id, days_ago=days_ago)
 
 
@@ -178,7 +180,9 @@ def test_purgeoutbox_takes_an_age_in_hours_and_prints_what_it_did():
         add_claim(subscription, old, days_ago=0.7)  # handled by every subscription: nothing needs the row now
     out = StringIO()
     call_command("purgeoutbox", "--older-than", "12h", "--batch-size", "10", stdout=out)
-    assert out.getvalue().startswith("deleted outbox=1 claims=0 attempts=0 skipped_locked=0 batches=3 (published before ")
+    assert out.getvalue().startswith(
+        "deleted outbox=1 claims=0 attempts=0 skipped_locked=0 batches=3 (published before "
+    )
     assert outbox_ids() == {young} and old not in outbox_ids()
     for bad in ("12", "0d", "1y", "-3h"):
         with pytest.raises(CommandError, match="is not an age such as 30m, 12h, 7d or 2w"):
@@ -225,8 +229,8 @@ def test_purge_refuses_a_bad_age_or_batch_size():
         purge(older_than=timedelta(days=1), batch_size=0)
 
 
-
 # --- what the stream can still deliver stays guarded ---------------------------
+
 
 def add_attempt(subscription: str, event_id: uuid.UUID) -> None:
     from django_platformkit.models import Attempt
@@ -286,7 +290,11 @@ def test_purge_older_than_one_second_then_a_durable_re_created_handles_nothing_t
     from django_platformkit.consumer import subscriptions
     from tests.testapp.models import Effect
 
-    subscribers = [s for s in subscriptions() if s.event == "testapp.order_placed" and s.name in ("testapp.record_order", "testapp.count_order")]
+    subscribers = [
+        s
+        for s in subscriptions()
+        if s.event == "testapp.order_placed" and s.name in ("testapp.record_order", "testapp.count_order")
+    ]
     with transaction.atomic():
         for n in range(50):
             publish("testapp.order_placed", {"n": n})

@@ -75,7 +75,9 @@ def test_terminating_every_worker_connection_while_idle_then_publishing_is_handl
             assert cursor.fetchone()[0] >= 2  # the relay's, its listener's and the consumer's connections
         with transaction.atomic():
             second = publish("testapp.order_placed", {"n": 2})
-        wait_for(lambda: effects().filter(event_id=second).exists(), timeout=30, what="the event after the terminations")
+        wait_for(
+            lambda: effects().filter(event_id=second).exists(), timeout=30, what="the event after the terminations"
+        )
     finally:
         worker.send_signal(signal.SIGTERM)
         assert worker.wait(30) == 0
@@ -150,9 +152,10 @@ def test_a_broker_that_lost_its_store_gets_the_stream_and_durable_back(broker, s
     server = NatsServer().start()
     port = server.port
     settings.PLATFORMKIT = dict(broker, NATS_URL=server.url)
+    import threading
+
     from django_platformkit.consumer import subscriptions
     from django_platformkit.worker import Worker
-    import threading
 
     worker = Worker(scheduler=False, subscriptions=[s for s in subscriptions() if s.name == "testapp.record_order"])
     thread = threading.Thread(target=worker.run, daemon=True)
@@ -181,7 +184,10 @@ def test_run_once_modes_fail_with_a_clear_error_when_nats_is_unreachable(broker)
     from django_platformkit.devservices import free_port
 
     env = worker_env(broker, NATS_URL=f"nats://127.0.0.1:{free_port()}")
-    for args in (["runrelay", "--once", "--connect-timeout", "3"], ["runworker", "--burst", "--no-jobs", "--connect-timeout", "3"]):
+    for args in (
+        ["runrelay", "--once", "--connect-timeout", "3"],
+        ["runworker", "--burst", "--no-jobs", "--connect-timeout", "3"],
+    ):
         proc = manage(*args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         _, stderr = proc.communicate(timeout=90)
         assert proc.returncode == 1, (args, stderr)
@@ -206,13 +212,20 @@ def test_a_database_outage_longer_than_the_ack_wait_does_not_use_up_attempts(bro
     t = Transport()
     t.connect()
     t.ensure_stream()
-    admin = psycopg.connect(host=connection.settings_dict["HOST"], port=connection.settings_dict["PORT"], user=connection.settings_dict["USER"], dbname="postgres", autocommit=True)
+    admin = psycopg.connect(
+        host=connection.settings_dict["HOST"],
+        port=connection.settings_dict["PORT"],
+        user=connection.settings_dict["USER"],
+        dbname="postgres",
+        autocommit=True,
+    )
     consumer = Consumer(flaky, t)
     try:
         Relay(t).drain()
         consumer.ensure()
         connection.close()
         admin.execute(f'ALTER DATABASE "{db}" ALLOW_CONNECTIONS false')
+
         def consume():
             from django.db import connections
 
@@ -277,7 +290,16 @@ def test_runrelay_waits_for_a_stream_it_cannot_reach_yet_and_once_mode_gives_up_
             proc.send_signal(signal.SIGTERM)
             proc.communicate(timeout=60)
         assert proc.returncode == 0
-        once = manage("runrelay", "--once", "--connect-timeout", "3", env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        once = manage(
+            "runrelay",
+            "--once",
+            "--connect-timeout",
+            "3",
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         _, stderr = once.communicate(timeout=90)
         assert once.returncode == 1, stderr
         assert f"the stream {broker['STREAM']} is not available" in stderr

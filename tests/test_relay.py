@@ -46,7 +46,9 @@ def stream_order(transport, broker, count: int) -> list[int]:
 
 def backend_connections() -> int:
     with connection.cursor() as cursor:
-        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND backend_type = 'client backend'")
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND backend_type = 'client backend'"
+        )
         return cursor.fetchone()[0]
 
 

@@ -43,7 +43,9 @@ def test_a_slow_handler_has_no_more_fetched_than_can_start(broker, background_wo
     observer = Transport()
     observer.connect()
     try:
-        wait_for(lambda: Effect.objects.filter(subscription="testapp.slow").exists(), timeout=30, what="the first slow event")
+        wait_for(
+            lambda: Effect.objects.filter(subscription="testapp.slow").exists(), timeout=30, what="the first slow event"
+        )
         seen = []
         while Effect.objects.filter(subscription="testapp.slow").count() < len(ids):
             info = observer.consumer_info("testapp-slow")
@@ -114,7 +116,9 @@ def test_sigterm_during_start_up_exits_0_promptly_with_a_log_line_and_a_final_he
     log = tmp_path / "worker.log"
     env = worker_env(broker, NATS_URL=f"nats://127.0.0.1:{free_port()}")
     with open(log, "wb") as out:
-        proc = manage("runworker", "--no-jobs", "--health-file", str(health), env=env, stdout=out, stderr=subprocess.STDOUT)
+        proc = manage(
+            "runworker", "--no-jobs", "--health-file", str(health), env=env, stdout=out, stderr=subprocess.STDOUT
+        )
     try:
         wait_for(lambda: "nats unreachable" in log.read_text(), timeout=60, what="the worker waiting for NATS")
         proc.send_signal(signal.SIGTERM)
@@ -151,19 +155,39 @@ def test_processes_2_start_handle_and_stop_on_one_sigterm(broker, tmp_path):
     log = tmp_path / "worker.log"
     with open(log, "wb") as out:
         proc = manage(
-            "runworker", "--processes", "2", "--no-jobs", "--subscription", "testapp.record_order", "--health-file", str(health),
-            env=worker_env(broker), stdout=out, stderr=subprocess.STDOUT,
+            "runworker",
+            "--processes",
+            "2",
+            "--no-jobs",
+            "--subscription",
+            "testapp.record_order",
+            "--health-file",
+            str(health),
+            env=worker_env(broker),
+            stdout=out,
+            stderr=subprocess.STDOUT,
         )
     try:
-        state = wait_for(lambda: health.exists() and json.loads(health.read_text()), timeout=60, what="the supervisor's health file")
+        state = wait_for(
+            lambda: health.exists() and json.loads(health.read_text()), timeout=60, what="the supervisor's health file"
+        )
         assert set(state["children"]) == {"relay", "consumer0", "consumer1"}
         children = wait_for(
-            lambda: (s := json.loads(health.read_text())) and all(c["up"] and c["healthy"] for c in s["children"].values()) and s["children"],
-            timeout=60, what="every child healthy",
+            lambda: (
+                (s := json.loads(health.read_text()))
+                and all(c["up"] and c["healthy"] for c in s["children"].values())
+                and s["children"]
+            ),
+            timeout=60,
+            what="every child healthy",
         )
         with transaction.atomic():
             ids = [publish("testapp.order_placed", {"n": n}) for n in range(40)]
-        wait_for(lambda: Effect.objects.filter(subscription="testapp.record_order").count() >= len(ids), timeout=60, what="40 events handled")
+        wait_for(
+            lambda: Effect.objects.filter(subscription="testapp.record_order").count() >= len(ids),
+            timeout=60,
+            what="40 events handled",
+        )
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(60)
     finally:
@@ -171,7 +195,9 @@ def test_processes_2_start_handle_and_stop_on_one_sigterm(broker, tmp_path):
             proc.kill()
     text = log.read_text()
     assert code == 0, text
-    assert sorted(Effect.objects.filter(subscription="testapp.record_order").values_list("event_id", flat=True)) == sorted(ids)
+    assert sorted(
+        Effect.objects.filter(subscription="testapp.record_order").values_list("event_id", flat=True)
+    ) == sorted(ids)
     for child in children.values():
         assert not _alive(child["pid"]), f"child {child['pid']} outlived the supervisor"
     assert "supervisor stopped exit=0" in text
@@ -180,7 +206,16 @@ def test_processes_2_start_handle_and_stop_on_one_sigterm(broker, tmp_path):
 
 
 def test_processes_refuses_burst_with_a_clear_error(broker):
-    proc = manage("runworker", "--processes", "2", "--burst", env=worker_env(broker), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = manage(
+        "runworker",
+        "--processes",
+        "2",
+        "--burst",
+        env=worker_env(broker),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     _, stderr = proc.communicate(timeout=60)
     assert proc.returncode != 0
     assert "--burst can't be combined with --processes" in stderr
@@ -193,10 +228,20 @@ def test_processes_restarts_a_child_that_dies(broker, tmp_path):
     log = tmp_path / "worker.log"
     with open(log, "wb") as out:
         proc = manage(
-            "runworker", "--processes", "1", "--no-jobs", "--subscription", "testapp.record_order", "--health-file", str(health),
-            env=worker_env(broker), stdout=out, stderr=subprocess.STDOUT,
+            "runworker",
+            "--processes",
+            "1",
+            "--no-jobs",
+            "--subscription",
+            "testapp.record_order",
+            "--health-file",
+            str(health),
+            env=worker_env(broker),
+            stdout=out,
+            stderr=subprocess.STDOUT,
         )
     try:
+
         def consumer_state():
             if not health.exists():
                 return None
@@ -205,11 +250,17 @@ def test_processes_restarts_a_child_that_dies(broker, tmp_path):
 
         first = wait_for(consumer_state, timeout=60, what="the consumer child healthy")
         os.kill(first["pid"], signal.SIGKILL)
-        second = wait_for(lambda: (s := consumer_state()) and s["pid"] != first["pid"] and s, timeout=60, what="the child restarted")
+        second = wait_for(
+            lambda: (s := consumer_state()) and s["pid"] != first["pid"] and s, timeout=60, what="the child restarted"
+        )
         assert second["restarts"] == 1
         with transaction.atomic():
             event = publish("testapp.order_placed", {"n": 1})
-        wait_for(lambda: Effect.objects.filter(subscription="testapp.record_order", event_id=event).exists(), timeout=60, what="an event after the restart")
+        wait_for(
+            lambda: Effect.objects.filter(subscription="testapp.record_order", event_id=event).exists(),
+            timeout=60,
+            what="an event after the restart",
+        )
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(60)
     finally:

@@ -80,8 +80,13 @@ def test_1100_failures_parked_for_retry_do_not_hold_back_20_healthy_events(broke
         healthy = publish_rows("testapp.parked", [{"n": 10_000 + n} for n in range(20)])
         published = time.monotonic()
         wait_for(
-            lambda: scalar("SELECT count(DISTINCT event_id) FROM testapp_effect WHERE event_id::text = ANY(%s)", [healthy]) == 20,
-            timeout=60, interval=0.2, what="the 20 healthy events",
+            lambda: (
+                scalar("SELECT count(DISTINCT event_id) FROM testapp_effect WHERE event_id::text = ANY(%s)", [healthy])
+                == 20
+            ),
+            timeout=60,
+            interval=0.2,
+            what="the 20 healthy events",
         )
         seconds = time.monotonic() - published
     finally:
@@ -100,19 +105,35 @@ def test_one_busy_subscription_among_24_delays_no_other_by_a_second(broker, tmp_
     try:
         # Warm-up: every durable exists and has handled one event.
         warm = publish_rows("testapp.ping", [{"n": -1}])[0]
-        wait_for(lambda: scalar("SELECT count(*) FROM testapp_effect WHERE event_id = %s", [warm]) == 23, timeout=120, what="the warm-up ping")
+        wait_for(
+            lambda: scalar("SELECT count(*) FROM testapp_effect WHERE event_id = %s", [warm]) == 23,
+            timeout=120,
+            what="the warm-up ping",
+        )
         busy = publish_rows("testapp.busy", [{"n": n, "sleep": 1.0} for n in range(30)])
-        wait_for(lambda: scalar("SELECT count(*) FROM testapp_attempt WHERE event_id::text = ANY(%s)", [busy]) >= 2, timeout=60, what="the busy subscription at work")
+        wait_for(
+            lambda: scalar("SELECT count(*) FROM testapp_attempt WHERE event_id::text = ANY(%s)", [busy]) >= 2,
+            timeout=60,
+            what="the busy subscription at work",
+        )
         ping = publish_rows("testapp.ping", [{"n": 0}])[0]
         still_busy = scalar("SELECT count(*) FROM testapp_effect WHERE event_id::text = ANY(%s)", [busy]) < 25
-        wait_for(lambda: scalar("SELECT count(*) FROM testapp_effect WHERE event_id = %s", [ping]) == 23, timeout=60, what="the ping in every idle subscription")
+        wait_for(
+            lambda: scalar("SELECT count(*) FROM testapp_effect WHERE event_id = %s", [ping]) == 23,
+            timeout=60,
+            what="the ping in every idle subscription",
+        )
         delays = dict(_delays(ping))
     finally:
         stop(worker)
     worst = max(delays.items(), key=lambda kv: kv[1])
     print(f"idle_subscriptions=23 worst_delay_ms={worst[1]:.0f} ({worst[0]}) busy_backlog_left={still_busy}")
-    assert still_busy, "the busy subscription was nearly through its backlog when the ping was published: the test proved nothing"
-    assert worst[1] < 1000, f"slowest idle subscription: {worst}; all: {sorted(delays.items(), key=lambda kv: -kv[1])[:5]}"
+    assert still_busy, (
+        "the busy subscription was nearly through its backlog when the ping was published: the test proved nothing"
+    )
+    assert worst[1] < 1000, (
+        f"slowest idle subscription: {worst}; all: {sorted(delays.items(), key=lambda kv: -kv[1])[:5]}"
+    )
 
 
 def _delays(event_id: str):

@@ -9,8 +9,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.db import transaction
 
-from django_platformkit import publish, publish_many, signals
 from django_platformkit import jobs as jobs_module
+from django_platformkit import publish, publish_many, signals
 from django_platformkit.consumer import subscriptions
 from django_platformkit.jobs import Scheduler, job
 from django_platformkit.models import DeadLetter, OutboxEvent
@@ -23,16 +23,26 @@ pytestmark = pytest.mark.django_db(transaction=True)
 class Recorder:
     """Connects to every signal; keeps (signal name, kwargs) per send, thread-safe."""
 
-    NAMES = ("event_published", "event_handled", "event_failed", "event_dead_lettered", "event_malformed", "events_relayed", "job_finished")
+    NAMES = (
+        "event_published",
+        "event_handled",
+        "event_failed",
+        "event_dead_lettered",
+        "event_malformed",
+        "events_relayed",
+        "job_finished",
+    )
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.sent: list[tuple[str, dict]] = []
         self._receivers = []
         for name in self.NAMES:
+
             def receiver(sender, signal=None, _name=name, **kwargs):
                 with self.lock:
                     self.sent.append((_name, dict(kwargs, sender=sender)))
+
             getattr(signals, name).connect(receiver, weak=False, dispatch_uid=f"recorder-{name}")
 
     def of(self, name: str) -> list[dict]:
@@ -60,7 +70,11 @@ def test_publish_and_publish_many_send_event_published_once_per_row(recorder):
         many = publish_many([("testapp.order_placed", {"n": 2}), ("testapp.flaky", {"n": 3}, "beta")])
     sent = recorder.of("event_published")
     assert [s["event_id"] for s in sent] == [one, *many]
-    assert [(s["name"], s["tenant"]) for s in sent] == [("testapp.order_placed", "acme"), ("testapp.order_placed", None), ("testapp.flaky", "beta")]
+    assert [(s["name"], s["tenant"]) for s in sent] == [
+        ("testapp.order_placed", "acme"),
+        ("testapp.order_placed", None),
+        ("testapp.flaky", "beta"),
+    ]
     assert [json.loads(s["payload_text"]) for s in sent] == [{"n": 1}, {"n": 2}, {"n": 3}]
     assert {s["using"] for s in sent} == {"default"}
     assert sent[0]["sender"].name == "testapp.order_placed"
@@ -80,7 +94,9 @@ def test_a_receiver_that_raises_never_fails_publish(recorder):
     assert len(recorder.of("event_published")) == 1
 
 
-def test_handled_failed_dead_lettered_malformed_and_relayed_fire_once_per_occurrence(recorder, run_worker, transport, caplog):
+def test_handled_failed_dead_lettered_malformed_and_relayed_fire_once_per_occurrence(
+    recorder, run_worker, transport, caplog
+):
     with transaction.atomic():
         good = publish("testapp.order_placed", {"n": 1})
         bad = publish("testapp.flaky", {"always_fail": True})  # max_attempts=3
@@ -94,7 +110,11 @@ def test_handled_failed_dead_lettered_malformed_and_relayed_fire_once_per_occurr
     )
     assert all(h["duration_seconds"] > 0 for h in handled)
     failed = recorder.of("event_failed")
-    assert [(f["event"].id, f["attempt"], f["will_retry"]) for f in failed] == [(bad, 1, True), (bad, 2, True), (bad, 3, False)]
+    assert [(f["event"].id, f["attempt"], f["will_retry"]) for f in failed] == [
+        (bad, 1, True),
+        (bad, 2, True),
+        (bad, 3, False),
+    ]
     assert all(isinstance(f["error"], RuntimeError) for f in failed)
     (dead,) = recorder.of("event_dead_lettered")
     assert (dead["subscription"], dead["event_id"], dead["attempts"]) == ("testapp.flaky", bad, 3)
@@ -141,7 +161,10 @@ def test_job_finished_fires_once_per_run_with_its_outcome(recorder):
         jobs_module._jobs.clear()
         jobs_module._jobs.update(saved)
     finished = recorder.of("job_finished")
-    assert [(f["job"], f["outcome"]) for f in finished] == [("testapp.signal_job", "failed"), ("testapp.signal_job", "succeeded")]
+    assert [(f["job"], f["outcome"]) for f in finished] == [
+        ("testapp.signal_job", "failed"),
+        ("testapp.signal_job", "succeeded"),
+    ]
     assert isinstance(finished[0]["error"], RuntimeError) and finished[1]["error"] is None
     assert all(f["duration_seconds"] >= 0 and f["slot"].tzinfo is not None for f in finished)
 
@@ -158,9 +181,8 @@ def test_capture_events_uses_the_signal_and_nests():
     with capture_events() as outer:
         with transaction.atomic():
             publish("testapp.order_placed", {"n": 1})
-        with capture_events() as inner:
-            with transaction.atomic():
-                publish_many([("testapp.order_placed", {"n": 2})])
+        with capture_events() as inner, transaction.atomic():
+            publish_many([("testapp.order_placed", {"n": 2})])
     assert [e.payload for e in outer] == [{"n": 1}, {"n": 2}]
     assert [e.payload for e in inner] == [{"n": 2}]
     assert not signals.event_published.has_listeners()

@@ -15,15 +15,15 @@ from django.utils import timezone
 
 pytest.importorskip("django.tasks")
 
-from django.tasks import TaskResultStatus, task_backends  # noqa: E402
-from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist  # noqa: E402
-from django.tasks.signals import task_enqueued, task_finished, task_started  # noqa: E402
+from django.tasks import TaskResultStatus, task_backends
+from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
+from django.tasks.signals import task_enqueued, task_finished, task_started
 
-from django_platformkit.exceptions import InvalidPayload  # noqa: E402
-from django_platformkit.models import DeadLetter, OutboxEvent  # noqa: E402
-from tests.conftest import wait_for  # noqa: E402
-from tests.testapp import tasks  # noqa: E402
-from tests.testapp.models import Effect  # noqa: E402
+from django_platformkit.exceptions import InvalidPayload
+from django_platformkit.models import DeadLetter, OutboxEvent
+from tests.conftest import wait_for
+from tests.testapp import tasks
+from tests.testapp.models import Effect
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -103,7 +103,9 @@ def test_enqueue_outside_atomic_commits_on_its_own(outbox_tasks, run_worker):
     assert outbox_tasks.get_result(result.id).return_value == "a@example.com"
 
 
-def test_an_argument_json_cant_carry_raises_before_sql_and_the_transaction_stays_usable(outbox_tasks, django_assert_num_queries):
+def test_an_argument_json_cant_carry_raises_before_sql_and_the_transaction_stays_usable(
+    outbox_tasks, django_assert_num_queries
+):
     with transaction.atomic():
         with django_assert_num_queries(0), pytest.raises(InvalidPayload, match=r"\$\.args\[1\]"):
             tasks.record.enqueue("bad", object())
@@ -128,13 +130,17 @@ def test_the_same_message_delivered_three_more_times_writes_once(outbox_tasks, t
         cursor.execute("SELECT id, name, tenant, payload::text, headers, created_at FROM platformkit_outbox")
         message = envelope(*cursor.fetchone())
     for _ in range(3):
-        assert not transport.publish_raw(message.subject, message.body, headers={"Nats-Msg-Id": str(uuid.uuid4())}).duplicate
+        assert not transport.publish_raw(
+            message.subject, message.body, headers={"Nats-Msg-Id": str(uuid.uuid4())}
+        ).duplicate
     run_worker(subscriptions=task_subscriptions())
     assert effects("dup") == 1
     assert outbox_tasks.get_result(result.id).status == TaskResultStatus.SUCCESSFUL
 
 
-def test_a_task_that_always_fails_runs_max_attempts_then_fails_and_replay_after_a_fix_succeeds(outbox_tasks, run_worker, settings):
+def test_a_task_that_always_fails_runs_max_attempts_then_fails_and_replay_after_a_fix_succeeds(
+    outbox_tasks, run_worker, settings
+):
     from django_platformkit import replay
 
     max_attempts = settings.PLATFORMKIT["MAX_ATTEMPTS"]
@@ -150,7 +156,11 @@ def test_a_task_that_always_fails_runs_max_attempts_then_fails_and_replay_after_
     assert result.finished_at is not None
     assert effects("flaky_task") == 0  # every failed run's write rolled back
     dead = DeadLetter.objects.get()
-    assert (dead.subscription, str(dead.event_id), dead.attempts) == ("platformkit.task_default", result.id, max_attempts)
+    assert (dead.subscription, str(dead.event_id), dead.attempts) == (
+        "platformkit.task_default",
+        result.id,
+        max_attempts,
+    )
     with pytest.raises(ValueError, match="Task failed"):
         result.return_value
 
@@ -197,9 +207,14 @@ def test_django_signals_are_sent_as_djangos_backends_send_them(outbox_tasks, run
     def receiver(signal_name):
         def receive(sender, task_result, **kwargs):
             seen.append((signal_name, sender, task_result.id, task_result.status))
+
         return receive
 
-    receivers = {task_enqueued: receiver("enqueued"), task_started: receiver("started"), task_finished: receiver("finished")}
+    receivers = {
+        task_enqueued: receiver("enqueued"),
+        task_started: receiver("started"),
+        task_finished: receiver("finished"),
+    }
     for signal, func in receivers.items():
         signal.connect(func)
     try:
@@ -254,7 +269,12 @@ def test_run_after_is_honoured_by_a_running_worker_within_a_second(outbox_tasks,
     assert OutboxEvent.objects.get().not_before == run_after
     time.sleep(2.5)
     assert effects("deferred") == 0, "started before run_after"
-    done = wait_for(lambda: outbox_tasks.get_result(result.id) if outbox_tasks.get_result(result.id).is_finished else None, timeout=10, interval=0.05, what="the deferred task")
+    done = wait_for(
+        lambda: outbox_tasks.get_result(result.id) if outbox_tasks.get_result(result.id).is_finished else None,
+        timeout=10,
+        interval=0.05,
+        what="the deferred task",
+    )
     assert done.status == TaskResultStatus.SUCCESSFUL
     late = (done.started_at - run_after).total_seconds()
     assert 0 <= late < 1.0, f"started {late:.3f}s after run_after"
@@ -303,7 +323,10 @@ def test_check_errors_when_the_app_is_not_installed_or_a_queue_cant_be_an_event_
     with override_settings(INSTALLED_APPS=["django.contrib.contenttypes", "django.contrib.auth"]):
         errors = OutboxBackend("default", {"QUEUES": ["default"]}).check()
     assert [(e.id, e.msg) for e in errors] == [
-        ("platformkit.E101", "TASKS['default'] uses django_platformkit.tasks.OutboxBackend but 'django_platformkit' is not in INSTALLED_APPS"),
+        (
+            "platformkit.E101",
+            "TASKS['default'] uses django_platformkit.tasks.OutboxBackend but 'django_platformkit' is not in INSTALLED_APPS",
+        ),
     ]
     assert [e.id for e in OutboxBackend("default", {"QUEUES": []}).check()] == ["platformkit.E103"]
 
@@ -340,7 +363,17 @@ def test_runworker_queue_as_a_real_process_runs_only_that_queue(broker):
                 consumer._subscriptions.pop(name, None)
                 events._catalogue.pop(name, None)
     env = worker_env(broker, PLATFORMKIT_TEST_TASKS="1")
-    proc = manage("runworker", "--burst", "--burst-timeout", "60", "--queue", "emails", env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = manage(
+        "runworker",
+        "--burst",
+        "--burst-timeout",
+        "60",
+        "--queue",
+        "emails",
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err.decode()[-3000:]
     assert effects("emails") == 1 and effects("process_default") == 0
@@ -349,7 +382,9 @@ def test_runworker_queue_as_a_real_process_runs_only_that_queue(broker):
     assert proc.returncode != 0 and b"unknown queue(s) nope" in err, err
 
 
-def test_the_admin_shows_tasks_with_status_result_errors_and_replays_failed_ones(outbox_tasks, run_worker, admin_client):
+def test_the_admin_shows_tasks_with_status_result_errors_and_replays_failed_ones(
+    outbox_tasks, run_worker, admin_client
+):
     ok = tasks.record.enqueue("admin_ok", n=7)
     bad = tasks.fails_until_fixed.enqueue("admin_bad")
     run_worker(subscriptions=task_subscriptions())
@@ -367,7 +402,9 @@ def test_the_admin_shows_tasks_with_status_result_errors_and_replays_failed_ones
     assert asked.status_code == 200 and b"Reason" in asked.content
     assert DeadLetter.objects.count() == 1  # nothing happened yet
     Effect.objects.create(subscription="admin_bad.fixed", event_id=uuid.uuid4())
-    done = admin_client.post("/admin/django_platformkit/outboxtask/", {**form, "confirm": "yes", "reason": "fixed the bug"}, follow=True)
+    done = admin_client.post(
+        "/admin/django_platformkit/outboxtask/", {**form, "confirm": "yes", "reason": "fixed the bug"}, follow=True
+    )
     assert b"Replayed 1 failed task" in done.content
     assert not DeadLetter.objects.exists()
     run_worker(subscriptions=task_subscriptions())
@@ -437,6 +474,5 @@ def test_rows_due_tomorrow_are_not_visited_by_the_relays_batch_query(outbox_task
 
 
 def test_enqueue_inside_atomic_is_one_statement(outbox_tasks, django_assert_num_queries):
-    with transaction.atomic():
-        with django_assert_num_queries(1):  # the INSERT (with its NOTIFY), nothing else
-            tasks.record.enqueue("one_statement")
+    with transaction.atomic(), django_assert_num_queries(1):  # the INSERT (with its NOTIFY), nothing else
+        tasks.record.enqueue("one_statement")

@@ -13,5 +13,8 @@ def test_on_django_52_the_backend_says_it_needs_django_6(settings):
     settings.TASKS = {"default": {"BACKEND": tasks.BACKEND_PATH, "QUEUES": ["default"]}}
     assert tasks.configured_queues() == {}
     assert tasks.register_task_queues() == []
-    with pytest.raises(tasks.ConfigurationError, match=rf"django.tasks, which is new in Django 6.0; this project runs Django {django.get_version()}"):
+    with pytest.raises(
+        tasks.ConfigurationError,
+        match=rf"django.tasks, which is new in Django 6.0; this project runs Django {django.get_version()}",
+    ):
         tasks.OutboxBackend("default", {})

@@ -16,6 +16,7 @@ from django_platformkit.consumer import subscriptions
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
+
 @pytest.fixture
 def spans(monkeypatch):
     """An SDK tracer provider exporting to memory, in force for this test
@@ -33,11 +34,12 @@ def subs(*names):
     return [s for s in subscriptions() if s.name in names]
 
 
-def test_one_publish_gives_one_producer_span_and_one_consumer_span_per_subscription_in_the_publishers_trace(spans, run_worker):
+def test_one_publish_gives_one_producer_span_and_one_consumer_span_per_subscription_in_the_publishers_trace(
+    spans, run_worker
+):
     tracer = trace.get_tracer("tests")
-    with tracer.start_as_current_span("POST /orders") as request:
-        with transaction.atomic():
-            event_id = publish("testapp.order_placed", {"n": 1})
+    with tracer.start_as_current_span("POST /orders") as request, transaction.atomic():
+        event_id = publish("testapp.order_placed", {"n": 1})
     run_worker(subscriptions=subs("testapp.record_order", "testapp.count_order"))
 
     finished = spans.get_finished_spans()
@@ -55,7 +57,10 @@ def test_one_publish_gives_one_producer_span_and_one_consumer_span_per_subscript
     assert producer.name == "send testapp.order_placed"
     assert producer.attributes["messaging.operation.type"] == "send"
     assert producer.attributes["messaging.destination.name"].endswith("._.testapp.order_placed")
-    assert {c.attributes["messaging.consumer.group.name"] for c in consumers} == {"testapp.record_order", "testapp.count_order"}
+    assert {c.attributes["messaging.consumer.group.name"] for c in consumers} == {
+        "testapp.record_order",
+        "testapp.count_order",
+    }
     for consumer in consumers:
         assert consumer.name == "process testapp.order_placed"
         assert consumer.attributes["messaging.operation.type"] == "process"
@@ -115,7 +120,13 @@ def test_without_opentelemetry_installed_the_import_is_tried_once_and_nothing_is
     monkeypatch.setattr(sys, "meta_path", [Refuse(), *sys.meta_path])
     monkeypatch.setattr(tracing, "_otel", None)
     for _ in range(3):
-        with tracing.consumer_span(subscription="s.x", event_id="e", name="a.b", headers={"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"}, attempt=1) as span:
+        with tracing.consumer_span(
+            subscription="s.x",
+            event_id="e",
+            name="a.b",
+            headers={"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"},
+            attempt=1,
+        ) as span:
             assert span is None
         assert not tracing.enabled()
     assert attempts == ["opentelemetry"]  # looked up once, then cached

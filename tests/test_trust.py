@@ -22,8 +22,14 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 def envelope(event_id, name, data, tenant=None):
     body = {
-        "specversion": "1.0", "id": str(event_id), "source": "/" + name.split(".")[0], "type": name,
-        "subject": str(event_id), "time": "2026-01-01T00:00:00Z", "datacontenttype": "application/json", "data": data,
+        "specversion": "1.0",
+        "id": str(event_id),
+        "source": "/" + name.split(".")[0],
+        "type": name,
+        "subject": str(event_id),
+        "time": "2026-01-01T00:00:00Z",
+        "datacontenttype": "application/json",
+        "data": data,
     }
     if tenant is not None:
         body["tenantid"] = tenant
@@ -39,14 +45,24 @@ def consume_all(transport, sub, expected_settled, timeout=15):
     consumer = Consumer(sub, transport)
     consumer.ensure()
     outcomes = []
-    wait_for(lambda: outcomes.extend(consumer.handle(transport.fetch(sub.durable, 50, timeout=0.5))) or len(outcomes) >= expected_settled, timeout=timeout, what=f"{expected_settled} settled deliveries")
+    wait_for(
+        lambda: (
+            outcomes.extend(consumer.handle(transport.fetch(sub.durable, 50, timeout=0.5)))
+            or len(outcomes) >= expected_settled
+        ),
+        timeout=timeout,
+        what=f"{expected_settled} settled deliveries",
+    )
     return outcomes
 
 
 def test_a_forged_message_with_an_id_the_outbox_never_had_does_not_run(transport):
     seen, sub = recording("testapp.trusting")
     forged_id = uuid.uuid4()
-    transport.publish_raw(subject_for("testapp.order_placed", "acme"), envelope(forged_id, "testapp.order_placed", {"amount": "99999.00"}, "acme"))
+    transport.publish_raw(
+        subject_for("testapp.order_placed", "acme"),
+        envelope(forged_id, "testapp.order_placed", {"amount": "99999.00"}, "acme"),
+    )
     consume_all(transport, sub, 1)
     assert seen == []
     dead = DeadLetter.objects.get()
@@ -63,7 +79,8 @@ def test_a_same_id_copy_with_another_payload_runs_with_the_outbox_payload(transp
         event_id = publish("testapp.order_placed", {"amount": "10.00"}, tenant="acme")
     # Sent before the relay, with the real message id: the broker then drops the real one as a duplicate.
     transport.publish_raw(
-        subject_for("testapp.order_placed", "acme"), envelope(event_id, "testapp.order_placed", {"amount": "99999.00"}, "acme"),
+        subject_for("testapp.order_placed", "acme"),
+        envelope(event_id, "testapp.order_placed", {"amount": "99999.00"}, "acme"),
         headers={"Nats-Msg-Id": str(event_id)},
     )
     Relay(transport).drain()
@@ -92,7 +109,9 @@ def test_any_bytes_on_our_subjects_end_as_malformed_dead_letters_and_the_consume
     transport.publish_raw(subject, b"[" * 200_000)  # RecursionError in json.loads
     transport.publish_raw(subject, b"\xff\xfe{not utf-8")
     transport.publish_raw(subject, b'{"specversion": "1.0", "junk": "' + b"x" * 600_000 + b'"}')
-    transport.publish_raw(subject, b'{"id": "' + str(uuid.uuid4()).encode() + b'", "specversion": "1.0", "data": {"a\x00": 1}}')
+    transport.publish_raw(
+        subject, b'{"id": "' + str(uuid.uuid4()).encode() + b'", "specversion": "1.0", "data": {"a\x00": 1}}'
+    )
     with transaction.atomic():
         good = publish("testapp.order_placed", {"n": 1})
     Relay(transport).drain()

@@ -40,7 +40,9 @@ subscribe(BACKLOG, name="bench.sink_backlog")(_sink("backlog"))
 if BATCH_SUPPORTED:
     subscribe(HANDLE_BATCH, name="bench.sink_batch", batch=True)(_sink("batch"))
 if CONCURRENCY_SUPPORTED:
-    subscribe(HANDLE_BATCH_CONCURRENT, name="bench.sink_batch_concurrent", batch=True, concurrency=CONCURRENCY)(_sink("batch_concurrent"))
+    subscribe(HANDLE_BATCH_CONCURRENT, name="bench.sink_batch_concurrent", batch=True, concurrency=CONCURRENCY)(
+        _sink("batch_concurrent")
+    )
 
 
 # --- the realistic topology (measure_topology.py, issue 11) ----------------------

@@ -11,7 +11,6 @@ CASCADE_SQL = (
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
         ("django_platformkit", "0002_attempts"),
     ]
@@ -27,26 +26,36 @@ class Migration(migrations.Migration):
             model_name="outboxevent",
             index=models.Index(
                 condition=models.Q(published_at__isnull=True, not_before__isnull=True),
-                fields=["created_at", "id"], name="platformkit_outbox_pending",
+                fields=["created_at", "id"],
+                name="platformkit_outbox_pending",
             ),
         ),
         migrations.AddIndex(
             model_name="outboxevent",
             index=models.Index(
                 condition=models.Q(published_at__isnull=True, not_before__isnull=False),
-                fields=["not_before", "id"], name="platformkit_outbox_deferred",
+                fields=["not_before", "id"],
+                name="platformkit_outbox_deferred",
             ),
         ),
         migrations.CreateModel(
             name="TaskResultRecord",
             fields=[
                 ("event_id", models.UUIDField(primary_key=True, serialize=False)),
-                ("status", models.CharField(blank=True, default="", help_text="SUCCESSFUL once a run committed; '' before", max_length=16)),
+                (
+                    "status",
+                    models.CharField(
+                        blank=True, default="", help_text="SUCCESSFUL once a run committed; '' before", max_length=16
+                    ),
+                ),
                 ("return_value", models.JSONField(blank=True, null=True)),
                 ("started_at", models.DateTimeField(blank=True, null=True)),
                 ("last_attempted_at", models.DateTimeField(blank=True, null=True)),
                 ("finished_at", models.DateTimeField(blank=True, null=True)),
-                ("errors", models.JSONField(default=list, help_text="[{exception_class_path, traceback}] per failed attempt")),
+                (
+                    "errors",
+                    models.JSONField(default=list, help_text="[{exception_class_path, traceback}] per failed attempt"),
+                ),
                 ("worker_ids", models.JSONField(default=list, help_text="host:pid per run, in order")),
             ],
             options={"verbose_name": "task result", "db_table": "platformkit_task_results"},
@@ -59,5 +68,7 @@ class Migration(migrations.Migration):
         ),
         # Not a Django ForeignKey: the result must go when purge deletes the
         # row with raw SQL, and the ORM's cascade would never see that.
-        migrations.RunSQL(CASCADE_SQL, "ALTER TABLE platformkit_task_results DROP CONSTRAINT platformkit_task_results_outbox"),
+        migrations.RunSQL(
+            CASCADE_SQL, "ALTER TABLE platformkit_task_results DROP CONSTRAINT platformkit_task_results_outbox"
+        ),
     ]

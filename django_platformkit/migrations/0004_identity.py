@@ -18,11 +18,12 @@ TABLE = "platformkit_identity"
 
 def make_identity(apps, schema_editor):
     with schema_editor.connection.cursor() as cursor:
-        cursor.execute(f"INSERT INTO {TABLE} (singleton, database_id) VALUES (true, %s) ON CONFLICT DO NOTHING", [uuid.uuid4()])
+        cursor.execute(
+            f"INSERT INTO {TABLE} (singleton, database_id) VALUES (true, %s) ON CONFLICT DO NOTHING", [uuid.uuid4()]
+        )
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
         ("django_platformkit", "0003_tasks"),
     ]

@@ -18,8 +18,14 @@ class Migration(migrations.Migration):
                 ("started_at", models.DateTimeField()),
                 ("last_seen", models.DateTimeField(db_default=django.db.models.functions.datetime.Now())),
                 ("stopped_at", models.DateTimeField(blank=True, null=True)),
-                ("subscriptions", models.JSONField(default=list, help_text="the subscription names this worker consumes")),
-                ("version", models.CharField(blank=True, default="", help_text="django_platformkit version", max_length=50)),
+                (
+                    "subscriptions",
+                    models.JSONField(default=list, help_text="the subscription names this worker consumes"),
+                ),
+                (
+                    "version",
+                    models.CharField(blank=True, default="", help_text="django_platformkit version", max_length=50),
+                ),
             ],
             options={
                 "verbose_name": "worker heartbeat",

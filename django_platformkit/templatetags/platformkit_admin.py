@@ -44,7 +44,9 @@ def when_html(value: datetime | None, *, relative: bool = True) -> str:
     now = timezone.now()
     seconds = (value - now).total_seconds()
     rel = f"in {age_text(seconds)}" if seconds > 0 else f"{age_text(-seconds)} ago"
-    return format_html('<time datetime="{}">{}</time><span class="platformkit-age"> · {}</span>', value.isoformat(), text, rel)
+    return format_html(
+        '<time datetime="{}">{}</time><span class="platformkit-age"> · {}</span>', value.isoformat(), text, rel
+    )
 
 
 @register.filter

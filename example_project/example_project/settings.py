@@ -15,7 +15,12 @@ from . import services
 
 SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "example-project-not-a-secret")
 DEBUG = os.environ.get("DJANGO_DEBUG", "1") == "1"
-ALLOWED_HOSTS = ["127.0.0.1", "localhost", "testserver", *filter(None, os.environ.get("DJANGO_ALLOWED_HOSTS", "").split(","))]
+ALLOWED_HOSTS = [
+    "127.0.0.1",
+    "localhost",
+    "testserver",
+    *filter(None, os.environ.get("DJANGO_ALLOWED_HOSTS", "").split(",")),
+]
 ROOT_URLCONF = "example_project.urls"
 WSGI_APPLICATION = "example_project.wsgi.application"
 USE_TZ = True

@@ -59,4 +59,6 @@ def count_order(event):
         # The migration creates the row; if someone deleted it, recreate it.
         # A concurrent creator makes this raise IntegrityError: the attempt
         # rolls back and the retry takes the UPDATE path.
-        OrderStats.objects.create(name=STATS_ROW, orders=1, items=event.payload["quantity"], revenue=Decimal(event.payload["total"]))
+        OrderStats.objects.create(
+            name=STATS_ROW, orders=1, items=event.payload["quantity"], revenue=Decimal(event.payload["total"])
+        )

@@ -13,7 +13,12 @@ from .models import Order
 
 
 def post(client, body, **kwargs):
-    return client.post("/orders/", data=body if isinstance(body, (str, bytes)) else json.dumps(body), content_type="application/json", **kwargs)
+    return client.post(
+        "/orders/",
+        data=body if isinstance(body, (str, bytes)) else json.dumps(body),
+        content_type="application/json",
+        **kwargs,
+    )
 
 
 VALID = {"customer": "ada@example.com", "sku": "tea", "quantity": 3, "unit_price": "2.50"}
@@ -28,7 +33,10 @@ class PlaceOrderTests(TestCase):
         self.assertEqual(str(order.total), "7.50")
         event = OutboxEvent.objects.get(pk=reply["event_id"])
         self.assertEqual(event.name, "shop.order_placed")
-        self.assertEqual(event.payload, {"order_id": order.pk, "customer": "ada@example.com", "sku": "tea", "quantity": 3, "total": "7.50"})
+        self.assertEqual(
+            event.payload,
+            {"order_id": order.pk, "customer": "ada@example.com", "sku": "tea", "quantity": 3, "total": "7.50"},
+        )
         self.assertIsNone(event.published_at)
 
     def test_a_body_that_is_not_json_is_a_400_that_says_so(self):

@@ -41,13 +41,24 @@ def place_order(request):
         # One transaction: a rollback (here or in the caller) leaves neither
         # the order nor its event; a commit leaves both.
         row = Order.objects.create(
-            customer=order["customer"], sku=order["sku"], quantity=order["quantity"],
-            unit_price=order["unit_price"], total=(order["unit_price"] * order["quantity"]).quantize(Decimal("0.01")),
+            customer=order["customer"],
+            sku=order["sku"],
+            quantity=order["quantity"],
+            unit_price=order["unit_price"],
+            total=(order["unit_price"] * order["quantity"]).quantize(Decimal("0.01")),
         )
-        event_id = publish(ORDER_PLACED, {
-            "order_id": row.pk, "customer": row.customer, "sku": row.sku,
-            "quantity": row.quantity, "total": row.total,
-        })
+        event_id = publish(
+            ORDER_PLACED,
+            {
+                "order_id": row.pk,
+                "customer": row.customer,
+                "sku": row.sku,
+                "quantity": row.quantity,
+                "total": row.total,
+            },
+        )
         # A django.tasks task: also one outbox row in this transaction.
         receipt = send_receipt.enqueue(row.pk) if send_receipt is not None else None
-    return JsonResponse({"order_id": row.pk, "event_id": str(event_id), "receipt_task_id": receipt.id if receipt else None}, status=201)
+    return JsonResponse(
+        {"order_id": row.pk, "event_id": str(event_id), "receipt_task_id": receipt.id if receipt else None}, status=201
+    )

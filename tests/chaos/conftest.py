@@ -31,8 +31,15 @@ def chaos_postgres():
     try:
         with psycopg.connect(server.url, autocommit=True) as conn:
             conn.execute(f"CREATE DATABASE {TEMPLATE_DB}")
-        env = Rig("migrate", database_url=_url(server, TEMPLATE_DB), nats_urls="nats://127.0.0.1:1", workdir=server.root / "migrate").env()
-        subprocess.run([sys.executable, str(ROOT / "tests" / "manage.py"), "migrate", "-v0"], env=env, cwd=ROOT, check=True)
+        env = Rig(
+            "migrate",
+            database_url=_url(server, TEMPLATE_DB),
+            nats_urls="nats://127.0.0.1:1",
+            workdir=server.root / "migrate",
+        ).env()
+        subprocess.run(
+            [sys.executable, str(ROOT / "tests" / "manage.py"), "migrate", "-v0"], env=env, cwd=ROOT, check=True
+        )
         yield server
     finally:
         server.cleanup()

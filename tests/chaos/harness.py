@@ -67,7 +67,7 @@ class Tally:
 class Process:
     """One child process started by the rig; its output goes to a log file."""
 
-    def __init__(self, rig: "Rig", role: str, argv: list[str], env: dict[str, str]) -> None:
+    def __init__(self, rig: Rig, role: str, argv: list[str], env: dict[str, str]) -> None:
         self.rig, self.role, self.argv, self.env = rig, role, argv, env
         self.generation = 0
         self.popen: subprocess.Popen | None = None
@@ -77,19 +77,22 @@ class Process:
     def log_path(self) -> Path:
         return self.rig.workdir / f"{self.role}.log"
 
-    def start(self) -> "Process":
+    def start(self) -> Process:
         self.generation += 1
         self._log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         log = open(self.log_path, "ab")
         log.write(f"--- start #{self.generation}: {' '.join(self.argv[1:])}\n".encode())
         log.flush()
-        self.popen = subprocess.Popen(self.argv, env=self.env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        self.popen = subprocess.Popen(
+            self.argv, env=self.env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+        )
         log.close()
         return self
 
     def wait_for_log(self, text: str, timeout: float = 120.0) -> None:
         """Block until this run of the process has logged ``text`` (e.g.
         "worker started": a fault before that would hit start-up, not work)."""
+
         def logged() -> bool:
             with open(self.log_path, "rb") as log:
                 log.seek(self._log_offset)
@@ -174,7 +177,14 @@ class Rig:
     def relay(self, number: int = 1) -> Process:
         return self.manage(f"relay{number}", "runrelay")
 
-    def worker(self, number: int = 1, *, subscriptions: Sequence[str] = SUBSCRIPTIONS, relay: bool = False, jobs: Sequence[str] = ()) -> Process:
+    def worker(
+        self,
+        number: int = 1,
+        *,
+        subscriptions: Sequence[str] = SUBSCRIPTIONS,
+        relay: bool = False,
+        jobs: Sequence[str] = (),
+    ) -> Process:
         args = ["runworker"]
         if not relay:
             args.append("--no-relay")
@@ -192,7 +202,17 @@ class Rig:
         share = [events // count + (1 if i < events % count else 0) for i in range(count)]
         out = []
         for i, n in enumerate(share):
-            argv = [sys.executable, "-m", "tests.chaos.writer", "--writer", str(i), "--count", str(n), "--seconds", str(seconds)]
+            argv = [
+                sys.executable,
+                "-m",
+                "tests.chaos.writer",
+                "--writer",
+                str(i),
+                "--count",
+                str(n),
+                "--seconds",
+                str(seconds),
+            ]
             process = Process(self, f"writer{i}", argv, self.env())
             self.processes.append(process)
             out.append(process)
@@ -236,7 +256,9 @@ class Rig:
                     process.kill()
 
     def logs(self) -> str:
-        return "\n".join(f"===== {p.role} (exit {p.popen.returncode if p.popen else '-'}) =====\n{p.tail()}" for p in self.processes)
+        return "\n".join(
+            f"===== {p.role} (exit {p.popen.returncode if p.popen else '-'}) =====\n{p.tail()}" for p in self.processes
+        )
 
     # -- faults --
     def fault(self, what: str) -> None:
@@ -259,7 +281,8 @@ class Rig:
     def tally(self) -> Tally:
         with psycopg.connect(self.database_url, autocommit=True) as conn:
             events, pending = conn.execute(
-                "SELECT count(*), count(*) FILTER (WHERE published_at IS NULL) FROM platformkit_outbox WHERE name = %s", [EVENT]
+                "SELECT count(*), count(*) FILTER (WHERE published_at IS NULL) FROM platformkit_outbox WHERE name = %s",
+                [EVENT],
             ).fetchone()
             lost, duplicated = conn.execute(
                 "SELECT count(*) FILTER (WHERE n = 0), coalesce(sum(n - 1) FILTER (WHERE n > 1), 0) FROM ("
@@ -272,13 +295,20 @@ class Rig:
             stray = conn.execute(
                 "SELECT count(*) FROM testapp_effect e WHERE NOT EXISTS (SELECT 1 FROM platformkit_outbox o WHERE o.id = e.event_id)"
             ).fetchone()[0]
-            handled = dict(conn.execute(
-                "SELECT subscription, count(DISTINCT event_id) FROM testapp_effect WHERE subscription = ANY(%s) GROUP BY 1",
-                [list(SUBSCRIPTIONS)],
-            ).fetchall())
+            handled = dict(
+                conn.execute(
+                    "SELECT subscription, count(DISTINCT event_id) FROM testapp_effect WHERE subscription = ANY(%s) GROUP BY 1",
+                    [list(SUBSCRIPTIONS)],
+                ).fetchall()
+            )
             dead = conn.execute("SELECT count(*) FROM platformkit_dead_letters").fetchone()[0]
         return Tally(
-            events=events, lost=lost, duplicated=int(duplicated), pending=pending, dead_letters=dead, stray=stray,
+            events=events,
+            lost=lost,
+            duplicated=int(duplicated),
+            pending=pending,
+            dead_letters=dead,
+            stray=stray,
             handled={s: handled.get(s, 0) for s in SUBSCRIPTIONS},
         )
 
@@ -287,19 +317,29 @@ class Rig:
         subscription once: nothing lost, doubled, stray, pending or dead-lettered."""
         if events is not None:
             assert tally.events == events
-        assert (tally.lost, tally.duplicated, tally.stray, tally.pending) == (0, 0, 0, 0), (tally, self.dead_letter_errors(), self.logs())
+        assert (tally.lost, tally.duplicated, tally.stray, tally.pending) == (0, 0, 0, 0), (
+            tally,
+            self.dead_letter_errors(),
+            self.logs(),
+        )
         assert tally.dead_letters == 0, self.dead_letter_errors()
 
     def dead_letter_errors(self, limit: int = 5) -> list[str]:
         with psycopg.connect(self.database_url, autocommit=True) as conn:
-            return [r[0] for r in conn.execute("SELECT subscription || ': ' || error FROM platformkit_dead_letters LIMIT %s", [limit])]
+            return [
+                r[0]
+                for r in conn.execute(
+                    "SELECT subscription || ': ' || error FROM platformkit_dead_letters LIMIT %s", [limit]
+                )
+            ]
 
     def progress(self) -> tuple[int, int, dict[str, int]]:
         """``(events, pending, effect rows per subscription)``: cheap enough
         to poll every second without slowing the scenario it watches."""
         with psycopg.connect(self.database_url, autocommit=True) as conn:
             events, pending = conn.execute(
-                "SELECT count(*), count(*) FILTER (WHERE published_at IS NULL) FROM platformkit_outbox WHERE name = %s", [EVENT]
+                "SELECT count(*), count(*) FILTER (WHERE published_at IS NULL) FROM platformkit_outbox WHERE name = %s",
+                [EVENT],
             ).fetchone()
             effects = dict(conn.execute("SELECT subscription, count(*) FROM testapp_effect GROUP BY 1").fetchall())
         return events, pending, effects
@@ -314,7 +354,9 @@ class Rig:
         while time.monotonic() < deadline:
             events, pending, effects = self.progress()
             with open(self.workdir / "progress.log", "a") as log:
-                log.write(f"{time.monotonic() - self.started:8.2f}s events={events} pending={pending} effects={effects}\n")
+                log.write(
+                    f"{time.monotonic() - self.started:8.2f}s events={events} pending={pending} effects={effects}\n"
+                )
             if events >= expected and not pending and all(effects.get(s, 0) >= expected for s in SUBSCRIPTIONS):
                 tally = self.tally()
                 if tally.complete(expected) and consumers_idle(self.nats_urls, self.stream):
@@ -347,11 +389,14 @@ class Rig:
 
 # --- NATS, read directly (the rig's own view, not the library's) --------------
 
+
 def nats_call(urls: str, coro_factory, timeout: float = 10.0):
     import nats
 
     async def run():
-        nc = await nats.connect(servers=urls.split(","), connect_timeout=2, max_reconnect_attempts=2, allow_reconnect=True)
+        nc = await nats.connect(
+            servers=urls.split(","), connect_timeout=2, max_reconnect_attempts=2, allow_reconnect=True
+        )
         try:
             return await coro_factory(nc.jetstream(timeout=5))
         finally:
@@ -363,6 +408,7 @@ def nats_call(urls: str, coro_factory, timeout: float = 10.0):
 def consumers_idle(urls: str, stream: str = STREAM) -> bool:
     """True when every subscription's durable has nothing pending and
     nothing awaiting an ack (False, too, when NATS can't answer)."""
+
     async def check(js):
         for sub in SUBSCRIPTIONS:
             info = await js.consumer_info(stream, sub.replace(".", "-"))
@@ -372,19 +418,18 @@ def consumers_idle(urls: str, stream: str = STREAM) -> bool:
 
     try:
         return nats_call(urls, check)
-    except Exception:  # noqa: BLE001 - not idle if the broker can't say so
+    except Exception:
         return False
 
 
 def stream_leader(urls: str) -> str | None:
     """The server name of the stream's current leader, or None."""
+
     async def leader(js):
         info = await js.stream_info(STREAM)
         return info.cluster.leader if info.cluster else None
 
     try:
         return nats_call(urls, leader)
-    except Exception:  # noqa: BLE001
+    except Exception:
         return None
-
-

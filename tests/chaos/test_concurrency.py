@@ -21,7 +21,9 @@ def test_two_relays_and_three_workers_with_a_periodic_job_double_nothing(make_ri
     events = scaled(20_000)
     rig = make_rig("relays2_workers3_job", nats_server.url, PLATFORMKIT_TEST_JOBS="1")
     with psycopg.connect(rig.database_url, autocommit=True) as conn:
-        conn.execute(f"CREATE TABLE {RUNS_TABLE} (job text NOT NULL, slot timestamptz NOT NULL, pid int NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp())")
+        conn.execute(
+            f"CREATE TABLE {RUNS_TABLE} (job text NOT NULL, slot timestamptz NOT NULL, pid int NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp())"
+        )
     relays = [rig.relay(1), rig.relay(2)]
     workers = [rig.worker(i, jobs=[JOB]) for i in (1, 2, 3)]
     for process in [*relays, *workers]:
@@ -33,12 +35,15 @@ def test_two_relays_and_three_workers_with_a_periodic_job_double_nothing(make_ri
         assert code == 0, process.tail()
     with psycopg.connect(rig.database_url, autocommit=True) as conn:
         runs, slots, first, last, pids = conn.execute(
-            f"SELECT count(*), count(DISTINCT slot), min(slot), max(slot), count(DISTINCT pid) FROM {RUNS_TABLE} WHERE job = %s", [JOB]
+            f"SELECT count(*), count(DISTINCT slot), min(slot), max(slot), count(DISTINCT pid) FROM {RUNS_TABLE} WHERE job = %s",
+            [JOB],
         ).fetchone()
     doubled_slots = runs - slots
     span = int((last - first).total_seconds()) + 1 if runs else 0
     rig.report(tally, extra_duplicates=doubled_slots)
-    print(f"job {JOB}: runs={runs} slots={slots} doubled={doubled_slots} skipped={span - slots} of {span} seconds, by {pids} workers")
+    print(
+        f"job {JOB}: runs={runs} slots={slots} doubled={doubled_slots} skipped={span - slots} of {span} seconds, by {pids} workers"
+    )
     assert doubled_slots == 0
     assert slots >= 10, "the job hardly ran: the scheduler did not keep up"
     rig.assert_exactly_once(tally, events)

@@ -31,13 +31,17 @@ def own_postgres(tmp_path):
             conn.execute("CREATE DATABASE outage")
         url = server.url.rsplit("/", 1)[0] + "/outage"
         env = Rig("migrate", database_url=url, nats_urls="nats://127.0.0.1:1", workdir=tmp_path / "migrate").env()
-        subprocess.run([sys.executable, str(ROOT / "tests" / "manage.py"), "migrate", "-v0"], env=env, cwd=ROOT, check=True)
+        subprocess.run(
+            [sys.executable, str(ROOT / "tests" / "manage.py"), "migrate", "-v0"], env=env, cwd=ROOT, check=True
+        )
         yield server, url
     finally:
         server.cleanup()
 
 
-def test_postgresql_stopped_for_ten_seconds_mid_stream_is_ridden_out_by_relay_and_worker(own_postgres, nats_server, tmp_path):
+def test_postgresql_stopped_for_ten_seconds_mid_stream_is_ridden_out_by_relay_and_worker(
+    own_postgres, nats_server, tmp_path
+):
     server, url = own_postgres
     events = scaled(3_000)
     rig = Rig("database_restart", database_url=url, nats_urls=nats_server.url, workdir=tmp_path / "database_restart")

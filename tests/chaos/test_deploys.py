@@ -28,11 +28,13 @@ def publish_rows(database_url: str, event: str, payloads: list[dict]) -> list[st
     ``publish()`` writes, in one transaction); their ids."""
     with psycopg.connect(database_url, autocommit=True) as conn, conn.transaction():
         return [
-            str(conn.execute(
-                "INSERT INTO platformkit_outbox (id, name, tenant, payload, headers, created_at) "
-                "VALUES (gen_random_uuid(), %s, NULL, %s::jsonb, '{}'::jsonb, clock_timestamp()) RETURNING id",
-                [event, json.dumps(payload)],
-            ).fetchone()[0])
+            str(
+                conn.execute(
+                    "INSERT INTO platformkit_outbox (id, name, tenant, payload, headers, created_at) "
+                    "VALUES (gen_random_uuid(), %s, NULL, %s::jsonb, '{}'::jsonb, clock_timestamp()) RETURNING id",
+                    [event, json.dumps(payload)],
+                ).fetchone()[0]
+            )
             for payload in payloads
         ]
 
@@ -45,18 +47,32 @@ def query(database_url: str, statement: str, params=None) -> list[tuple]:
 def attempts_seen(database_url: str, subscription: str) -> dict[str, list[int]]:
     """Event id -> the ``attempt`` numbers its handler saw, in run order."""
     seen: dict[str, list[int]] = {}
-    for event_id, attempt in query(database_url, "SELECT event_id::text, attempt FROM testapp_attempt WHERE subscription = %s ORDER BY id", [subscription]):
+    for event_id, attempt in query(
+        database_url,
+        "SELECT event_id::text, attempt FROM testapp_attempt WHERE subscription = %s ORDER BY id",
+        [subscription],
+    ):
         seen.setdefault(event_id, []).append(attempt)
     return seen
 
 
 def effects(database_url: str, subscription: str) -> dict[str, int]:
-    return dict(query(database_url, "SELECT event_id::text, count(*) FROM testapp_effect WHERE subscription = %s GROUP BY 1", [subscription]))
+    return dict(
+        query(
+            database_url,
+            "SELECT event_id::text, count(*) FROM testapp_effect WHERE subscription = %s GROUP BY 1",
+            [subscription],
+        )
+    )
 
 
 def dead_letters(database_url: str, subscription: str) -> dict[str, tuple[int, str, str]]:
     """Event id -> (attempts, error, traceback) of its dead letter."""
-    rows = query(database_url, "SELECT event_id::text, attempts, error, traceback FROM platformkit_dead_letters WHERE subscription = %s", [subscription])
+    rows = query(
+        database_url,
+        "SELECT event_id::text, attempts, error, traceback FROM platformkit_dead_letters WHERE subscription = %s",
+        [subscription],
+    )
     return {r[0]: (r[1], r[2], r[3]) for r in rows}
 
 
@@ -89,16 +105,32 @@ def test_three_sigterm_restarts_mid_backlog_handle_every_event_once_at_attempt_1
     ids = publish_rows(rig.database_url, DEPLOY_EVENT, [{"n": n, "sleep": 0.3} for n in range(20)])
     worker = rig.worker(1, subscriptions=[DEPLOY_SUB], relay=True)
     exits = restart_with_sigterm(rig, worker, 3, every_seconds=1.2, what="mid-backlog")
-    wait_for(lambda: len(effects(rig.database_url, DEPLOY_SUB)) + len(dead_letters(rig.database_url, DEPLOY_SUB)) >= 20,
-             timeout=120, what="every event handled or dead-lettered")
+    wait_for(
+        lambda: len(effects(rig.database_url, DEPLOY_SUB)) + len(dead_letters(rig.database_url, DEPLOY_SUB)) >= 20,
+        timeout=120,
+        what="every event handled or dead-lettered",
+    )
     time.sleep(3)  # one ack wait more: a redelivery that would double an effect shows
-    done, dead, seen = effects(rig.database_url, DEPLOY_SUB), dead_letters(rig.database_url, DEPLOY_SUB), attempts_seen(rig.database_url, DEPLOY_SUB)
-    report(rig.name, events=20, faults=rig.faults, handled=len(done), duplicated=sum(n - 1 for n in done.values()),
-           dead_lettered=len(dead), attempts_above_1=sum(a > 1 for runs in seen.values() for a in runs))
+    done, dead, seen = (
+        effects(rig.database_url, DEPLOY_SUB),
+        dead_letters(rig.database_url, DEPLOY_SUB),
+        attempts_seen(rig.database_url, DEPLOY_SUB),
+    )
+    report(
+        rig.name,
+        events=20,
+        faults=rig.faults,
+        handled=len(done),
+        duplicated=sum(n - 1 for n in done.values()),
+        dead_lettered=len(dead),
+        attempts_above_1=sum(a > 1 for runs in seen.values() for a in runs),
+    )
     assert all(code == 0 for code, _ in exits), (exits, rig.logs())
     assert dead == {}, f"healthy events dead-lettered: {list(dead.values())[:3]}"
-    assert done == {i: 1 for i in ids}, f"not handled exactly once: {done}"
-    assert {i: seen.get(i) for i in ids} == {i: [1] for i in ids}, f"attempts seen other than [1]: { {i: s for i, s in seen.items() if s != [1]} }"
+    assert done == dict.fromkeys(ids, 1), f"not handled exactly once: {done}"
+    assert {i: seen.get(i) for i in ids} == {i: [1] for i in ids}, (
+        f"attempts seen other than [1]: { {i: s for i, s in seen.items() if s != [1]} }"
+    )
 
 
 def test_a_hang_in_a_batch_then_sigkill_costs_the_other_events_nothing(make_rig, nats_server):
@@ -112,19 +144,38 @@ def test_a_hang_in_a_batch_then_sigkill_costs_the_other_events_nothing(make_rig,
     ids = publish_rows(rig.database_url, DEPLOY_EVENT, payloads)
     hanging, healthy = ids[3], [i for n, i in enumerate(ids) if n != 3]
     worker = rig.worker(1, subscriptions=[DEPLOY_SUB], relay=True)
-    wait_for(lambda: hanging in attempts_seen(rig.database_url, DEPLOY_SUB), timeout=120, what="the hanging handler to start")
+    wait_for(
+        lambda: hanging in attempts_seen(rig.database_url, DEPLOY_SUB), timeout=120, what="the hanging handler to start"
+    )
     time.sleep(0.5)
     worker.kill()
     rig.fault("SIGKILL worker1 while a handler hangs")
     worker.start()
-    wait_for(lambda: len(effects(rig.database_url, DEPLOY_SUB)) >= len(healthy) and hanging in dead_letters(rig.database_url, DEPLOY_SUB),
-             timeout=240, what="the healthy events handled and the hanging one dead-lettered")
+    wait_for(
+        lambda: (
+            len(effects(rig.database_url, DEPLOY_SUB)) >= len(healthy)
+            and hanging in dead_letters(rig.database_url, DEPLOY_SUB)
+        ),
+        timeout=240,
+        what="the healthy events handled and the hanging one dead-lettered",
+    )
     time.sleep(3)
-    done, dead, seen = effects(rig.database_url, DEPLOY_SUB), dead_letters(rig.database_url, DEPLOY_SUB), attempts_seen(rig.database_url, DEPLOY_SUB)
-    report(rig.name, events=len(ids), faults=rig.faults, handled=len(done), dead_lettered=len(dead),
-           healthy_dead_lettered=sum(i in dead for i in healthy), hanging_runs=len(seen.get(hanging, [])))
+    done, dead, seen = (
+        effects(rig.database_url, DEPLOY_SUB),
+        dead_letters(rig.database_url, DEPLOY_SUB),
+        attempts_seen(rig.database_url, DEPLOY_SUB),
+    )
+    report(
+        rig.name,
+        events=len(ids),
+        faults=rig.faults,
+        handled=len(done),
+        dead_lettered=len(dead),
+        healthy_dead_lettered=sum(i in dead for i in healthy),
+        hanging_runs=len(seen.get(hanging, [])),
+    )
     assert {i: dead[i][1][:120] for i in healthy if i in dead} == {}, "healthy events of the batch dead-lettered"
-    assert done == {i: 1 for i in healthy}
+    assert done == dict.fromkeys(healthy, 1)
     assert {i: seen.get(i) for i in healthy} == {i: [1] for i in healthy}
     attempts, error, _ = dead[hanging]
     assert "HANDLER_TIMEOUT_SECONDS" in error, f"the hanging event's dead letter does not carry the timeout: {error!r}"
@@ -145,7 +196,12 @@ def test_a_real_failure_then_two_restarts_keeps_its_error_and_counts_runs_in_ord
     ids = publish_rows(rig.database_url, DEPLOY_EVENT, payloads)
     failing, healthy = ids[0], ids[1:]
     worker = rig.worker(1, subscriptions=[DEPLOY_SUB], relay=True)
-    wait_for(lambda: failing in attempts_seen(rig.database_url, DEPLOY_SUB), timeout=120, what="the first failure", interval=0.05)
+    wait_for(
+        lambda: failing in attempts_seen(rig.database_url, DEPLOY_SUB),
+        timeout=120,
+        what="the first failure",
+        interval=0.05,
+    )
     # The first deploy lands inside the failure's 1 s backoff: what the
     # stopping worker hands back is queued for redelivery ahead of the retry,
     # so after the restart the retry sits behind the backlog - where the
@@ -153,20 +209,38 @@ def test_a_real_failure_then_two_restarts_keeps_its_error_and_counts_runs_in_ord
     time.sleep(0.3)
     exits = restart_with_sigterm(rig, worker, 1, every_seconds=0, what="inside the failure's backoff")
     exits += restart_with_sigterm(rig, worker, 1, every_seconds=1.5, what="with the retry fetched behind the backlog")
-    wait_for(lambda: failing in dead_letters(rig.database_url, DEPLOY_SUB) and len(effects(rig.database_url, DEPLOY_SUB)) + len(dead_letters(rig.database_url, DEPLOY_SUB)) >= len(ids),
-             timeout=240, what="the failing event dead-lettered and the rest handled")
+    wait_for(
+        lambda: (
+            failing in dead_letters(rig.database_url, DEPLOY_SUB)
+            and len(effects(rig.database_url, DEPLOY_SUB)) + len(dead_letters(rig.database_url, DEPLOY_SUB)) >= len(ids)
+        ),
+        timeout=240,
+        what="the failing event dead-lettered and the rest handled",
+    )
     time.sleep(3)
-    done, dead, seen = effects(rig.database_url, DEPLOY_SUB), dead_letters(rig.database_url, DEPLOY_SUB), attempts_seen(rig.database_url, DEPLOY_SUB)
+    done, dead, seen = (
+        effects(rig.database_url, DEPLOY_SUB),
+        dead_letters(rig.database_url, DEPLOY_SUB),
+        attempts_seen(rig.database_url, DEPLOY_SUB),
+    )
     runs = seen[failing]
-    report(rig.name, events=len(ids), faults=rig.faults, runs_of_failing=runs, healthy_dead_lettered=sum(i in dead for i in healthy))
+    report(
+        rig.name,
+        events=len(ids),
+        faults=rig.faults,
+        runs_of_failing=runs,
+        healthy_dead_lettered=sum(i in dead for i in healthy),
+    )
     assert all(code == 0 for code, _ in exits), exits
     attempts, error, traceback = dead[failing]
     assert runs == [1, 2, 3, 4, 5], f"the attempts the failing handler saw: {runs}"
     assert attempts == 5
     assert "scenario failure n=0" in error, f"the dead letter lost the handler's error: {error!r}"
-    assert "ScenarioFailure" in traceback and "_scenarios.py" in traceback, f"the dead letter lost the traceback: {traceback!r}"
+    assert "ScenarioFailure" in traceback and "_scenarios.py" in traceback, (
+        f"the dead letter lost the traceback: {traceback!r}"
+    )
     assert {i: dead[i][1][:120] for i in healthy if i in dead} == {}
-    assert done == {i: 1 for i in healthy}
+    assert done == dict.fromkeys(healthy, 1)
 
 
 def test_a_read_only_database_window_loses_doubles_and_dead_letters_nothing(make_rig, nats_server, chaos_postgres):
@@ -201,7 +275,15 @@ def test_a_read_only_database_window_loses_doubles_and_dead_letters_nothing(make
         tally = rig.wait_until_settled(events, timeout=240)
     except AssertionError:
         tally = rig.tally()  # report the figures of a run that never settled, then fail on them
-    report(rig.name, events=tally.events, faults=rig.faults, lost=tally.lost, duplicated=tally.duplicated + tally.stray,
-           dead_lettered=tally.dead_letters, pending=tally.pending, effects_at_open=effects_at_open)
+    report(
+        rig.name,
+        events=tally.events,
+        faults=rig.faults,
+        lost=tally.lost,
+        duplicated=tally.duplicated + tally.stray,
+        dead_lettered=tally.dead_letters,
+        pending=tally.pending,
+        effects_at_open=effects_at_open,
+    )
     assert effects_at_open < 2 * events, "the backlog was drained before the window opened: the scenario proved nothing"
     rig.assert_exactly_once(tally, events)

@@ -20,8 +20,14 @@ pytestmark = [pytest.mark.chaos, pytest.mark.timeout(900)]
 def _envelope(event_id: str, tenant: str | None, payload: dict) -> tuple[str, bytes]:
     subject = f"{PREFIX}.{tenant or '_'}.{EVENT}"
     body = {
-        "specversion": "1.0", "id": event_id, "source": "/testapp", "type": EVENT, "subject": subject,
-        "time": "2026-12-01T00:00:00.000000Z", "datacontenttype": "application/json", "data": payload,
+        "specversion": "1.0",
+        "id": event_id,
+        "source": "/testapp",
+        "type": EVENT,
+        "subject": subject,
+        "time": "2026-12-01T00:00:00.000000Z",
+        "datacontenttype": "application/json",
+        "data": payload,
     }
     if tenant:
         body["tenantid"] = tenant
@@ -45,11 +51,16 @@ def test_forged_messages_beside_real_traffic_never_run_and_real_events_keep_the_
             real = conn.execute(
                 "SELECT id::text, tenant FROM platformkit_outbox WHERE name = %s ORDER BY random() LIMIT 5", [EVENT]
             ).fetchall()
-        batch = [_envelope(str(uuid.uuid4()), tenant, {"writer": 99, "n": -1, "amount": "99999.00"}) for _, tenant in real or [(None, None)]]
+        batch = [
+            _envelope(str(uuid.uuid4()), tenant, {"writer": 99, "n": -1, "amount": "99999.00"})
+            for _, tenant in real or [(None, None)]
+        ]
         forged_ids += [json.loads(body)["id"] for _, body in batch]
         # The same ids as real events, another payload, a fresh Nats-Msg-Id so
         # the broker's dedup window doesn't drop them before the consumer sees them.
-        twins = [_envelope(event_id, tenant, {"writer": 99, "n": -2, "amount": "99999.00"}) for event_id, tenant in real]
+        twins = [
+            _envelope(event_id, tenant, {"writer": 99, "n": -2, "amount": "99999.00"}) for event_id, tenant in real
+        ]
         copies += len(twins)
 
         async def send(js, messages=batch + twins):
@@ -62,7 +73,11 @@ def test_forged_messages_beside_real_traffic_never_run_and_real_events_keep_the_
 
     tally = rig.wait_until_settled(events, timeout=600)
     rig.report(tally)
-    assert (tally.lost, tally.duplicated, tally.stray, tally.pending) == (0, 0, 0, 0), (tally, rig.dead_letter_errors(), rig.logs())
+    assert (tally.lost, tally.duplicated, tally.stray, tally.pending) == (0, 0, 0, 0), (
+        tally,
+        rig.dead_letter_errors(),
+        rig.logs(),
+    )
     with psycopg.connect(rig.database_url, autocommit=True) as conn:
         # Every handler run saw the outbox's payload, never a forged one.
         wrong = conn.execute(

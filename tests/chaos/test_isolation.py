@@ -18,7 +18,19 @@ import pytest
 from tests.conftest import wait_for
 
 from .conftest import TEMPLATE_DB, _url
-from .harness import ACK_WAIT_SECONDS, PREFIX, ROOT, STREAM, SUBSCRIPTIONS, Process, Rig, Tally, consumers_idle, nats_call, scaled
+from .harness import (
+    ACK_WAIT_SECONDS,
+    PREFIX,
+    ROOT,
+    STREAM,
+    SUBSCRIPTIONS,
+    Process,
+    Rig,
+    Tally,
+    consumers_idle,
+    nats_call,
+    scaled,
+)
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(900)]
 
@@ -39,16 +51,24 @@ def other_database(chaos_postgres):
         conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
-def test_two_projects_on_one_nats_the_second_with_the_same_settings_is_refused_then_both_work_apart(make_rig, nats_server, other_database, tmp_path):
+def test_two_projects_on_one_nats_the_second_with_the_same_settings_is_refused_then_both_work_apart(
+    make_rig, nats_server, other_database, tmp_path
+):
     events = scaled(1_000)
     a = make_rig("two_projects", nats_server.url)
     a.relay()
     a_worker = a.worker(1)
     a_worker.wait_for_log("worker started")
-    same = Rig("two_projects_b_same", database_url=other_database, nats_urls=nats_server.url, workdir=tmp_path / "b_same")
+    same = Rig(
+        "two_projects_b_same", database_url=other_database, nats_urls=nats_server.url, workdir=tmp_path / "b_same"
+    )
     own = Rig(
-        "two_projects_b_own", database_url=other_database, nats_urls=nats_server.url, workdir=tmp_path / "b_own",
-        PLATFORMKIT_TEST_STREAM=STREAM + "_B", PLATFORMKIT_TEST_PREFIX=PREFIX + "b",
+        "two_projects_b_own",
+        database_url=other_database,
+        nats_urls=nats_server.url,
+        workdir=tmp_path / "b_own",
+        PLATFORMKIT_TEST_STREAM=STREAM + "_B",
+        PLATFORMKIT_TEST_PREFIX=PREFIX + "b",
     )
     try:
         # The same STREAM and SUBJECT_PREFIX as project A: refused, saying what to change.
@@ -91,7 +111,12 @@ def test_purge_older_than_one_second_then_durables_re_created_runs_nothing_twice
     rig.wait_for_writers(rig.writers(2, events, seconds=5))
     rig.wait_until_settled(events, timeout=300)
     time.sleep(1.5)
-    subprocess.run([sys.executable, str(ROOT / "tests" / "manage.py"), "purgeoutbox", "--older-than", "1s"], env=rig.env(), cwd=ROOT, check=True)
+    subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "manage.py"), "purgeoutbox", "--older-than", "1s"],
+        env=rig.env(),
+        cwd=ROOT,
+        check=True,
+    )
     code, _ = worker.terminate()
     assert code == 0, worker.tail()
 
@@ -107,7 +132,14 @@ def test_purge_older_than_one_second_then_durables_re_created_runs_nothing_twice
     rows, pairs = _effects(rig.database_url)
     with psycopg.connect(rig.database_url, autocommit=True) as conn:
         dead = conn.execute("SELECT count(*) FROM platformkit_dead_letters").fetchone()[0]
-    tally = Tally(events=events, lost=events * len(SUBSCRIPTIONS) - pairs, duplicated=rows - pairs, pending=0, dead_letters=dead, stray=0)
+    tally = Tally(
+        events=events,
+        lost=events * len(SUBSCRIPTIONS) - pairs,
+        duplicated=rows - pairs,
+        pending=0,
+        dead_letters=dead,
+        stray=0,
+    )
     rig.report(tally)
     assert (tally.lost, tally.duplicated, tally.dead_letters) == (0, 0, 0), rig.logs()
 
@@ -116,8 +148,23 @@ def test_a_worker_whose_clock_is_a_day_ahead_claims_no_slot_and_the_others_run_e
     seconds = 20
     rig = make_rig("clock_ahead_worker", nats_server.url, PLATFORMKIT_TEST_JOBS="1")
     with psycopg.connect(rig.database_url, autocommit=True) as conn:
-        conn.execute("CREATE TABLE pk_test_job_runs (job text NOT NULL, slot timestamptz NOT NULL, pid int NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp())")
-    ahead = Process(rig, "ahead", [sys.executable, "-m", "tests.chaos.ahead_scheduler", "--job", "testapp.every_second", "--seconds", str(seconds + 5)], rig.env())
+        conn.execute(
+            "CREATE TABLE pk_test_job_runs (job text NOT NULL, slot timestamptz NOT NULL, pid int NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp())"
+        )
+    ahead = Process(
+        rig,
+        "ahead",
+        [
+            sys.executable,
+            "-m",
+            "tests.chaos.ahead_scheduler",
+            "--job",
+            "testapp.every_second",
+            "--seconds",
+            str(seconds + 5),
+        ],
+        rig.env(),
+    )
     rig.processes.append(ahead)
     ahead.wait_for_log("scheduler started")
     rig.fault("a scheduler a day ahead")
@@ -136,7 +183,14 @@ def test_a_worker_whose_clock_is_a_day_ahead_claims_no_slot_and_the_others_run_e
         ).fetchone()
     expected = int((end - start).total_seconds()) - 4
     total, distinct, future = runs
-    tally = Tally(events=expected, lost=max(0, expected - distinct), duplicated=total - distinct + future, pending=0, dead_letters=0, stray=0)
+    tally = Tally(
+        events=expected,
+        lost=max(0, expected - distinct),
+        duplicated=total - distinct + future,
+        pending=0,
+        dead_letters=0,
+        stray=0,
+    )
     rig.report(tally)
     assert future == 0 and total == distinct, runs
     assert distinct >= expected - 3, (runs, expected, rig.logs())  # a loaded two-core machine may pause a tick or two

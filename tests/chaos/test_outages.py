@@ -23,7 +23,13 @@ def test_nats_sigkilled_and_restarted_and_database_sessions_terminated_mid_flow(
         process.wait_for_log("started")
     writers = rig.writers(2, events, seconds=20)
     plan = [
-        (3.0, "nats"), (6.0, "db"), (9.0, "nats"), (12.0, "db"), (14.0, "db"), (16.0, "nats"), (19.0, "db"),
+        (3.0, "nats"),
+        (6.0, "db"),
+        (9.0, "nats"),
+        (12.0, "db"),
+        (14.0, "db"),
+        (16.0, "nats"),
+        (19.0, "db"),
     ]
     begun = time.monotonic()
     for at, what in plan:
@@ -69,12 +75,18 @@ def test_a_session_terminated_mid_handler_is_retried_without_counting_an_attempt
             with connection.cursor() as cursor:
                 cursor.execute("SELECT pg_backend_pid()")
                 pid = cursor.fetchone()[0]
-            params = {k: v for k, v in connection.get_connection_params().items() if k not in ("cursor_factory", "context", "prepare_threshold")}
+            params = {
+                k: v
+                for k, v in connection.get_connection_params().items()
+                if k not in ("cursor_factory", "context", "prepare_threshold")
+            }
             with psycopg.connect(**params, autocommit=True) as other:
                 other.execute("SELECT pg_terminate_backend(%s)", [pid])
         Effect.objects.create(subscription="testapp.terminated", event_id=event.id)
 
-    terminated = Subscription(name="testapp.terminated", event="testapp.flaky", handler=handler, max_attempts_override=1)
+    terminated = Subscription(
+        name="testapp.terminated", event="testapp.flaky", handler=handler, max_attempts_override=1
+    )
     with transaction.atomic():
         event_id = publish("testapp.flaky", {})
     Relay(transport).drain()

@@ -16,7 +16,9 @@ RUNS_TABLE = "pk_test_job_runs"
 def record(name: str) -> int:
     """Note this run (job, slot, pid); return how many runs the job has had."""
     with connection.cursor() as cursor:
-        cursor.execute(f"INSERT INTO {RUNS_TABLE} (job, slot, pid) VALUES (%s, %s, %s)", [name, current_slot(), os.getpid()])
+        cursor.execute(
+            f"INSERT INTO {RUNS_TABLE} (job, slot, pid) VALUES (%s, %s, %s)", [name, current_slot(), os.getpid()]
+        )
         cursor.execute(f"SELECT count(*) FROM {RUNS_TABLE} WHERE job = %s", [name])
         return cursor.fetchone()[0]
 

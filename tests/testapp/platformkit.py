@@ -12,7 +12,11 @@ from .models import Effect
 ORDER_PLACED = declare("testapp.order_placed", description="An order was placed.")
 declare(
     "testapp.with_schema",
-    schema={"type": "object", "required": ["sku"], "properties": {"sku": {"type": "string"}, "qty": {"type": "integer", "minimum": 1}}},
+    schema={
+        "type": "object",
+        "required": ["sku"],
+        "properties": {"sku": {"type": "string"}, "qty": {"type": "integer", "minimum": 1}},
+    },
 )
 declare("testapp.flaky")
 declare("testapp.slow")
@@ -20,7 +24,9 @@ declare("testapp.slow")
 
 @subscribe(ORDER_PLACED)
 def record_order(event):
-    Effect.objects.create(subscription="testapp.record_order", event_id=event.id, payload=event.payload, tenant_seen=event.tenant or "")
+    Effect.objects.create(
+        subscription="testapp.record_order", event_id=event.id, payload=event.payload, tenant_seen=event.tenant or ""
+    )
 
 
 @subscribe("testapp.order_placed", name="testapp.count_order")
@@ -55,6 +61,6 @@ def slow(event):
 
 
 if os.environ.get("PLATFORMKIT_TEST_JOBS"):
-    from . import _jobs  # noqa: E402,F401 - periodic jobs for tests/test_jobs.py's worker processes
+    from . import _jobs  # noqa: F401 - periodic jobs for tests/test_jobs.py's worker processes
 if os.environ.get("PLATFORMKIT_TEST_SCENARIOS"):
-    from . import _scenarios  # noqa: E402,F401 - the worker-runtime scenarios' subscriptions (tests/chaos/test_deploys.py)
+    from . import _scenarios  # noqa: F401 - the worker-runtime scenarios' subscriptions (tests/chaos/test_deploys.py)

@@ -12,4 +12,6 @@ async def enqueue(request):
 
 async def result(request, result_id):
     found = await record.aget_result(result_id)
-    return JsonResponse({"id": found.id, "status": str(found.status), "return_value": found.return_value if found.is_finished else None})
+    return JsonResponse(
+        {"id": found.id, "status": str(found.status), "return_value": found.return_value if found.is_finished else None}
+    )

@@ -44,7 +44,9 @@ def _dead_letter_ids(text: str) -> tuple[str, Any]:
     try:
         return ("event", uuid.UUID(text))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is neither a dead letter id (a number, as `deadletters list` shows) nor an event id (a UUID)") from None
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is neither a dead letter id (a number, as `deadletters list` shows) nor an event id (a UUID)"
+        ) from None
 
 
 def _when(moment: Any) -> str:
@@ -65,21 +67,50 @@ class Command(BaseCommand):
 
         def selection(p: CommandParser, *, ids: bool) -> None:
             if ids:
-                p.add_argument("ids", nargs="*", type=_dead_letter_ids, metavar="ID", help="Dead letter id (as `list` shows) or event id (UUID). None: every match of --subscription/--since.")
-            p.add_argument("--subscription", default=None, metavar="NAME", help="Only this subscription's dead letters (e.g. shop.send_receipt, or platformkit.relay).")
-            p.add_argument("--since", type=age, default=None, metavar="AGE", help="Only dead letters that failed within AGE: 30m, 12h, 7d, 2w.")
+                p.add_argument(
+                    "ids",
+                    nargs="*",
+                    type=_dead_letter_ids,
+                    metavar="ID",
+                    help="Dead letter id (as `list` shows) or event id (UUID). None: every match of --subscription/--since.",
+                )
+            p.add_argument(
+                "--subscription",
+                default=None,
+                metavar="NAME",
+                help="Only this subscription's dead letters (e.g. shop.send_receipt, or platformkit.relay).",
+            )
+            p.add_argument(
+                "--since",
+                type=age,
+                default=None,
+                metavar="AGE",
+                help="Only dead letters that failed within AGE: 30m, 12h, 7d, 2w.",
+            )
 
         # Subparsers don't inherit BaseCommand's --verbosity etc.; the parent parser keeps them.
         listing = commands.add_parser("list", help="Dead letters, newest first.")
         selection(listing, ids=False)
-        listing.add_argument("--format", choices=("table", "json"), default="table", help="table (default) or json (full errors, for scripts).")
-        listing.add_argument("--limit", type=int, default=200, metavar="N", help="At most N rows (default 200; 0 = all).")
+        listing.add_argument(
+            "--format",
+            choices=("table", "json"),
+            default="table",
+            help="table (default) or json (full errors, for scripts).",
+        )
+        listing.add_argument(
+            "--limit", type=int, default=200, metavar="N", help="At most N rows (default 200; 0 = all)."
+        )
 
         show = commands.add_parser("show", help="One dead letter: error, traceback, attempts, payload.")
         show.add_argument("id", type=_dead_letter_ids, metavar="ID")
 
-        for verb, what in (("replay", "Send the events again to the subscriptions that gave up on them."),
-                           ("discard", "Accept the failures: delete the dead letters; their terminal claims stay, nothing runs them again.")):
+        for verb, what in (
+            ("replay", "Send the events again to the subscriptions that gave up on them."),
+            (
+                "discard",
+                "Accept the failures: delete the dead letters; their terminal claims stay, nothing runs them again.",
+            ),
+        ):
             p = commands.add_parser(verb, help=what)
             selection(p, ids=True)
             p.add_argument("--reason", required=True, help="Why (kept in the audit event and the log).")
@@ -109,7 +140,9 @@ class Command(BaseCommand):
         if ids:
             missing = [str(v) for k, v in ids if not any((d.id if k == "id" else d.event_id) == v for d in found)]
             if missing:
-                raise CommandError(f"no dead letter matches {', '.join(missing)} (with the filters given); `deadletters list` shows what there is.")
+                raise CommandError(
+                    f"no dead letter matches {', '.join(missing)} (with the filters given); `deadletters list` shows what there is."
+                )
         return found
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -123,29 +156,53 @@ class Command(BaseCommand):
         if options["limit"]:
             rows = rows[: options["limit"]]
         if options["format"] == "json":
-            self.stdout.write(json.dumps([
-                {"id": d.id, "event_id": str(d.event_id), "subscription": d.subscription, "name": d.name, "tenant": d.tenant,
-                 "attempts": d.attempts, "failed_at": d.failed_at.isoformat(), "error": d.error}
-                for d in rows
-            ], indent=2))
+            self.stdout.write(
+                json.dumps(
+                    [
+                        {
+                            "id": d.id,
+                            "event_id": str(d.event_id),
+                            "subscription": d.subscription,
+                            "name": d.name,
+                            "tenant": d.tenant,
+                            "attempts": d.attempts,
+                            "failed_at": d.failed_at.isoformat(),
+                            "error": d.error,
+                        }
+                        for d in rows
+                    ],
+                    indent=2,
+                )
+            )
             return
         if not rows:
             self.stdout.write("no dead letters")
             return
         header = ("ID", "FAILED AT (UTC)", "SUBSCRIPTION", "EVENT ID", "NAME", "TENANT", "ATT", "ERROR")
         table = [header] + [
-            (str(d.id), _when(d.failed_at), d.subscription, str(d.event_id), d.name, d.tenant or "-", str(d.attempts), _first_line(d.error, ERROR_WIDTH))
+            (
+                str(d.id),
+                _when(d.failed_at),
+                d.subscription,
+                str(d.event_id),
+                d.name,
+                d.tenant or "-",
+                str(d.attempts),
+                _first_line(d.error, ERROR_WIDTH),
+            )
             for d in rows
         ]
         widths = [max(len(r[i]) for r in table) for i in range(len(header) - 1)]
         for r in table:
-            self.stdout.write("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1])
+            self.stdout.write("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + "  " + r[-1])
         shown = f"{len(rows)} of {total}" if total > len(rows) else str(total)
         self.stdout.write(f"{shown} dead letter(s); `deadletters show ID` for the full error")
 
     def _show(self, options: dict[str, Any]) -> None:
         kind, value = options["id"]
-        rows = list(DeadLetter.objects.filter(**({"id": value} if kind == "id" else {"event_id": value})).order_by("id"))
+        rows = list(
+            DeadLetter.objects.filter(**({"id": value} if kind == "id" else {"event_id": value})).order_by("id")
+        )
         if not rows:
             raise CommandError(f"no dead letter {value}; `deadletters list` shows what there is.")
         outbox = OutboxEvent.objects.filter(id=rows[0].event_id).first()
@@ -160,7 +217,9 @@ class Command(BaseCommand):
             if attempts:
                 w("  attempts")
                 for a in attempts:
-                    w(f"    #{a.attempt} {a.outcome:<11} started {_when(a.started_at)} finished {_when(a.finished_at)} {a.worker} {_first_line(a.error, 80)}")
+                    w(
+                        f"    #{a.attempt} {a.outcome:<11} started {_when(a.started_at)} finished {_when(a.finished_at)} {a.worker} {_first_line(a.error, 80)}"
+                    )
             if d.traceback:
                 w("  traceback")
                 for line in d.traceback.rstrip().splitlines():
@@ -190,7 +249,9 @@ class Command(BaseCommand):
             return
         if options["dry_run"]:
             for d in rows:
-                self.stdout.write(f"would {verb} {d.id} subscription={d.subscription} event_id={d.event_id} name={d.name}")
+                self.stdout.write(
+                    f"would {verb} {d.id} subscription={d.subscription} event_id={d.event_id} name={d.name}"
+                )
             self.stdout.write(f"dry run, nothing written: would {verb} {len(rows)} dead letter(s)")
             return
         done, refused = 0, []

@@ -14,9 +14,18 @@ class Command(BaseCommand):
     requires_system_checks: list[str] = []
 
     def add_arguments(self, parser):
-        parser.add_argument("--format", choices=["json", "yaml"], default="json", help="Output format (default: json; yaml needs PyYAML).")
-        parser.add_argument("--title", default="Event catalogue", help="info.title of the document (default: %(default)s).")
-        parser.add_argument("--api-version", default="1.0.0", help="info.version of the document (default: %(default)s).")
+        parser.add_argument(
+            "--format",
+            choices=["json", "yaml"],
+            default="json",
+            help="Output format (default: json; yaml needs PyYAML).",
+        )
+        parser.add_argument(
+            "--title", default="Event catalogue", help="info.title of the document (default: %(default)s)."
+        )
+        parser.add_argument(
+            "--api-version", default="1.0.0", help="info.version of the document (default: %(default)s)."
+        )
         parser.add_argument("--output", "-o", type=Path, help="Write to this file instead of stdout.")
 
     def handle(self, *args, **options):
@@ -24,7 +33,9 @@ class Command(BaseCommand):
         try:
             text = render(doc, fmt=options["format"])
         except ImportError:
-            raise CommandError("--format yaml needs PyYAML (pip install pyyaml); --format json needs nothing.") from None
+            raise CommandError(
+                "--format yaml needs PyYAML (pip install pyyaml); --format json needs nothing."
+            ) from None
         if options["output"]:
             try:
                 options["output"].write_text(text, encoding="utf-8")

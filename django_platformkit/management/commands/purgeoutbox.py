@@ -38,9 +38,21 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser):
-        parser.add_argument("--older-than", type=age, default=None, metavar="AGE", help="Age measured from published_at: 30m, 12h, 7d, 2w (default: RETENTION_DAYS). Claims are kept for RETENTION_DAYS whatever this says.")
+        parser.add_argument(
+            "--older-than",
+            type=age,
+            default=None,
+            metavar="AGE",
+            help="Age measured from published_at: 30m, 12h, 7d, 2w (default: RETENTION_DAYS). Claims are kept for RETENTION_DAYS whatever this says.",
+        )
         parser.add_argument("--dry-run", action="store_true", help="Count what would be deleted; delete nothing.")
-        parser.add_argument("--batch-size", type=rows, default=DEFAULT_BATCH_SIZE, metavar="ROWS", help=f"Rows per transaction (default {DEFAULT_BATCH_SIZE}).")
+        parser.add_argument(
+            "--batch-size",
+            type=rows,
+            default=DEFAULT_BATCH_SIZE,
+            metavar="ROWS",
+            help=f"Rows per transaction (default {DEFAULT_BATCH_SIZE}).",
+        )
 
     def handle(self, *args, **options):
         configure_logging(options["verbosity"])

@@ -5,7 +5,6 @@ import threading
 import time
 
 import nats.errors
-
 from django.core.management.base import BaseCommand, CommandError
 
 from ... import conf
@@ -46,8 +45,20 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("--once", action="store_true", help="Relay what is pending now, print the count and exit.")
-        parser.add_argument("--metrics-port", type=int, default=None, metavar="PORT", help="Serve Prometheus metrics at http://0.0.0.0:PORT/metrics (needs the metrics extra).")
-        parser.add_argument("--connect-timeout", type=float, default=30.0, metavar="SECONDS", help="With --once: fail if NATS or its stream can't be reached within SECONDS (default 30).")
+        parser.add_argument(
+            "--metrics-port",
+            type=int,
+            default=None,
+            metavar="PORT",
+            help="Serve Prometheus metrics at http://0.0.0.0:PORT/metrics (needs the metrics extra).",
+        )
+        parser.add_argument(
+            "--connect-timeout",
+            type=float,
+            default=30.0,
+            metavar="SECONDS",
+            help="With --once: fail if NATS or its stream can't be reached within SECONDS (default 30).",
+        )
 
     def handle(self, *args, **options):
         import signal
@@ -61,7 +72,9 @@ class Command(BaseCommand):
         transport = Transport(name="django_platformkit relay")
         give_up_at = time.monotonic() + options["connect_timeout"] if options["once"] else None
         try:
-            if not transport.connect_until(stop, give_up_after_seconds=options["connect_timeout"] if options["once"] else None):
+            if not transport.connect_until(
+                stop, give_up_after_seconds=options["connect_timeout"] if options["once"] else None
+            ):
                 return
             if not ensure_stream_until(transport, stop, give_up_at):
                 return
@@ -74,8 +87,12 @@ class Command(BaseCommand):
                         raise
                     # A script's step: fail it with the reason, not a traceback; the rows stay pending.
                     what = "unavailable" if database_unavailable(exc) else "refusing the relay's queries"
-                    raise CommandError(f"the database is {what}, nothing was relayed (rows stay pending): {' '.join(str(exc).split())}") from None
-                self.stdout.write(f"relayed={stats.stored} duplicates={stats.duplicates} dead_lettered={stats.dead_lettered} left_pending={stats.temporary}")
+                    raise CommandError(
+                        f"the database is {what}, nothing was relayed (rows stay pending): {' '.join(str(exc).split())}"
+                    ) from None
+                self.stdout.write(
+                    f"relayed={stats.stored} duplicates={stats.duplicates} dead_lettered={stats.dead_lettered} left_pending={stats.temporary}"
+                )
                 if stats.temporary:
                     raise SystemExit(1)
                 return

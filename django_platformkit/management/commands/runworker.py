@@ -19,19 +19,71 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser):
-        parser.add_argument("--burst", action="store_true", help="Drain the outbox and every consumer (nothing pending, awaiting ack or retry), run no jobs, then exit 0.")
-        parser.add_argument("--burst-timeout", type=float, default=None, metavar="SECONDS", help="With --burst: give up and exit 1 if not drained after SECONDS (default: wait).")
-        parser.add_argument("--connect-timeout", type=float, default=30.0, metavar="SECONDS", help="With --burst: fail if NATS can't be reached within SECONDS (default 30; without --burst the worker waits for NATS).")
-        parser.add_argument("--no-relay", action="store_true", help="Don't run the relay (run it elsewhere with runrelay).")
-        parser.add_argument("--no-jobs", action="store_true", help="Don't run periodic jobs in this process.")
-        parser.add_argument("--no-consumers", action="store_true", help="Don't consume (run only the relay and/or the scheduler).")
-        parser.add_argument("--job", action="append", default=None, metavar="NAME", help="Run only this periodic job (repeatable; default: all).")
-        parser.add_argument("--subscription", action="append", default=None, metavar="NAME", help="Run only this subscription's consumer (repeatable; default: all).")
-        parser.add_argument("--metrics-port", type=int, default=None, metavar="PORT", help="Serve Prometheus metrics at http://0.0.0.0:PORT/metrics (needs the metrics extra).")
-        parser.add_argument("--queue", action="append", default=None, metavar="NAME", help="Run only this django.tasks queue's tasks (repeatable; with --subscription, both; default: every subscription and queue).")
-        parser.add_argument("--health-file", default=None, metavar="PATH", help="Rewrite PATH every second with JSON liveness and counts (for probes).")
         parser.add_argument(
-            "--processes", type=int, default=None, metavar="N",
+            "--burst",
+            action="store_true",
+            help="Drain the outbox and every consumer (nothing pending, awaiting ack or retry), run no jobs, then exit 0.",
+        )
+        parser.add_argument(
+            "--burst-timeout",
+            type=float,
+            default=None,
+            metavar="SECONDS",
+            help="With --burst: give up and exit 1 if not drained after SECONDS (default: wait).",
+        )
+        parser.add_argument(
+            "--connect-timeout",
+            type=float,
+            default=30.0,
+            metavar="SECONDS",
+            help="With --burst: fail if NATS can't be reached within SECONDS (default 30; without --burst the worker waits for NATS).",
+        )
+        parser.add_argument(
+            "--no-relay", action="store_true", help="Don't run the relay (run it elsewhere with runrelay)."
+        )
+        parser.add_argument("--no-jobs", action="store_true", help="Don't run periodic jobs in this process.")
+        parser.add_argument(
+            "--no-consumers", action="store_true", help="Don't consume (run only the relay and/or the scheduler)."
+        )
+        parser.add_argument(
+            "--job",
+            action="append",
+            default=None,
+            metavar="NAME",
+            help="Run only this periodic job (repeatable; default: all).",
+        )
+        parser.add_argument(
+            "--subscription",
+            action="append",
+            default=None,
+            metavar="NAME",
+            help="Run only this subscription's consumer (repeatable; default: all).",
+        )
+        parser.add_argument(
+            "--metrics-port",
+            type=int,
+            default=None,
+            metavar="PORT",
+            help="Serve Prometheus metrics at http://0.0.0.0:PORT/metrics (needs the metrics extra).",
+        )
+        parser.add_argument(
+            "--queue",
+            action="append",
+            default=None,
+            metavar="NAME",
+            help="Run only this django.tasks queue's tasks (repeatable; with --subscription, both; default: every subscription and queue).",
+        )
+        parser.add_argument(
+            "--health-file",
+            default=None,
+            metavar="PATH",
+            help="Rewrite PATH every second with JSON liveness and counts (for probes).",
+        )
+        parser.add_argument(
+            "--processes",
+            type=int,
+            default=None,
+            metavar="N",
             help="Run the relay and scheduler in one child process and the consumers in N child processes under this one "
             "(uses the cores: one Python process uses one). One SIGTERM/SIGINT stops them all; a child that dies is "
             "restarted with backoff, and the supervisor exits 1 if one keeps dying.",
@@ -46,7 +98,9 @@ class Command(BaseCommand):
 
             folder = os.path.dirname(os.path.abspath(options["health_file"]))
             if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
-                raise CommandError(f"--health-file {options['health_file']}: the folder {folder} doesn't exist or isn't writable.")
+                raise CommandError(
+                    f"--health-file {options['health_file']}: the folder {folder} doesn't exist or isn't writable."
+                )
         from ...consumer import subscriptions
 
         subs = subscriptions()
@@ -54,7 +108,9 @@ class Command(BaseCommand):
             known = {s.name: s for s in subs}
             missing = sorted(set(options["subscription"]) - set(known))
             if missing:
-                raise CommandError(f"unknown subscription(s) {', '.join(missing)}; known: {', '.join(sorted(known)) or '(none)'}")
+                raise CommandError(
+                    f"unknown subscription(s) {', '.join(missing)}; known: {', '.join(sorted(known)) or '(none)'}"
+                )
             subs = [known[n] for n in options["subscription"]]
         if options["queue"]:
             from ...tasks import queue_subscriptions
@@ -70,7 +126,9 @@ class Command(BaseCommand):
 
             missing = sorted(set(options["job"]) - {j.name for j in jobs()})
             if missing:
-                raise CommandError(f"unknown job(s) {', '.join(missing)}; known: {', '.join(j.name for j in jobs()) or '(none)'}")
+                raise CommandError(
+                    f"unknown job(s) {', '.join(missing)}; known: {', '.join(j.name for j in jobs()) or '(none)'}"
+                )
         if options["processes"] is not None:
             if options["processes"] < 1:
                 raise CommandError(f"--processes must be 1 or more, got {options['processes']}.")
@@ -84,8 +142,12 @@ class Command(BaseCommand):
             from ...supervisor import Supervisor
 
             supervisor = Supervisor(
-                processes=options["processes"], relay=not options["no_relay"], scheduler=not options["no_jobs"],
-                subscriptions=subs, jobs=options["job"], health_file=options["health_file"],
+                processes=options["processes"],
+                relay=not options["no_relay"],
+                scheduler=not options["no_jobs"],
+                subscriptions=subs,
+                jobs=options["job"],
+                health_file=options["health_file"],
             )
             supervisor.install_signal_handlers()
             code = supervisor.run()
@@ -93,16 +155,24 @@ class Command(BaseCommand):
                 raise SystemExit(code)
             return
         worker = Worker(
-            relay=not options["no_relay"], scheduler=not options["no_jobs"], consumers=not options["no_consumers"],
-            burst=options["burst"], subscriptions=subs, health_file=options["health_file"],
-            burst_timeout_seconds=options["burst_timeout"], connect_timeout_seconds=options["connect_timeout"],
+            relay=not options["no_relay"],
+            scheduler=not options["no_jobs"],
+            consumers=not options["no_consumers"],
+            burst=options["burst"],
+            subscriptions=subs,
+            health_file=options["health_file"],
+            burst_timeout_seconds=options["burst_timeout"],
+            connect_timeout_seconds=options["connect_timeout"],
             jobs=options["job"],
         )
         if options["metrics_port"] is not None:
             start_metrics(options["metrics_port"], transport=worker.transport, subscriptions=subs)
         worker.install_signal_handlers()
         try:
-            with result_printed_once("django_platformkit.worker", *(["worker stopped "] if options["burst"] and options["verbosity"] >= 1 else [])):
+            with result_printed_once(
+                "django_platformkit.worker",
+                *(["worker stopped "] if options["burst"] and options["verbosity"] >= 1 else []),
+            ):
                 code = worker.run()
         except (ConsumerDrift, BrokerUnavailable, ConfigurationError) as exc:
             raise CommandError(str(exc)) from None

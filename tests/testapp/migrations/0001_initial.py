@@ -4,39 +4,37 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
-    dependencies = [
-    ]
+    dependencies = []
 
     operations = [
         migrations.CreateModel(
-            name='Attempt',
+            name="Attempt",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('subscription', models.CharField(max_length=200)),
-                ('event_id', models.UUIDField()),
-                ('attempt', models.IntegerField()),
-                ('at', models.DateTimeField(auto_now_add=True)),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("subscription", models.CharField(max_length=200)),
+                ("event_id", models.UUIDField()),
+                ("attempt", models.IntegerField()),
+                ("at", models.DateTimeField(auto_now_add=True)),
             ],
         ),
         migrations.CreateModel(
-            name='Effect',
+            name="Effect",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('subscription', models.CharField(max_length=200)),
-                ('event_id', models.UUIDField()),
-                ('tenant_seen', models.CharField(blank=True, default='', max_length=64)),
-                ('payload', models.JSONField(default=dict)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("subscription", models.CharField(max_length=200)),
+                ("event_id", models.UUIDField()),
+                ("tenant_seen", models.CharField(blank=True, default="", max_length=64)),
+                ("payload", models.JSONField(default=dict)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
             ],
         ),
         migrations.CreateModel(
-            name='Order',
+            name="Order",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('total', models.DecimalField(decimal_places=2, default=0, max_digits=10)),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("total", models.DecimalField(decimal_places=2, default=0, max_digits=10)),
             ],
         ),
     ]

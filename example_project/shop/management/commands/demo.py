@@ -27,7 +27,6 @@ from django.test import Client
 from django_platformkit.consumer import subscriptions
 from django_platformkit.models import DeadLetter, HandledEvent, OutboxEvent, TaskResultRecord
 from django_platformkit.worker import Worker
-
 from example_project import services
 
 from ...models import Confirmation, Order, OrderStats
@@ -63,11 +62,15 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("--orders", type=int, default=500, metavar="N", help="Orders to place (default: 500).")
         parser.add_argument(
-            "--timeout", type=float, default=300.0, metavar="SECONDS",
+            "--timeout",
+            type=float,
+            default=300.0,
+            metavar="SECONDS",
             help="Fail if the burst worker has not drained everything after SECONDS (default: 300).",
         )
         parser.add_argument(
-            "--keep-servers", action="store_true",
+            "--keep-servers",
+            action="store_true",
             help="Leave the throwaway servers running afterwards and print how to use and stop them (read by manage.py).",
         )
 
@@ -84,7 +87,9 @@ class Command(BaseCommand):
 
         out("\nservices")
         for server in services.started:
-            out(f"  {server.what:<11} {server.version:<9} {server.url:<48} throwaway, started in {server.startup_seconds:.2f} s")
+            out(
+                f"  {server.what:<11} {server.version:<9} {server.url:<48} throwaway, started in {server.startup_seconds:.2f} s"
+            )
         names = {s.what for s in services.started}
         if "PostgreSQL" not in names:
             out(f"  {'PostgreSQL':<11} {_pg_version():<9} {services.database_url():<48} from DATABASE_URL")
@@ -97,11 +102,17 @@ class Command(BaseCommand):
         call_command("migrate", verbosity=0, interactive=False)
         phases.append(("migrate", time.monotonic() - t0, ""))
 
-        stats_before = OrderStats.objects.filter(name=STATS_ROW).values("orders", "items", "revenue").first() or {"orders": 0, "items": 0, "revenue": Decimal(0)}
+        stats_before = OrderStats.objects.filter(name=STATS_ROW).values("orders", "items", "revenue").first() or {
+            "orders": 0,
+            "items": 0,
+            "revenue": Decimal(0),
+        }
         order_ids, event_ids, task_ids, quantity, revenue = self._place_orders(n, phases)
 
         relay_report, seconds = self._run("runrelay", "--once", verbosity=worker_verbosity)
-        phases.append(("runrelay --once (outbox -> JetStream)", seconds, f"{_rate(n, seconds, 'events')}  [{relay_report}]"))
+        phases.append(
+            ("runrelay --once (outbox -> JetStream)", seconds, f"{_rate(n, seconds, 'events')}  [{relay_report}]")
+        )
 
         # What `runworker --burst` runs, through the API so its counts come back.
         started_at = _db_now()
@@ -111,7 +122,13 @@ class Command(BaseCommand):
             raise CommandError(f"the burst worker did not drain within {options['timeout']} s: see the log above.")
         seconds = time.monotonic() - t0
         report = " ".join(f"{k}={v}" for k, v in worker.counts().items())
-        phases.append((f"runworker --burst ({len(worker.subscriptions)} durable consumers)", seconds, f"exits once drained  [{report}]"))
+        phases.append(
+            (
+                f"runworker --burst ({len(worker.subscriptions)} durable consumers)",
+                seconds,
+                f"exits once drained  [{report}]",
+            )
+        )
         outbox = OutboxEvent.objects.filter(id__in=event_ids)
         receipts = TaskResultRecord.objects.filter(event_id__in=task_ids, status="SUCCESSFUL")
         claims = HandledEvent.objects.filter(event_id__in=event_ids)
@@ -120,7 +137,9 @@ class Command(BaseCommand):
             # handled_at is the claim transaction's start (database clock),
             # so this is the time until the last handler began: close enough.
             seconds = (last_claim - started_at).total_seconds()
-            phases.append(("  of which handling, until the last claim", seconds, _rate(n * len(subs), seconds, "handlings")))
+            phases.append(
+                ("  of which handling, until the last claim", seconds, _rate(n * len(subs), seconds, "handlings"))
+            )
 
         out(f"\n{'phase':<46} seconds  rate")
         for name, seconds, note in phases:
@@ -134,12 +153,26 @@ class Command(BaseCommand):
             ("outbox rows stamped by the relay", outbox.filter(published_at__isnull=False).count(), n),
             ("outbox rows still pending", outbox.filter(published_at__isnull=True).count(), 0),
             *((f"claims of {name}", per_subscription.get(name, 0), n) for name in subs),
-            ("confirmation rows (shop.send_confirmation)", Confirmation.objects.filter(order_id__in=order_ids).count(), n),
+            (
+                "confirmation rows (shop.send_confirmation)",
+                Confirmation.objects.filter(order_id__in=order_ids).count(),
+                n,
+            ),
             ("counter: orders added (shop.count_order)", stats_after.orders - stats_before["orders"], n),
             ("counter: items added", stats_after.items - stats_before["items"], quantity),
             ("counter: revenue added", stats_after.revenue - stats_before["revenue"], revenue),
-            *((("send_receipt tasks enqueued (outbox rows)", OutboxEvent.objects.filter(id__in=task_ids).count(), n),
-               ("send_receipt tasks SUCCESSFUL (results)", receipts.count(), n)) if task_ids else ()),
+            *(
+                (
+                    (
+                        "send_receipt tasks enqueued (outbox rows)",
+                        OutboxEvent.objects.filter(id__in=task_ids).count(),
+                        n,
+                    ),
+                    ("send_receipt tasks SUCCESSFUL (results)", receipts.count(), n),
+                )
+                if task_ids
+                else ()
+            ),
             ("dead letters", DeadLetter.objects.filter(event_id__in=[*event_ids, *task_ids]).count(), 0),
         ]
         out(f"\ncounted in the database, for this run's {n} orders        found  expected")
@@ -154,7 +187,8 @@ class Command(BaseCommand):
             raise CommandError(f"demo failed: {', '.join(wrong)} differ from what was expected.")
         out(
             f"\nOK: {n} orders, each published once, relayed once and handled exactly once by each of "
-            f"{len(subs)} subscriptions ({', '.join(subs)})" + (f"; {n} send_receipt tasks ran once each." if task_ids else ".")
+            f"{len(subs)} subscriptions ({', '.join(subs)})"
+            + (f"; {n} send_receipt tasks ran once each." if task_ids else ".")
         )
         if options["keep_servers"] and services.started:
             out("\nThe throwaway servers keep running. Use them from another shell with:")
