@@ -598,10 +598,30 @@ class Scheduler:
         import psycopg
 
         spec = runner.spec
+        ahead_limit = 1e10 if self.max_ahead_seconds is None else self.max_ahead_seconds
         for attempt in (1, 2):
             try:
                 connection = self._connect(runner)
-                if connection.execute("SELECT pg_try_advisory_lock(%s)", [runner.key]).fetchone()[0]:
+                # A slot ahead of the database clock never takes the lock: a
+                # worker whose clock runs ahead would otherwise hold it at the
+                # very instant the correct workers contend for the slot due now
+                # (every scheduler wakes on the same boundary) and make them skip it.
+                locked, database_now = connection.execute(
+                    "SELECT CASE WHEN %(slot)s <= clock_timestamp() + make_interval(secs => %(ahead)s) "
+                    "THEN pg_try_advisory_lock(%(key)s) END, clock_timestamp()",
+                    {"slot": slot, "ahead": ahead_limit, "key": runner.key},
+                ).fetchone()
+                if locked is None:
+                    logger.warning(
+                        "slot skipped, ahead of the database clock name=%s slot=%s database_now=%s ahead=%.1fs: "
+                        "this worker's clock runs ahead; slots are decided by the database's clock",
+                        spec.name,
+                        slot.isoformat(),
+                        database_now.isoformat(),
+                        (slot - database_now).total_seconds(),
+                    )
+                    return False
+                if locked:
                     return True
                 row = connection.execute(_LEDGER_SQL, [spec.name]).fetchone()
                 break
