@@ -411,6 +411,20 @@ current_event: ContextVar[Any] = ContextVar("platformkit_current_event", default
 _published = signals.event_published
 
 
+def announce(event_type: EventType, event_id: uuid.UUID, tenant: str | None, payload_text: str, using: str) -> None:
+    """Send ``signals.event_published`` for one outbox row just written (by
+    ``publish()``, ``publish_many()`` or a task's ``enqueue()``). Callers
+    test ``_published.receivers`` first, so nobody listening costs nothing."""
+    _published.send_robust(
+        sender=event_type,
+        event_id=event_id,
+        name=event_type.name,
+        tenant=tenant,
+        payload_text=payload_text,
+        using=using,
+    )
+
+
 _propagate: Any = None
 
 
@@ -478,14 +492,7 @@ def publish(
             [event_id, event_type.name, tenant, text, headers],
         )
     if _published.receivers:  # one attribute test when nobody listens: publish() stays one INSERT
-        _published.send_robust(
-            sender=event_type,
-            event_id=event_id,
-            name=event_type.name,
-            tenant=tenant,
-            payload_text=text,
-            using=connection.alias,
-        )
+        announce(event_type, event_id, tenant, text, connection.alias)
     return event_id
 
 
@@ -518,14 +525,7 @@ def publish_many(
         )
     if _published.receivers:
         for event_id, event_type, tenant, text, _ in prepared:
-            _published.send_robust(
-                sender=event_type,
-                event_id=event_id,
-                name=event_type.name,
-                tenant=tenant,
-                payload_text=text,
-                using=connection.alias,
-            )
+            announce(event_type, event_id, tenant, text, connection.alias)
     return ids
 
 

@@ -227,7 +227,15 @@ class OutboxBackend(BaseTaskBackend):  # type: ignore[misc,valid-type]
         (``$.args[0]``, ``$.kwargs.when``) or exceeding ``MAX_PAYLOAD_BYTES``.
         """
         from ._ids import uuid7
-        from .events import _published, _trace_headers, check_tenant, current_event, encode_payload, get_event_type
+        from .events import (
+            _published,
+            _trace_headers,
+            announce,
+            check_tenant,
+            current_event,
+            encode_payload,
+            get_event_type,
+        )
 
         self.validate_task(task)
         payload = {"task": task.module_path, "args": list(args), "kwargs": dict(kwargs), "backend": self.alias}
@@ -251,9 +259,7 @@ class OutboxBackend(BaseTaskBackend):  # type: ignore[misc,valid-type]
                 cursor.execute(sql, params)
                 enqueued_at = cursor.fetchone()[0]
         if _published.receivers:  # as publish() does: testing.capture_events(), metrics
-            _published.send_robust(
-                sender=get_event_type(name), event_id=event_id, name=name, tenant=tenant, payload_text=text, using=alias
-            )
+            announce(get_event_type(name), event_id, tenant, text, alias)
         result = TaskResult(
             task=task,
             id=str(event_id),
