@@ -38,8 +38,7 @@ from django.utils import timezone
 
 from . import conf, signals, tracing
 from ._tables import ATTEMPTS_TABLE, DEAD_LETTER_TABLE, HANDLED_TABLE, OUTBOX_TABLE
-from .events import check_event_name, check_tenant, current_event
-from .exceptions import InvalidEventName
+from .events import check_tenant, current_event
 
 # Re-exported: these lived here before subscriptions.py / wire.py, and users
 # and jobs.py import them from this module.
@@ -56,75 +55,13 @@ from .subscriptions import (  # noqa: F401
     subscriptions,
     tenant_context_factory,
 )
-from .transport import Delivery, Transport, parse_subject
-from .wire import ReceivedEvent
+from .transport import Transport
+from .wire import Delivery, MalformedMessage, ReceivedEvent, parse_delivery
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _NAMESPACE_MALFORMED = uuid.UUID("8a1d6c61-3f5e-4c2c-9a59-1f0a3d6b7e21")
-
-
-# --- parsing a delivery ------------------------------------------------------
-
-
-class MalformedMessage(Exception):
-    """A message on our subjects that isn't a well-formed event of ours."""
-
-
-def parse_delivery(delivery: Delivery) -> ReceivedEvent:
-    """Decode a CloudEvents structured-mode body and cross-check it with the
-    subject. Raises ``MalformedMessage`` saying what is wrong."""
-    parsed = parse_subject(delivery.subject)
-    if parsed is None:
-        raise MalformedMessage(f"subject {delivery.subject!r} is not <prefix>.<tenant>.<module>.<event>")
-    subject_tenant, subject_name = parsed
-    try:
-        body = json.loads(delivery.data)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise MalformedMessage(f"body is not JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise MalformedMessage("body is not a JSON object (not a CloudEvents envelope)")
-    if body.get("specversion") != "1.0":
-        raise MalformedMessage(f"specversion is {body.get('specversion')!r}, not '1.0'")
-    try:
-        event_id = uuid.UUID(str(body.get("id")))
-    except ValueError:
-        raise MalformedMessage(f"id {body.get('id')!r} is not a UUID") from None
-    name = body.get("type")
-    try:
-        check_event_name(name)
-        tenant = check_tenant(body.get("tenantid"))
-    except InvalidEventName as exc:
-        raise MalformedMessage(str(exc)) from None
-    if name != subject_name:
-        raise MalformedMessage(f"type {name!r} differs from the subject's event {subject_name!r}")
-    if tenant != subject_tenant:
-        raise MalformedMessage(
-            f"tenantid {tenant!r} differs from the subject's tenant {subject_tenant!r}: refusing to run it in either"
-        )
-    data = body.get("data")
-    if not isinstance(data, dict):
-        raise MalformedMessage("data is not a JSON object")
-    try:
-        occurred_at = datetime.fromisoformat(str(body.get("time")).replace("Z", "+00:00"))
-    except ValueError:
-        raise MalformedMessage(f"time {body.get('time')!r} is not RFC 3339") from None
-    if occurred_at.tzinfo is None:
-        raise MalformedMessage("time has no UTC offset")
-    headers = {k: v for k, v in delivery.headers.items() if not k.startswith("Nats-")}
-    for key in ("traceparent", "tracestate"):
-        if isinstance(body.get(key), str):
-            headers.setdefault(key, body[key])
-    return ReceivedEvent(
-        id=event_id,
-        name=name,
-        tenant=tenant,
-        payload=data,
-        occurred_at=occurred_at,
-        attempt=delivery.attempt,
-        headers=headers,
-    )
 
 
 # --- handling ----------------------------------------------------------------

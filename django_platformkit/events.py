@@ -36,7 +36,7 @@ from .exceptions import (
 EVENT_NAME = re.compile(r"^[a-z][a-z0-9_]*\.[a-z][a-z0-9_]*$")
 TENANT = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 #: Tenant tokens that mean something else on the subject: ``_`` stands for "no
-#: tenant" (``transport.NO_TENANT``, the scheme shared with the Go
+#: tenant" (``wire.NO_TENANT``, the scheme shared with the Go
 #: platformkit), so a tenant named ``_`` would arrive as no tenant at all.
 RESERVED_TENANTS = frozenset({"_"})
 #: Deeper nesting is refused: PostgreSQL's jsonb parser and Python's json

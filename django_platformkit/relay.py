@@ -17,7 +17,6 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 from django.db import connections, transaction
@@ -28,7 +27,8 @@ from .consumer import record_dead_letter
 from .events import EVENT_REPLAYED, NOTIFY_CHANNEL, publish
 from .exceptions import ReplayRefused
 from .outage import Outage, is_database_error
-from .transport import NO_TENANT, Outcome, OutgoingMessage, PendingPublish, Transport
+from .transport import PendingPublish, Transport
+from .wire import Outcome, OutgoingMessage, compose, envelope  # noqa: F401 - envelope: imported from here before wire.py
 
 logger = logging.getLogger(__name__)
 
@@ -99,97 +99,6 @@ class RelayStats:
         for key in self.__dataclass_fields__:
             setattr(self, key, getattr(self, key) + getattr(other, key))
         return self
-
-
-def message_id(event_id: uuid.UUID | str, headers: dict[str, Any] | None) -> str:
-    """The ``Nats-Msg-Id`` of a row: the event id, or a fresh one per replay
-    (the broker would drop a re-send of the old id within its window)."""
-    return _message_id(str(event_id), (headers or {}).get("platformkit_replay"))
-
-
-def _message_id(event_id: str, replay: Any) -> str:
-    return event_id if not replay else f"{event_id}:replay:{replay}"
-
-
-def envelope(
-    event_id: uuid.UUID,
-    name: str,
-    tenant: str | None,
-    payload_text: str,
-    headers: dict[str, Any] | None,
-    created_at: datetime,
-) -> OutgoingMessage:
-    """The CloudEvents 1.0 structured-mode message of one outbox row.
-
-    Attributes per the CloudEvents spec (v1.0.2, "Required/Optional
-    Attributes"): ``specversion``, ``id``, ``source`` (``/<module>``),
-    ``type`` (the event name), ``subject`` (the NATS subject), ``time`` (RFC
-    3339, UTC), ``datacontenttype``, ``data``; the ``tenantid`` extension, and
-    ``traceparent``/``tracestate`` (the Distributed Tracing extension) when
-    the publisher had a trace. The payload text from PostgreSQL is spliced in
-    as it is, so it is never decoded and re-encoded on the hot path.
-    """
-    if isinstance(headers, str):  # Django's cursor hands jsonb back as text
-        headers = json.loads(headers)
-    headers = headers or {}
-    return _compose(
-        conf.settings.SUBJECT_PREFIX,
-        str(event_id),
-        name,
-        tenant,
-        payload_text,
-        created_at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
-        headers.get("traceparent"),
-        headers.get("tracestate"),
-        headers.get("platformkit_replay"),
-    )
-
-
-# (subject prefix, name, tenant) -> (subject, the attributes after "id", the
-# attributes after "time"): the parts of an envelope that never change for
-# one kind of event. Bounded: cleared when it outgrows _STATIC_LIMIT.
-_static: dict[tuple[str, str, str | None], tuple[str, str, str]] = {}
-_STATIC_LIMIT = 10_000
-
-
-def _static_parts(prefix: str, name: str, tenant: str | None) -> tuple[str, str, str]:
-    key = (prefix, name, tenant)
-    parts = _static.get(key)
-    if parts is None:
-        subject = f"{prefix}.{tenant or NO_TENANT}.{name}"
-        middle = _json({"source": "/" + name.split(".", 1)[0], "type": name, "subject": subject})[1:-1]
-        after_time = {"datacontenttype": "application/json"}
-        if tenant:
-            after_time["tenantid"] = tenant
-        if len(_static) >= _STATIC_LIMIT:
-            _static.clear()
-        parts = _static[key] = (subject, middle, _json(after_time)[1:-1])
-    return parts
-
-
-def _json(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
-
-
-def _compose(
-    prefix: str,
-    event_id: str,
-    name: str,
-    tenant: str | None,
-    payload_text: str,
-    time_text: str,
-    traceparent: str | None,
-    tracestate: str | None,
-    replay: Any,
-) -> OutgoingMessage:
-    subject, middle, after_time = _static_parts(prefix, name, tenant)
-    trace = ""
-    if traceparent:
-        trace += ',"traceparent":' + _json(traceparent)
-    if tracestate:
-        trace += ',"tracestate":' + _json(tracestate)
-    body = f'{{"specversion":"1.0","id":"{event_id}",{middle},"time":"{time_text}",{after_time}{trace},"data":{payload_text}}}'
-    return OutgoingMessage(subject=subject, body=body.encode("utf-8"), msg_id=_message_id(event_id, replay))
 
 
 class Relay:
@@ -275,7 +184,7 @@ class Relay:
                 if not rows:
                     return stats
                 prefix = conf.settings.SUBJECT_PREFIX
-                messages = [_compose(prefix, *row[1:]) for row in rows]
+                messages = [compose(prefix, *row[1:]) for row in rows]
                 spans.enter_context(tracing.producer_spans(messages, ((r[1], r[2], r[6], r[7]) for r in rows)))
                 pending = self.transport.publish_start(messages, timeout=self.publish_timeout_seconds)
             first_temporary = self._settle(cursor, rows, messages, pending, stats)
