@@ -37,7 +37,8 @@ from django.db.transaction import TransactionManagementError
 from django.utils import timezone
 
 from . import conf, signals, tracing
-from ._tables import ATTEMPTS_TABLE, DEAD_LETTER_TABLE, HANDLED_TABLE, OUTBOX_TABLE
+from ._tables import ATTEMPTS_TABLE, HANDLED_TABLE, OUTBOX_TABLE
+from .deadletters import malformed_id, record_dead_letter, record_malformed
 from .events import check_tenant, current_event
 
 # Re-exported: these lived here before subscriptions.py / wire.py, and users
@@ -60,8 +61,6 @@ from .wire import Delivery, MalformedMessage, ReceivedEvent, parse_delivery
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
-
-_NAMESPACE_MALFORMED = uuid.UUID("8a1d6c61-3f5e-4c2c-9a59-1f0a3d6b7e21")
 
 
 # --- handling ----------------------------------------------------------------
@@ -122,17 +121,6 @@ _FAILED_NEW_SQL = (
     "WHERE subscription = %s AND event_id = %s ON CONFLICT (subscription, event_id, attempt) DO NOTHING"
 )
 _INTERRUPTED_SQL = f"UPDATE {ATTEMPTS_TABLE} SET outcome = 'interrupted', finished_at = clock_timestamp() WHERE id = %s AND outcome = 'running'"
-_TERMINAL_CLAIM_SQL = (
-    f"WITH row AS (SELECT 1 FROM {OUTBOX_TABLE} WHERE id = %s FOR KEY SHARE) "
-    f"INSERT INTO {HANDLED_TABLE} (subscription, event_id, handled_at) "
-    "SELECT %s, %s, now() FROM (SELECT count(*) FROM row) locked "
-    "ON CONFLICT (subscription, event_id) DO NOTHING RETURNING 1"
-)
-_DEAD_LETTER_SQL = (
-    f"INSERT INTO {DEAD_LETTER_TABLE} (event_id, subscription, name, tenant, attempts, error, traceback, failed_at) "
-    "VALUES (%s, %s, %s, %s, %s, %s, %s, now()) ON CONFLICT (subscription, event_id) DO NOTHING"
-)
-
 #: The reason a trusted subscription gives for a message whose id the outbox doesn't hold (DESIGN.md "Trust model").
 NOT_IN_OUTBOX = "not in this project's outbox: forged, from another project, or purged"
 
@@ -1019,11 +1007,7 @@ class Consumer:
         body_id = None
         with contextlib.suppress(Exception):
             body_id = uuid.UUID(str(json.loads(delivery.data).get("id")))
-        # Keyed by the message's place in the stream, never by the id it claims:
-        # a forged or broken message claiming a real event's id must not take
-        # that event's (subscription, event_id) dead-letter slot, and two bad
-        # messages claiming one id are two records.
-        event_id = uuid.uuid5(_NAMESPACE_MALFORMED, f"{conf.settings.STREAM}:{delivery.stream_seq}")
+        event_id = malformed_id(conf.settings.STREAM, delivery.stream_seq)
         claimed = f" claimed_id={body_id}" if body_id is not None else ""
         error = f"malformed message{claimed} on subject={delivery.subject} stream_seq={delivery.stream_seq}: {reason}"
         logger.error(
@@ -1034,21 +1018,14 @@ class Consumer:
             reason,
         )
         try:
-            with transaction.atomic(using=self.using), connections[self.using].cursor() as cursor:
-                cursor.execute(
-                    _DEAD_LETTER_SQL,
-                    # NUL can't be stored in PostgreSQL text: unescaped, a body holding one
-                    # could never be recorded and would come back after every ack wait.
-                    [
-                        event_id,
-                        sub.name,
-                        "(malformed)",
-                        None,
-                        delivery.attempt,
-                        clean_text(error)[:10000],
-                        clean_text(delivery.data[:4000].decode("utf-8", "replace")),
-                    ],
-                )
+            record_malformed(
+                subscription=sub.name,
+                event_id=event_id,
+                attempts=delivery.attempt,
+                error=error,
+                body=delivery.data,
+                using=self.using,
+            )
         except DatabaseError as exc:
             logger.error(
                 "malformed message not recorded, will retry subscription=%s stream_seq=%s error=%s",
@@ -1089,32 +1066,3 @@ def close_old_connections_for(alias: str) -> None:
     max_age = connection.settings_dict.get("CONN_MAX_AGE") or 0
     if max_age > 0 and connection.close_at is not None and time.monotonic() >= connection.close_at:
         connection.close()
-
-
-def record_dead_letter(
-    *,
-    subscription: str,
-    event_id: uuid.UUID,
-    name: str,
-    tenant: str | None,
-    attempts: int,
-    error: str,
-    traceback: str,
-    using: str | None = None,
-) -> bool:
-    """In one transaction: a terminal claim and, if the claim is new, the dead
-    letter. Returns whether a dead letter was written (False: the event was
-    already handled - its ack was lost - so there is nothing to report).
-    Idempotent: both inserts are ``ON CONFLICT DO NOTHING``."""
-    alias = using or conf.settings.DATABASE_ALIAS
-    with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
-        # Hold the outbox row (it has the payload's only copy) while the dead
-        # letter is written: purge locks FOR UPDATE SKIP LOCKED, so it skips it.
-        cursor.execute(_TERMINAL_CLAIM_SQL, [event_id, subscription, event_id])
-        if cursor.fetchone() is None:
-            return False
-        cursor.execute(
-            _DEAD_LETTER_SQL,
-            [event_id, subscription, name, tenant, attempts, clean_text(error)[:10000], clean_text(traceback)[:50000]],
-        )
-    return True

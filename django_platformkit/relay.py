@@ -1,4 +1,4 @@
-"""The relay: pending outbox rows -> JetStream -> stamped. Also ``replay()`` and ``discard()``, the operator verbs.
+"""The relay: pending outbox rows -> JetStream -> stamped; and its LISTEN wake-up.
 
 A batch is selected ``FOR UPDATE SKIP LOCKED`` in relay order, published
 pipelined with ``Nats-Msg-Id`` = the event id, and stamped in the same
@@ -11,7 +11,6 @@ seen" cursor, so a row that commits late still goes out.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import threading
 import time
@@ -22,15 +21,17 @@ from typing import Any
 from django.db import connections, transaction
 
 from . import conf, signals, tracing
-from ._tables import ATTEMPTS_TABLE, DEAD_LETTER_TABLE, HANDLED_TABLE, OUTBOX_TABLE
-from .consumer import record_dead_letter
-from .events import EVENT_REPLAYED, NOTIFY_CHANNEL, publish
-from .exceptions import ReplayRefused
+from ._tables import OUTBOX_TABLE
+from .deadletters import ReplayResult, discard, record_dead_letter, replay  # noqa: F401
+from .events import NOTIFY_CHANNEL
 from .outage import Outage, is_database_error
 from .transport import PendingPublish, Transport
-from .wire import Outcome, OutgoingMessage, compose, envelope  # noqa: F401 - envelope: imported from here before wire.py
+from .wire import Outcome, OutgoingMessage, compose, envelope  # noqa: F401
 
 logger = logging.getLogger(__name__)
+
+# Re-exported above (noqa: F401): callers imported ReplayResult, replay and
+# discard (now deadletters.py) and envelope (now wire.py) from this module.
 
 #: The subscription name under which the relay dead-letters rows the broker
 #: refuses for good, so one bad row never blocks the queue.
@@ -428,144 +429,3 @@ class _Listener:
             except Exception:
                 pass
         self.connection = None
-
-
-# --- replay ------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ReplayResult:
-    event_id: uuid.UUID
-    subscriptions: tuple[str, ...]  # whose claim (and dead letter) was cleared
-    dead_letters_cleared: int
-    audit_event_id: uuid.UUID
-
-
-def replay(
-    event_id: uuid.UUID | str,
-    *,
-    subscription: str | None = None,
-    actor: str,
-    reason: str,
-    include_handled: bool = False,
-    using: str | None = None,
-) -> ReplayResult:
-    """Send an event again to the subscriptions that gave up on it.
-
-    In one transaction: lock the outbox row; delete the dead letter and its
-    terminal claim for ``subscription`` - or, when None, for every
-    subscription that dead-lettered this event (the relay's
-    ``platformkit.relay`` included); set the row pending again with a fresh
-    ``Nats-Msg-Id``; and publish ``platformkit.event_replayed`` {event_id,
-    name, subscription, actor, reason}. Subscriptions that handled the event
-    keep their claims and skip the re-send. ``include_handled=True`` (with a
-    named ``subscription``) also clears a success claim, to run a handler
-    again on purpose.
-
-    Raises ``ReplayRefused`` (a ``ValueError``), writing nothing, when
-    ``actor`` or ``reason`` is empty, the event is unknown (or purged), or
-    there is no dead letter to replay.
-    """
-    actor = str(actor or "").strip()
-    reason = str(reason or "").strip()
-    if not actor:
-        raise ReplayRefused("replay() needs an actor: who is replaying (e.g. the operator's username).")
-    if not reason:
-        raise ReplayRefused(
-            "replay() needs a reason: say why this event is sent again (it is kept in the audit event)."
-        )
-    if include_handled and subscription is None:
-        raise ReplayRefused("include_handled=True needs a subscription: name the one handler to run again.")
-    try:
-        event_id = uuid.UUID(str(event_id))
-    except ValueError:
-        raise ReplayRefused(f"{event_id!r} is not an event id (a UUID).") from None
-    alias = using or conf.settings.DATABASE_ALIAS
-    with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
-        cursor.execute(f"SELECT name, headers FROM {OUTBOX_TABLE} WHERE id = %s FOR UPDATE", [event_id])
-        row = cursor.fetchone()
-        if row is None:
-            raise ReplayRefused(
-                f"event {event_id} is not in the outbox (never published, or purged): nothing to replay."
-            )
-        name, headers = row
-        if isinstance(headers, str):
-            headers = json.loads(headers)
-        where, params = "event_id = %s", [event_id]
-        if subscription is not None:
-            where += " AND subscription = %s"
-            params.append(subscription)
-        cursor.execute(f"DELETE FROM {DEAD_LETTER_TABLE} WHERE {where} RETURNING subscription", params)
-        dead = sorted(r[0] for r in cursor.fetchall())
-        cleared = list(dead)
-        if include_handled and not dead:
-            cleared = [subscription]
-        if not cleared:
-            target = f"subscription {subscription!r}" if subscription else "any subscription"
-            raise ReplayRefused(
-                f"event {event_id} has no dead letter for {target}: nothing to replay. "
-                "(To run a handler that succeeded again, pass subscription=... and include_handled=True.)"
-            )
-        # Only the claims of what is replayed: a subscription that handled the
-        # event keeps its claim and skips the re-send.
-        cursor.execute(
-            f"DELETE FROM {HANDLED_TABLE} WHERE event_id = %s AND subscription = ANY(%s)", [event_id, cleared]
-        )
-        # A replay starts the handler-run count afresh (DESIGN.md "Attempts"):
-        # left in place, the old runs would dead-letter the re-send at once.
-        cursor.execute(
-            f"DELETE FROM {ATTEMPTS_TABLE} WHERE event_id = %s AND subscription = ANY(%s)", [event_id, cleared]
-        )
-        count = int((headers or {}).get("platformkit_replay") or 0) + 1
-        cursor.execute(
-            f"UPDATE {OUTBOX_TABLE} SET published_at = NULL, headers = headers || %s::jsonb WHERE id = %s",
-            [json.dumps({"platformkit_replay": count}), event_id],
-        )
-        audit = publish(
-            EVENT_REPLAYED,
-            {"event_id": str(event_id), "name": name, "subscription": subscription, "actor": actor, "reason": reason},
-            using=alias,
-        )
-    logger.info(
-        "replayed event_id=%s name=%s subscriptions=%s actor=%s reason=%s",
-        event_id,
-        name,
-        ",".join(cleared),
-        actor,
-        reason,
-    )
-    return ReplayResult(
-        event_id=event_id, subscriptions=tuple(cleared), dead_letters_cleared=len(dead), audit_event_id=audit
-    )
-
-
-def discard(event_id: uuid.UUID | str, *, subscription: str, actor: str, reason: str, using: str | None = None) -> bool:
-    """Accept a failure: delete the dead letter of (``subscription``,
-    ``event_id``). Its terminal claim stays, so nothing runs the event for
-    that subscription again, and the outbox row becomes purgeable once no
-    dead letter describes it. Returns whether a dead letter was deleted.
-
-    Raises ``ReplayRefused`` (a ``ValueError``), writing nothing, without an
-    ``actor`` or a ``reason`` (both are logged: the dead letter was the evidence).
-    """
-    actor = str(actor or "").strip()
-    reason = str(reason or "").strip()
-    if not actor or not reason:
-        raise ReplayRefused("discard() needs an actor and a reason: who accepts this failure, and why.")
-    alias = using or conf.settings.DATABASE_ALIAS
-    with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
-        cursor.execute(
-            f"DELETE FROM {DEAD_LETTER_TABLE} WHERE event_id = %s AND subscription = %s RETURNING name",
-            [uuid.UUID(str(event_id)), subscription],
-        )
-        row = cursor.fetchone()
-    if row is not None:
-        logger.info(
-            "discarded dead letter event_id=%s name=%s subscription=%s actor=%s reason=%s",
-            event_id,
-            row[0],
-            subscription,
-            actor,
-            reason,
-        )
-    return row is not None
