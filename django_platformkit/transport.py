@@ -269,7 +269,20 @@ class Transport:
         return self._loop
 
     def call(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
-        """Run ``coro`` on the transport's loop and wait for its result."""
+        """Run ``coro`` on the transport's loop and wait for its result.
+
+        Raises ``BrokerUnavailable`` when NATS doesn't answer within
+        ``timeout`` seconds or nats-py fails the call: its errors are
+        translated here, so no code outside this module handles a ``nats``
+        type (the original is the ``__cause__``). Our own errors
+        (``ConsumerDrift``, ``ConfigurationError``) pass through."""
+        try:
+            return self._call_nats(coro, timeout)
+        except nats.errors.Error as exc:
+            raise BrokerUnavailable(self.redact(str(exc) or type(exc).__name__)) from exc
+
+    def _call_nats(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        """``call()`` without the translation: for ``connect()``, which words nats-py's refusal itself."""
         future = asyncio.run_coroutine_threadsafe(coro, self._ensure_loop())
         try:
             return future.result(timeout)
@@ -352,7 +365,7 @@ class Transport:
         """Connect once. Raises ``BrokerUnavailable`` if NATS can't be reached
         (after the first connection, reconnects happen by themselves)."""
         try:
-            self.call(self._connect(), timeout=15)
+            self._call_nats(self._connect(), timeout=15)
         except BrokerUnavailable as exc:
             # nats-py never returns from a first connect whose TLS handshake
             # failed verification: the bridge's timeout ends it; say why.
