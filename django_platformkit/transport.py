@@ -574,15 +574,11 @@ class Transport:
         return self.call(self._js.stream_info(conf.settings.STREAM), timeout=self.request_timeout_seconds + 1)
 
     # -- publishing --
-    def publish_many(self, messages: Sequence[OutgoingMessage], *, timeout: float = 10.0) -> list[PublishResult]:
-        """Publish pipelined - every message is sent before any ack is
-        awaited; in-flight acks are bounded by nats-py's pending limit - and
-        return one ``PublishResult`` per message, in order."""
-        return self.publish_start(messages, timeout=timeout).results()
-
     def publish_start(self, messages: Sequence[OutgoingMessage], *, timeout: float = 10.0) -> PendingPublish:
-        """Hand ``messages`` to the loop and return at once; ``.results()``
-        waits for the acks. Batches are sent in the order they were started,
+        """Publish pipelined (every message is sent before any ack is awaited;
+        in-flight acks are bounded by nats-py's pending limit): hand
+        ``messages`` to the loop and return at once; ``.results()`` waits for
+        the acks, one ``PublishResult`` per message, in order. Batches are sent in the order they were started,
         never interleaved, so a caller that starts batch N+1 while batch N's
         acks are outstanding keeps relay order on the wire (while nothing
         fails: a message refused for now is sent again later, after the
@@ -773,10 +769,6 @@ class Transport:
     def term(self, delivery: Delivery) -> None:
         """Tell the broker never to deliver this message again. Raises ``BrokerUnavailable`` on timeout."""
         self.call(delivery.msg.term(), timeout=self.request_timeout_seconds)
-
-    def in_progress(self, delivery: Delivery) -> None:
-        """Restart the delivery's ack wait (work in progress). Raises ``BrokerUnavailable`` on timeout."""
-        self.call(delivery.msg.in_progress(), timeout=self.request_timeout_seconds)
 
     def keep_alive(self, deliveries: Sequence[Delivery], every_seconds: float) -> KeepAlive:
         """Send in-progress acks for every delivery of a fetched batch, from
