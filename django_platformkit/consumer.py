@@ -29,7 +29,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
 from django.db import DatabaseError, InterfaceError, OperationalError, connections, transaction
@@ -56,8 +56,11 @@ from .subscriptions import (  # noqa: F401
     subscriptions,
     tenant_context_factory,
 )
-from .transport import Transport
 from .wire import Delivery, MalformedMessage, ReceivedEvent, parse_delivery
+
+if TYPE_CHECKING:
+    # The worker hands the consumer its transport: handling events imports no nats.
+    from .transport import Transport
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
