@@ -18,15 +18,12 @@ import time
 import uuid
 from collections.abc import Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from django.db import connections
 from django.utils import timezone
 
 from ._tables import ATTEMPTS_TABLE, HANDLED_TABLE
-
-if TYPE_CHECKING:
-    from .consumer import _Work
 
 logger = logging.getLogger(__name__)
 
@@ -123,6 +120,16 @@ _SLOW_START_SQL = (
     f"SELECT %s, %s, COALESCE(MAX(attempt), 0) + 1, 'running', %s, '', '', %s FROM {ATTEMPTS_TABLE} "
     "WHERE subscription = %s AND event_id = %s ON CONFLICT (subscription, event_id, attempt) DO NOTHING RETURNING id"
 )
+
+
+class _Work(Protocol):
+    """What the recorder reads and writes of one run (the consumer's unit of work)."""
+
+    event: Any  # the ReceivedEvent: its ``id``
+    attempt_row: int | None
+    started_at: datetime | None
+    lock: threading.Lock
+    running: bool
 
 
 class SlowRunRecorder:
