@@ -30,12 +30,13 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
-from django.db import DatabaseError, InterfaceError, OperationalError, connections, transaction
+from django.db import DatabaseError, connections, transaction
 from django.db.transaction import TransactionManagementError
 from django.utils import timezone
 
 from . import conf, signals, tracing
 from ._tables import ATTEMPTS_TABLE, HANDLED_TABLE, OUTBOX_TABLE
+from ._text import storable_text as clean_text
 from .attempts import (
     RECORD_SLOW_RUN_AFTER_SECONDS,  # noqa: F401 - imported from here before attempts.py
     WORKER_ID,  # noqa: F401
@@ -48,6 +49,12 @@ from .attempts import (
 from .attempts import slow_runs as _slow_runs
 from .deadletters import malformed_id, record_dead_letter, record_malformed
 from .events import check_tenant, current_event
+from .outage import (  # noqa: F401 - NOT_THE_HANDLERS_FAULT, _connection_lost: imported from here before
+    NOT_THE_HANDLERS_FAULT,
+    _connection_lost,
+    close_old_connections_for,
+    not_the_handlers_fault,
+)
 
 # Re-exported: these lived here before subscriptions.py / wire.py, and users
 # and jobs.py import them from this module.
@@ -122,53 +129,9 @@ NOT_IN_OUTBOX = "not in this project's outbox: forged, from another project, or 
 #: overflows and every other session's snapshots get slower.
 MAX_SAVEPOINTS_PER_TRANSACTION = 50
 
-#: SQLSTATEs that are the database's state, never the handler's fault: the
-#: unit waits and is retried, nothing counted. 08 = connection exception,
-#: 57P01-57P03 = admin/crash shutdown, cannot connect now; 53300 = too many
-#: connections; 25006 = read-only transaction (a failover, a replica promoted
-#: late); 40001/40P01 = serialization failure / deadlock (retry is the cure).
-#: (57014, a statement timeout, stays the handler's failure.)
-NOT_THE_HANDLERS_FAULT = frozenset({"57P01", "57P02", "57P03", "53300", "25006", "40001", "40P01"})
-
-
-def clean_text(text: str) -> str:
-    """Error text as PostgreSQL can store it: NUL (``\\x00``) escaped to the
-    four characters ``\\x00``. Unescaped, a ``ValueError("a\\x00b")`` could
-    never be recorded and its failure record would be lost."""
-    return text.replace("\x00", "\\x00")
-
 
 class HandlerTimeout(Exception):
     """The handler ran past HANDLER_TIMEOUT_SECONDS: counted as a failed attempt."""
-
-
-def not_the_handlers_fault(exc: BaseException, alias: str | None = None) -> bool:
-    """True when ``exc`` is the database's state (lost session, cannot
-    connect, shutdown, too many connections, read-only, serialization or
-    deadlock), not the handler's logic: then nothing is counted against the
-    event. Django wraps psycopg's errors; the SQLSTATE is on ``__cause__``."""
-    if not isinstance(exc, DatabaseError):
-        return False
-    cause = exc.__cause__
-    sqlstate = getattr(cause, "sqlstate", None)
-    if sqlstate is not None:
-        return sqlstate[:2] == "08" or sqlstate in NOT_THE_HANDLERS_FAULT
-    if not isinstance(exc, (OperationalError, InterfaceError)):
-        return False
-    # No SQLSTATE = libpq lost the socket. Leaving the failed atomic block
-    # makes Django reconnect, so after pg_terminate_backend the connection
-    # looks healthy again: judge by the error first, then by the connection.
-    if isinstance(cause, (psycopg.OperationalError, psycopg.InterfaceError)):
-        return True
-    if alias is None:
-        return False
-    connection = connections[alias]
-    return connection.connection is None or not connection.is_usable()
-
-
-def _connection_lost(exc: BaseException, alias: str) -> bool:
-    """Kept for callers of the old name: ``not_the_handlers_fault``."""
-    return not_the_handlers_fault(exc, alias)
 
 
 class _Redo(Exception):
@@ -924,22 +887,3 @@ class Consumer:
             event_id=event_id,
         )
         return "malformed"
-
-
-def close_old_connections_for(alias: str) -> None:
-    """Before a unit of work in a worker thread: drop this thread's
-    connection if it broke, or if it outlived a positive ``CONN_MAX_AGE``, so
-    the next query reconnects. Unlike Django's request cycle, ``CONN_MAX_AGE
-    = 0`` (the default) does NOT mean a new connection per message: a worker
-    is one long "request", and reconnecting per event cost 3-8x throughput."""
-    connection = connections[alias]
-    if connection.connection is None or connection.in_atomic_block:
-        return
-    if connection.errors_occurred:
-        if not connection.is_usable():
-            connection.close()
-            return
-        connection.errors_occurred = False
-    max_age = connection.settings_dict.get("CONN_MAX_AGE") or 0
-    if max_age > 0 and connection.close_at is not None and time.monotonic() >= connection.close_at:
-        connection.close()
