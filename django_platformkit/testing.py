@@ -24,7 +24,7 @@ import json
 import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from django.db import connections, transaction
 
@@ -35,6 +35,9 @@ from .consumer import subscriptions as registered_subscriptions
 from .identity import database_identity
 from .relay import Relay
 from .testing_transport import ConsumerSpec, InMemoryTransport, ManualClock
+
+if TYPE_CHECKING:
+    from .transport import Transport
 
 __all__ = [
     "BurstResult",
@@ -126,7 +129,10 @@ def run_pending(
                     headers=json.loads(headers or "{}"),
                 )
                 for sub in by_event.get(name, []):
-                    if Consumer(sub, _NoTransport(), using=alias).run_event(event, timeout=timeout) == "handled":
+                    if (
+                        Consumer(sub, cast("Transport", _NoTransport()), using=alias).run_event(event, timeout=timeout)
+                        == "handled"
+                    ):
                         runs += 1
                 with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
                     cursor.execute(f"UPDATE {OUTBOX_TABLE} SET published_at = now() WHERE id = %s", [event_id])
@@ -262,11 +268,13 @@ def run_worker_burst(
     try:
         with _session_settings_kept(alias):
             transport.ensure_stream(owner=database_identity(alias))
+            # The runtime is typed against Transport; InMemoryTransport has the part of its interface it uses.
+            runtime = cast("Transport", transport)
             consumers = []
             for sub in subs:
                 transport.ensure_consumer(consumer_spec(sub))
-                consumers.append(Consumer(sub, transport, using=alias))
-            relay = Relay(transport, using=alias, lanes=1)  # one lane: no threads, so it sees a TestCase's rows
+                consumers.append(Consumer(sub, runtime, using=alias))
+            relay = Relay(runtime, using=alias, lanes=1)  # one lane: no threads, so it sees a TestCase's rows
             batch = int(conf.settings.CONSUMER_BATCH_SIZE)
             for _ in range(max_rounds):
                 stats = relay.drain()
