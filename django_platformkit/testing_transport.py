@@ -347,13 +347,20 @@ class InMemoryTransport:
             raise LookupError(f"no durable consumer {name!r}: ensure_consumer() creates it")
         return durable
 
+    def _pending(self, d: _Durable) -> int:
+        return sum(1 for m in self._messages[d.next_seq - 1 :] if subject_matches(d.filter_subject, m.subject))
+
+    def _can_send_new(self, d: _Durable) -> bool:
+        """A first delivery is pending and ``max_ack_pending`` leaves room for it."""
+        full = d.max_ack_pending is not None and len(d.in_flight) + len(d.waiting) >= d.max_ack_pending
+        return not full and self._pending(d) > 0
+
     def _info(self, d: _Durable) -> ConsumerInfo:
         self._expire(d)
-        pending = sum(1 for m in self._messages[d.next_seq - 1 :] if subject_matches(d.filter_subject, m.subject))
         return ConsumerInfo(
             name=d.name,
             stream_name=str(self._stream),
-            num_pending=pending,
+            num_pending=self._pending(d),
             num_ack_pending=len(d.in_flight) + len(d.waiting),
             num_redelivered=sum(1 for n in d.delivered.values() if n > 1),
             filter_subject=d.filter_subject,
@@ -428,12 +435,16 @@ class InMemoryTransport:
             raise TypeError(f"not a delivery of this InMemoryTransport: {delivery!r}")
         with self._cond:
             d = self._durable(ack.durable)
-            if ack.seq not in d.in_flight:
-                return  # settled already, or its ack wait ran out: as on a real broker, a late ack is dropped
-            del d.in_flight[ack.seq]
+            self._expire(d)
+            # By stream sequence, as JetStream keys its pending list: an ack
+            # from an earlier delivery of the message settles it too.
             if redeliver_at is None:
-                d.delivered.pop(ack.seq, None)
-            else:
+                if ack.seq in d.in_flight or ack.seq in d.waiting:
+                    d.in_flight.pop(ack.seq, None)
+                    d.waiting.pop(ack.seq, None)
+                    d.delivered.pop(ack.seq, None)
+            elif ack.seq in d.in_flight:  # a NAK of a message already awaiting redelivery changes nothing
+                del d.in_flight[ack.seq]
                 d.waiting[ack.seq] = redeliver_at
             self._cond.notify_all()
 
@@ -487,8 +498,8 @@ class InMemoryTransport:
             waiting = [t for d in self._durables.values() for t in d.waiting.values()]
             if not waiting or min(waiting) <= now:
                 return False
-            if any(d.next_seq <= len(self._messages) for d in self._durables.values()):
-                return False
+            if any(self._can_send_new(d) for d in self._durables.values()):
+                return False  # a first delivery is there to send now
             self.clock.advance_to(min(waiting))
             self._cond.notify_all()
             return True
