@@ -108,6 +108,7 @@ def run_pending(
         by_event.setdefault(sub.event, []).append(sub)
     timeout = float(conf.settings.HANDLER_TIMEOUT_SECONDS)
     runs = 0
+    no_broker = cast("Transport", _NoTransport())  # run_event() never reaches it
     with _session_settings_kept(alias):
         for _ in range(max_rounds):
             with connections[alias].cursor() as cursor:
@@ -129,10 +130,7 @@ def run_pending(
                     headers=json.loads(headers or "{}"),
                 )
                 for sub in by_event.get(name, []):
-                    if (
-                        Consumer(sub, cast("Transport", _NoTransport()), using=alias).run_event(event, timeout=timeout)
-                        == "handled"
-                    ):
+                    if Consumer(sub, no_broker, using=alias).run_event(event, timeout=timeout) == "handled":
                         runs += 1
                 with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
                     cursor.execute(f"UPDATE {OUTBOX_TABLE} SET published_at = now() WHERE id = %s", [event_id])
