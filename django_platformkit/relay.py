@@ -16,7 +16,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db import connections, transaction
 
@@ -25,8 +25,10 @@ from ._tables import OUTBOX_TABLE
 from .deadletters import ReplayResult, discard, record_dead_letter, replay  # noqa: F401
 from .events import NOTIFY_CHANNEL
 from .outage import Outage, is_database_error
-from .transport import PendingPublish, Transport
 from .wire import Outcome, OutgoingMessage, compose, envelope  # noqa: F401
+
+if TYPE_CHECKING:
+    from .transport import PendingPublish, Transport
 
 logger = logging.getLogger(__name__)
 
