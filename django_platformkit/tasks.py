@@ -160,7 +160,7 @@ def queue_subscriptions(queues: Sequence[str]) -> list[Any]:
     ``ConfigurationError`` naming the queues no ``TASKS`` backend of ours has."""
     from .consumer import subscriptions
 
-    known = {queue_of(s.name): s for s in subscriptions() if queue_of(s.name) is not None}
+    known = {queue: s for s in subscriptions() if (queue := queue_of(s.name)) is not None}
     missing = sorted(set(queues) - set(known))
     if missing:
         raise ConfigurationError(
@@ -178,7 +178,7 @@ _INSERT = (
 _INSERT_NOTIFY = f"WITH e AS ({_INSERT}) SELECT e.created_at, pg_notify('platformkit_outbox', '') FROM e"
 
 
-class OutboxBackend(BaseTaskBackend):  # type: ignore[misc,valid-type]
+class OutboxBackend(BaseTaskBackend):
     """``django.tasks`` backend: a task is an outbox row run by ``runworker``.
 
     ``TASKS = {"default": {"BACKEND": "django_platformkit.tasks.OutboxBackend",
@@ -260,7 +260,7 @@ class OutboxBackend(BaseTaskBackend):  # type: ignore[misc,valid-type]
                 enqueued_at = cursor.fetchone()[0]
         if _published.receivers:  # as publish() does: testing.capture_events(), metrics
             announce(get_event_type(name), event_id, tenant, text, alias)
-        result = TaskResult(
+        result: TaskResult[..., Any] = TaskResult(
             task=task,
             id=str(event_id),
             status=TaskResultStatus.READY,

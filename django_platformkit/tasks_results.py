@@ -115,7 +115,7 @@ def run_task(event: Any) -> None:
     # TaskContext.attempt is len(worker_ids): make it the handler-run count.
     previous = earlier_workers[-(event.attempt - 1) :] if event.attempt > 1 else []
     workers = ["(unrecorded)"] * (event.attempt - 1 - len(previous)) + previous + [me]
-    result = TaskResult(
+    result: TaskResult[..., Any] = TaskResult(
         task=task,
         id=str(event.id),
         status=TaskResultStatus.RUNNING,
@@ -229,7 +229,7 @@ def load_result(backend: Any, result_id: Any) -> Any:
         started_at = started_at or running_since
     else:
         state = TaskResultStatus.READY
-    result = TaskResult(
+    result: TaskResult[..., Any] = TaskResult(
         task=task,
         id=str(event_id),
         status=state,
