@@ -18,7 +18,7 @@ import json
 import logging
 import traceback as traceback_module
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from django.db import connections, transaction
 from django.utils import timezone
@@ -28,7 +28,18 @@ from . import conf, signals
 from ._tables import DEAD_LETTER_TABLE, OUTBOX_TABLE, TASK_RESULTS_TABLE
 from .tasks import TASK_EVENT_PREFIX, _event_id, queue_of, worker_id
 
+if TYPE_CHECKING:
+    from django.tasks import Task, TaskResult
+
 logger = logging.getLogger(__name__)
+
+
+class _Backend(Protocol):
+    """What ``load_result`` reads of a backend: the alias a task row falls back to."""
+
+    @property
+    def alias(self) -> str: ...
+
 
 #: First key of the two-key advisory lock a running task holds ('pkts'); the
 #: second is hashtext(event id). A hash collision can only show another
@@ -67,7 +78,7 @@ _LOAD_SQL = (
 )
 
 
-def _task_at(path: str, alias: str, queue: str) -> Any:
+def _task_at(path: str, alias: str, queue: str) -> Task[..., Any]:
     """The ``Task`` object at ``path``, bound to the backend alias and queue it was enqueued with."""
     from django.tasks import Task
 
@@ -184,7 +195,7 @@ signals.event_failed.connect(_record_failure, dispatch_uid="django_platformkit.t
 signals.event_dead_lettered.connect(_finished_failed, dispatch_uid="django_platformkit.tasks.finished_failed")
 
 
-def load_result(backend: Any, result_id: Any) -> Any:
+def load_result(backend: _Backend, result_id: object) -> TaskResult[..., Any]:
     """Build the ``TaskResult`` of ``result_id`` from the database (one query).
 
     ``status``: SUCCESSFUL (a run committed), FAILED (dead-lettered),
