@@ -15,7 +15,7 @@ from typing import Any
 
 from . import conf
 from .events import TENANT, EventType, catalogue
-from .transport import NO_TENANT, subject_for
+from .wire import NO_TENANT, subject_for
 
 #: AsyncAPI 3.0.0, https://www.asyncapi.com/docs/reference/specification/v3.0.0
 ASYNCAPI_VERSION = "3.0.0"
@@ -136,7 +136,7 @@ def document(*, title: str = "Event catalogue", version: str = "1.0.0") -> dict[
             "messages": [message_ref],
             "summary": "publish() writes it to the outbox in the caller's transaction; the relay sends it.",
         }
-    from .consumer import subscriptions
+    from .subscriptions import subscriptions
 
     for sub in subscriptions():
         if sub.event not in events:

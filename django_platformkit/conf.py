@@ -119,6 +119,13 @@ def _boolean(key: str, value: object) -> bool:
     return value
 
 
+#: The validators an option that overrides a setting uses too (``subscribe()``):
+#: ``(key, value) -> value``, raising ``ConfigurationError`` that names ``PLATFORMKIT[key]``.
+positive_int = _positive_int
+boolean = _boolean
+backoff_seconds = _backoff
+
+
 def _nats_options(key: str, value: object) -> dict[str, Any]:
     if not isinstance(value, Mapping):
         raise ConfigurationError(f"PLATFORMKIT[{key!r}] must be a dict, got {value!r}.")
@@ -214,7 +221,7 @@ class Settings:
     RETENTION_DAYS = _Setting(7, _positive_number)
     DUPLICATE_WINDOW_SECONDS = _Setting(120, _positive_number)
     STREAM_REPLICAS = _Setting(1, _replicas)
-    TENANT_CONTEXT = _Setting("django_platformkit.consumer.set_config_tenant", _string)
+    TENANT_CONTEXT = _Setting("django_platformkit.subscriptions.set_config_tenant", _string)
 
     @property
     def user_settings(self) -> Mapping[str, Any]:

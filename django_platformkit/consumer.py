@@ -18,349 +18,67 @@ claim, and the message is terminated.
 from __future__ import annotations
 
 import contextlib
-import inspect
 import json
 import logging
-import os
-import re
-import socket
 import threading
 import time
 import traceback as traceback_module
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
-from django.apps import apps
-from django.db import DatabaseError, InterfaceError, OperationalError, connections, transaction
+from django.db import DatabaseError, connections, transaction
 from django.db.transaction import TransactionManagementError
 from django.utils import timezone
-from django.utils.module_loading import import_string
 
 from . import conf, signals, tracing
-from ._tables import ATTEMPTS_TABLE, DEAD_LETTER_TABLE, HANDLED_TABLE, OUTBOX_TABLE
-from .events import check_event_name, check_tenant, current_event
-from .exceptions import ConfigurationError, InvalidEventName
-from .transport import (
-    Delivery,
-    Transport,
-    consumer_config,
-    durable_name,
-    filter_subject_for,
-    max_ack_pending_for,
-    parse_subject,
+from ._tables import ATTEMPTS_TABLE, HANDLED_TABLE, OUTBOX_TABLE
+from ._text import storable_text as clean_text
+from .attempts import (
+    RECORD_SLOW_RUN_AFTER_SECONDS,  # noqa: F401 - imported from here before attempts.py
+    WORKER_ID,  # noqa: F401
+    history_text,
+    mark_interrupted,
+    record_failed_run,
+    run_history,
+    start_run,
 )
+from .attempts import slow_runs as _slow_runs
+from .deadletters import malformed_id, record_dead_letter, record_malformed
+from .events import check_tenant, current_event
+from .outage import (  # noqa: F401 - NOT_THE_HANDLERS_FAULT, _connection_lost: imported from here before
+    NOT_THE_HANDLERS_FAULT,
+    _connection_lost,
+    close_old_connections_for,
+    not_the_handlers_fault,
+)
+
+# Re-exported: these lived here before subscriptions.py / wire.py, and users
+# and jobs.py import them from this module.
+from .subscriptions import (  # noqa: F401
+    SET_TENANT_SQL,
+    SUBSCRIPTION_NAME_PART,
+    TENANT_SET_CONFIG,
+    Subscription,
+    _default_name,
+    _subscriptions,
+    check_subscription_name,
+    set_config_tenant,
+    subscribe,
+    subscriptions,
+    tenant_context_factory,
+)
+from .wire import Delivery, MalformedMessage, ReceivedEvent, parse_delivery
+
+if TYPE_CHECKING:
+    # The worker hands the consumer its transport: handling events imports no nats.
+    from .transport import Transport
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
-
-SUBSCRIPTION_NAME_PART = r"[A-Za-z_][A-Za-z0-9_]*"
-_NAMESPACE_MALFORMED = uuid.UUID("8a1d6c61-3f5e-4c2c-9a59-1f0a3d6b7e21")
-
-
-@dataclass(frozen=True)
-class ReceivedEvent:
-    """What a handler receives.
-
-    ``id``: the event id (outbox id = CloudEvents ``id`` = claim key);
-    ``name``: the event name; ``tenant``: the tenant token or None;
-    ``payload``: the JSON object published (as decoded from JSON);
-    ``occurred_at``: aware datetime of the outbox insert (database clock);
-    ``attempt``: 1-based, how many times the handler has started for this
-    (subscription, event), this run included - hand-backs, outages and
-    deliveries that never reached the handler don't count (DESIGN.md
-    "Attempts"); ``headers``: message
-    headers (``traceparent``/``tracestate`` when the publisher had a trace).
-    """
-
-    id: uuid.UUID
-    name: str
-    tenant: str | None
-    payload: dict[str, Any]
-    occurred_at: datetime
-    attempt: int
-    headers: Mapping[str, str] = field(default_factory=dict)
-
-
-@dataclass
-class Subscription:
-    """A handler subscribed to one event. ``name`` is the claim's namespace
-    and, with ``.`` -> ``-``, the durable consumer's name."""
-
-    name: str
-    event: str
-    handler: Callable[[ReceivedEvent], None]
-    max_attempts_override: int | None = None
-    backoff_seconds_override: tuple[float, ...] | None = None
-    declared_in: str = ""
-    batch: bool = True
-    concurrency: int = 1
-    #: Run for events other services published on a shared broker (the message body is trusted, its schema checked); default: only for events this project's outbox holds.
-    external: bool = False
-    #: The durable's ``max_ack_pending`` for this subscription, or None for the derived default.
-    max_ack_pending_override: int | None = None
-
-    def __hash__(self) -> int:
-        # The signals' sender: Django's dispatcher hashes it once a receiver
-        # is connected (an eq dataclass alone is unhashable and crashes the send).
-        return hash(self.name)
-
-    @property
-    def durable(self) -> str:
-        """The durable consumer name: the subscription name with ``.`` -> ``-``."""
-        return durable_name(self.name)
-
-    @property
-    def filter_subject(self) -> str:
-        """``<SUBJECT_PREFIX>.*.<module>.<event>``: this event, every tenant."""
-        return filter_subject_for(self.event)
-
-    @property
-    def max_attempts(self) -> int:
-        """Handler runs before a failing event is dead-lettered: the override, else ``MAX_ATTEMPTS``."""
-        return self.max_attempts_override or conf.settings.MAX_ATTEMPTS
-
-    @property
-    def backoff_seconds(self) -> tuple[float, ...]:
-        """Seconds before each retry (the last repeats): the override, else ``BACKOFF_SECONDS``."""
-        return self.backoff_seconds_override or conf.settings.BACKOFF_SECONDS
-
-    def delay_after(self, attempt: int) -> float:
-        """Seconds to wait before attempt ``attempt + 1``: the ``attempt``-th
-        backoff entry, the last one repeating."""
-        delays = self.backoff_seconds
-        return float(delays[min(attempt, len(delays)) - 1])
-
-    def consumer_config(self):
-        """The ``nats.js.api.ConsumerConfig`` this build wants for the durable (``transport.consumer_config``)."""
-        return consumer_config(
-            self.name, self.event, max_ack_pending=max_ack_pending_for(self.concurrency, self.max_ack_pending_override)
-        )
-
-
-_subscriptions: dict[str, Subscription] = {}
-
-
-def _default_name(func: Callable[..., Any]) -> str:
-    module = getattr(func, "__module__", "") or ""
-    label = None
-    if apps.apps_ready:
-        config = apps.get_containing_app_config(module)
-        if config is not None:
-            label = config.label
-    if label is None:
-        label = module.split(".")[0] or "app"
-    return f"{label}.{func.__name__}"
-
-
-def check_subscription_name(name: Any, where: str = "") -> str:
-    """Return ``name`` if it is dot-separated identifiers without ``-`` (at most 200 characters), else raise ``ConfigurationError`` mentioning ``where``."""
-    import re
-
-    if (
-        not isinstance(name, str)
-        or not re.fullmatch(rf"{SUBSCRIPTION_NAME_PART}(\.{SUBSCRIPTION_NAME_PART})*", name)
-        or len(name) > 200
-    ):
-        raise ConfigurationError(
-            f"subscription name {name!r}{where} is invalid: use dot-separated identifiers "
-            "([A-Za-z_][A-Za-z0-9_]*, no '-'), e.g. 'shop.send_confirmation'."
-        )
-    return name
-
-
-def subscribe(
-    event: Any,
-    *,
-    name: str | None = None,
-    max_attempts: int | None = None,
-    backoff_seconds: Sequence[float] | None = None,
-    batch: bool = True,
-    concurrency: int = 1,
-    external: bool = False,
-    max_ack_pending: int | None = None,
-) -> Callable[[Callable[[ReceivedEvent], None]], Callable[[ReceivedEvent], None]]:
-    """Decorator: run ``handler(event: ReceivedEvent) -> None`` once per
-    published ``event`` (a name or ``EventType``).
-
-    ``name`` defaults to ``"<app_label>.<function name>"``. ``max_attempts``
-    and ``backoff_seconds`` (one delay in seconds per retry; the last repeats)
-    override ``MAX_ATTEMPTS`` / ``BACKOFF_SECONDS``. ``batch=True`` (the
-    default, the fast path) claims consecutive first deliveries in one
-    statement and runs their handlers in one transaction; a failure rolls it
-    back and the rest is redone with a savepoint per message, so each
-    message still succeeds or fails alone (effects outside the database may
-    then happen twice, as with any retry). ``batch=False``: each handler
-    commits alone. ``external=True``: also run for events other services
-    published on a shared broker (the message body is trusted and checked
-    against the declared schema); by default a handler runs only for an
-    event this project's outbox holds, with the outbox's payload (DESIGN.md
-    "Trust model"). ``max_ack_pending``: this durable's cap on unacked
-    messages (default derived by the worker). ``concurrency``: how many
-    of a worker's consumer threads (``CONSUMER_THREADS`` bounds them) fetch
-    and handle this subscription at once, each with its own database
-    connection; above 1 the subscription gives up stream order (events are
-    handled side by side; each still exactly once). Subscribing to an undeclared
-    event is a system-check error, not an import error. Raises
-    ``ConfigurationError`` for a malformed name or option, or a name already
-    used by another handler.
-    """
-    event_name = getattr(event, "name", event)
-
-    def decorator(func: Callable[[ReceivedEvent], None]) -> Callable[[ReceivedEvent], None]:
-        where = f" ({func.__module__}.{func.__qualname__})"
-        if inspect.iscoroutinefunction(func):
-            raise ConfigurationError(
-                f"@subscribe{where}: handlers run synchronously inside a database transaction; an "
-                "'async def' handler would be marked handled without running. Make it a plain 'def' "
-                "(call async code with asgiref's async_to_sync if you must)."
-            )
-        try:
-            check_event_name(event_name)
-        except InvalidEventName as exc:
-            raise ConfigurationError(f"@subscribe{where}: {exc}") from None
-        sub_name = check_subscription_name(name if name is not None else _default_name(func), where)
-        if max_attempts is not None and (
-            isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1
-        ):
-            raise ConfigurationError(f"@subscribe{where}: max_attempts must be an integer >= 1, got {max_attempts!r}.")
-        try:
-            conf._positive_int("concurrency", concurrency)
-            if max_ack_pending is not None:
-                conf._positive_int("max_ack_pending", max_ack_pending)
-            conf._boolean("batch", batch)
-            conf._boolean("external", external)
-        except ConfigurationError as exc:
-            raise ConfigurationError(
-                f"@subscribe{where}: " + re.sub(r"PLATFORMKIT\['(\w+)'\]", r"\1", str(exc))
-            ) from None
-        delays = None
-        if backoff_seconds is not None:
-            delays = tuple(backoff_seconds)
-            if not delays or any(isinstance(d, bool) or not isinstance(d, (int, float)) or d < 0 for d in delays):
-                raise ConfigurationError(
-                    f"@subscribe{where}: backoff_seconds must be a non-empty list of seconds >= 0."
-                )
-        subscription = Subscription(
-            name=sub_name,
-            event=event_name,
-            handler=func,
-            max_attempts_override=max_attempts,
-            backoff_seconds_override=delays,
-            declared_in=f"{func.__module__}.{func.__qualname__}",
-            batch=batch,
-            concurrency=concurrency,
-            external=external,
-            max_ack_pending_override=max_ack_pending,
-        )
-        existing = _subscriptions.get(sub_name)
-        # Same function and event again is a re-import; one function stacked
-        # under two @subscribe with the default name would silently lose one.
-        if existing is not None and (existing.declared_in, existing.event) != (
-            subscription.declared_in,
-            subscription.event,
-        ):
-            raise ConfigurationError(
-                f"two subscriptions are named {sub_name!r}: {existing.declared_in} ({existing.event}) and "
-                f"{subscription.declared_in} ({subscription.event}). Pass name='...' to one of them."
-            )
-        _subscriptions[sub_name] = subscription
-        return func
-
-    return decorator
-
-
-def subscriptions() -> list[Subscription]:
-    """Every registered subscription, sorted by name."""
-    return [_subscriptions[k] for k in sorted(_subscriptions)]
-
-
-# --- tenant context ----------------------------------------------------------
-
-
-@contextlib.contextmanager
-def set_config_tenant(tenant: str | None) -> Iterator[None]:
-    """The default ``TENANT_CONTEXT``: inside the handler's transaction,
-    ``current_setting('platformkit.tenant', true)`` returns the event's tenant
-    ('' for none), so row-level-security policies can read it."""
-    alias = conf.settings.DATABASE_ALIAS
-    with connections[alias].cursor() as cursor:
-        cursor.execute("SELECT set_config('platformkit.tenant', %s, true)", [tenant or ""])
-    yield
-
-
-def tenant_context_factory() -> Callable[[str | None], contextlib.AbstractContextManager[Any]]:
-    """Import ``TENANT_CONTEXT``: a ``(tenant or None) -> context manager`` callable. Raises ``ConfigurationError`` if the path does not import."""
-    path = conf.settings.TENANT_CONTEXT
-    try:
-        return import_string(path)
-    except ImportError as exc:
-        raise ConfigurationError(f"PLATFORMKIT['TENANT_CONTEXT'] = {path!r} can't be imported: {exc}") from exc
-
-
-# --- parsing a delivery ------------------------------------------------------
-
-
-class MalformedMessage(Exception):
-    """A message on our subjects that isn't a well-formed event of ours."""
-
-
-def parse_delivery(delivery: Delivery) -> ReceivedEvent:
-    """Decode a CloudEvents structured-mode body and cross-check it with the
-    subject. Raises ``MalformedMessage`` saying what is wrong."""
-    parsed = parse_subject(delivery.subject)
-    if parsed is None:
-        raise MalformedMessage(f"subject {delivery.subject!r} is not <prefix>.<tenant>.<module>.<event>")
-    subject_tenant, subject_name = parsed
-    try:
-        body = json.loads(delivery.data)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise MalformedMessage(f"body is not JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise MalformedMessage("body is not a JSON object (not a CloudEvents envelope)")
-    if body.get("specversion") != "1.0":
-        raise MalformedMessage(f"specversion is {body.get('specversion')!r}, not '1.0'")
-    try:
-        event_id = uuid.UUID(str(body.get("id")))
-    except ValueError:
-        raise MalformedMessage(f"id {body.get('id')!r} is not a UUID") from None
-    name = body.get("type")
-    try:
-        check_event_name(name)
-        tenant = check_tenant(body.get("tenantid"))
-    except InvalidEventName as exc:
-        raise MalformedMessage(str(exc)) from None
-    if name != subject_name:
-        raise MalformedMessage(f"type {name!r} differs from the subject's event {subject_name!r}")
-    if tenant != subject_tenant:
-        raise MalformedMessage(
-            f"tenantid {tenant!r} differs from the subject's tenant {subject_tenant!r}: refusing to run it in either"
-        )
-    data = body.get("data")
-    if not isinstance(data, dict):
-        raise MalformedMessage("data is not a JSON object")
-    try:
-        occurred_at = datetime.fromisoformat(str(body.get("time")).replace("Z", "+00:00"))
-    except ValueError:
-        raise MalformedMessage(f"time {body.get('time')!r} is not RFC 3339") from None
-    if occurred_at.tzinfo is None:
-        raise MalformedMessage("time has no UTC offset")
-    headers = {k: v for k, v in delivery.headers.items() if not k.startswith("Nats-")}
-    for key in ("traceparent", "tracestate"):
-        if isinstance(body.get(key), str):
-            headers.setdefault(key, body[key])
-    return ReceivedEvent(
-        id=event_id,
-        name=name,
-        tenant=tenant,
-        payload=data,
-        occurred_at=occurred_at,
-        attempt=delivery.attempt,
-        headers=headers,
-    )
 
 
 # --- handling ----------------------------------------------------------------
@@ -401,37 +119,7 @@ def _claim_sql(trust_outbox: bool) -> str:
 _CLAIM_TRUSTED_SQL = _claim_sql(True)
 _CLAIM_EXTERNAL_SQL = _claim_sql(False)
 _ALREADY_CLAIMED_SQL = f"SELECT event_id FROM {HANDLED_TABLE} WHERE subscription = %s AND event_id = ANY(%s::uuid[])"
-_SET_TENANT_SQL = "SELECT set_config('platformkit.tenant', %s, true)"
-#: A redelivery's history, and whether it was handled meanwhile (a lost ack), in one round trip.
-_HISTORY_SQL = (
-    f"SELECT EXISTS (SELECT 1 FROM {HANDLED_TABLE} WHERE subscription = %s AND event_id = %s), "
-    f"a.attempt, a.outcome, a.error, a.traceback, a.started_at, a.worker FROM (SELECT 1) one "
-    f"LEFT JOIN {ATTEMPTS_TABLE} a ON a.subscription = %s AND a.event_id = %s ORDER BY a.attempt"
-)
-_START_SQL = (
-    f"INSERT INTO {ATTEMPTS_TABLE} (subscription, event_id, attempt, outcome, started_at, error, traceback, worker) "
-    "VALUES (%s, %s, %s, 'running', clock_timestamp(), '', '', %s) "
-    "ON CONFLICT (subscription, event_id, attempt) DO NOTHING RETURNING id"
-)
-_FAILED_ROW_SQL = f"UPDATE {ATTEMPTS_TABLE} SET outcome = 'failed', finished_at = clock_timestamp(), error = %s, traceback = %s WHERE id = %s"
-#: A first delivery's failure: its row is the next number after whatever is there.
-_FAILED_NEW_SQL = (
-    f"INSERT INTO {ATTEMPTS_TABLE} (subscription, event_id, attempt, outcome, started_at, finished_at, error, traceback, worker) "
-    f"SELECT %s, %s, COALESCE(MAX(attempt), 0) + 1, 'failed', %s, clock_timestamp(), %s, %s, %s FROM {ATTEMPTS_TABLE} "
-    "WHERE subscription = %s AND event_id = %s ON CONFLICT (subscription, event_id, attempt) DO NOTHING"
-)
-_INTERRUPTED_SQL = f"UPDATE {ATTEMPTS_TABLE} SET outcome = 'interrupted', finished_at = clock_timestamp() WHERE id = %s AND outcome = 'running'"
-_TERMINAL_CLAIM_SQL = (
-    f"WITH row AS (SELECT 1 FROM {OUTBOX_TABLE} WHERE id = %s FOR KEY SHARE) "
-    f"INSERT INTO {HANDLED_TABLE} (subscription, event_id, handled_at) "
-    "SELECT %s, %s, now() FROM (SELECT count(*) FROM row) locked "
-    "ON CONFLICT (subscription, event_id) DO NOTHING RETURNING 1"
-)
-_DEAD_LETTER_SQL = (
-    f"INSERT INTO {DEAD_LETTER_TABLE} (event_id, subscription, name, tenant, attempts, error, traceback, failed_at) "
-    "VALUES (%s, %s, %s, %s, %s, %s, %s, now()) ON CONFLICT (subscription, event_id) DO NOTHING"
-)
-
+_SET_TENANT_SQL = SET_TENANT_SQL
 #: The reason a trusted subscription gives for a message whose id the outbox doesn't hold (DESIGN.md "Trust model").
 NOT_IN_OUTBOX = "not in this project's outbox: forged, from another project, or purged"
 
@@ -441,55 +129,9 @@ NOT_IN_OUTBOX = "not in this project's outbox: forged, from another project, or 
 #: overflows and every other session's snapshots get slower.
 MAX_SAVEPOINTS_PER_TRANSACTION = 50
 
-#: SQLSTATEs that are the database's state, never the handler's fault: the
-#: unit waits and is retried, nothing counted. 08 = connection exception,
-#: 57P01-57P03 = admin/crash shutdown, cannot connect now; 53300 = too many
-#: connections; 25006 = read-only transaction (a failover, a replica promoted
-#: late); 40001/40P01 = serialization failure / deadlock (retry is the cure).
-#: (57014, a statement timeout, stays the handler's failure.)
-NOT_THE_HANDLERS_FAULT = frozenset({"57P01", "57P02", "57P03", "53300", "25006", "40001", "40P01"})
-
-WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"
-
-
-def clean_text(text: str) -> str:
-    """Error text as PostgreSQL can store it: NUL (``\\x00``) escaped to the
-    four characters ``\\x00``. Unescaped, a ``ValueError("a\\x00b")`` could
-    never be recorded and its failure record would be lost."""
-    return text.replace("\x00", "\\x00")
-
 
 class HandlerTimeout(Exception):
     """The handler ran past HANDLER_TIMEOUT_SECONDS: counted as a failed attempt."""
-
-
-def not_the_handlers_fault(exc: BaseException, alias: str | None = None) -> bool:
-    """True when ``exc`` is the database's state (lost session, cannot
-    connect, shutdown, too many connections, read-only, serialization or
-    deadlock), not the handler's logic: then nothing is counted against the
-    event. Django wraps psycopg's errors; the SQLSTATE is on ``__cause__``."""
-    if not isinstance(exc, DatabaseError):
-        return False
-    cause = exc.__cause__
-    sqlstate = getattr(cause, "sqlstate", None)
-    if sqlstate is not None:
-        return sqlstate[:2] == "08" or sqlstate in NOT_THE_HANDLERS_FAULT
-    if not isinstance(exc, (OperationalError, InterfaceError)):
-        return False
-    # No SQLSTATE = libpq lost the socket. Leaving the failed atomic block
-    # makes Django reconnect, so after pg_terminate_backend the connection
-    # looks healthy again: judge by the error first, then by the connection.
-    if isinstance(cause, (psycopg.OperationalError, psycopg.InterfaceError)):
-        return True
-    if alias is None:
-        return False
-    connection = connections[alias]
-    return connection.connection is None or not connection.is_usable()
-
-
-def _connection_lost(exc: BaseException, alias: str) -> bool:
-    """Kept for callers of the old name: ``not_the_handlers_fault``."""
-    return not_the_handlers_fault(exc, alias)
 
 
 class _Redo(Exception):
@@ -514,104 +156,6 @@ class _Work:
     tb: str = ""
     lock: threading.Lock = field(default_factory=threading.Lock)  # handler end vs the slow-run recorder
     running: bool = False  # the handler is in its run now (the recorder may write its row)
-
-
-#: A first delivery's run writes nothing - unless it lasts longer than this:
-#: then a ``running`` row is written from the side, so a run that hangs or
-#: is killed while hanging counts (DESIGN.md "Attempts"). Fast runs pay nothing.
-RECORD_SLOW_RUN_AFTER_SECONDS = 0.25
-
-_SLOW_START_SQL = (
-    f"INSERT INTO {ATTEMPTS_TABLE} (subscription, event_id, attempt, outcome, started_at, error, traceback, worker) "
-    f"SELECT %s, %s, COALESCE(MAX(attempt), 0) + 1, 'running', %s, '', '', %s FROM {ATTEMPTS_TABLE} "
-    "WHERE subscription = %s AND event_id = %s ON CONFLICT (subscription, event_id, attempt) DO NOTHING RETURNING id"
-)
-
-
-class _SlowRunRecorder:
-    """One daemon thread per process, with its own database connection:
-    writes the ``running`` row of first-delivery runs that pass
-    ``RECORD_SLOW_RUN_AFTER_SECONDS``."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._watched: dict[int, tuple[float, _Work, str, str]] = {}
-        self._wake = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def watch(self, work: _Work, subscription: str, using: str) -> None:
-        with self._lock:
-            self._watched[id(work)] = (time.monotonic() + RECORD_SLOW_RUN_AFTER_SECONDS, work, subscription, using)
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, name="platformkit-slow-runs", daemon=True)
-                self._thread.start()
-
-    def unwatch(self, work: _Work) -> None:
-        with self._lock:
-            self._watched.pop(id(work), None)
-
-    def _run(self) -> None:
-        while True:
-            time.sleep(0.05)
-            now = time.monotonic()
-            with self._lock:
-                due = [v for v in self._watched.values() if v[0] <= now]
-                for _, work, _, _ in due:
-                    self._watched.pop(id(work), None)
-            for _, work, subscription, using in due:
-                with work.lock:
-                    if not work.running or work.attempt_row is not None:
-                        continue
-                    try:
-                        with connections[using].cursor() as cursor:
-                            cursor.execute(
-                                _SLOW_START_SQL,
-                                [
-                                    subscription,
-                                    work.event.id,
-                                    work.started_at or timezone.now(),
-                                    WORKER_ID,
-                                    subscription,
-                                    work.event.id,
-                                ],
-                            )
-                            row = cursor.fetchone()
-                        work.attempt_row = row[0] if row else None
-                    except Exception as exc:
-                        logger.debug(
-                            "slow run not recorded subscription=%s event_id=%s error=%s",
-                            subscription,
-                            work.event.id,
-                            exc,
-                        )
-                        with contextlib.suppress(Exception):
-                            connections[using].close()
-            if due:
-                # Slow runs are rare: hold no idle connection in between (it
-                # would also keep a test database from being dropped).
-                for using in {v[3] for v in due}:
-                    with contextlib.suppress(Exception):
-                        connections[using].close()
-
-
-_slow_runs = _SlowRunRecorder()
-
-
-def _history_text(rows: Sequence[tuple]) -> str:
-    parts = []
-    for attempt, outcome, error, _tb, started_at, worker in rows:
-        at = started_at.isoformat(timespec="seconds") if started_at else "?"
-        if outcome == "failed":
-            parts.append(
-                f"run {attempt} failed (started {at} on {worker or '?'}): {(error or '').splitlines()[0] if error else '?'}"
-            )
-        elif outcome == "running":
-            parts.append(
-                f"run {attempt} started {at} on {worker or '?'} and never reported (the worker died, hung, or lost its session)"
-            )
-        else:
-            parts.append(f"run {attempt} {outcome} (started {at})")
-    return "; ".join(parts) or "no runs recorded"
 
 
 class Consumer:
@@ -904,23 +448,18 @@ class Consumer:
         event = work.event
         close_old_connections_for(self.using)
         for _ in range(3):
-            with connections[self.using].cursor() as cursor:
-                cursor.execute(_HISTORY_SQL, [sub.name, event.id, sub.name, event.id])
-                fetched = cursor.fetchall()
-            if fetched[0][0]:
+            handled, rows = run_history(sub.name, event.id, using=self.using)
+            if handled:
                 work.outcome = "skipped"
                 return False
-            rows = [r[1:] for r in fetched if r[1] is not None]
             counted = [r for r in rows if r[1] in ("failed", "running")]
             if len(counted) >= sub.max_attempts:
                 work.outcome = self._dead_letter_without_running(work, rows, counted)
                 return False
             number = max((r[0] for r in rows), default=0) + 1
-            with connections[self.using].cursor() as cursor:
-                cursor.execute(_START_SQL, [sub.name, event.id, number, WORKER_ID])
-                row = cursor.fetchone()
-            if row is not None:
-                work.attempt_row = row[0]
+            attempt_row = start_run(sub.name, event.id, number, using=self.using)
+            if attempt_row is not None:
+                work.attempt_row = attempt_row
                 work.event = replace(event, attempt=len(counted) + 1)
                 return True
         # Another worker is starting this very run (a redelivery raced ours): let it.
@@ -933,7 +472,7 @@ class Consumer:
         last_failed = next((r for r in reversed(rows) if r[1] == "failed" and r[2]), None)
         why = (
             f"dead-lettered without running again: the handler already started {len(counted)} times for this event "
-            f"(max_attempts={sub.max_attempts}); history: {_history_text(rows)}"
+            f"(max_attempts={sub.max_attempts}); history: {history_text(rows)}"
         )
         error = f"{last_failed[2]}\n{why}" if last_failed else why
         return self._dead_letter(
@@ -1192,32 +731,22 @@ class Consumer:
         return "retried"
 
     def _record_failed_run(self, work: _Work, message: str, tb: str) -> None:
-        sub = self.subscription
         close_old_connections_for(self.using)
-        with connections[self.using].cursor() as cursor:
-            if work.attempt_row is not None:
-                cursor.execute(_FAILED_ROW_SQL, [message[:10000], tb[:50000], work.attempt_row])
-            else:
-                cursor.execute(
-                    _FAILED_NEW_SQL,
-                    [
-                        sub.name,
-                        work.event.id,
-                        work.started_at or timezone.now(),
-                        message[:10000],
-                        tb[:50000],
-                        WORKER_ID,
-                        sub.name,
-                        work.event.id,
-                    ],
-                )
+        record_failed_run(
+            subscription=self.subscription.name,
+            event_id=work.event.id,
+            attempt_row=work.attempt_row,
+            started_at=work.started_at,
+            error=message,
+            traceback=tb,
+            using=self.using,
+        )
 
     def _mark_interrupted(self, work: _Work) -> None:
         if work.attempt_row is None:
             return
         try:
-            with connections[self.using].cursor() as cursor:
-                cursor.execute(_INTERRUPTED_SQL, [work.attempt_row])
+            mark_interrupted(work.attempt_row, using=self.using)
         except DatabaseError as exc:
             logger.warning(
                 "attempt not marked interrupted subscription=%s event_id=%s error=%s",
@@ -1318,11 +847,7 @@ class Consumer:
         body_id = None
         with contextlib.suppress(Exception):
             body_id = uuid.UUID(str(json.loads(delivery.data).get("id")))
-        # Keyed by the message's place in the stream, never by the id it claims:
-        # a forged or broken message claiming a real event's id must not take
-        # that event's (subscription, event_id) dead-letter slot, and two bad
-        # messages claiming one id are two records.
-        event_id = uuid.uuid5(_NAMESPACE_MALFORMED, f"{conf.settings.STREAM}:{delivery.stream_seq}")
+        event_id = malformed_id(conf.settings.STREAM, delivery.stream_seq)
         claimed = f" claimed_id={body_id}" if body_id is not None else ""
         error = f"malformed message{claimed} on subject={delivery.subject} stream_seq={delivery.stream_seq}: {reason}"
         logger.error(
@@ -1333,21 +858,14 @@ class Consumer:
             reason,
         )
         try:
-            with transaction.atomic(using=self.using), connections[self.using].cursor() as cursor:
-                cursor.execute(
-                    _DEAD_LETTER_SQL,
-                    # NUL can't be stored in PostgreSQL text: unescaped, a body holding one
-                    # could never be recorded and would come back after every ack wait.
-                    [
-                        event_id,
-                        sub.name,
-                        "(malformed)",
-                        None,
-                        delivery.attempt,
-                        clean_text(error)[:10000],
-                        clean_text(delivery.data[:4000].decode("utf-8", "replace")),
-                    ],
-                )
+            record_malformed(
+                subscription=sub.name,
+                event_id=event_id,
+                attempts=delivery.attempt,
+                error=error,
+                body=delivery.data,
+                using=self.using,
+            )
         except DatabaseError as exc:
             logger.error(
                 "malformed message not recorded, will retry subscription=%s stream_seq=%s error=%s",
@@ -1369,51 +887,3 @@ class Consumer:
             event_id=event_id,
         )
         return "malformed"
-
-
-def close_old_connections_for(alias: str) -> None:
-    """Before a unit of work in a worker thread: drop this thread's
-    connection if it broke, or if it outlived a positive ``CONN_MAX_AGE``, so
-    the next query reconnects. Unlike Django's request cycle, ``CONN_MAX_AGE
-    = 0`` (the default) does NOT mean a new connection per message: a worker
-    is one long "request", and reconnecting per event cost 3-8x throughput."""
-    connection = connections[alias]
-    if connection.connection is None or connection.in_atomic_block:
-        return
-    if connection.errors_occurred:
-        if not connection.is_usable():
-            connection.close()
-            return
-        connection.errors_occurred = False
-    max_age = connection.settings_dict.get("CONN_MAX_AGE") or 0
-    if max_age > 0 and connection.close_at is not None and time.monotonic() >= connection.close_at:
-        connection.close()
-
-
-def record_dead_letter(
-    *,
-    subscription: str,
-    event_id: uuid.UUID,
-    name: str,
-    tenant: str | None,
-    attempts: int,
-    error: str,
-    traceback: str,
-    using: str | None = None,
-) -> bool:
-    """In one transaction: a terminal claim and, if the claim is new, the dead
-    letter. Returns whether a dead letter was written (False: the event was
-    already handled - its ack was lost - so there is nothing to report).
-    Idempotent: both inserts are ``ON CONFLICT DO NOTHING``."""
-    alias = using or conf.settings.DATABASE_ALIAS
-    with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
-        # Hold the outbox row (it has the payload's only copy) while the dead
-        # letter is written: purge locks FOR UPDATE SKIP LOCKED, so it skips it.
-        cursor.execute(_TERMINAL_CLAIM_SQL, [event_id, subscription, event_id])
-        if cursor.fetchone() is None:
-            return False
-        cursor.execute(
-            _DEAD_LETTER_SQL,
-            [event_id, subscription, name, tenant, attempts, clean_text(error)[:10000], clean_text(traceback)[:50000]],
-        )
-    return True

@@ -34,7 +34,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import nats.errors
 from django.db import DatabaseError, connections
 
 from . import conf
@@ -311,7 +310,7 @@ class Worker:
                 return
             except ConsumerDrift:
                 raise
-            except (BrokerUnavailable, DatabaseUnavailable, nats.errors.Error, TimeoutError) as exc:
+            except (BrokerUnavailable, DatabaseUnavailable, TimeoutError) as exc:
                 logger.error(
                     "%s: unavailable error=%s; retrying in %.1fs", what, self.transport.redact(str(exc)), delay
                 )
@@ -442,7 +441,7 @@ class Worker:
                         break
                     consumer.process(delivery, keep)
                     keep.settled(delivery)
-        except (DatabaseError, BrokerUnavailable, nats.errors.Error, TimeoutError, OSError) as exc:
+        except (DatabaseError, BrokerUnavailable, TimeoutError, OSError) as exc:
             # Outside a handler (the consumer settles a handler's own errors):
             # an outage. Hand the unit back; the claim makes a redo harmless.
             logger.error(

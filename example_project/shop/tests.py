@@ -7,9 +7,11 @@ import json
 from django.db import transaction
 from django.test import TestCase, TransactionTestCase
 
-from django_platformkit.models import OutboxEvent
+from django_platformkit.models import DeadLetter, OutboxEvent
+from django_platformkit.testing import run_worker_burst
 
-from .models import Order
+from .models import Confirmation, Order, OrderStats
+from .platformkit import STATS_ROW
 
 
 def post(client, body, **kwargs):
@@ -56,6 +58,15 @@ class PlaceOrderTests(TestCase):
         self.assertEqual(response.status_code, 400)
         self.assertEqual(sorted(response.json()["fields"]), ["customer", "quantity", "sku", "unit_price"])
         self.assertFalse(OutboxEvent.objects.exists())
+
+    def test_the_handlers_confirm_and_count_the_order_once_as_the_worker_runs_them_without_a_broker(self):
+        order_id = post(self.client, VALID).json()["order_id"]
+        result = run_worker_burst()  # relay -> in-memory broker -> claim + handler, retries, dead letters
+        self.assertEqual(result.failures, [])
+        self.assertEqual(Confirmation.objects.get().order_id, order_id)
+        self.assertEqual(OrderStats.objects.get(name=STATS_ROW).orders, 1)
+        self.assertFalse(DeadLetter.objects.exists())
+        self.assertEqual(run_worker_burst().runs, 0)  # nothing left: each handler ran once
 
     def test_get_is_405(self):
         self.assertEqual(self.client.get("/orders/").status_code, 405)

@@ -4,7 +4,6 @@ import logging
 import threading
 import time
 
-import nats.errors
 from django.core.management.base import BaseCommand, CommandError
 
 from ... import conf
@@ -30,7 +29,7 @@ def ensure_stream_until(transport: Transport, stop: threading.Event, give_up_at:
             # The owner check needs the database: an outage there is waited out too.
             transport.ensure_stream(owner=database_identity())
             return True
-        except (BrokerUnavailable, DatabaseUnavailable, nats.errors.Error, TimeoutError) as exc:
+        except (BrokerUnavailable, DatabaseUnavailable, TimeoutError) as exc:
             why = transport.redact(str(exc) or type(exc).__name__)
             if give_up_at is not None and time.monotonic() + delay > give_up_at:
                 raise BrokerUnavailable(f"the stream {conf.settings.STREAM} is not available: {why}") from exc
