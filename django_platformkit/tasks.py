@@ -52,6 +52,8 @@ if TYPE_CHECKING:
 
     from django.tasks import Task
 
+    from .subscriptions import Subscription
+
 logger = logging.getLogger(__name__)
 
 #: The dotted path users put in ``TASKS[alias]["BACKEND"]``.
@@ -160,7 +162,7 @@ def register_task_queues() -> list[str]:
     return names
 
 
-def queue_subscriptions(queues: Sequence[str]) -> list[Any]:
+def queue_subscriptions(queues: Sequence[str]) -> list[Subscription]:
     """The subscriptions that run ``queues`` (``runworker --queue``). Raises
     ``ConfigurationError`` naming the queues no ``TASKS`` backend of ours has."""
     from .subscriptions import subscriptions

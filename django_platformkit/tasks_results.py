@@ -31,6 +31,8 @@ from .tasks import TASK_EVENT_PREFIX, _event_id, queue_of, worker_id
 if TYPE_CHECKING:
     from django.tasks import Task, TaskResult
 
+    from .wire import ReceivedEvent
+
 logger = logging.getLogger(__name__)
 
 
@@ -95,7 +97,7 @@ def _task_at(path: str, alias: str, queue: str) -> Task[..., Any]:
     return task
 
 
-def run_task(event: Any) -> None:
+def run_task(event: ReceivedEvent) -> None:
     """The handler of every task subscription: run the task of ``event``
     inside the claim's transaction and write its result there too. Raises
     whatever the task raises (the subscription retries, then dead-letters)."""
@@ -159,7 +161,12 @@ def run_task(event: Any) -> None:
 
 
 def _record_failure(
-    sender: Any, subscription: str, event: Any, error: BaseException, duration_seconds: float = 0.0, **kwargs: Any
+    sender: Any,
+    subscription: str,
+    event: ReceivedEvent,
+    error: BaseException,
+    duration_seconds: float = 0.0,
+    **kwargs: Any,
 ) -> None:
     """``event_failed`` receiver: append the attempt's error (class path and
     traceback) and worker to the task's result, after the rollback."""
