@@ -467,7 +467,9 @@ class Consumer:
         work.outcome = "handed_back"
         return False
 
-    def _dead_letter_without_running(self, work: _Work, rows: Sequence[tuple], counted: Sequence[tuple]) -> str:
+    def _dead_letter_without_running(
+        self, work: _Work, rows: Sequence[tuple[Any, ...]], counted: Sequence[tuple[Any, ...]]
+    ) -> str:
         sub = self.subscription
         last_failed = next((r for r in reversed(rows) if r[1] == "failed" and r[2]), None)
         why = (
