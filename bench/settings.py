@@ -46,7 +46,8 @@ TASKS = {
     "default": {
         "BACKEND": "django_platformkit.tasks.OutboxBackend",
         "QUEUES": ["default"],
-        "OPTIONS": {"BATCH": os.environ.get("BENCH_TASKS_BATCH") == "1"},
+        # BENCH_TASKS_BATCH unset: the backend's default OPTIONS, as users get them.
+        "OPTIONS": {} if "BENCH_TASKS_BATCH" not in os.environ else {"BATCH": os.environ["BENCH_TASKS_BATCH"] == "1"},
     }
 }
 try:

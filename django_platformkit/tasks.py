@@ -23,7 +23,9 @@ needed. We don't support the ``django-tasks`` backport: one contract, Django's.
 from __future__ import annotations
 
 import logging
+import os
 import re
+import socket
 import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -97,12 +99,17 @@ def queue_of(name: str) -> str | None:
     return name[len(TASK_EVENT_PREFIX) :] if name.startswith(TASK_EVENT_PREFIX) else None
 
 
-def worker_id() -> str:
-    """``host:pid``, as ``Attempt.worker`` records it."""
-    import os
-    import socket
+_worker_id: tuple[int, str] = (0, "")
 
-    return f"{socket.gethostname()}:{os.getpid()}"
+
+def worker_id() -> str:
+    """``host:pid``, as ``Attempt.worker`` records it (computed once per process:
+    a forked worker gets its own pid)."""
+    global _worker_id
+    pid = os.getpid()
+    if _worker_id[0] != pid:
+        _worker_id = (pid, f"{socket.gethostname()}:{pid}")
+    return _worker_id[1]
 
 
 def configured_queues() -> dict[str, list[str]]:
@@ -130,11 +137,22 @@ def _is_ours(path: Any) -> bool:
         return False
 
 
+#: ``OPTIONS["BATCH"]`` when a backend doesn't say: on, as for ``@subscribe``.
+#: Measured (README "Django Tasks", performance): a task in a transaction of
+#: its own pays BEGIN, the claim, COMMIT and an ack alone (236 no-op tasks/s),
+#: a unit shares them (627/s); the worker sizes units to ~0.1 s of measured
+#: run time (``worker.UNIT_TARGET_SECONDS``), so a slow task gets a unit of its
+#: own and short ones don't wait long behind each other.
+DEFAULT_BATCH = True
+
+
 def _batch(queue: str) -> bool:
-    """``OPTIONS["BATCH"]`` of the backends serving ``queue`` (any of them True: batch)."""
+    """``OPTIONS["BATCH"]`` of the backends serving ``queue`` (default
+    ``DEFAULT_BATCH``; any of them True: batch)."""
     tasks_setting = getattr(django_settings, "TASKS", None) or {}
     return any(
-        bool((tasks_setting[alias].get("OPTIONS") or {}).get("BATCH")) for alias in configured_queues().get(queue, [])
+        bool((tasks_setting[alias].get("OPTIONS") or {}).get("BATCH", DEFAULT_BATCH))
+        for alias in configured_queues().get(queue, [])
     )
 
 
@@ -190,11 +208,12 @@ class OutboxBackend(BaseTaskBackend):
 
     ``TASKS = {"default": {"BACKEND": "django_platformkit.tasks.OutboxBackend",
     "QUEUES": ["default", "emails"], "OPTIONS": {}}}``. The outbox lives on
-    ``PLATFORMKIT["DATABASE_ALIAS"]``. ``OPTIONS``: ``{"BATCH": True}`` runs
-    its queues as batch subscriptions (``@subscribe(batch=True)``: a fetched
-    batch in one transaction, a savepoint per task - several times the
-    throughput for short tasks, but a slow task holds its batch's commit;
-    default False: every task its own transaction). ``supports_defer`` (``run_after``, honoured
+    ``PLATFORMKIT["DATABASE_ALIAS"]``. ``OPTIONS``: ``"BATCH"`` (default
+    True, as ``@subscribe``) runs its queues as batch subscriptions: a unit
+    of tasks (sized by measured run time to ~0.1 s, so a slow task runs
+    alone) in one transaction, a savepoint per task after a failure; each
+    task's writes still happen exactly once. ``{"BATCH": False}``: every
+    task commits in a transaction of its own. ``supports_defer`` (``run_after``, honoured
     by the relay), ``supports_get_result``; no async task functions (they'd
     run outside the claim's transaction) and no priority (JetStream delivers
     a subscription's messages in stream order; a priority we can't keep

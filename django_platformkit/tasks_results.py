@@ -115,7 +115,10 @@ def run_task(event: ReceivedEvent) -> None:
     started = timezone.now()
     me = worker_id()
     earlier_started, errors, earlier_workers = None, [], []
-    with connections[db].cursor() as cursor:
+    # One cursor for the lock and the result write (a cursor per statement
+    # was a tenth of this function's own CPU in a py-spy profile).
+    cursor = connections[db].cursor()
+    try:
         # Held until this transaction ends: get_result() reads it as RUNNING.
         cursor.execute(_LOCK_SQL, [RUNNING_LOCK_NAMESPACE, str(event.id)])
         if event.attempt > 1:  # a retry: earlier runs left their history
@@ -125,34 +128,35 @@ def run_task(event: ReceivedEvent) -> None:
                 earlier_started = row[0]
                 errors = [TaskError(**e) for e in json.loads(row[1])]
                 earlier_workers = json.loads(row[2])
-    # TaskContext.attempt is len(worker_ids): make it the handler-run count.
-    previous = earlier_workers[-(event.attempt - 1) :] if event.attempt > 1 else []
-    workers = ["(unrecorded)"] * (event.attempt - 1 - len(previous)) + previous + [me]
-    result: TaskResult[..., Any] = TaskResult(
-        task=task,
-        id=str(event.id),
-        status=TaskResultStatus.RUNNING,
-        enqueued_at=event.occurred_at,
-        started_at=earlier_started or started,
-        last_attempted_at=started,
-        finished_at=None,
-        args=args,
-        kwargs=kwargs,
-        backend=alias,
-        errors=errors,
-        worker_ids=workers,
-    )
-    task_started.send(type(backend), task_result=result)
-    if task.takes_context:
-        value = task.call(TaskContext(task_result=result), *args, **kwargs)
-    else:
-        value = task.call(*args, **kwargs)
-    # A return value JSON can't carry fails the attempt, as Django's backends do.
-    value = normalize_json(value)
-    with connections[db].cursor() as cursor:
+        # TaskContext.attempt is len(worker_ids): make it the handler-run count.
+        previous = earlier_workers[-(event.attempt - 1) :] if event.attempt > 1 else []
+        workers = ["(unrecorded)"] * (event.attempt - 1 - len(previous)) + previous + [me]
+        result: TaskResult[..., Any] = TaskResult(
+            task=task,
+            id=str(event.id),
+            status=TaskResultStatus.RUNNING,
+            enqueued_at=event.occurred_at,
+            started_at=earlier_started or started,
+            last_attempted_at=started,
+            finished_at=None,
+            args=args,
+            kwargs=kwargs,
+            backend=alias,
+            errors=errors,
+            worker_ids=workers,
+        )
+        task_started.send(type(backend), task_result=result)
+        if task.takes_context:
+            value = task.call(TaskContext(task_result=result), *args, **kwargs)
+        else:
+            value = task.call(*args, **kwargs)
+        # A return value JSON can't carry fails the attempt, as Django's backends do.
+        value = normalize_json(value)
         cursor.execute(
             _SUCCESS_SQL, [event.id, json.dumps(value), earlier_started or started, started, json.dumps([me])]
         )
+    finally:
+        cursor.close()
     object.__setattr__(result, "status", TaskResultStatus.SUCCESSFUL)
     object.__setattr__(result, "finished_at", timezone.now())
     object.__setattr__(result, "_return_value", value)

@@ -438,6 +438,29 @@ def test_with_options_batch_tasks_run_once_each_and_failures_are_recorded(broker
                 events._catalogue.pop(name, None)
 
 
+@pytest.mark.parametrize(
+    ("options", "batch"),
+    [(None, True), ({}, True), ({"BATCH": True}, True), ({"BATCH": False}, False)],
+)
+def test_a_queue_is_a_batch_subscription_unless_options_say_batch_false(options, batch):
+    """The tasks default follows @subscribe's (batch=True, units sized by run
+    time); OPTIONS {"BATCH": False} gives every task a transaction of its own."""
+    from django_platformkit import consumer, events
+    from django_platformkit.tasks import register_task_queues
+
+    params = dict(TASKS["default"])
+    if options is not None:
+        params["OPTIONS"] = options
+    with override_settings(TASKS={"default": params}):
+        names = register_task_queues()
+        try:
+            assert names and {consumer._subscriptions[n].batch for n in names} == {batch}
+        finally:
+            for name in names:
+                consumer._subscriptions.pop(name, None)
+                events._catalogue.pop(name, None)
+
+
 def test_rows_due_tomorrow_are_not_visited_by_the_relays_batch_query(outbox_tasks):
     """The deferred walk stops at the first row not yet due (its own partial
     index); due rows come off the pending index: no sequential scan, no sort,
