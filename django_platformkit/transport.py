@@ -969,14 +969,26 @@ _ACKS_IN_FLIGHT: set[asyncio.Task[None]] = set()
 
 
 async def _next_msg(sub: Any, timeout: float) -> Any:
-    """``sub.next_msg(timeout)``, but a message already queued is taken at
-    once: nats-py's ``next_msg`` makes a uuid4, a task and a ``wait_for`` per
-    call, which in a fetched batch cost more loop time than the message.
-    The accounting is nats-py's own (``_pending_size``, ``task_done``)."""
+    """``sub.next_msg(timeout)`` without its per-call cost: nats-py's
+    ``next_msg`` makes a uuid4, a task and a ``wait_for`` per call, which in a
+    fetched batch cost more loop time than the message. A message already
+    queued is taken at once; else the queue is awaited under
+    ``asyncio.timeout`` (raises ``TimeoutError``). The accounting is nats-py's
+    own (``_pending_size``, ``task_done``)."""
     try:
-        msg = sub._pending_queue.get_nowait()
-    except (asyncio.QueueEmpty, AttributeError):
+        queue = sub._pending_queue
+    except AttributeError:
         return await sub.next_msg(timeout=timeout)
+    try:
+        msg = queue.get_nowait()
+    except asyncio.QueueEmpty:
+        if sub._conn.is_closed:
+            raise nats.errors.ConnectionClosedError from None
+        # Waiting here (a long-poll's first message) without next_msg's task
+        # and wait_for: one unit at a steady trickle is one such wait. A
+        # connection closed meanwhile ends it by the timeout (the lane retries).
+        async with asyncio.timeout(timeout):
+            msg = await queue.get()
     sub._pending_size -= len(msg.data)
     sub._pending_queue.task_done()
     return msg
