@@ -579,7 +579,7 @@ class Worker:
             self._spawn("platformkit-relay", self.relay.run, self.stop_event)
         self._start_runtime()
         if self.want_scheduler:
-            from .jobs import Scheduler
+            from .scheduler import Scheduler
 
             self._scheduler = Scheduler(using=self.using, jobs=self.job_names)
             self._spawn("platformkit-scheduler", self._scheduler.run, self.stop_event)
