@@ -25,20 +25,21 @@ __all__ = [
 
 _WHERE = {
     "EventType": "events",
-    "ReceivedEvent": "consumer",
+    "ReceivedEvent": "wire",
     "declare": "events",
     "job": "jobs",
     "publish": "events",
     "publish_many": "events",
     "replay": "relay",
-    "subscribe": "consumer",
+    "subscribe": "subscriptions",
 }
 
 if TYPE_CHECKING:
-    from .consumer import ReceivedEvent, subscribe
     from .events import EventType, declare, publish, publish_many
     from .jobs import job
     from .relay import replay
+    from .subscriptions import subscribe
+    from .wire import ReceivedEvent
 
 
 def __getattr__(name: str) -> Any:

@@ -74,7 +74,7 @@ def validate_declarations() -> None:
     arguments or have neither or both of ``every``/``cron``. Raises
     ``ConfigurationError`` (an ``ImproperlyConfigured``)."""
     from . import jobs
-    from .consumer import subscriptions
+    from .subscriptions import subscriptions
 
     for sub in subscriptions():
         _refuse_signature(

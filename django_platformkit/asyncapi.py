@@ -135,7 +135,7 @@ def document(*, title: str = "Event catalogue", version: str = "1.0.0") -> dict[
             "messages": [message_ref],
             "summary": "publish() writes it to the outbox in the caller's transaction; the relay sends it.",
         }
-    from .consumer import subscriptions
+    from .subscriptions import subscriptions
 
     for sub in subscriptions():
         if sub.event not in events:

@@ -141,8 +141,8 @@ def _in_apps(module: str, app_configs: list[AppConfig] | None) -> bool:
 def check_subscriptions(app_configs: list[AppConfig] | None = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """``E001``: a subscription to an event nobody declared. ``W002``: a
     subscription's own backoff list longer than its retries."""
-    from .consumer import subscriptions
     from .events import catalogue
+    from .subscriptions import subscriptions
 
     declared = catalogue()
     errors: list[checks.CheckMessage] = []
@@ -477,7 +477,7 @@ def check_max_ack_pending(app_configs: list[AppConfig] | None = None, **kwargs: 
     """``W005``: a durable's ``max_ack_pending`` can't carry the credit the
     runtime fetches (``CONSUMER_BATCH_SIZE x concurrency``) plus
     ``MIN_RETRY_ROOM`` parked retries: healthy events would wait behind them."""
-    from .consumer import subscriptions
+    from .subscriptions import subscriptions
     from .transport import max_ack_pending_for
 
     try:

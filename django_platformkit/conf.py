@@ -118,6 +118,13 @@ def _boolean(key: str, value: Any) -> bool:
     return value
 
 
+#: The validators an option that overrides a setting uses too (``subscribe()``):
+#: ``(key, value) -> value``, raising ``ConfigurationError`` that names ``PLATFORMKIT[key]``.
+positive_int = _positive_int
+boolean = _boolean
+backoff_seconds = _backoff
+
+
 def _nats_options(key: str, value: Any) -> dict[str, Any]:
     if not isinstance(value, Mapping):
         raise ConfigurationError(f"PLATFORMKIT[{key!r}] must be a dict, got {value!r}.")
@@ -170,7 +177,7 @@ DEFAULTS: dict[str, tuple[Any, Callable[[str, Any], Any]]] = {
     "RETENTION_DAYS": (7, _positive_number),
     "DUPLICATE_WINDOW_SECONDS": (120, _positive_number),
     "STREAM_REPLICAS": (1, _replicas),
-    "TENANT_CONTEXT": ("django_platformkit.consumer.set_config_tenant", _string),
+    "TENANT_CONTEXT": ("django_platformkit.subscriptions.set_config_tenant", _string),
 }
 
 

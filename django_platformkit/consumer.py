@@ -18,287 +18,51 @@ claim, and the message is terminated.
 from __future__ import annotations
 
 import contextlib
-import inspect
 import json
 import logging
 import os
-import re
 import socket
 import threading
 import time
 import traceback as traceback_module
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, TypeVar
 
 import psycopg
-from django.apps import apps
 from django.db import DatabaseError, InterfaceError, OperationalError, connections, transaction
 from django.db.transaction import TransactionManagementError
 from django.utils import timezone
-from django.utils.module_loading import import_string
 
 from . import conf, signals, tracing
 from ._tables import ATTEMPTS_TABLE, DEAD_LETTER_TABLE, HANDLED_TABLE, OUTBOX_TABLE
 from .events import check_event_name, check_tenant, current_event
-from .exceptions import ConfigurationError, InvalidEventName
-from .transport import (
-    Delivery,
-    Transport,
-    consumer_config,
-    durable_name,
-    filter_subject_for,
-    max_ack_pending_for,
-    parse_subject,
+from .exceptions import InvalidEventName
+
+# Re-exported: these lived here before subscriptions.py / wire.py, and users
+# and jobs.py import them from this module.
+from .subscriptions import (  # noqa: F401
+    SET_TENANT_SQL,
+    SUBSCRIPTION_NAME_PART,
+    TENANT_SET_CONFIG,
+    Subscription,
+    _default_name,
+    _subscriptions,
+    check_subscription_name,
+    set_config_tenant,
+    subscribe,
+    subscriptions,
+    tenant_context_factory,
 )
+from .transport import Delivery, Transport, parse_subject
+from .wire import ReceivedEvent
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
-SUBSCRIPTION_NAME_PART = r"[A-Za-z_][A-Za-z0-9_]*"
 _NAMESPACE_MALFORMED = uuid.UUID("8a1d6c61-3f5e-4c2c-9a59-1f0a3d6b7e21")
-
-
-@dataclass(frozen=True)
-class ReceivedEvent:
-    """What a handler receives.
-
-    ``id``: the event id (outbox id = CloudEvents ``id`` = claim key);
-    ``name``: the event name; ``tenant``: the tenant token or None;
-    ``payload``: the JSON object published (as decoded from JSON);
-    ``occurred_at``: aware datetime of the outbox insert (database clock);
-    ``attempt``: 1-based, how many times the handler has started for this
-    (subscription, event), this run included - hand-backs, outages and
-    deliveries that never reached the handler don't count (DESIGN.md
-    "Attempts"); ``headers``: message
-    headers (``traceparent``/``tracestate`` when the publisher had a trace).
-    """
-
-    id: uuid.UUID
-    name: str
-    tenant: str | None
-    payload: dict[str, Any]
-    occurred_at: datetime
-    attempt: int
-    headers: Mapping[str, str] = field(default_factory=dict)
-
-
-@dataclass
-class Subscription:
-    """A handler subscribed to one event. ``name`` is the claim's namespace
-    and, with ``.`` -> ``-``, the durable consumer's name."""
-
-    name: str
-    event: str
-    handler: Callable[[ReceivedEvent], None]
-    max_attempts_override: int | None = None
-    backoff_seconds_override: tuple[float, ...] | None = None
-    declared_in: str = ""
-    batch: bool = True
-    concurrency: int = 1
-    #: Run for events other services published on a shared broker (the message body is trusted, its schema checked); default: only for events this project's outbox holds.
-    external: bool = False
-    #: The durable's ``max_ack_pending`` for this subscription, or None for the derived default.
-    max_ack_pending_override: int | None = None
-
-    def __hash__(self) -> int:
-        # The signals' sender: Django's dispatcher hashes it once a receiver
-        # is connected (an eq dataclass alone is unhashable and crashes the send).
-        return hash(self.name)
-
-    @property
-    def durable(self) -> str:
-        """The durable consumer name: the subscription name with ``.`` -> ``-``."""
-        return durable_name(self.name)
-
-    @property
-    def filter_subject(self) -> str:
-        """``<SUBJECT_PREFIX>.*.<module>.<event>``: this event, every tenant."""
-        return filter_subject_for(self.event)
-
-    @property
-    def max_attempts(self) -> int:
-        """Handler runs before a failing event is dead-lettered: the override, else ``MAX_ATTEMPTS``."""
-        return self.max_attempts_override or conf.settings.MAX_ATTEMPTS
-
-    @property
-    def backoff_seconds(self) -> tuple[float, ...]:
-        """Seconds before each retry (the last repeats): the override, else ``BACKOFF_SECONDS``."""
-        return self.backoff_seconds_override or conf.settings.BACKOFF_SECONDS
-
-    def delay_after(self, attempt: int) -> float:
-        """Seconds to wait before attempt ``attempt + 1``: the ``attempt``-th
-        backoff entry, the last one repeating."""
-        delays = self.backoff_seconds
-        return float(delays[min(attempt, len(delays)) - 1])
-
-    def consumer_config(self):
-        """The ``nats.js.api.ConsumerConfig`` this build wants for the durable (``transport.consumer_config``)."""
-        return consumer_config(
-            self.name, self.event, max_ack_pending=max_ack_pending_for(self.concurrency, self.max_ack_pending_override)
-        )
-
-
-_subscriptions: dict[str, Subscription] = {}
-
-
-def _default_name(func: Callable[..., Any]) -> str:
-    module = getattr(func, "__module__", "") or ""
-    label = None
-    if apps.apps_ready:
-        config = apps.get_containing_app_config(module)
-        if config is not None:
-            label = config.label
-    if label is None:
-        label = module.split(".")[0] or "app"
-    return f"{label}.{func.__name__}"
-
-
-def check_subscription_name(name: Any, where: str = "") -> str:
-    """Return ``name`` if it is dot-separated identifiers without ``-`` (at most 200 characters), else raise ``ConfigurationError`` mentioning ``where``."""
-    import re
-
-    if (
-        not isinstance(name, str)
-        or not re.fullmatch(rf"{SUBSCRIPTION_NAME_PART}(\.{SUBSCRIPTION_NAME_PART})*", name)
-        or len(name) > 200
-    ):
-        raise ConfigurationError(
-            f"subscription name {name!r}{where} is invalid: use dot-separated identifiers "
-            "([A-Za-z_][A-Za-z0-9_]*, no '-'), e.g. 'shop.send_confirmation'."
-        )
-    return name
-
-
-def subscribe(
-    event: Any,
-    *,
-    name: str | None = None,
-    max_attempts: int | None = None,
-    backoff_seconds: Sequence[float] | None = None,
-    batch: bool = True,
-    concurrency: int = 1,
-    external: bool = False,
-    max_ack_pending: int | None = None,
-) -> Callable[[Callable[[ReceivedEvent], None]], Callable[[ReceivedEvent], None]]:
-    """Decorator: run ``handler(event: ReceivedEvent) -> None`` once per
-    published ``event`` (a name or ``EventType``).
-
-    ``name`` defaults to ``"<app_label>.<function name>"``. ``max_attempts``
-    and ``backoff_seconds`` (one delay in seconds per retry; the last repeats)
-    override ``MAX_ATTEMPTS`` / ``BACKOFF_SECONDS``. ``batch=True`` (the
-    default, the fast path) claims consecutive first deliveries in one
-    statement and runs their handlers in one transaction; a failure rolls it
-    back and the rest is redone with a savepoint per message, so each
-    message still succeeds or fails alone (effects outside the database may
-    then happen twice, as with any retry). ``batch=False``: each handler
-    commits alone. ``external=True``: also run for events other services
-    published on a shared broker (the message body is trusted and checked
-    against the declared schema); by default a handler runs only for an
-    event this project's outbox holds, with the outbox's payload (DESIGN.md
-    "Trust model"). ``max_ack_pending``: this durable's cap on unacked
-    messages (default derived by the worker). ``concurrency``: how many
-    of a worker's consumer threads (``CONSUMER_THREADS`` bounds them) fetch
-    and handle this subscription at once, each with its own database
-    connection; above 1 the subscription gives up stream order (events are
-    handled side by side; each still exactly once). Subscribing to an undeclared
-    event is a system-check error, not an import error. Raises
-    ``ConfigurationError`` for a malformed name or option, or a name already
-    used by another handler.
-    """
-    event_name = getattr(event, "name", event)
-
-    def decorator(func: Callable[[ReceivedEvent], None]) -> Callable[[ReceivedEvent], None]:
-        where = f" ({func.__module__}.{func.__qualname__})"
-        if inspect.iscoroutinefunction(func):
-            raise ConfigurationError(
-                f"@subscribe{where}: handlers run synchronously inside a database transaction; an "
-                "'async def' handler would be marked handled without running. Make it a plain 'def' "
-                "(call async code with asgiref's async_to_sync if you must)."
-            )
-        try:
-            check_event_name(event_name)
-        except InvalidEventName as exc:
-            raise ConfigurationError(f"@subscribe{where}: {exc}") from None
-        sub_name = check_subscription_name(name if name is not None else _default_name(func), where)
-        if max_attempts is not None and (
-            isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1
-        ):
-            raise ConfigurationError(f"@subscribe{where}: max_attempts must be an integer >= 1, got {max_attempts!r}.")
-        try:
-            conf._positive_int("concurrency", concurrency)
-            if max_ack_pending is not None:
-                conf._positive_int("max_ack_pending", max_ack_pending)
-            conf._boolean("batch", batch)
-            conf._boolean("external", external)
-        except ConfigurationError as exc:
-            raise ConfigurationError(
-                f"@subscribe{where}: " + re.sub(r"PLATFORMKIT\['(\w+)'\]", r"\1", str(exc))
-            ) from None
-        delays = None
-        if backoff_seconds is not None:
-            delays = tuple(backoff_seconds)
-            if not delays or any(isinstance(d, bool) or not isinstance(d, (int, float)) or d < 0 for d in delays):
-                raise ConfigurationError(
-                    f"@subscribe{where}: backoff_seconds must be a non-empty list of seconds >= 0."
-                )
-        subscription = Subscription(
-            name=sub_name,
-            event=event_name,
-            handler=func,
-            max_attempts_override=max_attempts,
-            backoff_seconds_override=delays,
-            declared_in=f"{func.__module__}.{func.__qualname__}",
-            batch=batch,
-            concurrency=concurrency,
-            external=external,
-            max_ack_pending_override=max_ack_pending,
-        )
-        existing = _subscriptions.get(sub_name)
-        # Same function and event again is a re-import; one function stacked
-        # under two @subscribe with the default name would silently lose one.
-        if existing is not None and (existing.declared_in, existing.event) != (
-            subscription.declared_in,
-            subscription.event,
-        ):
-            raise ConfigurationError(
-                f"two subscriptions are named {sub_name!r}: {existing.declared_in} ({existing.event}) and "
-                f"{subscription.declared_in} ({subscription.event}). Pass name='...' to one of them."
-            )
-        _subscriptions[sub_name] = subscription
-        return func
-
-    return decorator
-
-
-def subscriptions() -> list[Subscription]:
-    """Every registered subscription, sorted by name."""
-    return [_subscriptions[k] for k in sorted(_subscriptions)]
-
-
-# --- tenant context ----------------------------------------------------------
-
-
-@contextlib.contextmanager
-def set_config_tenant(tenant: str | None) -> Iterator[None]:
-    """The default ``TENANT_CONTEXT``: inside the handler's transaction,
-    ``current_setting('platformkit.tenant', true)`` returns the event's tenant
-    ('' for none), so row-level-security policies can read it."""
-    alias = conf.settings.DATABASE_ALIAS
-    with connections[alias].cursor() as cursor:
-        cursor.execute("SELECT set_config('platformkit.tenant', %s, true)", [tenant or ""])
-    yield
-
-
-def tenant_context_factory() -> Callable[[str | None], contextlib.AbstractContextManager[Any]]:
-    """Import ``TENANT_CONTEXT``: a ``(tenant or None) -> context manager`` callable. Raises ``ConfigurationError`` if the path does not import."""
-    path = conf.settings.TENANT_CONTEXT
-    try:
-        return import_string(path)
-    except ImportError as exc:
-        raise ConfigurationError(f"PLATFORMKIT['TENANT_CONTEXT'] = {path!r} can't be imported: {exc}") from exc
 
 
 # --- parsing a delivery ------------------------------------------------------
@@ -401,7 +165,7 @@ def _claim_sql(trust_outbox: bool) -> str:
 _CLAIM_TRUSTED_SQL = _claim_sql(True)
 _CLAIM_EXTERNAL_SQL = _claim_sql(False)
 _ALREADY_CLAIMED_SQL = f"SELECT event_id FROM {HANDLED_TABLE} WHERE subscription = %s AND event_id = ANY(%s::uuid[])"
-_SET_TENANT_SQL = "SELECT set_config('platformkit.tenant', %s, true)"
+_SET_TENANT_SQL = SET_TENANT_SQL
 #: A redelivery's history, and whether it was handled meanwhile (a lost ack), in one round trip.
 _HISTORY_SQL = (
     f"SELECT EXISTS (SELECT 1 FROM {HANDLED_TABLE} WHERE subscription = %s AND event_id = %s), "

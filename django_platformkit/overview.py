@@ -414,8 +414,8 @@ def broker_figures(
 def collect(*, using: str | None = None, broker_timeout_seconds: float = BROKER_TIMEOUT_SECONDS) -> Overview:
     """Every figure of the overview page. Never raises for an outage of
     NATS (``Overview.broker_error`` says so) or a slow query (a note says so)."""
-    from .consumer import subscriptions as registered
     from .exceptions import BrokerUnavailable
+    from .subscriptions import subscriptions as registered
 
     alias = using or conf.settings.DATABASE_ALIAS
     notes: list[str] = []

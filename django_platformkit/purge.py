@@ -232,7 +232,7 @@ def _guards() -> dict[str, list[str]]:
     """The (subscription, event name) pairs of this build whose handlers need
     the outbox row: every registered subscription but those that opted in to
     events from other services (``external``: they don't read our outbox)."""
-    from .consumer import subscriptions
+    from .subscriptions import subscriptions
 
     pairs = [(s.name, s.event) for s in subscriptions() if not getattr(s, "external", False)]
     return {"subscriptions": [p[0] for p in pairs], "names": [p[1] for p in pairs]}

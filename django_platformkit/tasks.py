@@ -136,8 +136,8 @@ def register_task_queues() -> list[str]:
     ``TASKS`` (called by ``AppConfig.ready()``; safe to call again after the
     setting changed). Invalid queue names are skipped here and reported by
     the check ``platformkit.E102``. Returns the subscription names."""
-    from .consumer import subscribe
     from .events import declare
+    from .subscriptions import subscribe
 
     names = []
     for queue in configured_queues():
@@ -158,7 +158,7 @@ def register_task_queues() -> list[str]:
 def queue_subscriptions(queues: Sequence[str]) -> list[Any]:
     """The subscriptions that run ``queues`` (``runworker --queue``). Raises
     ``ConfigurationError`` naming the queues no ``TASKS`` backend of ours has."""
-    from .consumer import subscriptions
+    from .subscriptions import subscriptions
 
     known = {queue_of(s.name): s for s in subscriptions() if queue_of(s.name) is not None}
     missing = sorted(set(queues) - set(known))

@@ -22,8 +22,10 @@ from django.db import connections, transaction
 
 from . import conf, signals
 from ._tables import OUTBOX_TABLE
-from .consumer import Consumer, ReceivedEvent, Subscription
-from .consumer import subscriptions as registered_subscriptions
+from .consumer import Consumer
+from .subscriptions import Subscription
+from .subscriptions import subscriptions as registered_subscriptions
+from .wire import ReceivedEvent
 
 
 @dataclass(frozen=True)
