@@ -18,8 +18,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from ._cron import CronSchedule, cron_problems
-from .consumer import SUBSCRIPTION_NAME_PART, _default_name
 from .exceptions import ConfigurationError
+from .subscriptions import SUBSCRIPTION_NAME_PART, default_name
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 #: The built-in hourly purge (``purge.purge`` with ``RETENTION_DAYS``).
@@ -214,7 +214,7 @@ def job(
             problems.append(f"grace must be a datetime.timedelta >= 0, got {grace!r}")
         if problems:
             raise ConfigurationError(f"@job ({declared_in}): " + "; ".join(problems) + ".")
-        job_name = name if name is not None else _default_name(func)
+        job_name = name if name is not None else default_name(func)
         if not isinstance(job_name, str) or not _JOB_NAME.fullmatch(job_name) or len(job_name) > 200:
             raise ConfigurationError(
                 f"@job ({declared_in}): name {job_name!r} is invalid; use dot-separated identifiers "
