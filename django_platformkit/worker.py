@@ -38,13 +38,14 @@ import nats.errors
 from django.db import DatabaseError, connections
 
 from . import conf
+from ._retry import Backoff
 from .consumer import Consumer, Subscription
 from .consumer import subscriptions as registered_subscriptions
 from .exceptions import BrokerUnavailable, ConsumerDrift, DatabaseUnavailable
 from .heartbeat import Heartbeat
 from .identity import database_identity
 from .models import OutboxEvent
-from .relay import Relay
+from .relay import Relay, RelayStats
 from .transport import Delivery, PullLane, Transport, max_ack_pending_for
 
 logger = logging.getLogger(__name__)
@@ -71,6 +72,10 @@ UNIT_TARGET_SECONDS = 0.1
 #: arrives it would wait up to one interval for the GIL (the convoy effect
 #: that dropped consumers to 30-70 handlings/s). ``--processes`` avoids it.
 SHARED_SWITCH_INTERVAL_SECONDS = 0.001
+#: Start-up waits for an unavailable broker or database (stream, durables):
+#: doubling from the first to the cap, in seconds.
+START_UP_RETRY_FIRST_SECONDS = 0.5
+START_UP_RETRY_MAX_SECONDS = 10.0
 #: How long a pool thread backs off after a database or broker error outside a handler.
 POOL_ERROR_BACKOFF_SECONDS = 1.0
 
@@ -156,6 +161,7 @@ class Worker:
         self._threads: list[threading.Thread] = []
         self._pool: list[threading.Thread] = []
         self._started = time.monotonic()
+        self._give_up_at: float | None = None  # run-once modes: when start-up stops waiting for the broker
         self._scheduler: Any = None
         self._watchdog_thread: threading.Thread | None = None
         self._threads_done = threading.Event()
@@ -199,20 +205,15 @@ class Worker:
         """Run until stopped (or drained, with ``burst``). Returns the exit code."""
         try:
             # A burst is a script's step: fail it rather than wait forever for a broker.
-            if not self.transport.connect_until(
-                self.stop_event, give_up_after_seconds=self.connect_timeout_seconds if self.burst else None
-            ):
+            if not self._connect_and_ensure_stream(give_up=self.burst):
                 return self._stopped_in_start_up()
-            # owner: refuse a stream another project's database owns (identity.py).
-            self._retry_until_stopped(
-                lambda: self.transport.ensure_stream(owner=database_identity(self.using)),
-                f"stream {conf.settings.STREAM}",
-            )
             if self.want_consumers:
                 for subscription in self.subscriptions:
                     want = desired_consumer_config(subscription)
                     self._retry_until_stopped(
-                        lambda want=want: self.transport.ensure_consumer(want), f"durable {subscription.durable}"
+                        lambda want=want: self.transport.ensure_consumer(want),
+                        f"durable {subscription.durable}",
+                        self._give_up_at,
                     )
                     consumers = [
                         Consumer(
@@ -252,6 +253,43 @@ class Worker:
             self.stop_event.set()
             self._shutdown()
         return self.exit_code
+
+    def relay_once(self) -> RelayStats | None:
+        """One relay pass on this worker's start-up path (``runrelay --once``):
+        connect and ensure the stream as ``run()`` does - giving up after
+        ``connect_timeout_seconds`` with ``BrokerUnavailable`` saying what is
+        not available - relay what is due now, close. Returns the pass's
+        ``RelayStats`` (``temporary``: rows left pending by a refusal worth
+        retrying), or None when stopped during start-up. A database error of
+        the pass propagates; the rows it concerns stay pending."""
+        try:
+            if not self._connect_and_ensure_stream(give_up=True):
+                self._stopped_in_start_up()
+                return None
+            self._starting = False  # from here a signal lets the pass stop after its current batch
+            self.relay = Relay(self.transport, using=self.using)
+            return self.relay.drain(self.stop_event)
+        finally:
+            self.transport.close()
+            connections.close_all()
+
+    def _connect_and_ensure_stream(self, *, give_up: bool) -> bool:
+        """Connect to NATS and create or check the stream (and its owner),
+        waiting out a broker or database that can't answer yet. Returns False
+        when stopped first. With ``give_up`` (run-once modes), raises
+        ``BrokerUnavailable`` once ``connect_timeout_seconds`` have passed."""
+        self._give_up_at = time.monotonic() + self.connect_timeout_seconds if give_up else None
+        if not self.transport.connect_until(
+            self.stop_event, give_up_after_seconds=self.connect_timeout_seconds if give_up else None
+        ):
+            return False
+        # owner: refuse a stream another project's database owns (identity.py).
+        self._retry_until_stopped(
+            lambda: self.transport.ensure_stream(owner=database_identity(self.using)),
+            f"stream {conf.settings.STREAM}",
+            self._give_up_at,
+        )
+        return not self.stop_event.is_set()
 
     def _stopped_in_start_up(self) -> int:
         logger.info("worker stopped during start-up exit=0")
@@ -303,8 +341,13 @@ class Worker:
         if units:
             logger.info("handed back unstarted deliveries=%s", sum(len(d) for d, _ in units))
 
-    def _retry_until_stopped(self, func, what: str) -> None:
-        delay = 0.5
+    def _retry_until_stopped(self, func, what: str, give_up_at: float | None = None) -> None:
+        """Call ``func`` until it returns or ``stop_event`` is set, waiting
+        out a broker or database that can't answer (JetStream starting, a
+        cluster electing its leader). Past ``give_up_at`` (monotonic seconds;
+        run-once modes) raises ``BrokerUnavailable`` saying ``what`` is not
+        available. ``ConsumerDrift`` is raised at once: waiting can't fix it."""
+        delay = Backoff(START_UP_RETRY_FIRST_SECONDS, START_UP_RETRY_MAX_SECONDS)
         while not self.stop_event.is_set():
             try:
                 func()
@@ -312,11 +355,11 @@ class Worker:
             except ConsumerDrift:
                 raise
             except (BrokerUnavailable, DatabaseUnavailable, nats.errors.Error, TimeoutError) as exc:
-                logger.error(
-                    "%s: unavailable error=%s; retrying in %.1fs", what, self.transport.redact(str(exc)), delay
-                )
-                self.stop_event.wait(delay)
-                delay = min(delay * 2, 10)
+                why = self.transport.redact(str(exc) or type(exc).__name__)
+                if give_up_at is not None and time.monotonic() + delay.current > give_up_at:
+                    raise BrokerUnavailable(f"the {what} is not available: {why}") from exc
+                logger.error("%s not available error=%s; retrying in %.1fs", what, why, delay.current)
+                self.stop_event.wait(delay.next())
 
     def counts(self) -> dict[str, int]:
         totals: dict[str, int] = {"relayed": self.relay.totals.stored if self.relay else 0}
