@@ -29,6 +29,7 @@ from typing import Any
 from django.db import connections
 
 from ._retry import Backoff
+from .health import HealthFile
 
 logger = logging.getLogger(__name__)
 
@@ -238,14 +239,7 @@ class Supervisor:
         state = self.health()
         if final:
             state.update(healthy=False, stopped=True, exit_code=self.exit_code)
-        tmp = self.health_file.with_name(
-            self.health_file.name + f".{os.getpid()}.tmp"
-        )  # one per process: children share a folder
-        try:
-            tmp.write_text(json.dumps(state))
-            tmp.replace(self.health_file)
-        except OSError as exc:
-            logger.warning("health file not written path=%s error=%s", self.health_file, exc)
+        HealthFile(self.health_file).write(state)
 
 
 def _child_main(child: _Child, health_file: Path | None) -> int:

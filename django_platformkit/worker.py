@@ -23,15 +23,14 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import json
+import functools
 import logging
 import os
 import signal
 import sys
 import threading
 import time
-from collections.abc import Sequence
-from pathlib import Path
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import nats.errors
@@ -39,27 +38,26 @@ from django.db import DatabaseError, connections
 
 from . import conf
 from ._retry import Backoff
-from .consumer import Consumer, Subscription
-from .consumer import subscriptions as registered_subscriptions
+from .consumer import Consumer
 from .exceptions import BrokerUnavailable, ConsumerDrift, DatabaseUnavailable
+from .health import EXIT_STUCK_HANDLER as EXIT_STUCK_HANDLER  # where it was defined before health.py
+from .health import HealthFile, Watchdog
 from .heartbeat import Heartbeat
 from .identity import database_identity
 from .models import OutboxEvent
 from .relay import Relay, RelayStats
+from .subscriptions import Subscription
+from .subscriptions import subscriptions as registered_subscriptions
 from .transport import Delivery, PullLane, Transport, max_ack_pending_for
 
 logger = logging.getLogger(__name__)
 
-#: Exit status when a handler is stuck past HANDLER_TIMEOUT_SECONDS + grace.
-EXIT_STUCK_HANDLER = 3
 #: Exit status when a worker thread or the event loop died.
 EXIT_CRASHED = 1
 #: Kept for compatibility: the runtime no longer polls durables. A pull lane
 #: notices a lost durable (a broker that lost its store) by two missed idle
 #: heartbeats of its waiting request (PULL_HEARTBEAT_SECONDS) and re-ensures it.
 DURABLE_CHECK_SECONDS = 30.0
-#: How often the worker logs its counts at INFO when they changed.
-PROGRESS_LOG_SECONDS = 10.0
 #: A unit (the deliveries one pool thread takes at once) is sized so it runs
 #: about this long: fast handlers get whole batches (one transaction, one
 #: claim statement), a slow one gets one message at a time, so nothing
@@ -153,7 +151,7 @@ class Worker:
         self.burst_timeout_seconds = burst_timeout_seconds
         self.connect_timeout_seconds = connect_timeout_seconds
         self.subscriptions = list(registered_subscriptions() if subscriptions is None else subscriptions)
-        self.health_file = Path(health_file) if health_file else None
+        self.health_file = HealthFile(health_file) if health_file else None
         self.stop_event = threading.Event()
         self.relay: Relay | None = None
         self.consumers: list[Consumer] = []
@@ -211,7 +209,7 @@ class Worker:
                 for subscription in self.subscriptions:
                     want = desired_consumer_config(subscription)
                     self._retry_until_stopped(
-                        lambda want=want: self.transport.ensure_consumer(want),
+                        functools.partial(self.transport.ensure_consumer, want),
                         f"durable {subscription.durable}",
                         self._give_up_at,
                     )
@@ -341,7 +339,7 @@ class Worker:
         if units:
             logger.info("handed back unstarted deliveries=%s", sum(len(d) for d, _ in units))
 
-    def _retry_until_stopped(self, func, what: str, give_up_at: float | None = None) -> None:
+    def _retry_until_stopped(self, func: Callable[[], object], what: str, give_up_at: float | None = None) -> None:
         """Call ``func`` until it returns or ``stop_event`` is set, waiting
         out a broker or database that can't answer (JetStream starting, a
         cluster electing its leader). Past ``give_up_at`` (monotonic seconds;
@@ -502,55 +500,19 @@ class Worker:
                     self.transport.nak(delivery, POOL_ERROR_BACKOFF_SECONDS)
             self.stop_event.wait(POOL_ERROR_BACKOFF_SECONDS)
 
-    # -- watchdog, progress, health --
+    # -- watchdog, progress, health (health.py) --
     def _watchdog(self) -> None:
-        timeout = float(conf.settings.HANDLER_TIMEOUT_SECONDS)
-        grace = float(conf.settings.HANDLER_STUCK_GRACE_SECONDS)
-        warned: set[int] = set()
-        last_counts, last_logged = self.counts(), time.monotonic()
-        while not self._threads_done.wait(1.0):
-            now = time.monotonic()
-            if now - last_logged >= PROGRESS_LOG_SECONDS:
-                counts = self.counts()
-                if counts != last_counts:
-                    logger.info(
-                        "progress interval=%.0fs %s",
-                        now - last_logged,
-                        " ".join(f"{k}={counts[k] - last_counts.get(k, 0)}" for k in counts),
-                    )
-                last_counts, last_logged = counts, now
-            if not self.stop_event.is_set():
-                self._check_alive()
-            for consumer in self.consumers:
-                started = consumer.handler_started
-                if started is None:
-                    warned.discard(id(consumer))
-                    continue
-                running = now - started
-                if running > timeout and id(consumer) not in warned:
-                    warned.add(id(consumer))
-                    logger.error(
-                        "handler stuck subscription=%s running=%.0fs timeout=%ss: its ack is no longer extended; "
-                        "the worker exits in %.0fs unless it returns",
-                        consumer.subscription.name,
-                        running,
-                        timeout,
-                        timeout + grace - running,
-                    )
-                if running > timeout + grace:
-                    logger.critical(
-                        "handler stuck subscription=%s running=%.0fs: exiting status=%s so the supervisor restarts the worker",
-                        consumer.subscription.name,
-                        running,
-                        EXIT_STUCK_HANDLER,
-                    )
-                    self._write_health(stuck=consumer.subscription.name)
-                    logging.shutdown()
-                    os._exit(EXIT_STUCK_HANDLER)
-            if not self.stop_event.is_set():
-                self._write_health()
-            self.heartbeat.beat()  # writes only every few seconds
-        self.heartbeat.stopped()
+        Watchdog(
+            consumers=self.consumers,
+            counts=self.counts,
+            check_alive=self._check_alive,
+            write_health=lambda stuck: self._write_health(stuck=stuck),
+            heartbeat=self.heartbeat,
+            stopping=self.stop_event,
+            done=self._threads_done,
+            timeout_seconds=float(conf.settings.HANDLER_TIMEOUT_SECONDS),
+            grace_seconds=float(conf.settings.HANDLER_STUCK_GRACE_SECONDS),
+        ).run()
 
     def _check_alive(self) -> None:
         """A dead event loop or a crashed lane means nothing is fetched any more: end the process."""
@@ -596,17 +558,10 @@ class Worker:
     def _write_health(self, stuck: str | None = None, final: bool = False) -> None:
         if self.health_file is None:
             return
-        tmp = self.health_file.with_name(
-            f"{self.health_file.name}.{os.getpid()}.{threading.get_ident()}.tmp"
-        )  # one per writer: --processes children share a folder
-        try:
-            state = self.health(stuck)
-            if final:
-                state.update(healthy=False, stopped=True, exit_code=self.exit_code)
-            tmp.write_text(json.dumps(state))
-            tmp.replace(self.health_file)
-        except OSError as exc:  # a full disk must not take the worker down; the probe will notice
-            logger.warning("health file not written path=%s error=%s", self.health_file, exc)
+        state = self.health(stuck)
+        if final:
+            state.update(healthy=False, stopped=True, exit_code=self.exit_code)
+        self.health_file.write(state)
 
     def _write_final_health(self) -> None:
         # A probe must never read "healthy" from a worker that has exited.
