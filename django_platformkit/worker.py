@@ -13,10 +13,12 @@ that have one ready, so a busy subscription can't starve the others.
 Stopping is cooperative: SIGTERM or SIGINT stops pulling, NAKs at once what
 was fetched and not started, lets in-flight units finish and ack, and exits
 0. A handler stuck past its timeout plus a grace period makes the process
-exit 3, and a crash of any worker thread or of the event loop makes it exit
-1, so its supervisor restarts it (never a live process that no longer
-consumes). ``run_supervisor`` runs the relay and scheduler in one process
-and N consumer processes under one parent (``runworker --processes N``).
+exit 3 (the watchdog, ``health.py``), and a crash of any worker thread or of
+the event loop makes it exit 1, so its supervisor restarts it (never a live
+process that no longer consumes). ``supervisor.py`` runs the relay and
+scheduler in one process and N consumer processes under one parent
+(``runworker --processes N``); ``runrelay`` is this worker with the relay
+alone.
 """
 
 from __future__ import annotations
