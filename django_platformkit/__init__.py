@@ -30,14 +30,14 @@ _WHERE = {
     "job": "jobs",
     "publish": "events",
     "publish_many": "events",
-    "replay": "relay",
+    "replay": "deadletters",
     "subscribe": "subscriptions",
 }
 
 if TYPE_CHECKING:
+    from .deadletters import replay
     from .events import EventType, declare, publish, publish_many
     from .jobs import job
-    from .relay import replay
     from .subscriptions import subscribe
     from .wire import ReceivedEvent
 

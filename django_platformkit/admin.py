@@ -291,8 +291,8 @@ class DeadLetterAdmin(ReadOnlyAdmin):
         return TemplateResponse(request, "admin/django_platformkit/deadletter/confirm.html", context)
 
     def _perform(self, request: HttpRequest, rows: list[DeadLetter], verb: str, reason: str) -> None:
+        from .deadletters import discard, replay
         from .exceptions import ReplayRefused
-        from .relay import discard, replay
 
         actor = request.user.get_username()
         done, refused = [], []

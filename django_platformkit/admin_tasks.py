@@ -211,8 +211,8 @@ class OutboxTaskAdmin(admin.ModelAdmin):
         reason = (request.POST.get("reason") or "").strip()
         confirmed = request.method == "POST" and request.POST.get("confirm") == "yes"
         if confirmed and reason:
+            from .deadletters import replay
             from .exceptions import ReplayRefused
-            from .relay import replay
 
             actor = request.user.get_username()
             done = 0

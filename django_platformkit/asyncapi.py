@@ -15,7 +15,7 @@ from typing import Any
 
 from . import conf
 from .events import TENANT, EventType, catalogue
-from .transport import NO_TENANT, subject_for
+from .wire import NO_TENANT, subject_for
 
 #: AsyncAPI 3.0.0, https://www.asyncapi.com/docs/reference/specification/v3.0.0
 ASYNCAPI_VERSION = "3.0.0"

@@ -29,7 +29,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
 from django.db import DatabaseError, InterfaceError, OperationalError, connections, transaction
@@ -37,9 +37,9 @@ from django.db.transaction import TransactionManagementError
 from django.utils import timezone
 
 from . import conf, signals, tracing
-from ._tables import ATTEMPTS_TABLE, DEAD_LETTER_TABLE, HANDLED_TABLE, OUTBOX_TABLE
-from .events import check_event_name, check_tenant, current_event
-from .exceptions import InvalidEventName
+from ._tables import ATTEMPTS_TABLE, HANDLED_TABLE, OUTBOX_TABLE
+from .deadletters import malformed_id, record_dead_letter, record_malformed
+from .events import check_tenant, current_event
 
 # Re-exported: these lived here before subscriptions.py / wire.py, and users
 # and jobs.py import them from this module.
@@ -56,75 +56,14 @@ from .subscriptions import (  # noqa: F401
     subscriptions,
     tenant_context_factory,
 )
-from .transport import Delivery, Transport, parse_subject
-from .wire import ReceivedEvent
+from .wire import Delivery, MalformedMessage, ReceivedEvent, parse_delivery
+
+if TYPE_CHECKING:
+    # The worker hands the consumer its transport: handling events imports no nats.
+    from .transport import Transport
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
-
-_NAMESPACE_MALFORMED = uuid.UUID("8a1d6c61-3f5e-4c2c-9a59-1f0a3d6b7e21")
-
-
-# --- parsing a delivery ------------------------------------------------------
-
-
-class MalformedMessage(Exception):
-    """A message on our subjects that isn't a well-formed event of ours."""
-
-
-def parse_delivery(delivery: Delivery) -> ReceivedEvent:
-    """Decode a CloudEvents structured-mode body and cross-check it with the
-    subject. Raises ``MalformedMessage`` saying what is wrong."""
-    parsed = parse_subject(delivery.subject)
-    if parsed is None:
-        raise MalformedMessage(f"subject {delivery.subject!r} is not <prefix>.<tenant>.<module>.<event>")
-    subject_tenant, subject_name = parsed
-    try:
-        body = json.loads(delivery.data)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise MalformedMessage(f"body is not JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise MalformedMessage("body is not a JSON object (not a CloudEvents envelope)")
-    if body.get("specversion") != "1.0":
-        raise MalformedMessage(f"specversion is {body.get('specversion')!r}, not '1.0'")
-    try:
-        event_id = uuid.UUID(str(body.get("id")))
-    except ValueError:
-        raise MalformedMessage(f"id {body.get('id')!r} is not a UUID") from None
-    name = body.get("type")
-    try:
-        check_event_name(name)
-        tenant = check_tenant(body.get("tenantid"))
-    except InvalidEventName as exc:
-        raise MalformedMessage(str(exc)) from None
-    if name != subject_name:
-        raise MalformedMessage(f"type {name!r} differs from the subject's event {subject_name!r}")
-    if tenant != subject_tenant:
-        raise MalformedMessage(
-            f"tenantid {tenant!r} differs from the subject's tenant {subject_tenant!r}: refusing to run it in either"
-        )
-    data = body.get("data")
-    if not isinstance(data, dict):
-        raise MalformedMessage("data is not a JSON object")
-    try:
-        occurred_at = datetime.fromisoformat(str(body.get("time")).replace("Z", "+00:00"))
-    except ValueError:
-        raise MalformedMessage(f"time {body.get('time')!r} is not RFC 3339") from None
-    if occurred_at.tzinfo is None:
-        raise MalformedMessage("time has no UTC offset")
-    headers = {k: v for k, v in delivery.headers.items() if not k.startswith("Nats-")}
-    for key in ("traceparent", "tracestate"):
-        if isinstance(body.get(key), str):
-            headers.setdefault(key, body[key])
-    return ReceivedEvent(
-        id=event_id,
-        name=name,
-        tenant=tenant,
-        payload=data,
-        occurred_at=occurred_at,
-        attempt=delivery.attempt,
-        headers=headers,
-    )
 
 
 # --- handling ----------------------------------------------------------------
@@ -185,17 +124,6 @@ _FAILED_NEW_SQL = (
     "WHERE subscription = %s AND event_id = %s ON CONFLICT (subscription, event_id, attempt) DO NOTHING"
 )
 _INTERRUPTED_SQL = f"UPDATE {ATTEMPTS_TABLE} SET outcome = 'interrupted', finished_at = clock_timestamp() WHERE id = %s AND outcome = 'running'"
-_TERMINAL_CLAIM_SQL = (
-    f"WITH row AS (SELECT 1 FROM {OUTBOX_TABLE} WHERE id = %s FOR KEY SHARE) "
-    f"INSERT INTO {HANDLED_TABLE} (subscription, event_id, handled_at) "
-    "SELECT %s, %s, now() FROM (SELECT count(*) FROM row) locked "
-    "ON CONFLICT (subscription, event_id) DO NOTHING RETURNING 1"
-)
-_DEAD_LETTER_SQL = (
-    f"INSERT INTO {DEAD_LETTER_TABLE} (event_id, subscription, name, tenant, attempts, error, traceback, failed_at) "
-    "VALUES (%s, %s, %s, %s, %s, %s, %s, now()) ON CONFLICT (subscription, event_id) DO NOTHING"
-)
-
 #: The reason a trusted subscription gives for a message whose id the outbox doesn't hold (DESIGN.md "Trust model").
 NOT_IN_OUTBOX = "not in this project's outbox: forged, from another project, or purged"
 
@@ -1082,11 +1010,7 @@ class Consumer:
         body_id = None
         with contextlib.suppress(Exception):
             body_id = uuid.UUID(str(json.loads(delivery.data).get("id")))
-        # Keyed by the message's place in the stream, never by the id it claims:
-        # a forged or broken message claiming a real event's id must not take
-        # that event's (subscription, event_id) dead-letter slot, and two bad
-        # messages claiming one id are two records.
-        event_id = uuid.uuid5(_NAMESPACE_MALFORMED, f"{conf.settings.STREAM}:{delivery.stream_seq}")
+        event_id = malformed_id(conf.settings.STREAM, delivery.stream_seq)
         claimed = f" claimed_id={body_id}" if body_id is not None else ""
         error = f"malformed message{claimed} on subject={delivery.subject} stream_seq={delivery.stream_seq}: {reason}"
         logger.error(
@@ -1097,21 +1021,14 @@ class Consumer:
             reason,
         )
         try:
-            with transaction.atomic(using=self.using), connections[self.using].cursor() as cursor:
-                cursor.execute(
-                    _DEAD_LETTER_SQL,
-                    # NUL can't be stored in PostgreSQL text: unescaped, a body holding one
-                    # could never be recorded and would come back after every ack wait.
-                    [
-                        event_id,
-                        sub.name,
-                        "(malformed)",
-                        None,
-                        delivery.attempt,
-                        clean_text(error)[:10000],
-                        clean_text(delivery.data[:4000].decode("utf-8", "replace")),
-                    ],
-                )
+            record_malformed(
+                subscription=sub.name,
+                event_id=event_id,
+                attempts=delivery.attempt,
+                error=error,
+                body=delivery.data,
+                using=self.using,
+            )
         except DatabaseError as exc:
             logger.error(
                 "malformed message not recorded, will retry subscription=%s stream_seq=%s error=%s",
@@ -1152,32 +1069,3 @@ def close_old_connections_for(alias: str) -> None:
     max_age = connection.settings_dict.get("CONN_MAX_AGE") or 0
     if max_age > 0 and connection.close_at is not None and time.monotonic() >= connection.close_at:
         connection.close()
-
-
-def record_dead_letter(
-    *,
-    subscription: str,
-    event_id: uuid.UUID,
-    name: str,
-    tenant: str | None,
-    attempts: int,
-    error: str,
-    traceback: str,
-    using: str | None = None,
-) -> bool:
-    """In one transaction: a terminal claim and, if the claim is new, the dead
-    letter. Returns whether a dead letter was written (False: the event was
-    already handled - its ack was lost - so there is nothing to report).
-    Idempotent: both inserts are ``ON CONFLICT DO NOTHING``."""
-    alias = using or conf.settings.DATABASE_ALIAS
-    with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
-        # Hold the outbox row (it has the payload's only copy) while the dead
-        # letter is written: purge locks FOR UPDATE SKIP LOCKED, so it skips it.
-        cursor.execute(_TERMINAL_CLAIM_SQL, [event_id, subscription, event_id])
-        if cursor.fetchone() is None:
-            return False
-        cursor.execute(
-            _DEAD_LETTER_SQL,
-            [event_id, subscription, name, tenant, attempts, clean_text(error)[:10000], clean_text(traceback)[:50000]],
-        )
-    return True

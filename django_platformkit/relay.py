@@ -1,4 +1,4 @@
-"""The relay: pending outbox rows -> JetStream -> stamped. Also ``replay()`` and ``discard()``, the operator verbs.
+"""The relay: pending outbox rows -> JetStream -> stamped; and its LISTEN wake-up.
 
 A batch is selected ``FOR UPDATE SKIP LOCKED`` in relay order, published
 pipelined with ``Nats-Msg-Id`` = the event id, and stamped in the same
@@ -11,26 +11,27 @@ seen" cursor, so a row that commits late still goes out.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import threading
 import time
 import uuid
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 from django.db import connections, transaction
 
 from . import conf, signals, tracing
-from ._tables import ATTEMPTS_TABLE, DEAD_LETTER_TABLE, HANDLED_TABLE, OUTBOX_TABLE
-from .consumer import record_dead_letter
-from .events import EVENT_REPLAYED, NOTIFY_CHANNEL, publish
-from .exceptions import ReplayRefused
+from ._tables import OUTBOX_TABLE
+from .deadletters import ReplayResult, discard, record_dead_letter, replay  # noqa: F401
+from .events import NOTIFY_CHANNEL
 from .outage import Outage, is_database_error
-from .transport import NO_TENANT, Outcome, OutgoingMessage, PendingPublish, Transport
+from .transport import PendingPublish, Transport
+from .wire import Outcome, OutgoingMessage, compose, envelope  # noqa: F401
 
 logger = logging.getLogger(__name__)
+
+# Re-exported above (noqa: F401): callers imported ReplayResult, replay and
+# discard (now deadletters.py) and envelope (now wire.py) from this module.
 
 #: The subscription name under which the relay dead-letters rows the broker
 #: refuses for good, so one bad row never blocks the queue.
@@ -99,97 +100,6 @@ class RelayStats:
         for key in self.__dataclass_fields__:
             setattr(self, key, getattr(self, key) + getattr(other, key))
         return self
-
-
-def message_id(event_id: uuid.UUID | str, headers: dict[str, Any] | None) -> str:
-    """The ``Nats-Msg-Id`` of a row: the event id, or a fresh one per replay
-    (the broker would drop a re-send of the old id within its window)."""
-    return _message_id(str(event_id), (headers or {}).get("platformkit_replay"))
-
-
-def _message_id(event_id: str, replay: Any) -> str:
-    return event_id if not replay else f"{event_id}:replay:{replay}"
-
-
-def envelope(
-    event_id: uuid.UUID,
-    name: str,
-    tenant: str | None,
-    payload_text: str,
-    headers: dict[str, Any] | None,
-    created_at: datetime,
-) -> OutgoingMessage:
-    """The CloudEvents 1.0 structured-mode message of one outbox row.
-
-    Attributes per the CloudEvents spec (v1.0.2, "Required/Optional
-    Attributes"): ``specversion``, ``id``, ``source`` (``/<module>``),
-    ``type`` (the event name), ``subject`` (the NATS subject), ``time`` (RFC
-    3339, UTC), ``datacontenttype``, ``data``; the ``tenantid`` extension, and
-    ``traceparent``/``tracestate`` (the Distributed Tracing extension) when
-    the publisher had a trace. The payload text from PostgreSQL is spliced in
-    as it is, so it is never decoded and re-encoded on the hot path.
-    """
-    if isinstance(headers, str):  # Django's cursor hands jsonb back as text
-        headers = json.loads(headers)
-    headers = headers or {}
-    return _compose(
-        conf.settings.SUBJECT_PREFIX,
-        str(event_id),
-        name,
-        tenant,
-        payload_text,
-        created_at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
-        headers.get("traceparent"),
-        headers.get("tracestate"),
-        headers.get("platformkit_replay"),
-    )
-
-
-# (subject prefix, name, tenant) -> (subject, the attributes after "id", the
-# attributes after "time"): the parts of an envelope that never change for
-# one kind of event. Bounded: cleared when it outgrows _STATIC_LIMIT.
-_static: dict[tuple[str, str, str | None], tuple[str, str, str]] = {}
-_STATIC_LIMIT = 10_000
-
-
-def _static_parts(prefix: str, name: str, tenant: str | None) -> tuple[str, str, str]:
-    key = (prefix, name, tenant)
-    parts = _static.get(key)
-    if parts is None:
-        subject = f"{prefix}.{tenant or NO_TENANT}.{name}"
-        middle = _json({"source": "/" + name.split(".", 1)[0], "type": name, "subject": subject})[1:-1]
-        after_time = {"datacontenttype": "application/json"}
-        if tenant:
-            after_time["tenantid"] = tenant
-        if len(_static) >= _STATIC_LIMIT:
-            _static.clear()
-        parts = _static[key] = (subject, middle, _json(after_time)[1:-1])
-    return parts
-
-
-def _json(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
-
-
-def _compose(
-    prefix: str,
-    event_id: str,
-    name: str,
-    tenant: str | None,
-    payload_text: str,
-    time_text: str,
-    traceparent: str | None,
-    tracestate: str | None,
-    replay: Any,
-) -> OutgoingMessage:
-    subject, middle, after_time = _static_parts(prefix, name, tenant)
-    trace = ""
-    if traceparent:
-        trace += ',"traceparent":' + _json(traceparent)
-    if tracestate:
-        trace += ',"tracestate":' + _json(tracestate)
-    body = f'{{"specversion":"1.0","id":"{event_id}",{middle},"time":"{time_text}",{after_time}{trace},"data":{payload_text}}}'
-    return OutgoingMessage(subject=subject, body=body.encode("utf-8"), msg_id=_message_id(event_id, replay))
 
 
 class Relay:
@@ -275,7 +185,7 @@ class Relay:
                 if not rows:
                     return stats
                 prefix = conf.settings.SUBJECT_PREFIX
-                messages = [_compose(prefix, *row[1:]) for row in rows]
+                messages = [compose(prefix, *row[1:]) for row in rows]
                 spans.enter_context(tracing.producer_spans(messages, ((r[1], r[2], r[6], r[7]) for r in rows)))
                 pending = self.transport.publish_start(messages, timeout=self.publish_timeout_seconds)
             first_temporary = self._settle(cursor, rows, messages, pending, stats)
@@ -519,144 +429,3 @@ class _Listener:
             except Exception:
                 pass
         self.connection = None
-
-
-# --- replay ------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ReplayResult:
-    event_id: uuid.UUID
-    subscriptions: tuple[str, ...]  # whose claim (and dead letter) was cleared
-    dead_letters_cleared: int
-    audit_event_id: uuid.UUID
-
-
-def replay(
-    event_id: uuid.UUID | str,
-    *,
-    subscription: str | None = None,
-    actor: str,
-    reason: str,
-    include_handled: bool = False,
-    using: str | None = None,
-) -> ReplayResult:
-    """Send an event again to the subscriptions that gave up on it.
-
-    In one transaction: lock the outbox row; delete the dead letter and its
-    terminal claim for ``subscription`` - or, when None, for every
-    subscription that dead-lettered this event (the relay's
-    ``platformkit.relay`` included); set the row pending again with a fresh
-    ``Nats-Msg-Id``; and publish ``platformkit.event_replayed`` {event_id,
-    name, subscription, actor, reason}. Subscriptions that handled the event
-    keep their claims and skip the re-send. ``include_handled=True`` (with a
-    named ``subscription``) also clears a success claim, to run a handler
-    again on purpose.
-
-    Raises ``ReplayRefused`` (a ``ValueError``), writing nothing, when
-    ``actor`` or ``reason`` is empty, the event is unknown (or purged), or
-    there is no dead letter to replay.
-    """
-    actor = str(actor or "").strip()
-    reason = str(reason or "").strip()
-    if not actor:
-        raise ReplayRefused("replay() needs an actor: who is replaying (e.g. the operator's username).")
-    if not reason:
-        raise ReplayRefused(
-            "replay() needs a reason: say why this event is sent again (it is kept in the audit event)."
-        )
-    if include_handled and subscription is None:
-        raise ReplayRefused("include_handled=True needs a subscription: name the one handler to run again.")
-    try:
-        event_id = uuid.UUID(str(event_id))
-    except ValueError:
-        raise ReplayRefused(f"{event_id!r} is not an event id (a UUID).") from None
-    alias = using or conf.settings.DATABASE_ALIAS
-    with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
-        cursor.execute(f"SELECT name, headers FROM {OUTBOX_TABLE} WHERE id = %s FOR UPDATE", [event_id])
-        row = cursor.fetchone()
-        if row is None:
-            raise ReplayRefused(
-                f"event {event_id} is not in the outbox (never published, or purged): nothing to replay."
-            )
-        name, headers = row
-        if isinstance(headers, str):
-            headers = json.loads(headers)
-        where, params = "event_id = %s", [event_id]
-        if subscription is not None:
-            where += " AND subscription = %s"
-            params.append(subscription)
-        cursor.execute(f"DELETE FROM {DEAD_LETTER_TABLE} WHERE {where} RETURNING subscription", params)
-        dead = sorted(r[0] for r in cursor.fetchall())
-        cleared = list(dead)
-        if include_handled and not dead:
-            cleared = [subscription]
-        if not cleared:
-            target = f"subscription {subscription!r}" if subscription else "any subscription"
-            raise ReplayRefused(
-                f"event {event_id} has no dead letter for {target}: nothing to replay. "
-                "(To run a handler that succeeded again, pass subscription=... and include_handled=True.)"
-            )
-        # Only the claims of what is replayed: a subscription that handled the
-        # event keeps its claim and skips the re-send.
-        cursor.execute(
-            f"DELETE FROM {HANDLED_TABLE} WHERE event_id = %s AND subscription = ANY(%s)", [event_id, cleared]
-        )
-        # A replay starts the handler-run count afresh (DESIGN.md "Attempts"):
-        # left in place, the old runs would dead-letter the re-send at once.
-        cursor.execute(
-            f"DELETE FROM {ATTEMPTS_TABLE} WHERE event_id = %s AND subscription = ANY(%s)", [event_id, cleared]
-        )
-        count = int((headers or {}).get("platformkit_replay") or 0) + 1
-        cursor.execute(
-            f"UPDATE {OUTBOX_TABLE} SET published_at = NULL, headers = headers || %s::jsonb WHERE id = %s",
-            [json.dumps({"platformkit_replay": count}), event_id],
-        )
-        audit = publish(
-            EVENT_REPLAYED,
-            {"event_id": str(event_id), "name": name, "subscription": subscription, "actor": actor, "reason": reason},
-            using=alias,
-        )
-    logger.info(
-        "replayed event_id=%s name=%s subscriptions=%s actor=%s reason=%s",
-        event_id,
-        name,
-        ",".join(cleared),
-        actor,
-        reason,
-    )
-    return ReplayResult(
-        event_id=event_id, subscriptions=tuple(cleared), dead_letters_cleared=len(dead), audit_event_id=audit
-    )
-
-
-def discard(event_id: uuid.UUID | str, *, subscription: str, actor: str, reason: str, using: str | None = None) -> bool:
-    """Accept a failure: delete the dead letter of (``subscription``,
-    ``event_id``). Its terminal claim stays, so nothing runs the event for
-    that subscription again, and the outbox row becomes purgeable once no
-    dead letter describes it. Returns whether a dead letter was deleted.
-
-    Raises ``ReplayRefused`` (a ``ValueError``), writing nothing, without an
-    ``actor`` or a ``reason`` (both are logged: the dead letter was the evidence).
-    """
-    actor = str(actor or "").strip()
-    reason = str(reason or "").strip()
-    if not actor or not reason:
-        raise ReplayRefused("discard() needs an actor and a reason: who accepts this failure, and why.")
-    alias = using or conf.settings.DATABASE_ALIAS
-    with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
-        cursor.execute(
-            f"DELETE FROM {DEAD_LETTER_TABLE} WHERE event_id = %s AND subscription = %s RETURNING name",
-            [uuid.UUID(str(event_id)), subscription],
-        )
-        row = cursor.fetchone()
-    if row is not None:
-        logger.info(
-            "discarded dead letter event_id=%s name=%s subscription=%s actor=%s reason=%s",
-            event_id,
-            row[0],
-            subscription,
-            actor,
-            reason,
-        )
-    return row is not None

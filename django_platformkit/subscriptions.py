@@ -20,8 +20,7 @@ from django.utils.module_loading import import_string
 from . import conf
 from .events import check_event_name
 from .exceptions import ConfigurationError, InvalidEventName
-from .transport import durable_name, filter_subject_for
-from .wire import ReceivedEvent
+from .wire import ReceivedEvent, durable_name, filter_subject_for
 
 #: One part of a subscription or job name (names are parts joined by ``.``;
 #: no ``-``, so ``.`` -> ``-`` gives a one-to-one durable name).

@@ -233,9 +233,9 @@ class OutboxBackend(BaseTaskBackend):  # type: ignore[misc,valid-type]
             announce,
             check_tenant,
             current_event,
-            encode_payload,
             get_event_type,
         )
+        from .payload import encode_payload
 
         self.validate_task(task)
         payload = {"task": task.module_path, "args": list(args), "kwargs": dict(kwargs), "backend": self.alias}

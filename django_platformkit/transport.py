@@ -19,7 +19,6 @@ import logging
 import ssl
 import threading
 from collections.abc import Callable, Coroutine, Sequence
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import nats
@@ -30,16 +29,26 @@ from nats.js import api
 from . import conf
 from .exceptions import BrokerUnavailable, ConfigurationError, ConsumerDrift
 
+# The wire scheme and the values crossing the bridge live in wire.py (pure);
+# re-exported here, where callers imported them from before.
+from .wire import (  # noqa: F401
+    ENVELOPE_OVERHEAD_BYTES,
+    JSONB_TEXT_GROWTH,
+    NO_TENANT,
+    Delivery,
+    Outcome,
+    OutgoingMessage,
+    PublishResult,
+    durable_name,
+    filter_subject_for,
+    parse_subject,
+    subject_for,
+)
+
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-#: Bytes the CloudEvents envelope and headers add around a payload, at most.
-ENVELOPE_OVERHEAD_BYTES = 4096
-#: PostgreSQL prints jsonb with a space after each ``,`` and ``:``; the relay
-#: sends that text as is, so a compact payload can grow by at most half.
-JSONB_TEXT_GROWTH = 1.5
-NO_TENANT = "_"
 #: A waiting pull request's expiry: an idle subscription costs one request
 #: per this many seconds (re-issued as it expires), not a timer per 50 ms.
 PULL_LINGER_SECONDS = 30.0
@@ -49,37 +58,6 @@ PULL_HEARTBEAT_SECONDS = 5.0
 #: How often the one beat task looks for in-progress acks that are due (the
 #: shortest beat the worker asks for is 0.2 s).
 KEEP_ALIVE_TICK_SECONDS = 0.05
-
-
-# --- the wire scheme, defined once ------------------------------------------
-
-
-def subject_for(event_name: str, tenant: str | None) -> str:
-    """``<SUBJECT_PREFIX>.<tenant or _>.<module>.<event>``: a tenant's backlog is an address."""
-    return f"{conf.settings.SUBJECT_PREFIX}.{tenant or NO_TENANT}.{event_name}"
-
-
-def filter_subject_for(event_name: str) -> str:
-    """The subjects one event travels on, across every tenant."""
-    return f"{conf.settings.SUBJECT_PREFIX}.*.{event_name}"
-
-
-def parse_subject(subject: str) -> tuple[str | None, str] | None:
-    """``(tenant or None, event name)`` of one of our subjects, or None."""
-    prefix = conf.settings.SUBJECT_PREFIX + "."
-    if not subject.startswith(prefix):
-        return None
-    parts = subject[len(prefix) :].split(".")
-    if len(parts) != 3:
-        return None
-    tenant, module, event = parts
-    return (None if tenant == NO_TENANT else tenant), f"{module}.{event}"
-
-
-def durable_name(subscription_name: str) -> str:
-    """The durable consumer of a subscription: its name with ``.`` -> ``-``
-    (subscription names contain no ``-``, so this is one-to-one)."""
-    return subscription_name.replace(".", "-")
 
 
 def stream_config() -> api.StreamConfig:
@@ -170,47 +148,6 @@ def consumer_differences(want: api.ConsumerConfig, have: api.ConsumerConfig) -> 
 # nats-py bounds in-flight async publishes (publish_async_max_pending, 4000
 # by default); below this many pending acks a publish can't stall.
 _NO_STALL_BELOW = 3000
-
-
-# --- values crossing the bridge ---------------------------------------------
-
-
-@dataclass(frozen=True)
-class OutgoingMessage:
-    """One outbox row on its way out: subject, CloudEvents body, and the
-    ``Nats-Msg-Id`` the broker deduplicates re-sends on."""
-
-    subject: str
-    body: bytes
-    msg_id: str
-
-
-class Outcome(enum.Enum):
-    STORED = "stored"  # acked by the stream (a duplicate counts: it is there)
-    TEMPORARY = "temporary"  # try again later: timeout, no responders, connection lost
-    PERMANENT = "permanent"  # will never be accepted as it is: dead-letter it
-
-
-@dataclass(frozen=True)
-class PublishResult:
-    outcome: Outcome
-    error: str = ""
-    duplicate: bool = False
-    seq: int | None = None
-    no_stream: bool = False  # no stream answered: the broker may have lost it
-
-
-@dataclass
-class Delivery:
-    """A JetStream message as the consumer sees it. ``attempt`` is the
-    broker's delivery count, so it survives worker restarts."""
-
-    subject: str
-    data: bytes
-    headers: dict[str, str]
-    attempt: int
-    stream_seq: int
-    msg: Any = field(repr=False)
 
 
 def to_deliveries(msgs: Sequence[Any]) -> list[Delivery]:
@@ -332,7 +269,20 @@ class Transport:
         return self._loop
 
     def call(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
-        """Run ``coro`` on the transport's loop and wait for its result."""
+        """Run ``coro`` on the transport's loop and wait for its result.
+
+        Raises ``BrokerUnavailable`` when NATS doesn't answer within
+        ``timeout`` seconds or nats-py fails the call: its errors are
+        translated here, so no code outside this module handles a ``nats``
+        type (the original is the ``__cause__``). Our own errors
+        (``ConsumerDrift``, ``ConfigurationError``) pass through."""
+        try:
+            return self._call_nats(coro, timeout)
+        except nats.errors.Error as exc:
+            raise BrokerUnavailable(self.redact(str(exc) or type(exc).__name__)) from exc
+
+    def _call_nats(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        """``call()`` without the translation: for ``connect()``, which words nats-py's refusal itself."""
         future = asyncio.run_coroutine_threadsafe(coro, self._ensure_loop())
         try:
             return future.result(timeout)
@@ -415,7 +365,7 @@ class Transport:
         """Connect once. Raises ``BrokerUnavailable`` if NATS can't be reached
         (after the first connection, reconnects happen by themselves)."""
         try:
-            self.call(self._connect(), timeout=15)
+            self._call_nats(self._connect(), timeout=15)
         except BrokerUnavailable as exc:
             # nats-py never returns from a first connect whose TLS handshake
             # failed verification: the bridge's timeout ends it; say why.
@@ -624,15 +574,11 @@ class Transport:
         return self.call(self._js.stream_info(conf.settings.STREAM), timeout=self.request_timeout_seconds + 1)
 
     # -- publishing --
-    def publish_many(self, messages: Sequence[OutgoingMessage], *, timeout: float = 10.0) -> list[PublishResult]:
-        """Publish pipelined - every message is sent before any ack is
-        awaited; in-flight acks are bounded by nats-py's pending limit - and
-        return one ``PublishResult`` per message, in order."""
-        return self.publish_start(messages, timeout=timeout).results()
-
     def publish_start(self, messages: Sequence[OutgoingMessage], *, timeout: float = 10.0) -> PendingPublish:
-        """Hand ``messages`` to the loop and return at once; ``.results()``
-        waits for the acks. Batches are sent in the order they were started,
+        """Publish pipelined (every message is sent before any ack is awaited;
+        in-flight acks are bounded by nats-py's pending limit): hand
+        ``messages`` to the loop and return at once; ``.results()`` waits for
+        the acks, one ``PublishResult`` per message, in order. Batches are sent in the order they were started,
         never interleaved, so a caller that starts batch N+1 while batch N's
         acks are outstanding keeps relay order on the wire (while nothing
         fails: a message refused for now is sent again later, after the
@@ -823,10 +769,6 @@ class Transport:
     def term(self, delivery: Delivery) -> None:
         """Tell the broker never to deliver this message again. Raises ``BrokerUnavailable`` on timeout."""
         self.call(delivery.msg.term(), timeout=self.request_timeout_seconds)
-
-    def in_progress(self, delivery: Delivery) -> None:
-        """Restart the delivery's ack wait (work in progress). Raises ``BrokerUnavailable`` on timeout."""
-        self.call(delivery.msg.in_progress(), timeout=self.request_timeout_seconds)
 
     def keep_alive(self, deliveries: Sequence[Delivery], every_seconds: float) -> KeepAlive:
         """Send in-progress acks for every delivery of a fetched batch, from

@@ -1,15 +1,113 @@
-"""The wire format, pure: what a message is on the broker and what a handler
-receives. No ``nats`` import and no database: a web process that publishes,
-and ``django.setup()``, import this and never the broker client.
+"""The wire format, defined once and pure (no ``nats`` import, no database):
+the subject scheme, durable names, message ids, the CloudEvents envelope
+(encode and decode) and the values that cross between the relay, the
+transport and the consumer. The envelope, subjects and stream are the Go
+platformkit's too, so services written with either share a broker; a web
+process that publishes, and ``django.setup()``, never import the broker client.
 """
 
 from __future__ import annotations
 
+import enum
+import json
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
+
+from . import conf
+from .events import check_event_name, check_tenant
+from .exceptions import InvalidEventName
+
+#: Bytes the CloudEvents envelope and headers add around a payload, at most.
+ENVELOPE_OVERHEAD_BYTES = 4096
+#: PostgreSQL prints jsonb with a space after each ``,`` and ``:``; the relay
+#: sends that text as is, so a compact payload can grow by at most half.
+JSONB_TEXT_GROWTH = 1.5
+#: The tenant token of an event without a tenant, in its subject.
+NO_TENANT = "_"
+
+
+# --- the wire scheme, defined once ------------------------------------------
+
+
+def subject_for(event_name: str, tenant: str | None, *, prefix: str | None = None) -> str:
+    """``<SUBJECT_PREFIX>.<tenant or _>.<module>.<event>``: a tenant's backlog
+    is an address. ``prefix``: the subject prefix, when the caller already
+    read it (default ``SUBJECT_PREFIX``)."""
+    return f"{conf.settings.SUBJECT_PREFIX if prefix is None else prefix}.{tenant or NO_TENANT}.{event_name}"
+
+
+def filter_subject_for(event_name: str) -> str:
+    """The subjects one event travels on, across every tenant."""
+    return f"{conf.settings.SUBJECT_PREFIX}.*.{event_name}"
+
+
+def parse_subject(subject: str) -> tuple[str | None, str] | None:
+    """``(tenant or None, event name)`` of one of our subjects, or None."""
+    prefix = conf.settings.SUBJECT_PREFIX + "."
+    if not subject.startswith(prefix):
+        return None
+    parts = subject[len(prefix) :].split(".")
+    if len(parts) != 3:
+        return None
+    tenant, module, event = parts
+    return (None if tenant == NO_TENANT else tenant), f"{module}.{event}"
+
+
+def durable_name(subscription_name: str) -> str:
+    """The durable consumer of a subscription: its name with ``.`` -> ``-``
+    (subscription names contain no ``-``, so this is one-to-one)."""
+    return subscription_name.replace(".", "-")
+
+
+def message_id(event_id: str, replay: Any) -> str:
+    """The ``Nats-Msg-Id`` of a row: the event id, or a fresh one per replay
+    (``replay``: the row's ``platformkit_replay`` count; the broker would
+    drop a re-send of the old id within its duplicate window)."""
+    return event_id if not replay else f"{event_id}:replay:{replay}"
+
+
+# --- values crossing between the relay, the transport and the consumer ---------
+
+
+@dataclass(frozen=True)
+class OutgoingMessage:
+    """One outbox row on its way out: subject, CloudEvents body, and the
+    ``Nats-Msg-Id`` the broker deduplicates re-sends on."""
+
+    subject: str
+    body: bytes
+    msg_id: str
+
+
+class Outcome(enum.Enum):
+    STORED = "stored"  # acked by the stream (a duplicate counts: it is there)
+    TEMPORARY = "temporary"  # try again later: timeout, no responders, connection lost
+    PERMANENT = "permanent"  # will never be accepted as it is: dead-letter it
+
+
+@dataclass(frozen=True)
+class PublishResult:
+    outcome: Outcome
+    error: str = ""
+    duplicate: bool = False
+    seq: int | None = None
+    no_stream: bool = False  # no stream answered: the broker may have lost it
+
+
+@dataclass
+class Delivery:
+    """A JetStream message as the consumer sees it. ``attempt`` is the
+    broker's delivery count, so it survives worker restarts."""
+
+    subject: str
+    data: bytes
+    headers: dict[str, str]
+    attempt: int
+    stream_seq: int
+    msg: Any = field(repr=False)
 
 
 @dataclass(frozen=True)
@@ -34,3 +132,152 @@ class ReceivedEvent:
     occurred_at: datetime
     attempt: int
     headers: Mapping[str, str] = field(default_factory=dict)
+
+
+# --- the CloudEvents envelope: encode -----------------------------------------
+
+
+def envelope(
+    event_id: uuid.UUID,
+    name: str,
+    tenant: str | None,
+    payload_text: str,
+    headers: dict[str, Any] | None,
+    created_at: datetime,
+) -> OutgoingMessage:
+    """The CloudEvents 1.0 structured-mode message of one outbox row.
+
+    Attributes per the CloudEvents spec (v1.0.2, "Required/Optional
+    Attributes"): ``specversion``, ``id``, ``source`` (``/<module>``),
+    ``type`` (the event name), ``subject`` (the NATS subject), ``time`` (RFC
+    3339, UTC), ``datacontenttype``, ``data``; the ``tenantid`` extension, and
+    ``traceparent``/``tracestate`` (the Distributed Tracing extension) when
+    the publisher had a trace. The payload text from PostgreSQL is spliced in
+    as it is, so it is never decoded and re-encoded on the hot path.
+    """
+    if isinstance(headers, str):  # Django's cursor hands jsonb back as text
+        headers = json.loads(headers)
+    headers = headers or {}
+    return compose(
+        conf.settings.SUBJECT_PREFIX,
+        str(event_id),
+        name,
+        tenant,
+        payload_text,
+        created_at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+        headers.get("traceparent"),
+        headers.get("tracestate"),
+        headers.get("platformkit_replay"),
+    )
+
+
+# (subject prefix, name, tenant) -> (subject, the attributes after "id", the
+# attributes after "time"): the parts of an envelope that never change for
+# one kind of event. Bounded: cleared when it outgrows _STATIC_LIMIT.
+_static: dict[tuple[str, str, str | None], tuple[str, str, str]] = {}
+_STATIC_LIMIT = 10_000
+
+
+def _static_parts(prefix: str, name: str, tenant: str | None) -> tuple[str, str, str]:
+    key = (prefix, name, tenant)
+    parts = _static.get(key)
+    if parts is None:
+        subject = subject_for(name, tenant, prefix=prefix)
+        middle = _json({"source": "/" + name.split(".", 1)[0], "type": name, "subject": subject})[1:-1]
+        after_time = {"datacontenttype": "application/json"}
+        if tenant:
+            after_time["tenantid"] = tenant
+        if len(_static) >= _STATIC_LIMIT:
+            _static.clear()
+        parts = _static[key] = (subject, middle, _json(after_time)[1:-1])
+    return parts
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def compose(
+    prefix: str,
+    event_id: str,
+    name: str,
+    tenant: str | None,
+    payload_text: str,
+    time_text: str,
+    traceparent: str | None,
+    tracestate: str | None,
+    replay: Any,
+) -> OutgoingMessage:
+    """``envelope()`` from the row's columns as PostgreSQL formats them (the
+    relay's hot path): ``time_text`` is RFC 3339 UTC, ``payload_text`` the
+    payload's JSON text, ``replay`` the replay count or None."""
+    subject, middle, after_time = _static_parts(prefix, name, tenant)
+    trace = ""
+    if traceparent:
+        trace += ',"traceparent":' + _json(traceparent)
+    if tracestate:
+        trace += ',"tracestate":' + _json(tracestate)
+    body = f'{{"specversion":"1.0","id":"{event_id}",{middle},"time":"{time_text}",{after_time}{trace},"data":{payload_text}}}'
+    return OutgoingMessage(subject=subject, body=body.encode("utf-8"), msg_id=message_id(event_id, replay))
+
+
+# --- the CloudEvents envelope: decode -----------------------------------------
+
+
+class MalformedMessage(Exception):
+    """A message on our subjects that isn't a well-formed event of ours."""
+
+
+def parse_delivery(delivery: Delivery) -> ReceivedEvent:
+    """Decode a CloudEvents structured-mode body and cross-check it with the
+    subject. Raises ``MalformedMessage`` saying what is wrong."""
+    parsed = parse_subject(delivery.subject)
+    if parsed is None:
+        raise MalformedMessage(f"subject {delivery.subject!r} is not <prefix>.<tenant>.<module>.<event>")
+    subject_tenant, subject_name = parsed
+    try:
+        body = json.loads(delivery.data)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise MalformedMessage(f"body is not JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise MalformedMessage("body is not a JSON object (not a CloudEvents envelope)")
+    if body.get("specversion") != "1.0":
+        raise MalformedMessage(f"specversion is {body.get('specversion')!r}, not '1.0'")
+    try:
+        event_id = uuid.UUID(str(body.get("id")))
+    except ValueError:
+        raise MalformedMessage(f"id {body.get('id')!r} is not a UUID") from None
+    name = body.get("type")
+    try:
+        check_event_name(name)
+        tenant = check_tenant(body.get("tenantid"))
+    except InvalidEventName as exc:
+        raise MalformedMessage(str(exc)) from None
+    if name != subject_name:
+        raise MalformedMessage(f"type {name!r} differs from the subject's event {subject_name!r}")
+    if tenant != subject_tenant:
+        raise MalformedMessage(
+            f"tenantid {tenant!r} differs from the subject's tenant {subject_tenant!r}: refusing to run it in either"
+        )
+    data = body.get("data")
+    if not isinstance(data, dict):
+        raise MalformedMessage("data is not a JSON object")
+    try:
+        occurred_at = datetime.fromisoformat(str(body.get("time")).replace("Z", "+00:00"))
+    except ValueError:
+        raise MalformedMessage(f"time {body.get('time')!r} is not RFC 3339") from None
+    if occurred_at.tzinfo is None:
+        raise MalformedMessage("time has no UTC offset")
+    headers = {k: v for k, v in delivery.headers.items() if not k.startswith("Nats-")}
+    for key in ("traceparent", "tracestate"):
+        if isinstance(body.get(key), str):
+            headers.setdefault(key, body[key])
+    return ReceivedEvent(
+        id=event_id,
+        name=name,
+        tenant=tenant,
+        payload=data,
+        occurred_at=occurred_at,
+        attempt=delivery.attempt,
+        headers=headers,
+    )

@@ -35,7 +35,6 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import nats.errors
 from django.db import DatabaseError, connections
 
 from . import conf
@@ -354,7 +353,7 @@ class Worker:
                 return
             except ConsumerDrift:
                 raise
-            except (BrokerUnavailable, DatabaseUnavailable, nats.errors.Error, TimeoutError) as exc:
+            except (BrokerUnavailable, DatabaseUnavailable, TimeoutError) as exc:
                 why = self.transport.redact(str(exc) or type(exc).__name__)
                 if give_up_at is not None and time.monotonic() + delay.current > give_up_at:
                     raise BrokerUnavailable(f"the {what} is not available: {why}") from exc
@@ -485,7 +484,7 @@ class Worker:
                         break
                     consumer.process(delivery, keep)
                     keep.settled(delivery)
-        except (DatabaseError, BrokerUnavailable, nats.errors.Error, TimeoutError, OSError) as exc:
+        except (DatabaseError, BrokerUnavailable, TimeoutError, OSError) as exc:
             # Outside a handler (the consumer settles a handler's own errors):
             # an outage. Hand the unit back; the claim makes a redo harmless.
             logger.error(

@@ -24,9 +24,9 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
+from ...deadletters import discard, replay
 from ...exceptions import ReplayRefused
 from ...models import Attempt, DeadLetter, OutboxEvent
-from ...relay import discard, replay
 from ._base import configure_logging
 from .purgeoutbox import age
 
