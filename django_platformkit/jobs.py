@@ -1,8 +1,8 @@
 """Periodic jobs, declared: ``@job``, ``JobSpec`` and the slot arithmetic
 every worker must agree on (``every`` aligned to the Unix epoch, ``cron`` in
-the job's time zone), so any number of workers compute the same slots. Pure:
-no database, no clock of its own. Running them once per slot - the clock,
-the advisory lock and the slot ledger - is ``scheduler.py``.
+the job's time zone), so any number of workers compute the same slots.
+Declaring touches no database and reads no clock; running each job once per
+slot - the clock, the advisory lock and the slot ledger - is ``scheduler.py``.
 """
 
 from __future__ import annotations

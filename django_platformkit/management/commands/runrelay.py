@@ -5,7 +5,9 @@ start-up (connect, stream and its owner, waiting out what can't answer yet),
 signals and exit codes as ``runworker --no-consumers --no-jobs``.
 """
 
-from django.core.management.base import BaseCommand, CommandError
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ...exceptions import BrokerUnavailable, ConfigurationError, DatabaseUnavailable
 from ...outage import database_unavailable, is_database_error
@@ -15,7 +17,7 @@ from ._base import configure_logging, start_metrics
 class Command(BaseCommand):
     help = "Relay pending outbox rows to NATS JetStream. Several relays may run at once (SKIP LOCKED)."
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--once", action="store_true", help="Relay what is pending now, print the count and exit.")
         parser.add_argument(
             "--metrics-port",
@@ -32,7 +34,7 @@ class Command(BaseCommand):
             help="With --once: fail if NATS or its stream can't be reached within SECONDS (default 30).",
         )
 
-    def handle(self, *args, **options):
+    def handle(self, *args: Any, **options: Any) -> None:
         configure_logging(options["verbosity"])
         from ...transport import Transport
         from ...worker import Worker
