@@ -20,8 +20,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
-import socket
 import threading
 import time
 import traceback as traceback_module
@@ -32,14 +30,31 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import psycopg
-from django.db import DatabaseError, InterfaceError, OperationalError, connections, transaction
+from django.db import DatabaseError, connections, transaction
 from django.db.transaction import TransactionManagementError
 from django.utils import timezone
 
 from . import conf, signals, tracing
 from ._tables import ATTEMPTS_TABLE, HANDLED_TABLE, OUTBOX_TABLE
+from ._text import storable_text as clean_text
+from .attempts import (
+    RECORD_SLOW_RUN_AFTER_SECONDS,  # noqa: F401 - imported from here before attempts.py
+    WORKER_ID,  # noqa: F401
+    history_text,
+    mark_interrupted,
+    record_failed_run,
+    run_history,
+    start_run,
+)
+from .attempts import slow_runs as _slow_runs
 from .deadletters import malformed_id, record_dead_letter, record_malformed
 from .events import check_tenant, current_event
+from .outage import (  # noqa: F401 - NOT_THE_HANDLERS_FAULT, _connection_lost: imported from here before
+    NOT_THE_HANDLERS_FAULT,
+    _connection_lost,
+    close_old_connections_for,
+    not_the_handlers_fault,
+)
 
 # Re-exported: these lived here before subscriptions.py / wire.py, and users
 # and jobs.py import them from this module.
@@ -105,25 +120,6 @@ _CLAIM_TRUSTED_SQL = _claim_sql(True)
 _CLAIM_EXTERNAL_SQL = _claim_sql(False)
 _ALREADY_CLAIMED_SQL = f"SELECT event_id FROM {HANDLED_TABLE} WHERE subscription = %s AND event_id = ANY(%s::uuid[])"
 _SET_TENANT_SQL = SET_TENANT_SQL
-#: A redelivery's history, and whether it was handled meanwhile (a lost ack), in one round trip.
-_HISTORY_SQL = (
-    f"SELECT EXISTS (SELECT 1 FROM {HANDLED_TABLE} WHERE subscription = %s AND event_id = %s), "
-    f"a.attempt, a.outcome, a.error, a.traceback, a.started_at, a.worker FROM (SELECT 1) one "
-    f"LEFT JOIN {ATTEMPTS_TABLE} a ON a.subscription = %s AND a.event_id = %s ORDER BY a.attempt"
-)
-_START_SQL = (
-    f"INSERT INTO {ATTEMPTS_TABLE} (subscription, event_id, attempt, outcome, started_at, error, traceback, worker) "
-    "VALUES (%s, %s, %s, 'running', clock_timestamp(), '', '', %s) "
-    "ON CONFLICT (subscription, event_id, attempt) DO NOTHING RETURNING id"
-)
-_FAILED_ROW_SQL = f"UPDATE {ATTEMPTS_TABLE} SET outcome = 'failed', finished_at = clock_timestamp(), error = %s, traceback = %s WHERE id = %s"
-#: A first delivery's failure: its row is the next number after whatever is there.
-_FAILED_NEW_SQL = (
-    f"INSERT INTO {ATTEMPTS_TABLE} (subscription, event_id, attempt, outcome, started_at, finished_at, error, traceback, worker) "
-    f"SELECT %s, %s, COALESCE(MAX(attempt), 0) + 1, 'failed', %s, clock_timestamp(), %s, %s, %s FROM {ATTEMPTS_TABLE} "
-    "WHERE subscription = %s AND event_id = %s ON CONFLICT (subscription, event_id, attempt) DO NOTHING"
-)
-_INTERRUPTED_SQL = f"UPDATE {ATTEMPTS_TABLE} SET outcome = 'interrupted', finished_at = clock_timestamp() WHERE id = %s AND outcome = 'running'"
 #: The reason a trusted subscription gives for a message whose id the outbox doesn't hold (DESIGN.md "Trust model").
 NOT_IN_OUTBOX = "not in this project's outbox: forged, from another project, or purged"
 
@@ -133,55 +129,9 @@ NOT_IN_OUTBOX = "not in this project's outbox: forged, from another project, or 
 #: overflows and every other session's snapshots get slower.
 MAX_SAVEPOINTS_PER_TRANSACTION = 50
 
-#: SQLSTATEs that are the database's state, never the handler's fault: the
-#: unit waits and is retried, nothing counted. 08 = connection exception,
-#: 57P01-57P03 = admin/crash shutdown, cannot connect now; 53300 = too many
-#: connections; 25006 = read-only transaction (a failover, a replica promoted
-#: late); 40001/40P01 = serialization failure / deadlock (retry is the cure).
-#: (57014, a statement timeout, stays the handler's failure.)
-NOT_THE_HANDLERS_FAULT = frozenset({"57P01", "57P02", "57P03", "53300", "25006", "40001", "40P01"})
-
-WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"
-
-
-def clean_text(text: str) -> str:
-    """Error text as PostgreSQL can store it: NUL (``\\x00``) escaped to the
-    four characters ``\\x00``. Unescaped, a ``ValueError("a\\x00b")`` could
-    never be recorded and its failure record would be lost."""
-    return text.replace("\x00", "\\x00")
-
 
 class HandlerTimeout(Exception):
     """The handler ran past HANDLER_TIMEOUT_SECONDS: counted as a failed attempt."""
-
-
-def not_the_handlers_fault(exc: BaseException, alias: str | None = None) -> bool:
-    """True when ``exc`` is the database's state (lost session, cannot
-    connect, shutdown, too many connections, read-only, serialization or
-    deadlock), not the handler's logic: then nothing is counted against the
-    event. Django wraps psycopg's errors; the SQLSTATE is on ``__cause__``."""
-    if not isinstance(exc, DatabaseError):
-        return False
-    cause = exc.__cause__
-    sqlstate = getattr(cause, "sqlstate", None)
-    if sqlstate is not None:
-        return sqlstate[:2] == "08" or sqlstate in NOT_THE_HANDLERS_FAULT
-    if not isinstance(exc, (OperationalError, InterfaceError)):
-        return False
-    # No SQLSTATE = libpq lost the socket. Leaving the failed atomic block
-    # makes Django reconnect, so after pg_terminate_backend the connection
-    # looks healthy again: judge by the error first, then by the connection.
-    if isinstance(cause, (psycopg.OperationalError, psycopg.InterfaceError)):
-        return True
-    if alias is None:
-        return False
-    connection = connections[alias]
-    return connection.connection is None or not connection.is_usable()
-
-
-def _connection_lost(exc: BaseException, alias: str) -> bool:
-    """Kept for callers of the old name: ``not_the_handlers_fault``."""
-    return not_the_handlers_fault(exc, alias)
 
 
 class _Redo(Exception):
@@ -206,104 +156,6 @@ class _Work:
     tb: str = ""
     lock: threading.Lock = field(default_factory=threading.Lock)  # handler end vs the slow-run recorder
     running: bool = False  # the handler is in its run now (the recorder may write its row)
-
-
-#: A first delivery's run writes nothing - unless it lasts longer than this:
-#: then a ``running`` row is written from the side, so a run that hangs or
-#: is killed while hanging counts (DESIGN.md "Attempts"). Fast runs pay nothing.
-RECORD_SLOW_RUN_AFTER_SECONDS = 0.25
-
-_SLOW_START_SQL = (
-    f"INSERT INTO {ATTEMPTS_TABLE} (subscription, event_id, attempt, outcome, started_at, error, traceback, worker) "
-    f"SELECT %s, %s, COALESCE(MAX(attempt), 0) + 1, 'running', %s, '', '', %s FROM {ATTEMPTS_TABLE} "
-    "WHERE subscription = %s AND event_id = %s ON CONFLICT (subscription, event_id, attempt) DO NOTHING RETURNING id"
-)
-
-
-class _SlowRunRecorder:
-    """One daemon thread per process, with its own database connection:
-    writes the ``running`` row of first-delivery runs that pass
-    ``RECORD_SLOW_RUN_AFTER_SECONDS``."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._watched: dict[int, tuple[float, _Work, str, str]] = {}
-        self._wake = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def watch(self, work: _Work, subscription: str, using: str) -> None:
-        with self._lock:
-            self._watched[id(work)] = (time.monotonic() + RECORD_SLOW_RUN_AFTER_SECONDS, work, subscription, using)
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, name="platformkit-slow-runs", daemon=True)
-                self._thread.start()
-
-    def unwatch(self, work: _Work) -> None:
-        with self._lock:
-            self._watched.pop(id(work), None)
-
-    def _run(self) -> None:
-        while True:
-            time.sleep(0.05)
-            now = time.monotonic()
-            with self._lock:
-                due = [v for v in self._watched.values() if v[0] <= now]
-                for _, work, _, _ in due:
-                    self._watched.pop(id(work), None)
-            for _, work, subscription, using in due:
-                with work.lock:
-                    if not work.running or work.attempt_row is not None:
-                        continue
-                    try:
-                        with connections[using].cursor() as cursor:
-                            cursor.execute(
-                                _SLOW_START_SQL,
-                                [
-                                    subscription,
-                                    work.event.id,
-                                    work.started_at or timezone.now(),
-                                    WORKER_ID,
-                                    subscription,
-                                    work.event.id,
-                                ],
-                            )
-                            row = cursor.fetchone()
-                        work.attempt_row = row[0] if row else None
-                    except Exception as exc:
-                        logger.debug(
-                            "slow run not recorded subscription=%s event_id=%s error=%s",
-                            subscription,
-                            work.event.id,
-                            exc,
-                        )
-                        with contextlib.suppress(Exception):
-                            connections[using].close()
-            if due:
-                # Slow runs are rare: hold no idle connection in between (it
-                # would also keep a test database from being dropped).
-                for using in {v[3] for v in due}:
-                    with contextlib.suppress(Exception):
-                        connections[using].close()
-
-
-_slow_runs = _SlowRunRecorder()
-
-
-def _history_text(rows: Sequence[tuple]) -> str:
-    parts = []
-    for attempt, outcome, error, _tb, started_at, worker in rows:
-        at = started_at.isoformat(timespec="seconds") if started_at else "?"
-        if outcome == "failed":
-            parts.append(
-                f"run {attempt} failed (started {at} on {worker or '?'}): {(error or '').splitlines()[0] if error else '?'}"
-            )
-        elif outcome == "running":
-            parts.append(
-                f"run {attempt} started {at} on {worker or '?'} and never reported (the worker died, hung, or lost its session)"
-            )
-        else:
-            parts.append(f"run {attempt} {outcome} (started {at})")
-    return "; ".join(parts) or "no runs recorded"
 
 
 class Consumer:
@@ -596,23 +448,18 @@ class Consumer:
         event = work.event
         close_old_connections_for(self.using)
         for _ in range(3):
-            with connections[self.using].cursor() as cursor:
-                cursor.execute(_HISTORY_SQL, [sub.name, event.id, sub.name, event.id])
-                fetched = cursor.fetchall()
-            if fetched[0][0]:
+            handled, rows = run_history(sub.name, event.id, using=self.using)
+            if handled:
                 work.outcome = "skipped"
                 return False
-            rows = [r[1:] for r in fetched if r[1] is not None]
             counted = [r for r in rows if r[1] in ("failed", "running")]
             if len(counted) >= sub.max_attempts:
                 work.outcome = self._dead_letter_without_running(work, rows, counted)
                 return False
             number = max((r[0] for r in rows), default=0) + 1
-            with connections[self.using].cursor() as cursor:
-                cursor.execute(_START_SQL, [sub.name, event.id, number, WORKER_ID])
-                row = cursor.fetchone()
-            if row is not None:
-                work.attempt_row = row[0]
+            attempt_row = start_run(sub.name, event.id, number, using=self.using)
+            if attempt_row is not None:
+                work.attempt_row = attempt_row
                 work.event = replace(event, attempt=len(counted) + 1)
                 return True
         # Another worker is starting this very run (a redelivery raced ours): let it.
@@ -625,7 +472,7 @@ class Consumer:
         last_failed = next((r for r in reversed(rows) if r[1] == "failed" and r[2]), None)
         why = (
             f"dead-lettered without running again: the handler already started {len(counted)} times for this event "
-            f"(max_attempts={sub.max_attempts}); history: {_history_text(rows)}"
+            f"(max_attempts={sub.max_attempts}); history: {history_text(rows)}"
         )
         error = f"{last_failed[2]}\n{why}" if last_failed else why
         return self._dead_letter(
@@ -884,32 +731,22 @@ class Consumer:
         return "retried"
 
     def _record_failed_run(self, work: _Work, message: str, tb: str) -> None:
-        sub = self.subscription
         close_old_connections_for(self.using)
-        with connections[self.using].cursor() as cursor:
-            if work.attempt_row is not None:
-                cursor.execute(_FAILED_ROW_SQL, [message[:10000], tb[:50000], work.attempt_row])
-            else:
-                cursor.execute(
-                    _FAILED_NEW_SQL,
-                    [
-                        sub.name,
-                        work.event.id,
-                        work.started_at or timezone.now(),
-                        message[:10000],
-                        tb[:50000],
-                        WORKER_ID,
-                        sub.name,
-                        work.event.id,
-                    ],
-                )
+        record_failed_run(
+            subscription=self.subscription.name,
+            event_id=work.event.id,
+            attempt_row=work.attempt_row,
+            started_at=work.started_at,
+            error=message,
+            traceback=tb,
+            using=self.using,
+        )
 
     def _mark_interrupted(self, work: _Work) -> None:
         if work.attempt_row is None:
             return
         try:
-            with connections[self.using].cursor() as cursor:
-                cursor.execute(_INTERRUPTED_SQL, [work.attempt_row])
+            mark_interrupted(work.attempt_row, using=self.using)
         except DatabaseError as exc:
             logger.warning(
                 "attempt not marked interrupted subscription=%s event_id=%s error=%s",
@@ -1050,22 +887,3 @@ class Consumer:
             event_id=event_id,
         )
         return "malformed"
-
-
-def close_old_connections_for(alias: str) -> None:
-    """Before a unit of work in a worker thread: drop this thread's
-    connection if it broke, or if it outlived a positive ``CONN_MAX_AGE``, so
-    the next query reconnects. Unlike Django's request cycle, ``CONN_MAX_AGE
-    = 0`` (the default) does NOT mean a new connection per message: a worker
-    is one long "request", and reconnecting per event cost 3-8x throughput."""
-    connection = connections[alias]
-    if connection.connection is None or connection.in_atomic_block:
-        return
-    if connection.errors_occurred:
-        if not connection.is_usable():
-            connection.close()
-            return
-        connection.errors_occurred = False
-    max_age = connection.settings_dict.get("CONN_MAX_AGE") or 0
-    if max_age > 0 and connection.close_at is not None and time.monotonic() >= connection.close_at:
-        connection.close()

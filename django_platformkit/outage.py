@@ -7,7 +7,9 @@ an outage of any length (a PostgreSQL restart, refused connections,
 they work on stays where it is until a transaction that finished says
 otherwise. Errors reach them wrapped by Django (``django.db.utils``) or raw
 from psycopg (the listener and the job connections use psycopg directly):
-both count.
+both count. For a consumer's unit of work, ``not_the_handlers_fault()``
+decides the same question for a handler's failure: the database's state is
+waited out and never counted as an attempt.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from __future__ import annotations
 import logging
 import time
 
-from django.db import DatabaseError
+from django.db import DatabaseError, InterfaceError, OperationalError, connections
 
 logger = logging.getLogger(__name__)
 
@@ -52,8 +54,6 @@ def database_unavailable(exc: BaseException) -> bool:
     if code is not None:
         return code[:2] in _UNAVAILABLE_CLASSES or code in _UNAVAILABLE_CODES
     # No SQLSTATE: the server never answered (refused, reset, timed out).
-    from django.db import InterfaceError, OperationalError
-
     current: BaseException | None = exc
     for _ in range(5):
         if current is None:
@@ -113,3 +113,64 @@ class Outage:
                 "%s: database back after %.1fs retries=%s", self.what, time.monotonic() - self.since, self.retries
             )
             self.since = None
+
+
+# --- a handler's unit of work: the database's state or the handler's fault ---
+
+#: SQLSTATEs that are the database's state, never the handler's fault: the
+#: unit waits and is retried, nothing counted. 08 = connection exception,
+#: 57P01-57P03 = admin/crash shutdown, cannot connect now; 53300 = too many
+#: connections; 25006 = read-only transaction (a failover, a replica promoted
+#: late); 40001/40P01 = serialization failure / deadlock (retry is the cure).
+#: (57014, a statement timeout, stays the handler's failure.)
+NOT_THE_HANDLERS_FAULT = frozenset({"57P01", "57P02", "57P03", "53300", "25006", "40001", "40P01"})
+
+
+def not_the_handlers_fault(exc: BaseException, alias: str | None = None) -> bool:
+    """True when ``exc`` is the database's state (lost session, cannot
+    connect, shutdown, too many connections, read-only, serialization or
+    deadlock), not the handler's logic: then nothing is counted against the
+    event. Django wraps psycopg's errors; the SQLSTATE is on ``__cause__``."""
+    if not isinstance(exc, DatabaseError):
+        return False
+    cause = exc.__cause__
+    code = getattr(cause, "sqlstate", None)
+    if code is not None:
+        return code[:2] == "08" or code in NOT_THE_HANDLERS_FAULT
+    if not isinstance(exc, (OperationalError, InterfaceError)):
+        return False
+    import psycopg
+
+    # No SQLSTATE = libpq lost the socket. Leaving the failed atomic block
+    # makes Django reconnect, so after pg_terminate_backend the connection
+    # looks healthy again: judge by the error first, then by the connection.
+    if isinstance(cause, (psycopg.OperationalError, psycopg.InterfaceError)):
+        return True
+    if alias is None:
+        return False
+    connection = connections[alias]
+    return connection.connection is None or not connection.is_usable()
+
+
+def _connection_lost(exc: BaseException, alias: str) -> bool:
+    """Kept for callers of the old name: ``not_the_handlers_fault``."""
+    return not_the_handlers_fault(exc, alias)
+
+
+def close_old_connections_for(alias: str) -> None:
+    """Before a unit of work in a worker thread: drop this thread's
+    connection if it broke, or if it outlived a positive ``CONN_MAX_AGE``, so
+    the next query reconnects. Unlike Django's request cycle, ``CONN_MAX_AGE
+    = 0`` (the default) does NOT mean a new connection per message: a worker
+    is one long "request", and reconnecting per event cost 3-8x throughput."""
+    connection = connections[alias]
+    if connection.connection is None or connection.in_atomic_block:
+        return
+    if connection.errors_occurred:
+        if not connection.is_usable():
+            connection.close()
+            return
+        connection.errors_occurred = False
+    max_age = connection.settings_dict.get("CONN_MAX_AGE") or 0
+    if max_age > 0 and connection.close_at is not None and time.monotonic() >= connection.close_at:
+        connection.close()

@@ -11,15 +11,23 @@ import math
 import re
 from collections.abc import Mapping
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from django.core.serializers.json import DjangoJSONEncoder
 
 from . import conf
 from .exceptions import InvalidPayload
 
-if TYPE_CHECKING:
-    from .events import EventType
+
+class EventSchema(Protocol):
+    """What encoding needs of an ``events.EventType``: its name and compiled schema validator (or None)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def validator(self) -> Any: ...
+
 
 #: Deeper nesting is refused: PostgreSQL's jsonb parser and Python's json
 #: module both recurse, and no event needs this much structure.
@@ -159,7 +167,7 @@ def _find_bad_text(data: Any, at: tuple = ()) -> None:
 
 
 def encode_payload(
-    payload: Any, event_type: EventType | None = None, *, max_bytes: int | None = None
+    payload: Any, event_type: EventSchema | None = None, *, max_bytes: int | None = None
 ) -> tuple[str, Any]:
     """Validate ``payload`` and return ``(json_text, normalized_data)``.
 

@@ -29,8 +29,9 @@ _NAME = re.compile(rf"{SUBSCRIPTION_NAME_PART}(\.{SUBSCRIPTION_NAME_PART})*")
 
 #: The statement that sets the tenant for row-level-security policies, for
 #: the rest of the transaction (``is_local`` = true); one parameter, the
-#: tenant ('' for none). Written here once; the claim statement embeds the
-#: same ``set_config`` call (``TENANT_SET_CONFIG``).
+#: tenant ('' for none). ``TENANT_SET_CONFIG`` is the call itself, for a
+#: statement that sets the tenant among other things (the consumer's claim
+#: statement, ``consumer._claim_sql``, still spells it out).
 TENANT_SET_CONFIG = "set_config('platformkit.tenant', %s, true)"
 SET_TENANT_SQL = f"SELECT {TENANT_SET_CONFIG}"
 
