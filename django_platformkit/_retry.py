@@ -53,7 +53,7 @@ class Backoff:
         delay = self.current
         self.current = min(self.current * 2, self.cap)
         if self.jitter:
-            delay -= delay * self.jitter * random.random()  # noqa: S311 - spreading retries, not security
+            delay -= delay * self.jitter * random.random()  # spreading retries, not security: any PRNG does
         return delay
 
     def reset(self) -> None:

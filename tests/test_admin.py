@@ -17,7 +17,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from django_platformkit import jobs, publish
-from django_platformkit.consumer import record_dead_letter
+from django_platformkit.deadletters import record_dead_letter
 from django_platformkit.models import DeadLetter, HandledEvent, JobState, OutboxEvent
 from tests.test_checks import registries  # noqa: F401 - fixture
 

@@ -14,7 +14,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from django_platformkit import publish
-from django_platformkit.consumer import record_dead_letter
+from django_platformkit.deadletters import record_dead_letter
 from django_platformkit.models import DeadLetter, OutboxEvent
 
 CHROMIUM = "/usr/bin/chromium"

@@ -12,7 +12,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from django_platformkit import publish
-from django_platformkit.consumer import record_dead_letter
+from django_platformkit.deadletters import record_dead_letter
 from django_platformkit.models import DeadLetter, HandledEvent, OutboxEvent
 
 pytestmark = pytest.mark.django_db(transaction=True)

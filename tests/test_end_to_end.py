@@ -11,7 +11,7 @@ from django.db.models import Count
 from django_platformkit import publish
 from django_platformkit.models import HandledEvent, OutboxEvent
 from django_platformkit.relay import Relay
-from django_platformkit.transport import subject_for
+from django_platformkit.wire import subject_for
 from tests.testapp.models import Effect
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -20,7 +20,7 @@ SUBS = ["testapp.record_order", "testapp.count_order"]
 
 
 def order_subscriptions():
-    from django_platformkit.consumer import subscriptions
+    from django_platformkit.subscriptions import subscriptions
 
     return [s for s in subscriptions() if s.name in SUBS]
 
@@ -76,7 +76,7 @@ def test_the_same_message_put_on_the_stream_three_more_times_is_handled_once(tra
         event_id = publish("testapp.order_placed", {"n": 1})
     Relay(transport).drain()
     row = OutboxEvent.objects.get()
-    from django_platformkit.relay import envelope
+    from django_platformkit.wire import envelope
 
     with __import__("django.db").db.connection.cursor() as cursor:
         cursor.execute("SELECT id, name, tenant, payload::text, headers, created_at FROM platformkit_outbox")

@@ -11,10 +11,10 @@ from django.db import transaction
 from prometheus_client.parser import text_string_to_metric_families
 
 from django_platformkit import publish
-from django_platformkit.consumer import subscriptions
 from django_platformkit.metrics import Metrics
 from django_platformkit.models import DeadLetter, HandledEvent, OutboxEvent
-from django_platformkit.transport import subject_for
+from django_platformkit.subscriptions import subscriptions
+from django_platformkit.wire import subject_for
 from tests.conftest import ROOT, manage, wait_for, worker_env
 from tests.testapp.models import Attempt
 

@@ -20,10 +20,12 @@ from django.urls import reverse
 from django.utils import timezone
 
 from django_platformkit import overview, publish
-from django_platformkit.consumer import Consumer, record_dead_letter, subscriptions
+from django_platformkit.consumer import Consumer
+from django_platformkit.deadletters import record_dead_letter
 from django_platformkit.heartbeat import Heartbeat, worker_id
 from django_platformkit.models import Attempt, DeadLetter, HandledEvent, JobState, OutboxEvent, WorkerHeartbeat
 from django_platformkit.relay import Relay
+from django_platformkit.subscriptions import subscriptions
 from tests.test_checks import registries  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.django_db(transaction=True)

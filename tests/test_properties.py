@@ -33,7 +33,7 @@ from django_platformkit.events import MAX_DEPTH, catalogue, check_event_name, ch
 from django_platformkit.exceptions import InvalidEventName, InvalidPayload, TransactionRequired, UndeclaredEvent
 from django_platformkit.models import DeadLetter
 from django_platformkit.relay import Relay
-from django_platformkit.transport import subject_for
+from django_platformkit.wire import subject_for
 
 EVENT = "testapp.flaky"  # declared, no schema
 #: Python refuses to print or parse an int with more digits (sys.get_int_max_str_digits).
@@ -403,11 +403,19 @@ def test_an_event_name_is_accepted_exactly_per_the_grammar_and_refused_before_an
 @example("a" * 65)
 @example("")
 @example("tenant.with.dots")
+@example("_")
 def test_a_tenant_is_accepted_exactly_per_the_grammar_and_refused_before_any_sql(tenant):
     if isinstance(tenant, uuid.UUID):
         tenant_text = str(tenant)
     else:
         tenant_text = tenant
+    if tenant_text == "_":
+        # The grammar's one reserved token: "_" means "no tenant" on the subject.
+        with pytest.raises(InvalidEventName, match="is reserved"):
+            check_tenant(tenant)
+        with pytest.raises(InvalidEventName):
+            publish(EVENT, {}, tenant=tenant)
+        return
     valid = tenant is None or (isinstance(tenant_text, str) and re.fullmatch(TENANT_GRAMMAR, tenant_text) is not None)
     if valid:
         assert check_tenant(tenant) == tenant_text

@@ -197,7 +197,7 @@ def test_nats_url_must_be_a_nats_url(settings):
 
 def test_the_reserved_tenant_token_is_refused_at_publish_saying_what_to_pass():
     from django_platformkit.events import RESERVED_TENANTS
-    from django_platformkit.transport import NO_TENANT
+    from django_platformkit.wire import NO_TENANT
 
     assert NO_TENANT in RESERVED_TENANTS  # the subject's "no tenant" is what is reserved
     with transaction.atomic():

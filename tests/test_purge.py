@@ -52,7 +52,7 @@ def add_dead_letter(subscription: str, event_id: uuid.UUID, *, days_ago: float =
 
 
 def subscribers_of(event: str) -> list[str]:
-    from django_platformkit.consumer import subscriptions
+    from django_platformkit.subscriptions import subscriptions
 
     return [s.name for s in subscriptions() if s.event == event]
 
@@ -287,7 +287,7 @@ def test_purge_older_than_one_second_then_a_durable_re_created_handles_nothing_t
     from django.db import transaction
 
     from django_platformkit import publish
-    from django_platformkit.consumer import subscriptions
+    from django_platformkit.subscriptions import subscriptions
     from tests.testapp.models import Effect
 
     subscribers = [

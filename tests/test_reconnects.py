@@ -107,7 +107,7 @@ def test_a_row_bigger_than_the_servers_max_payload_is_dead_lettered_and_the_rest
         assert (dead.event_id, dead.subscription) == (big, RELAY_SUBSCRIPTION)
         assert "max_payload" in dead.error
         assert not OutboxEvent.objects.pending().exists()
-        from django_platformkit.consumer import subscriptions
+        from django_platformkit.subscriptions import subscriptions
 
         run_worker(subscriptions=[s for s in subscriptions() if s.name == "testapp.record_order"])
         assert sorted(effects().values_list("event_id", flat=True)) == sorted([before, after])
@@ -154,7 +154,7 @@ def test_a_broker_that_lost_its_store_gets_the_stream_and_durable_back(broker, s
     settings.PLATFORMKIT = dict(broker, NATS_URL=server.url)
     import threading
 
-    from django_platformkit.consumer import subscriptions
+    from django_platformkit.subscriptions import subscriptions
     from django_platformkit.worker import Worker
 
     worker = Worker(scheduler=False, subscriptions=[s for s in subscriptions() if s.name == "testapp.record_order"])

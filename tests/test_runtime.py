@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(240)]
 
 
 def _subscription(name):
-    from django_platformkit.consumer import subscriptions
+    from django_platformkit.subscriptions import subscriptions
 
     return [s for s in subscriptions() if s.name == name]
 

@@ -11,11 +11,11 @@ from django.db import transaction
 
 from django_platformkit import jobs as jobs_module
 from django_platformkit import publish, publish_many, signals
-from django_platformkit.consumer import subscriptions
 from django_platformkit.jobs import Scheduler, job
 from django_platformkit.models import DeadLetter, OutboxEvent
+from django_platformkit.subscriptions import subscriptions
 from django_platformkit.testing import capture_events
-from django_platformkit.transport import subject_for
+from django_platformkit.wire import subject_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -48,7 +48,7 @@ def outbox_tasks(broker):
 
 
 def task_subscriptions():
-    from django_platformkit.consumer import subscriptions
+    from django_platformkit.subscriptions import subscriptions
 
     return [s for s in subscriptions() if s.name.startswith("platformkit.task_")]
 
@@ -122,7 +122,8 @@ def test_a_queue_not_in_QUEUES_is_refused_at_enqueue(outbox_tasks):
 
 
 def test_the_same_message_delivered_three_more_times_writes_once(outbox_tasks, transport, run_worker):
-    from django_platformkit.relay import Relay, envelope
+    from django_platformkit.relay import Relay
+    from django_platformkit.wire import envelope
 
     result = tasks.record.enqueue("dup")
     Relay(transport).drain()

@@ -14,7 +14,7 @@ from django_platformkit import publish
 from django_platformkit.consumer import NOT_IN_OUTBOX, Consumer, Subscription
 from django_platformkit.models import DeadLetter, HandledEvent, OutboxEvent
 from django_platformkit.relay import Relay
-from django_platformkit.transport import subject_for
+from django_platformkit.wire import subject_for
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)

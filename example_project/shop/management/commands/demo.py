@@ -24,8 +24,8 @@ from django.db import connection, connections
 from django.db.models import Count, Max
 from django.test import Client
 
-from django_platformkit.consumer import subscriptions
 from django_platformkit.models import DeadLetter, HandledEvent, OutboxEvent, TaskResultRecord
+from django_platformkit.subscriptions import subscriptions
 from django_platformkit.worker import Worker
 from example_project import services
 
