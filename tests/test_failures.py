@@ -191,7 +191,7 @@ def test_a_redelivery_whose_runs_never_reported_is_dead_lettered_without_running
         consumer.ensure()
         assert len(t.fetch(twice.durable, 1, timeout=2)) == 1  # not settled: comes back as a redelivery
         wait_for(
-            lambda: consumer.poll(timeout=1) and consumer.counts["dead_lettered"], timeout=10, what="the dead letter"
+            lambda: consumer.poll(timeout=1) and consumer.counts["dead_lettered"], timeout=30, what="the dead letter"
         )
     finally:
         t.close()
