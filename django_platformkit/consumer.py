@@ -617,17 +617,20 @@ class Consumer:
         token = current_event.set(event)
         try:
             context = contextlib.nullcontext() if self._default_tenant_context else self._tenant_factory(event.tenant)
+            # Tracing off (no tracer provider): no generator context manager per run.
+            span = (
+                tracing.consumer_span(
+                    subscription=self.subscription.name,
+                    event_id=event.id,
+                    name=event.name,
+                    headers=event.headers,
+                    attempt=event.attempt,
+                )
+                if tracing.enabled()
+                else contextlib.nullcontext()
+            )
             try:
-                with (
-                    context,
-                    tracing.consumer_span(
-                        subscription=self.subscription.name,
-                        event_id=event.id,
-                        name=event.name,
-                        headers=event.headers,
-                        attempt=event.attempt,
-                    ),
-                ):
+                with context, span:
                     self.subscription.handler(event)
             finally:
                 self._durations[event.id] = time.monotonic() - (

@@ -337,6 +337,13 @@ class Relay:
         listener = _Listener(self.using) if conf.settings.RELAY_LISTEN else None
         backoff = 0.5
         outage = Outage("relay", logger)
+        # When the next deferred row falls due (monotonic; None: none within
+        # the interval) and when that was last asked. A pass that relayed rows
+        # reuses an answer younger than due_recheck_seconds: under a steady
+        # stream of commits the probe was one more round trip per pass.
+        due_at: float | None = None
+        due_checked = float("-inf")
+        due_recheck_seconds = min(interval, 0.25)
         logger.info(
             "relay started batch_size=%s listen=%s interval=%ss", self.batch_size, listener is not None, interval
         )
@@ -374,7 +381,14 @@ class Relay:
                     stop.wait(backoff)
                     backoff = min(backoff * 2, MAX_DATABASE_RETRY_SECONDS)
                     continue
-                wait = self.next_wait_seconds(interval)  # a deferred row due sooner wakes us then
+                now = time.monotonic()
+                if not stats.selected or now - due_checked >= due_recheck_seconds:
+                    # An idle pass (a notify for a deferred row, or the interval) always asks:
+                    # a row deferred by less than the interval goes out on time.
+                    due_in = self.next_wait_seconds(interval)
+                    due_checked = now
+                    due_at = now + due_in if due_in < interval else None
+                wait = interval if due_at is None else max(0.0, min(interval, due_at - now))
                 if listener is not None:
                     listener.wait(wait, stop)
                 else:

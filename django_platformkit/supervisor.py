@@ -28,6 +28,9 @@ from typing import Any
 
 from django.db import connections
 
+from ._retry import Backoff
+from .health import HealthFile
+
 logger = logging.getLogger(__name__)
 
 #: Restart backoff for a child that died: first delay and cap, in seconds.
@@ -51,10 +54,18 @@ class _Child:
         self.deaths: list[float] = []
         self.restart_at: float | None = None
         self.exit_code: int | None = None
+        self.backoff = Backoff(RESTART_FIRST_SECONDS, RESTART_MAX_SECONDS)
 
-    @property
-    def delay(self) -> float:
-        return min(RESTART_MAX_SECONDS, RESTART_FIRST_SECONDS * 2 ** max(0, len(self.deaths) - 1))
+    def died(self, now: float) -> float:
+        """Record a death at ``now`` (monotonic seconds); return the restart delay in seconds."""
+        if now - self.started > STABLE_AFTER_SECONDS:
+            self.deaths.clear()
+        self.deaths = [t for t in self.deaths if now - t < GIVE_UP_WINDOW_SECONDS] + [now]
+        if len(self.deaths) == 1:
+            # Healthy until now (it lived long enough, or its earlier deaths are
+            # out of the window): a restart is not part of a crash loop.
+            self.backoff.reset()
+        return self.backoff.next()
 
 
 class Supervisor:
@@ -180,9 +191,7 @@ class Supervisor:
                     self.exit_code = code if code > 0 else 1
                 continue
             now = time.monotonic()
-            if now - child.started > STABLE_AFTER_SECONDS:
-                child.deaths.clear()
-            child.deaths = [t for t in child.deaths if now - t < GIVE_UP_WINDOW_SECONDS] + [now]
+            delay = child.died(now)
             if len(child.deaths) >= GIVE_UP_AFTER_DEATHS:
                 logger.critical(
                     "child keeps dying role=%s exit=%s deaths=%s within=%.0fs: stopping every child, supervisor exit=%s",
@@ -196,8 +205,8 @@ class Supervisor:
                 self.stopping = True
                 self._signal_children(signal.SIGTERM)
                 continue
-            child.restart_at = now + child.delay
-            logger.error("child died role=%s pid=%s exit=%s; restarting in %.0fs", child.role, pid, code, child.delay)
+            child.restart_at = now + delay
+            logger.error("child died role=%s pid=%s exit=%s; restarting in %.0fs", child.role, pid, code, delay)
 
     def health(self) -> dict[str, Any]:
         children = {}
@@ -230,14 +239,7 @@ class Supervisor:
         state = self.health()
         if final:
             state.update(healthy=False, stopped=True, exit_code=self.exit_code)
-        tmp = self.health_file.with_name(
-            self.health_file.name + f".{os.getpid()}.tmp"
-        )  # one per process: children share a folder
-        try:
-            tmp.write_text(json.dumps(state))
-            tmp.replace(self.health_file)
-        except OSError as exc:
-            logger.warning("health file not written path=%s error=%s", self.health_file, exc)
+        HealthFile(self.health_file).write(state)
 
 
 def _child_main(child: _Child, health_file: Path | None) -> int:

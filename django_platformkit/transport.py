@@ -158,9 +158,13 @@ def to_deliveries(msgs: Sequence[Any]) -> list[Delivery]:
     metadata can't be acked either: logged and skipped)."""
     out = []
     for msg in msgs:
+        fields = _ack_reply_fields(msg.reply)
         try:
-            metadata = msg.metadata
-            attempt, seq = int(metadata.num_delivered), int(metadata.sequence.stream)
+            if fields is not None:
+                attempt, seq = fields[0], fields[1]
+            else:
+                metadata = msg.metadata
+                attempt, seq = int(metadata.num_delivered), int(metadata.sequence.stream)
         except Exception:
             logger.warning("fetch got a non-JetStream message subject=%s", msg.subject)
             continue
@@ -765,17 +769,33 @@ class Transport:
     def ack(self, delivery: Delivery) -> None:
         """Ack without waiting for the loop: an ack is a plain publish, and a
         lost one only means a redelivery that the claim skips."""
-        self.submit(delivery.msg.ack())
+        self.ack_many([delivery])
 
     def ack_many(self, deliveries: Sequence[Delivery]) -> None:
-        """Ack several deliveries in one trip through the loop, without waiting (see ``ack``)."""
+        """Ack several deliveries in one trip through the loop, without waiting (see ``ack``).
+
+        No ``concurrent.futures.Future`` per call (``submit`` makes one,
+        chains it to the task and notifies its condition when it ends):
+        nobody waits for an ack, so the loop only gets a callback that
+        starts one task for the unit's acks."""
+        if not deliveries:
+            return
+        msgs = [d.msg for d in deliveries]
+        loop = self._ensure_loop()
 
         async def _acks() -> None:
-            for d in deliveries:
-                await d.msg.ack()
+            for msg in msgs:
+                try:
+                    await msg.ack()
+                except Exception as exc:  # lost: the message is redelivered and its claim skips it
+                    logger.debug("ack failed subject=%s error=%s", msg.subject, exc)
 
-        if deliveries:
-            self.submit(_acks())
+        def start() -> None:
+            task = loop.create_task(_acks())
+            _ACKS_IN_FLIGHT.add(task)  # a task only weakly referenced by the loop may be collected mid-run
+            task.add_done_callback(_ACKS_IN_FLIGHT.discard)
+
+        loop.call_soon_threadsafe(start)
 
     def nak(self, delivery: Delivery, delay_seconds: float | None = None) -> None:
         """Hand a delivery back for redelivery after ``delay_seconds`` (None: at once). Raises ``BrokerUnavailable`` on timeout."""
@@ -901,23 +921,62 @@ class KeepAlive:
             return [d for key, d in self._pending.items() if self._deadlines.get(key, now + 1) > now]
 
 
+#: Ack tasks started by ``Transport.ack_many``, held until they end.
+_ACKS_IN_FLIGHT: set[asyncio.Task[None]] = set()
+
+
 async def _next_msg(sub: Any, timeout: float) -> Any:
-    """``sub.next_msg(timeout)``, but a message already queued is taken at
-    once: nats-py's ``next_msg`` makes a uuid4, a task and a ``wait_for`` per
-    call, which in a fetched batch cost more loop time than the message.
-    The accounting is nats-py's own (``_pending_size``, ``task_done``)."""
+    """``sub.next_msg(timeout)`` without its per-call cost: nats-py's
+    ``next_msg`` makes a uuid4, a task and a ``wait_for`` per call, which in a
+    fetched batch cost more loop time than the message. A message already
+    queued is taken at once; else the queue is awaited under
+    ``asyncio.timeout`` (raises ``TimeoutError``). The accounting is nats-py's
+    own (``_pending_size``, ``task_done``)."""
     try:
-        msg = sub._pending_queue.get_nowait()
-    except (asyncio.QueueEmpty, AttributeError):
+        queue = sub._pending_queue
+    except AttributeError:
         return await sub.next_msg(timeout=timeout)
+    try:
+        msg = queue.get_nowait()
+    except asyncio.QueueEmpty:
+        if sub._conn.is_closed:
+            raise nats.errors.ConnectionClosedError from None
+        # Waiting here (a long-poll's first message) without next_msg's task
+        # and wait_for: one unit at a steady trickle is one such wait. A
+        # connection closed meanwhile ends it by the timeout (the lane retries).
+        async with asyncio.timeout(timeout):
+            msg = await queue.get()
     sub._pending_size -= len(msg.data)
     sub._pending_queue.task_done()
     return msg
 
 
+def _ack_reply_fields(reply: Any) -> tuple[int, int, int] | None:
+    """(delivery count, stream sequence, pending behind) from a JetStream
+    ack subject, or None when it isn't one of the two known forms:
+    ``$JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending>``
+    and ``$JS.ACK.<domain>.<account hash>.<stream>.<consumer>.<delivered>...``
+    (ADR-15). nats-py's ``msg.metadata`` parses the same, plus a datetime
+    and two dataclasses per message we never read: on the loop, per message."""
+    if not isinstance(reply, str) or not reply.startswith("$JS.ACK."):
+        return None
+    tokens = reply.split(".")
+    try:
+        if len(tokens) == 9:
+            return int(tokens[4]), int(tokens[5]), int(tokens[8])
+        if len(tokens) >= 11:
+            return int(tokens[6]), int(tokens[7]), int(tokens[10])
+    except ValueError:
+        return None
+    return None
+
+
 def _pending_behind(msg: Any) -> bool:
     """Whether the broker had messages pending behind ``msg`` when it sent it
     (its reply subject's ``num_pending``); True when that can't be read."""
+    fields = _ack_reply_fields(msg.reply)
+    if fields is not None:
+        return fields[2] > 0
     try:
         return int(msg.metadata.num_pending) > 0
     except Exception:

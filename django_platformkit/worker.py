@@ -13,51 +13,52 @@ that have one ready, so a busy subscription can't starve the others.
 Stopping is cooperative: SIGTERM or SIGINT stops pulling, NAKs at once what
 was fetched and not started, lets in-flight units finish and ack, and exits
 0. A handler stuck past its timeout plus a grace period makes the process
-exit 3, and a crash of any worker thread or of the event loop makes it exit
-1, so its supervisor restarts it (never a live process that no longer
-consumes). ``run_supervisor`` runs the relay and scheduler in one process
-and N consumer processes under one parent (``runworker --processes N``).
+exit 3 (the watchdog, ``health.py``), and a crash of any worker thread or of
+the event loop makes it exit 1, so its supervisor restarts it (never a live
+process that no longer consumes). ``supervisor.py`` runs the relay and
+scheduler in one process and N consumer processes under one parent
+(``runworker --processes N``); ``runrelay`` is this worker with the relay
+alone.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
-import json
+import functools
 import logging
 import os
 import signal
 import sys
 import threading
 import time
-from collections.abc import Sequence
-from pathlib import Path
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from django.db import DatabaseError, connections
 
 from . import conf
-from .consumer import Consumer, Subscription
-from .consumer import subscriptions as registered_subscriptions
+from ._retry import Backoff
+from .consumer import Consumer
 from .exceptions import BrokerUnavailable, ConsumerDrift, DatabaseUnavailable
+from .health import EXIT_STUCK_HANDLER as EXIT_STUCK_HANDLER  # where it was defined before health.py
+from .health import HealthFile, Watchdog
 from .heartbeat import Heartbeat
 from .identity import database_identity
 from .models import OutboxEvent
-from .relay import Relay
+from .relay import Relay, RelayStats
+from .subscriptions import Subscription
+from .subscriptions import subscriptions as registered_subscriptions
 from .transport import Delivery, PullLane, Transport, max_ack_pending_for
 
 logger = logging.getLogger(__name__)
 
-#: Exit status when a handler is stuck past HANDLER_TIMEOUT_SECONDS + grace.
-EXIT_STUCK_HANDLER = 3
 #: Exit status when a worker thread or the event loop died.
 EXIT_CRASHED = 1
 #: Kept for compatibility: the runtime no longer polls durables. A pull lane
 #: notices a lost durable (a broker that lost its store) by two missed idle
 #: heartbeats of its waiting request (PULL_HEARTBEAT_SECONDS) and re-ensures it.
 DURABLE_CHECK_SECONDS = 30.0
-#: How often the worker logs its counts at INFO when they changed.
-PROGRESS_LOG_SECONDS = 10.0
 #: A unit (the deliveries one pool thread takes at once) is sized so it runs
 #: about this long: fast handlers get whole batches (one transaction, one
 #: claim statement), a slow one gets one message at a time, so nothing
@@ -70,6 +71,10 @@ UNIT_TARGET_SECONDS = 0.1
 #: arrives it would wait up to one interval for the GIL (the convoy effect
 #: that dropped consumers to 30-70 handlings/s). ``--processes`` avoids it.
 SHARED_SWITCH_INTERVAL_SECONDS = 0.001
+#: Start-up waits for an unavailable broker or database (stream, durables):
+#: doubling from the first to the cap, in seconds.
+START_UP_RETRY_FIRST_SECONDS = 0.5
+START_UP_RETRY_MAX_SECONDS = 10.0
 #: How long a pool thread backs off after a database or broker error outside a handler.
 POOL_ERROR_BACKOFF_SECONDS = 1.0
 
@@ -147,7 +152,7 @@ class Worker:
         self.burst_timeout_seconds = burst_timeout_seconds
         self.connect_timeout_seconds = connect_timeout_seconds
         self.subscriptions = list(registered_subscriptions() if subscriptions is None else subscriptions)
-        self.health_file = Path(health_file) if health_file else None
+        self.health_file = HealthFile(health_file) if health_file else None
         self.stop_event = threading.Event()
         self.relay: Relay | None = None
         self.consumers: list[Consumer] = []
@@ -155,6 +160,7 @@ class Worker:
         self._threads: list[threading.Thread] = []
         self._pool: list[threading.Thread] = []
         self._started = time.monotonic()
+        self._give_up_at: float | None = None  # run-once modes: when start-up stops waiting for the broker
         self._scheduler: Any = None
         self._watchdog_thread: threading.Thread | None = None
         self._threads_done = threading.Event()
@@ -198,20 +204,15 @@ class Worker:
         """Run until stopped (or drained, with ``burst``). Returns the exit code."""
         try:
             # A burst is a script's step: fail it rather than wait forever for a broker.
-            if not self.transport.connect_until(
-                self.stop_event, give_up_after_seconds=self.connect_timeout_seconds if self.burst else None
-            ):
+            if not self._connect_and_ensure_stream(give_up=self.burst):
                 return self._stopped_in_start_up()
-            # owner: refuse a stream another project's database owns (identity.py).
-            self._retry_until_stopped(
-                lambda: self.transport.ensure_stream(owner=database_identity(self.using)),
-                f"stream {conf.settings.STREAM}",
-            )
             if self.want_consumers:
                 for subscription in self.subscriptions:
                     want = desired_consumer_config(subscription)
                     self._retry_until_stopped(
-                        lambda want=want: self.transport.ensure_consumer(want), f"durable {subscription.durable}"
+                        functools.partial(self.transport.ensure_consumer, want),
+                        f"durable {subscription.durable}",
+                        self._give_up_at,
                     )
                     consumers = [
                         Consumer(
@@ -251,6 +252,43 @@ class Worker:
             self.stop_event.set()
             self._shutdown()
         return self.exit_code
+
+    def relay_once(self) -> RelayStats | None:
+        """One relay pass on this worker's start-up path (``runrelay --once``):
+        connect and ensure the stream as ``run()`` does - giving up after
+        ``connect_timeout_seconds`` with ``BrokerUnavailable`` saying what is
+        not available - relay what is due now, close. Returns the pass's
+        ``RelayStats`` (``temporary``: rows left pending by a refusal worth
+        retrying), or None when stopped during start-up. A database error of
+        the pass propagates; the rows it concerns stay pending."""
+        try:
+            if not self._connect_and_ensure_stream(give_up=True):
+                self._stopped_in_start_up()
+                return None
+            self._starting = False  # from here a signal lets the pass stop after its current batch
+            self.relay = Relay(self.transport, using=self.using)
+            return self.relay.drain(self.stop_event)
+        finally:
+            self.transport.close()
+            connections.close_all()
+
+    def _connect_and_ensure_stream(self, *, give_up: bool) -> bool:
+        """Connect to NATS and create or check the stream (and its owner),
+        waiting out a broker or database that can't answer yet. Returns False
+        when stopped first. With ``give_up`` (run-once modes), raises
+        ``BrokerUnavailable`` once ``connect_timeout_seconds`` have passed."""
+        self._give_up_at = time.monotonic() + self.connect_timeout_seconds if give_up else None
+        if not self.transport.connect_until(
+            self.stop_event, give_up_after_seconds=self.connect_timeout_seconds if give_up else None
+        ):
+            return False
+        # owner: refuse a stream another project's database owns (identity.py).
+        self._retry_until_stopped(
+            lambda: self.transport.ensure_stream(owner=database_identity(self.using)),
+            f"stream {conf.settings.STREAM}",
+            self._give_up_at,
+        )
+        return not self.stop_event.is_set()
 
     def _stopped_in_start_up(self) -> int:
         logger.info("worker stopped during start-up exit=0")
@@ -302,8 +340,13 @@ class Worker:
         if units:
             logger.info("handed back unstarted deliveries=%s", sum(len(d) for d, _ in units))
 
-    def _retry_until_stopped(self, func, what: str) -> None:
-        delay = 0.5
+    def _retry_until_stopped(self, func: Callable[[], object], what: str, give_up_at: float | None = None) -> None:
+        """Call ``func`` until it returns or ``stop_event`` is set, waiting
+        out a broker or database that can't answer (JetStream starting, a
+        cluster electing its leader). Past ``give_up_at`` (monotonic seconds;
+        run-once modes) raises ``BrokerUnavailable`` saying ``what`` is not
+        available. ``ConsumerDrift`` is raised at once: waiting can't fix it."""
+        delay = Backoff(START_UP_RETRY_FIRST_SECONDS, START_UP_RETRY_MAX_SECONDS)
         while not self.stop_event.is_set():
             try:
                 func()
@@ -311,11 +354,11 @@ class Worker:
             except ConsumerDrift:
                 raise
             except (BrokerUnavailable, DatabaseUnavailable, TimeoutError) as exc:
-                logger.error(
-                    "%s: unavailable error=%s; retrying in %.1fs", what, self.transport.redact(str(exc)), delay
-                )
-                self.stop_event.wait(delay)
-                delay = min(delay * 2, 10)
+                why = self.transport.redact(str(exc) or type(exc).__name__)
+                if give_up_at is not None and time.monotonic() + delay.current > give_up_at:
+                    raise BrokerUnavailable(f"the {what} is not available: {why}") from exc
+                logger.error("%s not available error=%s; retrying in %.1fs", what, why, delay.current)
+                self.stop_event.wait(delay.next())
 
     def counts(self) -> dict[str, int]:
         totals: dict[str, int] = {"relayed": self.relay.totals.stored if self.relay else 0}
@@ -458,55 +501,19 @@ class Worker:
                     self.transport.nak(delivery, POOL_ERROR_BACKOFF_SECONDS)
             self.stop_event.wait(POOL_ERROR_BACKOFF_SECONDS)
 
-    # -- watchdog, progress, health --
+    # -- watchdog, progress, health (health.py) --
     def _watchdog(self) -> None:
-        timeout = float(conf.settings.HANDLER_TIMEOUT_SECONDS)
-        grace = float(conf.settings.HANDLER_STUCK_GRACE_SECONDS)
-        warned: set[int] = set()
-        last_counts, last_logged = self.counts(), time.monotonic()
-        while not self._threads_done.wait(1.0):
-            now = time.monotonic()
-            if now - last_logged >= PROGRESS_LOG_SECONDS:
-                counts = self.counts()
-                if counts != last_counts:
-                    logger.info(
-                        "progress interval=%.0fs %s",
-                        now - last_logged,
-                        " ".join(f"{k}={counts[k] - last_counts.get(k, 0)}" for k in counts),
-                    )
-                last_counts, last_logged = counts, now
-            if not self.stop_event.is_set():
-                self._check_alive()
-            for consumer in self.consumers:
-                started = consumer.handler_started
-                if started is None:
-                    warned.discard(id(consumer))
-                    continue
-                running = now - started
-                if running > timeout and id(consumer) not in warned:
-                    warned.add(id(consumer))
-                    logger.error(
-                        "handler stuck subscription=%s running=%.0fs timeout=%ss: its ack is no longer extended; "
-                        "the worker exits in %.0fs unless it returns",
-                        consumer.subscription.name,
-                        running,
-                        timeout,
-                        timeout + grace - running,
-                    )
-                if running > timeout + grace:
-                    logger.critical(
-                        "handler stuck subscription=%s running=%.0fs: exiting status=%s so the supervisor restarts the worker",
-                        consumer.subscription.name,
-                        running,
-                        EXIT_STUCK_HANDLER,
-                    )
-                    self._write_health(stuck=consumer.subscription.name)
-                    logging.shutdown()
-                    os._exit(EXIT_STUCK_HANDLER)
-            if not self.stop_event.is_set():
-                self._write_health()
-            self.heartbeat.beat()  # writes only every few seconds
-        self.heartbeat.stopped()
+        Watchdog(
+            consumers=self.consumers,
+            counts=self.counts,
+            check_alive=self._check_alive,
+            write_health=lambda stuck: self._write_health(stuck=stuck),
+            heartbeat=self.heartbeat,
+            stopping=self.stop_event,
+            done=self._threads_done,
+            timeout_seconds=float(conf.settings.HANDLER_TIMEOUT_SECONDS),
+            grace_seconds=float(conf.settings.HANDLER_STUCK_GRACE_SECONDS),
+        ).run()
 
     def _check_alive(self) -> None:
         """A dead event loop or a crashed lane means nothing is fetched any more: end the process."""
@@ -552,17 +559,10 @@ class Worker:
     def _write_health(self, stuck: str | None = None, final: bool = False) -> None:
         if self.health_file is None:
             return
-        tmp = self.health_file.with_name(
-            f"{self.health_file.name}.{os.getpid()}.{threading.get_ident()}.tmp"
-        )  # one per writer: --processes children share a folder
-        try:
-            state = self.health(stuck)
-            if final:
-                state.update(healthy=False, stopped=True, exit_code=self.exit_code)
-            tmp.write_text(json.dumps(state))
-            tmp.replace(self.health_file)
-        except OSError as exc:  # a full disk must not take the worker down; the probe will notice
-            logger.warning("health file not written path=%s error=%s", self.health_file, exc)
+        state = self.health(stuck)
+        if final:
+            state.update(healthy=False, stopped=True, exit_code=self.exit_code)
+        self.health_file.write(state)
 
     def _write_final_health(self) -> None:
         # A probe must never read "healthy" from a worker that has exited.
@@ -578,7 +578,7 @@ class Worker:
             self._spawn("platformkit-relay", self.relay.run, self.stop_event)
         self._start_runtime()
         if self.want_scheduler:
-            from .jobs import Scheduler
+            from .scheduler import Scheduler
 
             self._scheduler = Scheduler(using=self.using, jobs=self.job_names)
             self._spawn("platformkit-scheduler", self._scheduler.run, self.stop_event)

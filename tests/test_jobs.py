@@ -20,9 +20,10 @@ from django.db import connection
 
 from django_platformkit import jobs as jobs_module
 from django_platformkit.exceptions import ConfigurationError
-from django_platformkit.jobs import PURGE_JOB, Scheduler, current_slot, job, jobs, validate_schedule
+from django_platformkit.jobs import PURGE_JOB, current_slot, job, jobs, validate_schedule
 from django_platformkit.locks import advisory_key
 from django_platformkit.models import JobState
+from django_platformkit.scheduler import Scheduler
 from tests.conftest import manage, worker_env
 from tests.testapp._jobs import RUNS_TABLE
 
@@ -602,7 +603,7 @@ def test_a_worker_whose_clock_is_a_day_ahead_does_not_claim_tomorrows_slot(runs,
 
 @db
 def test_the_default_clock_reads_the_database_time():
-    from django_platformkit.jobs import DatabaseClock
+    from django_platformkit.scheduler import DatabaseClock
 
     clock = DatabaseClock()
     assert abs((clock.now() - _database_now()).total_seconds()) < 1.0

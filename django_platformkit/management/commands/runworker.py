@@ -101,7 +101,7 @@ class Command(BaseCommand):
                 raise CommandError(
                     f"--health-file {options['health_file']}: the folder {folder} doesn't exist or isn't writable."
                 )
-        from ...consumer import subscriptions
+        from ...subscriptions import subscriptions
 
         subs = subscriptions()
         if options["subscription"]:

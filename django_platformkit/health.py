@@ -1,0 +1,145 @@
+"""How a worker process shows it is alive, and when it stops pretending.
+
+Owns the health file (JSON a probe reads, replaced atomically, so a probe
+never reads half a state; the last state a stopped process leaves says
+``healthy: false``) and the watchdog: once a second it logs progress, writes
+the health file and the heartbeat, and ends the process with
+``EXIT_STUCK_HANDLER`` when a handler runs past ``HANDLER_TIMEOUT_SECONDS``
+plus ``HANDLER_STUCK_GRACE_SECONDS`` - a supervisor restarts a process that
+exits, never one that is alive and consumes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+logger = logging.getLogger(__name__)
+
+#: Exit status when a handler is stuck past HANDLER_TIMEOUT_SECONDS + grace.
+EXIT_STUCK_HANDLER = 3
+#: How often the watchdog logs the worker's counts at INFO when they changed.
+PROGRESS_LOG_SECONDS = 10.0
+
+
+class HealthFile:
+    """A JSON file rewritten whole: written to a temporary file of this
+    writer's own (process and thread: the children of ``--processes`` share
+    a folder) and renamed over ``path``. A write that fails (a full disk)
+    is logged at WARNING and never raised: the probe notices a stale file."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+
+    def write(self, state: dict[str, Any]) -> None:
+        tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        try:
+            tmp.write_text(json.dumps(state))
+            tmp.replace(self.path)
+        except OSError as exc:
+            logger.warning("health file not written path=%s error=%s", self.path, exc)
+
+
+class _Watched(Protocol):
+    """What the watchdog reads of a consumer: when its running handler
+    started (monotonic seconds, None when idle) and its subscription."""
+
+    handler_started: float | None
+
+    @property
+    def subscription(self) -> Any: ...
+
+
+class Watchdog:
+    """The loop of a worker's watchdog thread, once a second until ``done``
+    is set (after the worker's other threads ended, so a handler stuck in
+    the shutdown still ends the process).
+
+    ``consumers``: watched for stuck handlers (``timeout_seconds``: logged
+    at ERROR once; past ``timeout_seconds + grace_seconds``: the process
+    exits ``EXIT_STUCK_HANDLER`` after ``write_health(stuck_subscription)``).
+    ``counts``: totals logged at INFO every ``PROGRESS_LOG_SECONDS`` when they
+    changed. While ``stopping`` is not set: ``check_alive()`` (raises nothing;
+    it stops the worker itself when a part of it died) and ``write_health(None)``.
+    ``heartbeat``: ``beat()`` every loop, ``stopped()`` at the end.
+    """
+
+    def __init__(
+        self,
+        *,
+        consumers: Sequence[_Watched],
+        counts: Callable[[], dict[str, int]],
+        check_alive: Callable[[], None],
+        write_health: Callable[[str | None], None],
+        heartbeat: Any,
+        stopping: threading.Event,
+        done: threading.Event,
+        timeout_seconds: float,
+        grace_seconds: float,
+    ) -> None:
+        self.consumers = consumers
+        self.counts = counts
+        self.check_alive = check_alive
+        self.write_health = write_health
+        self.heartbeat = heartbeat
+        self.stopping = stopping
+        self.done = done
+        self.timeout_seconds = timeout_seconds
+        self.grace_seconds = grace_seconds
+        self._warned: set[int] = set()
+
+    def run(self) -> None:
+        last_counts, last_logged = self.counts(), time.monotonic()
+        while not self.done.wait(1.0):
+            now = time.monotonic()
+            if now - last_logged >= PROGRESS_LOG_SECONDS:
+                counts = self.counts()
+                if counts != last_counts:
+                    logger.info(
+                        "progress interval=%.0fs %s",
+                        now - last_logged,
+                        " ".join(f"{k}={counts[k] - last_counts.get(k, 0)}" for k in counts),
+                    )
+                last_counts, last_logged = counts, now
+            if not self.stopping.is_set():
+                self.check_alive()
+            self._check_stuck(now)
+            if not self.stopping.is_set():
+                self.write_health(None)
+            self.heartbeat.beat()  # writes only every few seconds
+        self.heartbeat.stopped()
+
+    def _check_stuck(self, now: float) -> None:
+        timeout, grace = self.timeout_seconds, self.grace_seconds
+        for consumer in self.consumers:
+            started = consumer.handler_started
+            if started is None:
+                self._warned.discard(id(consumer))
+                continue
+            running = now - started
+            if running > timeout and id(consumer) not in self._warned:
+                self._warned.add(id(consumer))
+                logger.error(
+                    "handler stuck subscription=%s running=%.0fs timeout=%ss: its ack is no longer extended; "
+                    "the worker exits in %.0fs unless it returns",
+                    consumer.subscription.name,
+                    running,
+                    timeout,
+                    timeout + grace - running,
+                )
+            if running > timeout + grace:
+                logger.critical(
+                    "handler stuck subscription=%s running=%.0fs: exiting status=%s so the supervisor restarts the worker",
+                    consumer.subscription.name,
+                    running,
+                    EXIT_STUCK_HANDLER,
+                )
+                self.write_health(consumer.subscription.name)
+                logging.shutdown()
+                os._exit(EXIT_STUCK_HANDLER)
