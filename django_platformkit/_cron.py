@@ -101,12 +101,14 @@ def _field_problems(expression: str, index: int, text: str) -> list[str]:
                 "steps '*/n' or 'a-b/n', and commas (no L, W, #, ?, H or R)"
             ]
         low, high, step = match["low"], match["high"], match["step"]
-        for token in (low, high):
-            if token is not None and value(token) is None:
+        numbers = [None if token is None else value(token) for token in (low, high)]
+        for token, number in zip((low, high), numbers, strict=True):
+            if token is not None and number is None:
                 return [
                     f"{where}: {token!r} is out of range; {name} takes {low_bound}-{high_bound}{' or names' if names else ''}"
                 ]
-        if low is not None and high is not None and value(low) > value(high):
+        low_number, high_number = numbers
+        if low_number is not None and high_number is not None and low_number > high_number:
             return [
                 f"{where}: the range runs backwards; write it as two ranges ('{low}-{high_bound},{low_bound}-{high}')"
             ]
@@ -119,6 +121,14 @@ def _field_problems(expression: str, index: int, text: str) -> list[str]:
                     "range, not 'every n' (use every=timedelta(...) for that)"
                 ]
     return []
+
+
+def _utcoffset(instant: datetime, zone: tzinfo) -> timedelta:
+    # Only a zone that answers None (not a real time zone) leaves no offset.
+    offset = instant.astimezone(zone).utcoffset()
+    if offset is None:
+        raise ValueError(f"time zone {zone!r} gives no UTC offset for {instant.isoformat()}; pass a zoneinfo.ZoneInfo")
+    return offset
 
 
 def _restricted(field: str) -> bool:
@@ -201,10 +211,10 @@ class CronSchedule:
         """How far before ``after``'s wall time a wall time can lie and still
         map to a later instant: by how much the offset drops (a fall-back
         fold) in the window after ``after``. Zero where it never drops."""
-        offset = after.astimezone(self.zone).utcoffset()
+        offset = _utcoffset(after, self.zone)
         lowest = offset
         probe, end = after, after + _OFFSET_WINDOW
         while probe <= end:
-            lowest = min(lowest, probe.astimezone(self.zone).utcoffset())
+            lowest = min(lowest, _utcoffset(probe, self.zone))
             probe += timedelta(minutes=15)
         return offset - lowest

@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import json
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.contrib.admin.exceptions import DisallowedModelAdminLookup
 from django.contrib.admin.models import CHANGE, DELETION, LogEntry
 from django.core.exceptions import PermissionDenied
-from django.db.models import BooleanField, Count, Exists, Min, OuterRef, QuerySet
+from django.db.models import BooleanField, Count, Exists, Min, Model, OuterRef, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
@@ -32,7 +32,8 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 from django.utils.timesince import timesince
 
-from .models import Attempt, DeadLetter, HandledEvent, JobState, OutboxEvent, Overview
+from .heartbeat import ALIVE_AFTER_SECONDS
+from .models import Attempt, DeadLetter, HandledEvent, JobState, OutboxEvent, OutboxQuerySet, Overview
 from .templatetags.platformkit_admin import when_html
 
 #: The permission both operator actions need (``DeadLetter.Meta.permissions``).
@@ -76,7 +77,28 @@ def _uuid_or_none(term: str) -> uuid.UUID | None:
         return None
 
 
-class ReadOnlyAdmin(admin.ModelAdmin):
+if TYPE_CHECKING:
+    from typing import TypedDict
+
+    from django.urls import URLPattern
+    from django_stubs_ext import WithAnnotations
+
+    class _Terminal(TypedDict):
+        terminal: bool
+
+    # A claim annotated by with_terminal().
+    _ClaimWithTerminal = WithAnnotations[HandledEvent, _Terminal]
+    _ModelAdmin = admin.ModelAdmin
+else:
+
+    class _ModelAdmin(admin.ModelAdmin):
+        # django-stubs makes ModelAdmin generic in its model (ModelAdmin[M]);
+        # Django's class can't be subscripted at run time.
+        def __class_getitem__(cls, model: Any) -> type:
+            return cls
+
+
+class ReadOnlyAdmin[ModelT: Model](_ModelAdmin[ModelT]):
     """Operational tables are evidence: nobody adds, edits or deletes a row
     by hand. State changes are named actions that call the library."""
 
@@ -94,10 +116,12 @@ class ReadOnlyAdmin(admin.ModelAdmin):
         allowed: set[str] = set()
         for item in self.get_list_filter(request):
             if isinstance(item, type) and issubclass(item, admin.SimpleListFilter):
-                allowed.add(item.parameter_name)
+                if item.parameter_name is not None:
+                    allowed.add(item.parameter_name)
             else:
                 name = item[0] if isinstance(item, (list, tuple)) else item
-                allowed.update(name + suffix for suffix in _FILTER_SUFFIXES)
+                if isinstance(name, str):  # our lists name fields, never Field objects
+                    allowed.update(name + suffix for suffix in _FILTER_SUFFIXES)
         if self.date_hierarchy:
             allowed.update(self.date_hierarchy + suffix for suffix in _DATE_SUFFIXES)
         return allowed
@@ -122,12 +146,12 @@ class ReadOnlyAdmin(admin.ModelAdmin):
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
-    def _url(self, model: type, view: str, *args: Any) -> str:
+    def _url(self, model: type[Model], view: str, *args: Any) -> str:
         return reverse(f"{self.admin_site.name}:django_platformkit_{model._meta.model_name}_{view}", args=args)
 
 
 @admin.register(DeadLetter)
-class DeadLetterAdmin(ReadOnlyAdmin):
+class DeadLetterAdmin(ReadOnlyAdmin[DeadLetter]):
     list_display = ("failed", "name", "subscription", "tenant", "attempts", "event_id", "error_first_line")
     list_display_links = ("failed", "name")
     list_filter = ("subscription", "name", "tenant")
@@ -231,7 +255,7 @@ class DeadLetterAdmin(ReadOnlyAdmin):
     def discard_selected(self, request: HttpRequest, queryset: QuerySet[DeadLetter]) -> HttpResponse | None:
         return self._confirm(request, queryset, "discard")
 
-    def get_urls(self):
+    def get_urls(self) -> list[URLPattern]:
         info = self.model._meta.app_label, self.model._meta.model_name
         view = self.admin_site.admin_view(self.verb_view)
         own = [
@@ -252,7 +276,11 @@ class DeadLetterAdmin(ReadOnlyAdmin):
         )
         row = queryset.first()
         if row is None:
-            return self._get_obj_does_not_exist_redirect(request, self.model._meta, object_id)
+            # Django's own "doesn't exist" redirect: a private ModelAdmin helper django-stubs leaves out.
+            redirect: HttpResponse = self._get_obj_does_not_exist_redirect(  # type: ignore[attr-defined]
+                request, self.model._meta, object_id
+            )
+            return redirect
         blocked = replay_blocker(row) if verb == "replay" else None
         if blocked:
             # The page offers no Replay for it; a hand-typed URL is told why, not sent to a confirmation that can only fail.
@@ -334,8 +362,11 @@ class DeadLetterAdmin(ReadOnlyAdmin):
         survives). The text carries the reason; the entry the actor."""
         past = "Replayed" if verb == "replay" else "Discarded"
         message = f"{past} for subscription {row.subscription} (event {row.event_id}). Reason: {reason}"
+        actor = request.user.pk
+        if actor is None:  # an anonymous user: the admin's views let none this far
+            raise PermissionDenied
         LogEntry.objects.log_actions(
-            user_id=request.user.pk,
+            user_id=actor,
             queryset=[row],
             action_flag=CHANGE if verb == "replay" else DELETION,
             change_message=message,
@@ -344,7 +375,7 @@ class DeadLetterAdmin(ReadOnlyAdmin):
         outbox_row = OutboxEvent.objects.filter(pk=row.event_id).only("id", "name").first()
         if outbox_row is not None:
             LogEntry.objects.log_actions(
-                user_id=request.user.pk,
+                user_id=actor,
                 queryset=[outbox_row],
                 action_flag=CHANGE,
                 change_message=message,
@@ -397,10 +428,13 @@ class StatusFilter(admin.SimpleListFilter):
         return [("pending", "pending"), ("published", "published")]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[OutboxEvent]) -> QuerySet[OutboxEvent]:
+        # The list's rows come from OutboxEvent.objects (an OutboxQuerySet);
+        # ListFilter's signature only promises a QuerySet.
+        rows = cast(OutboxQuerySet, queryset)
         if self.value() == "pending":
-            return queryset.pending()
+            return rows.pending()
         if self.value() == "published":
-            return queryset.published()
+            return rows.published()
         return queryset
 
 
@@ -421,7 +455,7 @@ class EventNameFilter(admin.SimpleListFilter):
 
 
 @admin.register(OutboxEvent)
-class OutboxEventAdmin(ReadOnlyAdmin):
+class OutboxEventAdmin(ReadOnlyAdmin[OutboxEvent]):
     list_display = ("id", "name", "tenant", "status", "created", "age")
     list_filter = (StatusFilter, EventNameFilter)
     search_fields = ("name",)
@@ -531,7 +565,7 @@ class OutboxEventAdmin(ReadOnlyAdmin):
 CLAIMS_ON_PAGE = 100
 
 
-def with_terminal(queryset: QuerySet[HandledEvent]) -> QuerySet[HandledEvent]:
+def with_terminal(queryset: QuerySet[HandledEvent]) -> QuerySet[_ClaimWithTerminal]:
     """Annotate ``terminal``: the claim has a dead letter beside it (the
     subscription gave up; nothing runs it again until a replay)."""
     dead = DeadLetter.objects.filter(subscription=OuterRef("subscription"), event_id=OuterRef("event_id"))
@@ -551,7 +585,7 @@ class ClaimKindFilter(admin.SimpleListFilter):
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
         return [("handled", "handled"), ("terminal", "terminal: dead-lettered")]
 
-    def queryset(self, request: HttpRequest, queryset: QuerySet[HandledEvent]) -> QuerySet[HandledEvent]:
+    def queryset(self, request: HttpRequest, queryset: QuerySet[_ClaimWithTerminal]) -> QuerySet[_ClaimWithTerminal]:
         if self.value() == "terminal":
             return queryset.filter(terminal=True)
         if self.value() == "handled":
@@ -560,7 +594,7 @@ class ClaimKindFilter(admin.SimpleListFilter):
 
 
 @admin.register(HandledEvent)
-class HandledEventAdmin(ReadOnlyAdmin):
+class HandledEventAdmin(ReadOnlyAdmin[HandledEvent]):
     list_display = ("handled", "subscription", "event_id", "kind")
     list_display_links = ("handled",)
     list_filter = ("subscription", ClaimKindFilter)
@@ -586,7 +620,7 @@ class HandledEventAdmin(ReadOnlyAdmin):
 
 
 @admin.register(Attempt)
-class AttemptAdmin(ReadOnlyAdmin):
+class AttemptAdmin(ReadOnlyAdmin[Attempt]):
     list_display = (
         "started",
         "subscription",
@@ -650,7 +684,7 @@ def _job_specs() -> dict[str, Any]:
 
 
 @admin.register(JobState)
-class JobStateAdmin(ReadOnlyAdmin):
+class JobStateAdmin(ReadOnlyAdmin[JobState]):
     list_display = (
         "name",
         "schedule",
@@ -711,7 +745,7 @@ _OVERVIEW_MODELS = (OutboxEvent, HandledEvent, DeadLetter, JobState, Attempt, Ov
 
 
 @admin.register(Overview)
-class OverviewAdmin(admin.ModelAdmin):
+class OverviewAdmin(_ModelAdmin[Overview]):
     """The overview page (``admin:django_platformkit_overview``): every
     subscription keeping up or falling behind, the relay's lag, jobs and
     workers, from ``overview.collect()``. Open to staff who may view any of
@@ -732,7 +766,7 @@ class OverviewAdmin(admin.ModelAdmin):
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
-    def get_urls(self):
+    def get_urls(self) -> list[URLPattern]:
         view = self.admin_site.admin_view(self.overview_view)
         return [
             path("", view, name="django_platformkit_overview"),
@@ -752,7 +786,7 @@ class OverviewAdmin(admin.ModelAdmin):
             "subtitle": None,
             "opts": self.model._meta,
             "overview": figures,
-            "alive_after_seconds": int(overview.ALIVE_AFTER_SECONDS),
+            "alive_after_seconds": int(ALIVE_AFTER_SECONDS),
             "links": {
                 "dead_letters": self._url(DeadLetter, "changelist"),
                 "claims": self._url(HandledEvent, "changelist"),
@@ -762,7 +796,7 @@ class OverviewAdmin(admin.ModelAdmin):
         }
         return TemplateResponse(request, "admin/django_platformkit/overview.html", context)
 
-    def _url(self, model: type, view: str, *args: Any) -> str:
+    def _url(self, model: type[Model], view: str, *args: Any) -> str:
         return reverse(f"{self.admin_site.name}:django_platformkit_{model._meta.model_name}_{view}", args=args)
 
 

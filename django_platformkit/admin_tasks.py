@@ -9,7 +9,7 @@ Registered by ``admin.py``.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
@@ -39,6 +39,24 @@ def _result(obj: OutboxTask) -> Any:
         return str(exc)
 
 
+if TYPE_CHECKING:
+    from typing import TypedDict
+
+    from django_stubs_ext import WithAnnotations
+
+    class _Outcome(TypedDict):
+        _succeeded: bool
+        _failed: bool
+
+    # OutboxTaskAdmin.get_queryset()'s rows, with their two EXISTS.
+    _AnnotatedTask = WithAnnotations[OutboxTask, _Outcome]
+    # django-stubs makes ModelAdmin generic in its model; Django's own class
+    # can't be subscripted at run time.
+    _TaskModelAdmin = admin.ModelAdmin[OutboxTask]
+else:
+    _TaskModelAdmin = admin.ModelAdmin
+
+
 class TaskStatusFilter(admin.SimpleListFilter):
     title = "status"
     parameter_name = "task_status"
@@ -50,7 +68,7 @@ class TaskStatusFilter(admin.SimpleListFilter):
             ("unfinished", "ready / running / retrying"),
         ]
 
-    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
+    def queryset(self, request: HttpRequest, queryset: QuerySet[_AnnotatedTask]) -> QuerySet[_AnnotatedTask]:
         if self.value() == "successful":
             return queryset.filter(_succeeded=True)
         if self.value() == "failed":
@@ -60,7 +78,7 @@ class TaskStatusFilter(admin.SimpleListFilter):
         return queryset
 
 
-class OutboxTaskAdmin(admin.ModelAdmin):
+class OutboxTaskAdmin(_TaskModelAdmin):
     list_display = ("created_at", "task_path", "queue", "status", "arguments", "not_before")
     list_display_links = ("created_at", "task_path")
     list_filter = (TaskStatusFilter, "name")
@@ -100,7 +118,7 @@ class OutboxTaskAdmin(admin.ModelAdmin):
     def has_replay_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm(REPLAY_PERMISSION)
 
-    def get_queryset(self, request: HttpRequest) -> QuerySet:
+    def get_queryset(self, request: HttpRequest) -> QuerySet[OutboxTask]:
         # Two EXISTS per page row, off the results' primary key and the dead letters' event index.
         return (
             super()
@@ -199,7 +217,7 @@ class OutboxTaskAdmin(admin.ModelAdmin):
         return format_html('<a href="{}">{}</a>', url, dead.error_summary or "dead letter")
 
     @admin.action(permissions=["replay"], description="Replay failed tasks…")
-    def replay_failed(self, request: HttpRequest, queryset: QuerySet) -> HttpResponse | None:
+    def replay_failed(self, request: HttpRequest, queryset: QuerySet[OutboxTask]) -> HttpResponse | None:
         """Ask for a reason (the dead letters' confirmation page), then
         ``replay()`` each selected task's dead letter."""
         dead = DeadLetter.objects.filter(event_id__in=list(queryset.values_list("pk", flat=True))).order_by(

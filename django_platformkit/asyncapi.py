@@ -79,7 +79,8 @@ def _data_schema(event: EventType) -> dict[str, Any]:
     schema = copy.deepcopy(dict(event.schema))
     if "$id" in schema:  # its refs resolve against its own $id: leave them
         return schema
-    return _rewrite_refs(schema, f"#/components/schemas/{event.name}")
+    rewritten: dict[str, Any] = _rewrite_refs(schema, f"#/components/schemas/{event.name}")
+    return rewritten
 
 
 def document(*, title: str = "Event catalogue", version: str = "1.0.0") -> dict[str, Any]:

@@ -51,7 +51,7 @@ FAILED_NEW_SQL = (
 INTERRUPTED_SQL = f"UPDATE {ATTEMPTS_TABLE} SET outcome = 'interrupted', finished_at = clock_timestamp() WHERE id = %s AND outcome = 'running'"
 
 
-def run_history(subscription: str, event_id: uuid.UUID, *, using: str) -> tuple[bool, list[tuple]]:
+def run_history(subscription: str, event_id: uuid.UUID, *, using: str) -> tuple[bool, list[tuple[Any, ...]]]:
     """``(handled, rows)`` in one round trip: whether the event holds a claim
     for ``subscription`` (a lost ack), and its recorded runs, oldest first, as
     ``(attempt, outcome, error, traceback, started_at, worker)``."""
@@ -201,7 +201,7 @@ class SlowRunRecorder:
 slow_runs = SlowRunRecorder()
 
 
-def history_text(rows: Sequence[tuple]) -> str:
+def history_text(rows: Sequence[tuple[Any, ...]]) -> str:
     """One line per recorded run (``run_history()``'s rows), oldest first: for a dead letter's error."""
     parts = []
     for attempt, outcome, error, _tb, started_at, worker in rows:

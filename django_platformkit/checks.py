@@ -14,7 +14,7 @@ import difflib
 import os
 import site
 import sysconfig
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -94,17 +94,19 @@ _SKIPPED_DIRS = {"__pycache__", "node_modules", "site-packages", "dist-packages"
 _PACKAGE_DIR = Path(__file__).resolve().parent
 
 
-def _message(level: type[checks.CheckMessage], check_id: str, obj: Any = None, **values: Any) -> checks.CheckMessage:
+def _texts(check_id: str, values: Mapping[str, Any]) -> tuple[str, str]:
     message, hint = MESSAGES[check_id]
-    return level(message.format(**values), hint=hint.format(**values), obj=obj, id=f"{TAG}.{check_id}")
+    return message.format(**values), hint.format(**values)
 
 
 def _error(check_id: str, obj: Any = None, **values: Any) -> checks.Error:
-    return _message(checks.Error, check_id, obj, **values)
+    message, hint = _texts(check_id, values)
+    return checks.Error(message, hint=hint, obj=obj, id=f"{TAG}.{check_id}")
 
 
 def _warning(check_id: str, obj: Any = None, **values: Any) -> checks.Warning:
-    return _message(checks.Warning, check_id, obj, **values)
+    message, hint = _texts(check_id, values)
+    return checks.Warning(message, hint=hint, obj=obj, id=f"{TAG}.{check_id}")
 
 
 def _suggestion(name: str, known: Iterable[str]) -> str | None:
@@ -128,7 +130,7 @@ def _setting(key: str) -> Any:
         return None
 
 
-def _in_apps(module: str, app_configs: list[AppConfig] | None) -> bool:
+def _in_apps(module: str, app_configs: Sequence[AppConfig] | None) -> bool:
     if app_configs is None:
         return True
     return any(module == c.name or module.startswith(c.name + ".") for c in app_configs)
@@ -138,7 +140,7 @@ def _in_apps(module: str, app_configs: list[AppConfig] | None) -> bool:
 
 
 @checks.register(TAG)
-def check_subscriptions(app_configs: list[AppConfig] | None = None, **kwargs: Any) -> list[checks.CheckMessage]:
+def check_subscriptions(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """``E001``: a subscription to an event nobody declared. ``W002``: a
     subscription's own backoff list longer than its retries."""
     from .events import catalogue
@@ -332,7 +334,7 @@ def _display(path: Path, root: Path) -> str:
 
 
 @checks.register(TAG)
-def check_publish_calls(app_configs: list[AppConfig] | None = None, **kwargs: Any) -> list[checks.CheckMessage]:
+def check_publish_calls(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """``E002``: ``publish("…")`` with a literal name nobody declared, found
     by reading the project's own apps' source. Reported as ``file:line``."""
     from .events import catalogue
@@ -359,7 +361,7 @@ def check_publish_calls(app_configs: list[AppConfig] | None = None, **kwargs: An
 
 
 @checks.register(TAG)
-def check_settings(app_configs: list[AppConfig] | None = None, **kwargs: Any) -> list[checks.CheckMessage]:
+def check_settings(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """``E005`` PLATFORMKIT is not a dict, ``E006`` unknown keys, ``E007``
     invalid values, ``E008`` handler timeout vs ack wait, ``W001`` a backoff
     list longer than ``MAX_ATTEMPTS`` has retries.
@@ -402,7 +404,7 @@ def check_settings(app_configs: list[AppConfig] | None = None, **kwargs: Any) ->
 
 
 @checks.register(TAG)
-def check_database(app_configs: list[AppConfig] | None = None, **kwargs: Any) -> list[checks.CheckMessage]:
+def check_database(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """``E004`` DATABASE_ALIAS names no database; ``E003`` it is not
     PostgreSQL. Reads the backend's vendor: no connection is opened."""
     from django.conf import settings as django_settings
@@ -427,7 +429,7 @@ def check_database(app_configs: list[AppConfig] | None = None, **kwargs: Any) ->
 
 
 @checks.register(TAG)
-def check_jobs(app_configs: list[AppConfig] | None = None, **kwargs: Any) -> list[checks.CheckMessage]:
+def check_jobs(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """``E009``: a job whose schedule can't run (a cron expression that never
     fires, an unknown time zone), as ``jobs.validate_schedule`` finds it."""
     from . import jobs
@@ -448,7 +450,7 @@ def check_jobs(app_configs: list[AppConfig] | None = None, **kwargs: Any) -> lis
 
 
 @checks.register(TAG)
-def check_runworker(app_configs: list[AppConfig] | None = None, **kwargs: Any) -> list[checks.CheckMessage]:
+def check_runworker(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """``W003``/``W004``: another installed app also provides ``runworker``
     (Django Channels does). Django runs the one of the app listed first."""
     from django.core.management import find_commands
@@ -473,7 +475,7 @@ MIN_RETRY_ROOM = 1000
 
 
 @checks.register(TAG)
-def check_max_ack_pending(app_configs: list[AppConfig] | None = None, **kwargs: Any) -> list[checks.CheckMessage]:
+def check_max_ack_pending(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """``W005``: a durable's ``max_ack_pending`` can't carry the credit the
     runtime fetches (``CONSUMER_BATCH_SIZE x concurrency``) plus
     ``MIN_RETRY_ROOM`` parked retries: healthy events would wait behind them."""
@@ -507,7 +509,7 @@ def check_max_ack_pending(app_configs: list[AppConfig] | None = None, **kwargs: 
 
 
 @checks.register(TAG)
-def check_broker_namespace(app_configs: list[AppConfig] | None = None, **kwargs: Any) -> list[checks.CheckMessage]:
+def check_broker_namespace(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """``W006`` ``STREAM`` or ``SUBJECT_PREFIX`` left at its default in a
     project with ``DEBUG = False``: a second project on the same NATS with
     the defaults would meet this one's stream (the worker then refuses to

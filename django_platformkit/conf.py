@@ -8,8 +8,8 @@ Units are in the names: a number without one is a count.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, overload
 
 from django.conf import settings as django_settings
 from django.core.signals import setting_changed
@@ -22,19 +22,19 @@ _SUBJECT_TOKEN = re.compile(r"[A-Za-z0-9_-]+")
 _STREAM_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
-def _positive_number(key: str, value: Any) -> float:
+def _positive_number(key: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
         raise ConfigurationError(f"PLATFORMKIT[{key!r}] must be a number > 0, got {value!r}.")
     return value
 
 
-def _positive_int(key: str, value: Any) -> int:
+def _positive_int(key: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigurationError(f"PLATFORMKIT[{key!r}] must be an integer >= 1, got {value!r}.")
     return value
 
 
-def _string(key: str, value: Any) -> str:
+def _string(key: str, value: object) -> str:
     if not isinstance(value, str) or not value:
         raise ConfigurationError(f"PLATFORMKIT[{key!r}] must be a non-empty string, got {value!r}.")
     return value
@@ -50,28 +50,28 @@ def redact_url(url: str) -> str:
     return ",".join(re.sub(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^@/]*@", r"\1***@", part.strip()) for part in url.split(","))
 
 
-def _nats_url(key: str, value: Any) -> str:
-    _string(key, value)
-    for url in (u.strip() for u in value.split(",")):
+def _nats_url(key: str, value: object) -> str:
+    text = _string(key, value)
+    for url in (u.strip() for u in text.split(",")):
         if not url.startswith(_NATS_SCHEMES):
             raise ConfigurationError(
                 f"PLATFORMKIT[{key!r}] holds {redact_url(url)!r}: each comma-separated URL must start with "
                 "nats://, tls://, ws:// or wss:// (e.g. 'nats://127.0.0.1:4222')."
             )
-    return value
+    return text
 
 
-def _subject_prefix(key: str, value: Any) -> str:
-    _string(key, value)
-    if not all(_SUBJECT_TOKEN.fullmatch(part) for part in value.split(".")):
+def _subject_prefix(key: str, value: object) -> str:
+    text = _string(key, value)
+    if not all(_SUBJECT_TOKEN.fullmatch(part) for part in text.split(".")):
         raise ConfigurationError(
             f"PLATFORMKIT[{key!r}] must be dot-separated NATS subject tokens "
             f"without wildcards or spaces, got {value!r}."
         )
-    return value
+    return text
 
 
-def _stream(key: str, value: Any) -> str:
+def _stream(key: str, value: object) -> str:
     if not isinstance(value, str) or not _STREAM_NAME.fullmatch(value):
         raise ConfigurationError(
             f"PLATFORMKIT[{key!r}] must be a JetStream stream name ([A-Za-z0-9_-], at most 64), got {value!r}."
@@ -79,40 +79,41 @@ def _stream(key: str, value: Any) -> str:
     return value
 
 
-def _backoff(key: str, value: Any) -> tuple[float, ...]:
-    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+def _backoff(key: str, value: object) -> tuple[float, ...]:
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
         raise ConfigurationError(f"PLATFORMKIT[{key!r}] must be a list of seconds, got {value!r}.")
-    delays = tuple(value)
-    if not delays:
-        raise ConfigurationError(f"PLATFORMKIT[{key!r}] must hold at least one delay in seconds.")
-    for delay in delays:
+    delays: list[float] = []
+    for delay in value:
         if isinstance(delay, bool) or not isinstance(delay, (int, float)) or delay < 0:
             raise ConfigurationError(f"PLATFORMKIT[{key!r}] delays must be numbers >= 0, got {delay!r}.")
-    return delays
+        delays.append(delay)
+    if not delays:
+        raise ConfigurationError(f"PLATFORMKIT[{key!r}] must hold at least one delay in seconds.")
+    return tuple(delays)
 
 
-def _replicas(key: str, value: Any) -> int:
-    _positive_int(key, value)
-    if value > 5:
+def _replicas(key: str, value: object) -> int:
+    count = _positive_int(key, value)
+    if count > 5:
         raise ConfigurationError(f"PLATFORMKIT[{key!r}] must be 1 to 5 (JetStream's limit), got {value!r}.")
-    return value
+    return count
 
 
-def _lanes(key: str, value: Any) -> int:
-    _positive_int(key, value)
-    if value > 16:
+def _lanes(key: str, value: object) -> int:
+    count = _positive_int(key, value)
+    if count > 16:
         raise ConfigurationError(
             f"PLATFORMKIT[{key!r}] must be 1 to 16, got {value!r}: each lane holds a database connection while a "
             "backlog drains, and past a few lanes the relay is bound by NATS, not by waiting. Run more runrelay processes instead."
         )
-    return value
+    return count
 
 
-def _optional_positive_int(key: str, value: Any) -> int | None:
+def _optional_positive_int(key: str, value: object) -> int | None:
     return None if value is None else _positive_int(key, value)
 
 
-def _boolean(key: str, value: Any) -> bool:
+def _boolean(key: str, value: object) -> bool:
     if not isinstance(value, bool):
         raise ConfigurationError(f"PLATFORMKIT[{key!r}] must be True or False, got {value!r}.")
     return value
@@ -125,7 +126,7 @@ boolean = _boolean
 backoff_seconds = _backoff
 
 
-def _nats_options(key: str, value: Any) -> dict[str, Any]:
+def _nats_options(key: str, value: object) -> dict[str, Any]:
     if not isinstance(value, Mapping):
         raise ConfigurationError(f"PLATFORMKIT[{key!r}] must be a dict, got {value!r}.")
     unknown = set(value) - NATS_OPTION_KEYS
@@ -152,46 +153,75 @@ NATS_OPTION_KEYS = frozenset(
     }
 )
 
-# key -> (default, validator). The one place defaults live.
-DEFAULTS: dict[str, tuple[Any, Callable[[str, Any], Any]]] = {
-    "NATS_URL": ("nats://127.0.0.1:4222", _nats_url),
-    "NATS_OPTIONS": ({}, _nats_options),
-    "STREAM": ("PLATFORMKIT", _stream),
-    "SUBJECT_PREFIX": ("platformkit", _subject_prefix),
-    "DATABASE_ALIAS": ("default", _string),
-    "RELAY_INTERVAL_SECONDS": (1.0, _positive_number),
-    "RELAY_BATCH_SIZE": (1000, _positive_int),
-    "RELAY_LANES": (2, _lanes),
-    "RELAY_LISTEN": (True, _boolean),
-    "MAX_ATTEMPTS": (5, _positive_int),
-    "BACKOFF_SECONDS": ((1, 5, 15, 30), _backoff),
-    "ACK_WAIT_SECONDS": (30, _positive_number),
-    "HANDLER_TIMEOUT_SECONDS": (25, _positive_number),
-    "HANDLER_STUCK_GRACE_SECONDS": (60, _positive_number),
-    "CONSUMER_BATCH_SIZE": (100, _positive_int),
-    "CONSUMER_THREADS": (4, _positive_int),
-    # None: derived per subscription (transport.max_ack_pending_for): in-flight
-    # credit twice over plus room for 20,000 events parked for retry.
-    "MAX_ACK_PENDING": (None, _optional_positive_int),
-    "MAX_PAYLOAD_BYTES": (512 * 1024, _positive_int),
-    "RETENTION_DAYS": (7, _positive_number),
-    "DUPLICATE_WINDOW_SECONDS": (120, _positive_number),
-    "STREAM_REPLICAS": (1, _replicas),
-    "TENANT_CONTEXT": ("django_platformkit.subscriptions.set_config_tenant", _string),
-}
+
+class _Setting[SettingT]:
+    """One ``PLATFORMKIT`` key declared on ``Settings``: its default and the
+    validator that checks a value and returns it as ``SettingT``.
+
+    A non-data descriptor: the first read validates and stores the value in
+    the instance's ``__dict__``, so later reads are plain attribute lookups
+    until ``Settings.clear()`` forgets them. The checker sees ``SettingT``
+    (the validator's return type) for ``conf.settings.<KEY>``."""
+
+    def __init__(self, default: object, validate: Callable[[str, Any], SettingT]) -> None:
+        self.default = default
+        self.validate = validate
+        self.key = ""
+
+    def __set_name__(self, owner: type[object], name: str) -> None:
+        self.key = name
+
+    @overload
+    def __get__(self, instance: None, owner: type[object]) -> _Setting[SettingT]: ...
+
+    @overload
+    def __get__(self, instance: Settings, owner: type[object]) -> SettingT: ...
+
+    def __get__(self, instance: Settings | None, owner: type[object]) -> _Setting[SettingT] | SettingT:
+        if instance is None:
+            return self
+        value = self.validate(self.key, instance.user_settings.get(self.key, self.default))
+        # Cached where attribute lookup finds it first; clear() removes it.
+        instance.__dict__[self.key] = value
+        return value
 
 
 class Settings:
-    """Attribute access to ``settings.PLATFORMKIT`` with defaults.
+    """Attribute access to ``settings.PLATFORMKIT`` with defaults, one typed
+    attribute per setting.
 
     ``conf.settings.MAX_ATTEMPTS`` -> the configured value or the default,
-    validated. Raises ``ImproperlyConfigured`` (``ConfigurationError``) naming
-    the key for a bad value, and ``AttributeError`` for a name that is not a
-    setting. Unknown keys in the dict are reported by ``manage.py check``.
+    validated on first read (an ``int`` here; each attribute has its
+    validator's type). Raises ``ImproperlyConfigured`` (``ConfigurationError``)
+    naming the key for a bad value, and ``AttributeError`` for a name that is
+    not a setting. Unknown keys in the dict are reported by ``manage.py check``.
     """
 
-    def __init__(self) -> None:
-        self._cache: dict[str, Any] = {}
+    # The one place defaults live (``DEFAULTS`` below is derived from these).
+    NATS_URL = _Setting("nats://127.0.0.1:4222", _nats_url)
+    NATS_OPTIONS = _Setting({}, _nats_options)
+    STREAM = _Setting("PLATFORMKIT", _stream)
+    SUBJECT_PREFIX = _Setting("platformkit", _subject_prefix)
+    DATABASE_ALIAS = _Setting("default", _string)
+    RELAY_INTERVAL_SECONDS = _Setting(1.0, _positive_number)
+    RELAY_BATCH_SIZE = _Setting(1000, _positive_int)
+    RELAY_LANES = _Setting(2, _lanes)
+    RELAY_LISTEN = _Setting(True, _boolean)
+    MAX_ATTEMPTS = _Setting(5, _positive_int)
+    BACKOFF_SECONDS = _Setting((1, 5, 15, 30), _backoff)
+    ACK_WAIT_SECONDS = _Setting(30, _positive_number)
+    HANDLER_TIMEOUT_SECONDS = _Setting(25, _positive_number)
+    HANDLER_STUCK_GRACE_SECONDS = _Setting(60, _positive_number)
+    CONSUMER_BATCH_SIZE = _Setting(100, _positive_int)
+    CONSUMER_THREADS = _Setting(4, _positive_int)
+    # None: derived per subscription (transport.max_ack_pending_for): in-flight
+    # credit twice over plus room for 20,000 events parked for retry.
+    MAX_ACK_PENDING = _Setting(None, _optional_positive_int)
+    MAX_PAYLOAD_BYTES = _Setting(512 * 1024, _positive_int)
+    RETENTION_DAYS = _Setting(7, _positive_number)
+    DUPLICATE_WINDOW_SECONDS = _Setting(120, _positive_number)
+    STREAM_REPLICAS = _Setting(1, _replicas)
+    TENANT_CONTEXT = _Setting("django_platformkit.subscriptions.set_config_tenant", _string)
 
     @property
     def user_settings(self) -> Mapping[str, Any]:
@@ -205,21 +235,26 @@ class Settings:
         """Sorted keys of ``PLATFORMKIT`` that are not settings (reported by ``manage.py check``)."""
         return sorted(set(self.user_settings) - set(DEFAULTS))
 
-    def __getattr__(self, key: str) -> Any:
-        if key not in DEFAULTS:
+    if not TYPE_CHECKING:
+        # Only reached for a name that is not a setting (settings are class
+        # attributes). Hidden from the checker, so a misspelt setting is a
+        # type error rather than ``Any``.
+        def __getattr__(self, key: str) -> Any:
             raise AttributeError(f"{key!r} is not a PLATFORMKIT setting")
-        try:
-            return self._cache[key]
-        except KeyError:
-            pass
-        default, validate = DEFAULTS[key]
-        value = validate(key, self.user_settings.get(key, default))
-        self._cache[key] = value
-        return value
 
     def clear(self) -> None:
         """Forget validated values; the next read re-reads ``settings.PLATFORMKIT`` (on ``setting_changed``)."""
-        self._cache.clear()
+        for key in DEFAULTS:
+            self.__dict__.pop(key, None)
+
+
+#: key -> (default, validator), in declaration order: derived from ``Settings``
+#: (for ``manage.py check``, the docs' settings table and suggestions).
+DEFAULTS: dict[str, tuple[Any, Callable[[str, Any], Any]]] = {
+    name: (attribute.default, attribute.validate)
+    for name, attribute in vars(Settings).items()
+    if isinstance(attribute, _Setting)
+}
 
 
 settings = Settings()

@@ -170,7 +170,8 @@ def replay(
         name, headers = row
         if isinstance(headers, str):
             headers = json.loads(headers)
-        where, params = "event_id = %s", [event_id]
+        where = "event_id = %s"
+        params: list[uuid.UUID | str] = [event_id]
         if subscription is not None:
             where += " AND subscription = %s"
             params.append(subscription)

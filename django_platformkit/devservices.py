@@ -18,18 +18,19 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, Self
 
 
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        port: int = sock.getsockname()[1]
+        return port
 
 
 def wait_for_port(
-    port: int, timeout_seconds: float = 30.0, process: subprocess.Popen | None = None, what: str = "server"
+    port: int, timeout_seconds: float = 30.0, process: subprocess.Popen[bytes] | None = None, what: str = "server"
 ) -> None:
     """Block until something accepts TCP connections on 127.0.0.1:``port``.
     Raises ``RuntimeError`` on timeout or if ``process`` exits first."""
@@ -89,8 +90,10 @@ def _open_path_to(path: Path) -> None:
 
 
 class _Server:
-    process: subprocess.Popen | None = None
+    process: subprocess.Popen[bytes] | None = None
     what = "server"
+    port: int
+    _log: IO[bytes]
 
     def _argv(self) -> list[str]:
         raise NotImplementedError
@@ -98,7 +101,7 @@ class _Server:
     def _popen_kwargs(self) -> dict[str, Any]:
         return {}
 
-    def start(self) -> _Server:
+    def start(self) -> Self:
         if self.process is not None and self.process.poll() is None:
             return self
         self.process = subprocess.Popen(
@@ -131,7 +134,7 @@ class _Server:
             except subprocess.TimeoutExpired:
                 self.kill()
 
-    def restart(self) -> _Server:
+    def restart(self) -> Self:
         self.stop()
         return self.start()
 
@@ -213,7 +216,7 @@ class PostgresServer(_Server):
         self.port = port or free_port()
         self.root = Path(data_dir) if data_dir else Path(tempfile.mkdtemp(prefix="platformkit-pg-"))
         self.data = self.root / "data"
-        self.user = None
+        self.user: str | None = None
         if os.geteuid() == 0:
             _ensure_system_user(self.SYSTEM_USER)
             self.user = self.SYSTEM_USER

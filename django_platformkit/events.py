@@ -15,7 +15,7 @@ import uuid
 from collections.abc import Iterable, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db import connections
 
@@ -30,6 +30,10 @@ from .exceptions import (
     UndeclaredEvent,
 )
 from .payload import MAX_DEPTH, encode_payload  # noqa: F401 - MAX_DEPTH: imported from here before payload.py
+
+if TYPE_CHECKING:
+    from django.db.backends.base.base import BaseDatabaseWrapper
+    from jsonschema.protocols import Validator
 
 EVENT_NAME = re.compile(r"^[a-z][a-z0-9_]*\.[a-z][a-z0-9_]*$")
 TENANT = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -77,7 +81,7 @@ class EventType:
         return self.name.split(".", 1)[0]
 
     @property
-    def validator(self):
+    def validator(self) -> Validator | None:
         return _validators.get(self.name)
 
     def __str__(self) -> str:
@@ -88,7 +92,7 @@ class EventType:
 
 
 _catalogue: dict[str, EventType] = {}
-_validators: dict[str, Any] = {}
+_validators: dict[str, Validator] = {}
 _lock = threading.Lock()
 
 
@@ -96,7 +100,8 @@ def _caller_module(depth: int = 2) -> str:
     import sys
 
     frame = sys._getframe(depth)
-    return frame.f_globals.get("__name__", "?")
+    name: str = frame.f_globals.get("__name__", "?")
+    return name
 
 
 def check_event_name(name: Any) -> str:
@@ -185,13 +190,13 @@ def _canonical(schema: Mapping[str, Any] | None) -> str:
     return json.dumps(schema, sort_keys=True, default=str)
 
 
-def _compile_schema(name: str, schema: Mapping[str, Any], where: str):
+def _compile_schema(name: str, schema: Mapping[str, Any], where: str) -> Validator:
     import jsonschema
     from jsonschema.validators import validator_for
 
     cls = validator_for(schema, default=jsonschema.Draft202012Validator)
     try:
-        cls.check_schema(schema)
+        cls.check_schema(dict(schema))
     except jsonschema.SchemaError as exc:
         path = "/".join(str(p) for p in exc.absolute_path) or "(root)"
         raise ConfigurationError(
@@ -252,8 +257,9 @@ def _trace_headers() -> str:
         try:
             from opentelemetry import propagate
         except ImportError:  # looked up once: a failed import costs a filesystem walk every time
-            propagate = False
-        _propagate = propagate
+            _propagate = False
+        else:
+            _propagate = propagate
     if _propagate is False:
         return "{}"
     carrier: dict[str, str] = {}
@@ -274,7 +280,7 @@ def _prepare(event: str | EventType, payload: Any, tenant: Any) -> tuple[uuid.UU
     return uuid7(), event_type, tenant, text, _trace_headers()
 
 
-def _connection(using: str | None):
+def _connection(using: str | None) -> BaseDatabaseWrapper:
     alias = using or conf.settings.DATABASE_ALIAS
     connection = connections[alias]
     if not connection.in_atomic_block:

@@ -46,7 +46,7 @@ _STOP_SQL = (
     "VALUES (%s, %s, now(), now(), %s::jsonb, %s) "
     "ON CONFLICT (worker) DO UPDATE SET last_seen = now(), stopped_at = now()"
 )
-_FORGET_SQL = f"DELETE FROM {WORKERS_TABLE} WHERE last_seen < now() - %s"
+_FORGET_SQL = f"DELETE FROM {WORKERS_TABLE} WHERE last_seen < now() - make_interval(secs => %s)"
 
 
 def worker_id() -> str:
@@ -100,7 +100,7 @@ class Heartbeat:
         try:
             with connections[self.using].cursor() as cursor:
                 if not self._forgotten:
-                    cursor.execute(_FORGET_SQL, [FORGET_AFTER])
+                    cursor.execute(_FORGET_SQL, [FORGET_AFTER.total_seconds()])
                     self._forgotten = True
                 cursor.execute(
                     _UPSERT_SQL, [self.worker, self.started_at, json.dumps(self.subscriptions), self.version]

@@ -17,6 +17,7 @@ own ``STREAM`` and ``SUBJECT_PREFIX`` - or a new identity with
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 
 from django.db import connections
 
@@ -61,8 +62,9 @@ def database_identity(using: str | None = None) -> str:
             f"{IDENTITY_TABLE} is empty: run `manage.py migrate django_platformkit` "
             f"(or INSERT INTO {IDENTITY_TABLE} (database_id) VALUES (gen_random_uuid()))."
         )
-    _cache[key] = row[0]
-    return row[0]
+    found: str = row[0]
+    _cache[key] = found
+    return found
 
 
 def describe(identity: str) -> str:
@@ -70,7 +72,7 @@ def describe(identity: str) -> str:
     return f"django_platformkit stream of database {identity}"
 
 
-def recorded_identity(description: str | None, metadata: dict | None) -> str | None:
+def recorded_identity(description: str | None, metadata: Mapping[str, object] | None) -> str | None:
     """The identity a stream records (metadata first, then description), or None."""
     if metadata and metadata.get(METADATA_KEY):
         return str(metadata[METADATA_KEY])

@@ -192,7 +192,8 @@ class Metrics:
 
     def exposition(self) -> bytes:
         """What a scrape returns now (text format)."""
-        return self._pc.generate_latest(self.registry)
+        text: bytes = self._pc.generate_latest(self.registry)
+        return text
 
     def close(self) -> None:
         for signal, _ in self._receivers():

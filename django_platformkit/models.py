@@ -7,6 +7,9 @@ contract (DESIGN.md), defined once in ``_tables``.
 
 from __future__ import annotations
 
+from typing import Self, cast
+from uuid import UUID
+
 from django.db import models
 from django.db.models.functions import Now
 
@@ -26,14 +29,14 @@ from ._tables import (
 ClockTimestamp = models.Func(function="clock_timestamp", output_field=models.DateTimeField())
 
 
-class OutboxQuerySet(models.QuerySet):
-    def pending(self) -> OutboxQuerySet:
+class OutboxQuerySet(models.QuerySet["OutboxEvent"]):
+    def pending(self) -> Self:
         return self.filter(published_at__isnull=True)
 
-    def published(self) -> OutboxQuerySet:
+    def published(self) -> Self:
         return self.filter(published_at__isnull=False)
 
-    def due(self) -> OutboxQuerySet:
+    def due(self) -> Self:
         """Pending rows the relay may send now: no not-before time, or one that has passed."""
         return self.pending().filter(models.Q(not_before__isnull=True) | models.Q(not_before__lte=Now()))
 
@@ -91,8 +94,8 @@ class OutboxEvent(models.Model):
         return self.published_at is None
 
 
-class HandledQuerySet(models.QuerySet):
-    def for_event(self, event_id) -> HandledQuerySet:
+class HandledQuerySet(models.QuerySet["HandledEvent"]):
+    def for_event(self, event_id: UUID | str) -> Self:
         return self.filter(event_id=event_id)
 
 
@@ -125,17 +128,17 @@ class HandledEvent(models.Model):
         return f"{self.subscription} handled {self.event_id}"
 
 
-class AttemptQuerySet(models.QuerySet):
-    def for_event(self, event_id, subscription: str | None = None) -> AttemptQuerySet:
+class AttemptQuerySet(models.QuerySet["Attempt"]):
+    def for_event(self, event_id: UUID | str, subscription: str | None = None) -> Self:
         rows = self.filter(event_id=event_id)
         return rows if subscription is None else rows.filter(subscription=subscription)
 
-    def counted(self) -> AttemptQuerySet:
+    def counted(self) -> Self:
         """The runs that count against ``max_attempts``: failed, or started
         and never reported (the worker died or hung in them)."""
         return self.filter(outcome__in=[Attempt.FAILED, Attempt.RUNNING])
 
-    def never_reported(self) -> AttemptQuerySet:
+    def never_reported(self) -> Self:
         """Runs that started and have no outcome: the worker died or hung in them (or is still in them)."""
         return self.filter(outcome=Attempt.RUNNING)
 
@@ -304,24 +307,33 @@ class TaskResultRecord(models.Model):
 
 
 class TaskQuerySet(OutboxQuerySet):
-    def failed(self) -> TaskQuerySet:
+    def failed(self) -> Self:
         return self.filter(models.Exists(DeadLetter.objects.filter(event_id=models.OuterRef("pk"))))
 
-    def successful(self) -> TaskQuerySet:
+    def successful(self) -> Self:
         return self.filter(
             models.Exists(TaskResultRecord.objects.filter(event_id=models.OuterRef("pk"), status="SUCCESSFUL"))
         )
 
 
-class TaskManager(models.Manager.from_queryset(TaskQuerySet)):  # type: ignore[misc]
+_TaskManagerBase = models.Manager.from_queryset(TaskQuerySet)
+
+
+class TaskManager(_TaskManagerBase["OutboxEvent"]):
     def get_queryset(self) -> TaskQuerySet:
-        return super().get_queryset().filter(name__startswith="platformkit.task_")
+        # from_queryset(TaskQuerySet) builds a TaskQuerySet; django-stubs types
+        # the inherited get_queryset() as a plain QuerySet.
+        rows = cast(TaskQuerySet, super().get_queryset())
+        return rows.filter(name__startswith="platformkit.task_")
 
 
 class OutboxTask(OutboxEvent):
     """The outbox rows that are ``django.tasks`` tasks (for the admin)."""
 
-    objects = TaskManager()
+    # A proxy narrows its parent's manager to task rows; django-stubs types
+    # OutboxEvent.objects as the exact as_manager() class, so any other
+    # manager here reads as an incompatible override.
+    objects = TaskManager()  # type: ignore[assignment,misc]
 
     class Meta:
         proxy = True

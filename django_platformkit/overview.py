@@ -159,7 +159,7 @@ class _Timed:
         self.alias = alias
         self.notes = notes
 
-    def rows(self, sql: str, params: Sequence[Any], what: str) -> list[tuple] | None:
+    def rows(self, sql: str, params: Sequence[Any], what: str) -> list[tuple[Any, ...]] | None:
         try:
             with transaction.atomic(using=self.alias), connections[self.alias].cursor() as cursor:
                 cursor.execute("SELECT set_config('statement_timeout', %s, true)", [str(QUERY_TIMEOUT_MS)])
@@ -321,6 +321,7 @@ async def _broker_figures(
     unacknowledged message's age in seconds (or None)."""
     import nats
     import nats.js.errors
+    from nats.aio.client import Client
 
     from .transport import Transport
 
@@ -340,7 +341,7 @@ async def _broker_figures(
         reconnected_cb=quiet,
     )
     kwargs["name"] = "django_platformkit-admin"
-    nc = nats.NATS()
+    nc = Client()
     try:
         await nc.connect(**kwargs)
         js = nc.jetstream(timeout=timeout)

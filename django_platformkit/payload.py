@@ -44,10 +44,14 @@ def _path(parent: str, key: Any) -> str:
     return f"{parent}[{json.dumps(key, ensure_ascii=True)}]"
 
 
-def _render(at: tuple) -> str:
+#: A location as nested ``(parent, key)`` pairs, ``()`` at the root.
+type _At = tuple[()] | tuple[_At, str | int]
+
+
+def _render(at: _At) -> str:
     """The JSON path of a location kept as nested ``(parent, key)`` pairs:
     built only when there is an error to report, never on the happy path."""
-    keys = []
+    keys: list[str | int] = []
     while at:
         at, key = at
         keys.append(key)
@@ -75,7 +79,7 @@ def _check_text(text: str, path: str, what: str) -> None:
 _MAX_INT_BITS = 14_000
 
 
-def _normalize(value: Any, at: tuple, depth: int, growth: list[int]) -> Any:
+def _normalize(value: Any, at: _At, depth: int, growth: list[int]) -> Any:
     """Return ``value`` as plain JSON data (dict/list/str/int/float/bool/None),
     converting what ``DjangoJSONEncoder`` converts; raise ``InvalidPayload``
     naming the path of anything else. Strings are checked later, on the
@@ -152,7 +156,7 @@ def _normalize(value: Any, at: tuple, depth: int, growth: list[int]) -> Any:
     return _normalize(converted, at, depth + 1, growth)
 
 
-def _find_bad_text(data: Any, at: tuple = ()) -> None:
+def _find_bad_text(data: Any, at: _At = ()) -> None:
     """Raise ``InvalidPayload`` for the first key or string holding a NUL or a
     lone surrogate (the slow path, run only when the encoded text has one)."""
     if isinstance(data, str):

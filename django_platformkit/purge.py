@@ -32,6 +32,7 @@ import logging
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from django.db import connections, transaction
 
@@ -238,7 +239,7 @@ def _guards() -> dict[str, list[str]]:
     return {"subscriptions": [p[0] for p in pairs], "names": [p[1] for p in pairs]}
 
 
-def _purge_outbox(alias: str, params: dict, batch_size: int) -> tuple[int, int, int]:
+def _purge_outbox(alias: str, params: dict[str, Any], batch_size: int) -> tuple[int, int, int]:
     after_at, after_id = datetime.min.replace(tzinfo=UTC), uuid.UUID(int=0)
     deleted = skipped = batches = 0
     while True:

@@ -213,7 +213,7 @@ class Relay:
     def _settle(
         self,
         cursor: Any,
-        rows: list[tuple],
+        rows: list[tuple[Any, ...]],
         messages: list[OutgoingMessage],
         pending: PendingPublish,
         stats: RelayStats,

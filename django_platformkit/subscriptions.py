@@ -11,7 +11,7 @@ import inspect
 import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.apps import apps
 from django.db import connections
@@ -21,6 +21,9 @@ from . import conf
 from .events import check_event_name
 from .exceptions import ConfigurationError, InvalidEventName
 from .wire import ReceivedEvent, durable_name, filter_subject_for
+
+if TYPE_CHECKING:
+    from nats.js import api  # for the annotation only: declaring a subscription never imports nats
 
 #: One part of a subscription or job name (names are parts joined by ``.``;
 #: no ``-``, so ``.`` -> ``-`` gives a one-to-one durable name).
@@ -85,7 +88,7 @@ class Subscription:
         delays = self.backoff_seconds
         return float(delays[min(attempt, len(delays)) - 1])
 
-    def consumer_config(self):
+    def consumer_config(self) -> api.ConsumerConfig:
         """The ``nats.js.api.ConsumerConfig`` this build wants for the durable (``transport.consumer_config``)."""
         # Imported here: only a worker asks, and a web process never imports nats.
         from .transport import consumer_config, max_ack_pending_for
@@ -244,6 +247,7 @@ def tenant_context_factory() -> Callable[[str | None], contextlib.AbstractContex
     """Import ``TENANT_CONTEXT``: a ``(tenant or None) -> context manager`` callable. Raises ``ConfigurationError`` if the path does not import."""
     path = conf.settings.TENANT_CONTEXT
     try:
-        return import_string(path)
+        factory: Callable[[str | None], contextlib.AbstractContextManager[Any]] = import_string(path)
     except ImportError as exc:
         raise ConfigurationError(f"PLATFORMKIT['TENANT_CONTEXT'] = {path!r} can't be imported: {exc}") from exc
+    return factory

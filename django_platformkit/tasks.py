@@ -26,7 +26,7 @@ import logging
 import re
 import uuid
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings as django_settings
 from django.core import checks
@@ -46,6 +46,13 @@ try:  # Django 6.0+
 except ImportError:  # Django 5.2
     HAVE_DJANGO_TASKS = False
     BaseTaskBackend = object  # type: ignore[assignment,misc]
+
+if TYPE_CHECKING:
+    from datetime import datetime
+
+    from django.tasks import Task
+
+    from .subscriptions import Subscription
 
 logger = logging.getLogger(__name__)
 
@@ -155,12 +162,12 @@ def register_task_queues() -> list[str]:
     return names
 
 
-def queue_subscriptions(queues: Sequence[str]) -> list[Any]:
+def queue_subscriptions(queues: Sequence[str]) -> list[Subscription]:
     """The subscriptions that run ``queues`` (``runworker --queue``). Raises
     ``ConfigurationError`` naming the queues no ``TASKS`` backend of ours has."""
     from .subscriptions import subscriptions
 
-    known = {queue_of(s.name): s for s in subscriptions() if queue_of(s.name) is not None}
+    known = {queue: s for s in subscriptions() if (queue := queue_of(s.name)) is not None}
     missing = sorted(set(queues) - set(known))
     if missing:
         raise ConfigurationError(
@@ -178,7 +185,7 @@ _INSERT = (
 _INSERT_NOTIFY = f"WITH e AS ({_INSERT}) SELECT e.created_at, pg_notify('platformkit_outbox', '') FROM e"
 
 
-class OutboxBackend(BaseTaskBackend):  # type: ignore[misc,valid-type]
+class OutboxBackend(BaseTaskBackend):
     """``django.tasks`` backend: a task is an outbox row run by ``runworker``.
 
     ``TASKS = {"default": {"BACKEND": "django_platformkit.tasks.OutboxBackend",
@@ -206,7 +213,7 @@ class OutboxBackend(BaseTaskBackend):  # type: ignore[misc,valid-type]
             raise ConfigurationError(NEEDS_DJANGO_6.format(version=django.get_version()))
         super().__init__(alias, params)
 
-    def validate_task(self, task: Any) -> None:
+    def validate_task(self, task: Task[..., Any]) -> None:
         super().validate_task(task)
         if not QUEUE_NAME.match(task.queue_name):
             raise InvalidTask(
@@ -214,7 +221,7 @@ class OutboxBackend(BaseTaskBackend):  # type: ignore[misc,valid-type]
             )
 
     # -- enqueue --
-    def enqueue(self, task: Any, args: Any, kwargs: Any) -> Any:
+    def enqueue[**P, R](self, task: Task[P, R], args: list[Any], kwargs: dict[str, Any]) -> TaskResult[P, R]:
         """Write the task as one outbox row and return its ``TaskResult``
         (id = the event id, status READY, ``enqueued_at`` = the row's
         ``created_at``). Inside ``transaction.atomic()`` the row commits or
@@ -247,7 +254,14 @@ class OutboxBackend(BaseTaskBackend):  # type: ignore[misc,valid-type]
         alias = conf.settings.DATABASE_ALIAS
         connection = connections[alias]
         sql = _INSERT_NOTIFY if conf.settings.RELAY_LISTEN else _INSERT
-        params = [event_id, name, tenant, text, _trace_headers(), task.run_after]
+        params: list[uuid.UUID | str | datetime | None] = [
+            event_id,
+            name,
+            tenant,
+            text,
+            _trace_headers(),
+            task.run_after,
+        ]
         if connection.in_atomic_block:
             with connection.cursor() as cursor:
                 cursor.execute(sql, params)
@@ -260,7 +274,7 @@ class OutboxBackend(BaseTaskBackend):  # type: ignore[misc,valid-type]
                 enqueued_at = cursor.fetchone()[0]
         if _published.receivers:  # as publish() does: testing.capture_events(), metrics
             announce(get_event_type(name), event_id, tenant, text, alias)
-        result = TaskResult(
+        result: TaskResult[P, R] = TaskResult(
             task=task,
             id=str(event_id),
             status=TaskResultStatus.READY,
@@ -282,7 +296,7 @@ class OutboxBackend(BaseTaskBackend):  # type: ignore[misc,valid-type]
         return result
 
     # -- results --
-    def get_result(self, result_id: Any) -> Any:
+    def get_result(self, result_id: str) -> TaskResult[..., Any]:
         """The ``TaskResult`` of ``result_id`` as the database has it now.
         Raises ``TaskResultDoesNotExist`` when no task row has that id (never
         enqueued, rolled back, or purged). See ``tasks_results.load_result``."""
@@ -291,7 +305,7 @@ class OutboxBackend(BaseTaskBackend):  # type: ignore[misc,valid-type]
         return load_result(self, result_id)
 
     # -- checks --
-    def check(self, **kwargs: Any) -> list[Any]:
+    def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
         """``platformkit.E101`` app not installed, ``E102`` a queue name our
         event grammar can't carry, ``E103`` no queues. No queries."""
         from django.apps import apps
@@ -309,12 +323,12 @@ class OutboxBackend(BaseTaskBackend):  # type: ignore[misc,valid-type]
         return errors
 
 
-def _check(code: str, obj: str, **values: Any) -> Any:
+def _check(code: str, obj: str, **values: Any) -> checks.Error:
     message, hint = CHECKS[code]
     return checks.Error(message.format(**values), hint=hint.format(**values), obj=obj, id=f"platformkit.{code}")
 
 
-def _event_id(result_id: Any) -> uuid.UUID | None:
+def _event_id(result_id: object) -> uuid.UUID | None:
     try:
         return uuid.UUID(str(result_id))
     except ValueError:

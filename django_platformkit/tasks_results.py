@@ -18,7 +18,7 @@ import json
 import logging
 import traceback as traceback_module
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from django.db import connections, transaction
 from django.utils import timezone
@@ -28,7 +28,20 @@ from . import conf, signals
 from ._tables import DEAD_LETTER_TABLE, OUTBOX_TABLE, TASK_RESULTS_TABLE
 from .tasks import TASK_EVENT_PREFIX, _event_id, queue_of, worker_id
 
+if TYPE_CHECKING:
+    from django.tasks import Task, TaskResult
+
+    from .wire import ReceivedEvent
+
 logger = logging.getLogger(__name__)
+
+
+class _Backend(Protocol):
+    """What ``load_result`` reads of a backend: the alias a task row falls back to."""
+
+    @property
+    def alias(self) -> str: ...
+
 
 #: First key of the two-key advisory lock a running task holds ('pkts'); the
 #: second is hashtext(event id). A hash collision can only show another
@@ -67,7 +80,7 @@ _LOAD_SQL = (
 )
 
 
-def _task_at(path: str, alias: str, queue: str) -> Any:
+def _task_at(path: str, alias: str, queue: str) -> Task[..., Any]:
     """The ``Task`` object at ``path``, bound to the backend alias and queue it was enqueued with."""
     from django.tasks import Task
 
@@ -84,7 +97,7 @@ def _task_at(path: str, alias: str, queue: str) -> Any:
     return task
 
 
-def run_task(event: Any) -> None:
+def run_task(event: ReceivedEvent) -> None:
     """The handler of every task subscription: run the task of ``event``
     inside the claim's transaction and write its result there too. Raises
     whatever the task raises (the subscription retries, then dead-letters)."""
@@ -115,7 +128,7 @@ def run_task(event: Any) -> None:
     # TaskContext.attempt is len(worker_ids): make it the handler-run count.
     previous = earlier_workers[-(event.attempt - 1) :] if event.attempt > 1 else []
     workers = ["(unrecorded)"] * (event.attempt - 1 - len(previous)) + previous + [me]
-    result = TaskResult(
+    result: TaskResult[..., Any] = TaskResult(
         task=task,
         id=str(event.id),
         status=TaskResultStatus.RUNNING,
@@ -148,7 +161,12 @@ def run_task(event: Any) -> None:
 
 
 def _record_failure(
-    sender: Any, subscription: str, event: Any, error: BaseException, duration_seconds: float = 0.0, **kwargs: Any
+    sender: Any,
+    subscription: str,
+    event: ReceivedEvent,
+    error: BaseException,
+    duration_seconds: float = 0.0,
+    **kwargs: Any,
 ) -> None:
     """``event_failed`` receiver: append the attempt's error (class path and
     traceback) and worker to the task's result, after the rollback."""
@@ -184,7 +202,7 @@ signals.event_failed.connect(_record_failure, dispatch_uid="django_platformkit.t
 signals.event_dead_lettered.connect(_finished_failed, dispatch_uid="django_platformkit.tasks.finished_failed")
 
 
-def load_result(backend: Any, result_id: Any) -> Any:
+def load_result(backend: _Backend, result_id: object) -> TaskResult[..., Any]:
     """Build the ``TaskResult`` of ``result_id`` from the database (one query).
 
     ``status``: SUCCESSFUL (a run committed), FAILED (dead-lettered),
@@ -229,7 +247,7 @@ def load_result(backend: Any, result_id: Any) -> Any:
         started_at = started_at or running_since
     else:
         state = TaskResultStatus.READY
-    result = TaskResult(
+    result: TaskResult[..., Any] = TaskResult(
         task=task,
         id=str(event_id),
         status=state,

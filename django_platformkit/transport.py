@@ -25,6 +25,7 @@ import nats
 import nats.errors
 import nats.js.errors
 from nats.js import api
+from nats.js.client import JetStreamContext
 
 from . import conf
 from .exceptions import BrokerUnavailable, ConfigurationError, ConsumerDrift
@@ -128,17 +129,19 @@ _UPDATABLE = ("description", "ack_wait", "max_deliver", "max_ack_pending", "max_
 _FIXED = ("deliver_policy", "ack_policy", "filter_subject", "replay_policy")
 
 
-def consumer_differences(want: api.ConsumerConfig, have: api.ConsumerConfig) -> tuple[dict, dict]:
+def consumer_differences(
+    want: api.ConsumerConfig, have: api.ConsumerConfig
+) -> tuple[dict[str, tuple[Any, Any]], dict[str, tuple[Any, Any]]]:
     """``(updatable, fixed)`` dicts of field -> (have, want) that differ."""
 
-    def norm(value):
+    def norm(value: Any) -> Any:
         return value.value if isinstance(value, enum.Enum) else value
 
-    def differs(name):
+    def differs(name: str) -> bool:
         a, b = norm(getattr(have, name, None)), norm(getattr(want, name, None))
         if isinstance(a, float) or isinstance(b, float):
             return a is None or b is None or abs(float(a) - float(b)) > 1e-6
-        return a != b
+        return bool(a != b)
 
     updatable = {n: (norm(getattr(have, n, None)), norm(getattr(want, n))) for n in _UPDATABLE if differs(n)}
     fixed = {n: (norm(getattr(have, n, None)), norm(getattr(want, n))) for n in _FIXED if differs(n)}
@@ -294,7 +297,7 @@ class Transport:
             future.cancel()
             raise BrokerUnavailable(f"NATS did not answer within {timeout} s") from None
 
-    def submit(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Future[Any]:
+    def submit(self, coro: Coroutine[Any, Any, Any]) -> concurrent.futures.Future[Any]:
         """Schedule ``coro`` on the loop without waiting (fire and forget)."""
         return asyncio.run_coroutine_threadsafe(coro, self._ensure_loop())
 
@@ -513,10 +516,10 @@ class Transport:
             if self._has_stream_metadata():
                 want.metadata = {identity.METADATA_KEY: owner}
         try:
-            info = await self._js.stream_info(want.name)
+            info: api.StreamInfo = await self._js.stream_info(want.name)
         except nats.js.errors.NotFoundError:
             try:
-                created = await self._js.add_stream(want)
+                created: api.StreamInfo = await self._js.add_stream(want)
             except nats.js.errors.APIError as exc:
                 if exc.code is not None and 400 <= int(exc.code) < 500:
                     # Permanent (e.g. 10065 "subjects overlap with an existing
@@ -541,7 +544,7 @@ class Transport:
         if owner is not None:
             theirs = identity.recorded_identity(have.description, getattr(have, "metadata", None))
             if theirs is not None and theirs != owner:
-                raise ConfigurationError(identity.foreign_stream_text(want.name, self.url, theirs, owner))
+                raise ConfigurationError(identity.foreign_stream_text(str(want.name), self.url, theirs, owner))
             if theirs is None:
                 logger.warning(
                     "stream adopted stream=%s owner=%s: it recorded no owning database (made before identities); "
@@ -557,7 +560,7 @@ class Transport:
         drift = []
         if sorted(have.subjects or []) != sorted(want.subjects or []):
             drift.append(f"subjects {have.subjects} (want {want.subjects})")
-        if have.max_age is not None and abs((have.max_age or 0) - want.max_age) > 1:
+        if have.max_age is not None and abs((have.max_age or 0) - (want.max_age or 0)) > 1:
             drift.append(f"max_age {have.max_age:.0f} s (want {want.max_age:.0f} s = RETENTION_DAYS)")
         if abs((have.duplicate_window or 0) - want.duplicate_window) > 0.5:
             drift.append(f"duplicate_window {have.duplicate_window} s (want {want.duplicate_window} s)")
@@ -575,7 +578,10 @@ class Transport:
 
     def stream_info(self) -> api.StreamInfo:
         """The stream's info (config, message counts, cluster). Raises ``BrokerUnavailable`` on timeout."""
-        return self.call(self._js.stream_info(conf.settings.STREAM), timeout=self.request_timeout_seconds + 1)
+        info: api.StreamInfo = self.call(
+            self._js.stream_info(conf.settings.STREAM), timeout=self.request_timeout_seconds + 1
+        )
+        return info
 
     # -- publishing --
     def publish_start(self, messages: Sequence[OutgoingMessage], *, timeout: float = 10.0) -> PendingPublish:
@@ -596,8 +602,10 @@ class Transport:
 
     async def _publish_many(self, messages: Sequence[OutgoingMessage], timeout: float) -> list[PublishResult]:
         results: list[PublishResult | None] = [None] * len(messages)
-        futures: list[tuple[int, asyncio.Future]] = []
+        futures: list[tuple[int, asyncio.Future[api.PubAck]]] = []
         # FIFO: the batch started first sends first, whole (see publish_start).
+        if self._send_lock is None:  # made by _ensure_loop(), which scheduled this coroutine
+            raise RuntimeError("Transport._publish_many ran outside the transport's loop")
         async with self._send_lock:
             if self._nc is None or self._nc.is_closed:
                 return [PublishResult(Outcome.TEMPORARY, "not connected to NATS")] * len(messages)
@@ -638,8 +646,8 @@ class Transport:
                 results[i] = PublishResult(Outcome.TEMPORARY, f"no ack from the stream within {timeout} s")
             elif future.cancelled():
                 results[i] = PublishResult(Outcome.TEMPORARY, "publish cancelled")
-            elif future.exception() is not None:
-                results[i] = classify_publish_error(future.exception())
+            elif (error := future.exception()) is not None:
+                results[i] = classify_publish_error(error)
             else:
                 ack = future.result()
                 results[i] = PublishResult(Outcome.STORED, duplicate=bool(ack.duplicate), seq=ack.seq)
@@ -647,22 +655,27 @@ class Transport:
 
     def publish_raw(self, subject: str, body: bytes, headers: dict[str, str] | None = None) -> api.PubAck:
         """Publish one message and wait for the stream's ack (tests and tools)."""
-        return self.call(self._js.publish(subject, body, headers=headers), timeout=self.request_timeout_seconds + 1)
+        ack: api.PubAck = self.call(
+            self._js.publish(subject, body, headers=headers), timeout=self.request_timeout_seconds + 1
+        )
+        return ack
 
     # -- consumers --
     def ensure_consumer(self, want: api.ConsumerConfig) -> api.ConsumerInfo:
         """Create the durable if missing; update it in place when only
         updatable fields differ; raise ``ConsumerDrift`` saying what differs
         and what to do when the broker can't change it."""
-        return self.call(self._ensure_consumer(want), timeout=30)
+        info: api.ConsumerInfo = self.call(self._ensure_consumer(want), timeout=30)
+        return info
 
     async def _ensure_consumer(self, want: api.ConsumerConfig) -> api.ConsumerInfo:
         stream = conf.settings.STREAM
         try:
-            info = await self._js.consumer_info(stream, want.durable_name)
+            info: api.ConsumerInfo = await self._js.consumer_info(stream, want.durable_name)
         except nats.js.errors.NotFoundError:
             logger.info("durable created consumer=%s filter=%s", want.durable_name, want.filter_subject)
-            return await self._js.add_consumer(stream, want)
+            created: api.ConsumerInfo = await self._js.add_consumer(stream, want)
+            return created
         updatable, fixed = consumer_differences(want, info.config)
         if fixed:
             what = "; ".join(f"{k}: broker has {a!r}, this build wants {b!r}" for k, (a, b) in fixed.items())
@@ -676,19 +689,21 @@ class Transport:
             )
         if updatable:
             logger.info("durable updated consumer=%s changes=%s", want.durable_name, updatable)
-            return await self._js.add_consumer(stream, want)  # create-or-update for same-name durables
+            updated: api.ConsumerInfo = await self._js.add_consumer(stream, want)  # create-or-update, same name
+            return updated
         return info
 
     def consumer_info(self, durable: str) -> api.ConsumerInfo:
         """A durable's info (pending, ack pending, delivered). Raises ``BrokerUnavailable`` on timeout, ``nats.js.errors.NotFoundError`` if it doesn't exist."""
-        return self.call(
+        info: api.ConsumerInfo = self.call(
             self._js.consumer_info(conf.settings.STREAM, durable), timeout=self.request_timeout_seconds + 1
         )
+        return info
 
-    async def _pull(self, durable: str, puller: int = 0):
+    async def _pull(self, durable: str, puller: int = 0) -> JetStreamContext.PullSubscription:
         # One pull subscription per (durable, puller): nats-py's fetch() is not
         # safe for two concurrent callers on one subscription.
-        sub = self._pulls.get((durable, puller))
+        sub: JetStreamContext.PullSubscription | None = self._pulls.get((durable, puller))
         if sub is None:
             sub = await self._js.pull_subscribe_bind(durable=durable, stream=conf.settings.STREAM)
             self._pulls[(durable, puller)] = sub

@@ -142,7 +142,7 @@ def envelope(
     name: str,
     tenant: str | None,
     payload_text: str,
-    headers: dict[str, Any] | None,
+    headers: dict[str, Any] | str | None,
     created_at: datetime,
 ) -> OutgoingMessage:
     """The CloudEvents 1.0 structured-mode message of one outbox row.
@@ -155,9 +155,8 @@ def envelope(
     the publisher had a trace. The payload text from PostgreSQL is spliced in
     as it is, so it is never decoded and re-encoded on the hot path.
     """
-    if isinstance(headers, str):  # Django's cursor hands jsonb back as text
-        headers = json.loads(headers)
-    headers = headers or {}
+    # Django's cursor hands jsonb back as text.
+    fields: dict[str, Any] = (json.loads(headers) if isinstance(headers, str) else headers) or {}
     return compose(
         conf.settings.SUBJECT_PREFIX,
         str(event_id),
@@ -165,9 +164,9 @@ def envelope(
         tenant,
         payload_text,
         created_at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
-        headers.get("traceparent"),
-        headers.get("tracestate"),
-        headers.get("platformkit_replay"),
+        fields.get("traceparent"),
+        fields.get("tracestate"),
+        fields.get("platformkit_replay"),
     )
 
 

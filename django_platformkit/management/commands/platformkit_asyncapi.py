@@ -2,8 +2,9 @@
 AsyncAPI 3.0 document. Deterministic, so it can be committed and diffed."""
 
 from pathlib import Path
+from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ...asyncapi import document, render
 
@@ -13,7 +14,7 @@ class Command(BaseCommand):
     # Documentation of the catalogue as it is: `manage.py check` judges it.
     requires_system_checks: list[str] = []
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
             "--format",
             choices=["json", "yaml"],
@@ -28,7 +29,7 @@ class Command(BaseCommand):
         )
         parser.add_argument("--output", "-o", type=Path, help="Write to this file instead of stdout.")
 
-    def handle(self, *args, **options):
+    def handle(self, *args: Any, **options: Any) -> None:
         doc = document(title=options["title"], version=options["api_version"])
         try:
             text = render(doc, fmt=options["format"])

@@ -4,8 +4,9 @@ older than the retention, in bounded batches; never evidence."""
 import argparse
 import re
 from datetime import timedelta
+from typing import Any
 
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandParser
 
 from ... import conf
 from ...purge import DEFAULT_BATCH_SIZE, purge
@@ -37,7 +38,7 @@ class Command(BaseCommand):
         "by every subscription or with a retry in flight."
     )
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
             "--older-than",
             type=age,
@@ -54,7 +55,7 @@ class Command(BaseCommand):
             help=f"Rows per transaction (default {DEFAULT_BATCH_SIZE}).",
         )
 
-    def handle(self, *args, **options):
+    def handle(self, *args: Any, **options: Any) -> None:
         configure_logging(options["verbosity"])
         older_than = options["older_than"] or timedelta(days=float(conf.settings.RETENTION_DAYS))
         with result_printed_once("django_platformkit.purge", "purged ", "purge dry run "):

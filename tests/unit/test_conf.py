@@ -1,0 +1,66 @@
+"""The typed settings object: one attribute per PLATFORMKIT key with its
+validator's type, read lazily, re-read when the setting changes."""
+
+from __future__ import annotations
+
+import typing
+
+import pytest
+
+from django_platformkit import conf
+from django_platformkit.exceptions import ConfigurationError
+
+
+def test_every_setting_is_a_typed_attribute_whose_default_is_valid():
+    assert list(conf.DEFAULTS) == [
+        name for name, value in vars(conf.Settings).items() if isinstance(value, conf._Setting)
+    ]
+    for key, (default, validate) in conf.DEFAULTS.items():
+        declared = vars(conf.Settings)[key]
+        assert (declared.key, declared.default, declared.validate) == (key, default, validate)
+        # What the checker sees for conf.settings.<KEY>: the validator's return type, never Any.
+        returns = typing.get_type_hints(validate, vars(conf))["return"]
+        assert returns is not typing.Any, key
+        validate(key, default)
+
+
+def test_a_read_is_validated_cached_and_re_read_when_the_setting_changes(settings):
+    settings.PLATFORMKIT = {"MAX_ATTEMPTS": 3, "BACKOFF_SECONDS": [2, 4.5]}
+    assert conf.settings.MAX_ATTEMPTS == 3
+    assert conf.settings.BACKOFF_SECONDS == (2, 4.5)
+    assert conf.settings.RELAY_BATCH_SIZE == 1000  # the default
+    assert vars(conf.settings)["MAX_ATTEMPTS"] == 3  # cached where attribute lookup finds it first
+
+    settings.PLATFORMKIT = {"MAX_ATTEMPTS": 7}  # setting_changed -> Settings.clear()
+    assert "MAX_ATTEMPTS" not in vars(conf.settings)
+    assert conf.settings.MAX_ATTEMPTS == 7
+    assert conf.settings.BACKOFF_SECONDS == (1, 5, 15, 30)
+
+    settings.PLATFORMKIT = {"MAX_ATTEMPTS": 0}
+    with pytest.raises(ConfigurationError, match=r"PLATFORMKIT\['MAX_ATTEMPTS'\] must be an integer >= 1, got 0"):
+        conf.settings.MAX_ATTEMPTS  # the read is what raises
+    assert "MAX_ATTEMPTS" not in vars(conf.settings)  # a bad value is never cached
+
+
+def test_a_name_that_is_not_a_setting_is_an_attribute_error():
+    with pytest.raises(AttributeError, match="'MAX_ATTEMPTZ' is not a PLATFORMKIT setting"):
+        getattr(conf.settings, "MAX_ATTEMPTZ")  # noqa: B009 - mypy rejects the attribute spelt out
+
+
+def test_validators_return_what_their_type_says(settings):
+    settings.PLATFORMKIT = {"BACKOFF_SECONDS": (d for d in [0, 1]), "NATS_OPTIONS": {"user": "u"}, "RELAY_LANES": 3}
+    assert conf.settings.BACKOFF_SECONDS == (0, 1)
+    options = conf.settings.NATS_OPTIONS
+    assert options == {"user": "u"} and options is not settings.PLATFORMKIT["NATS_OPTIONS"]
+    assert conf.settings.RELAY_LANES == 3
+    for key, value, error in [
+        ("BACKOFF_SECONDS", "15", "must be a list of seconds"),
+        ("BACKOFF_SECONDS", [], "at least one delay"),
+        ("BACKOFF_SECONDS", [1, -1], "delays must be numbers >= 0, got -1"),
+        ("RELAY_LANES", 17, "must be 1 to 16"),
+        ("STREAM_REPLICAS", True, "must be an integer >= 1"),
+        ("NATS_URL", "http://x", "must start with nats://"),
+    ]:
+        settings.PLATFORMKIT = {key: value}
+        with pytest.raises(ConfigurationError, match=error):
+            getattr(conf.settings, key)
