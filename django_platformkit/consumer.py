@@ -18,6 +18,7 @@ claim, and the message is terminated.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import threading
@@ -340,7 +341,8 @@ class Consumer:
                 try:
                     self._until_db_answers(
                         unit,
-                        lambda safe=safe: self._execute(
+                        functools.partial(
+                            self._execute,
                             unit,
                             safe=safe,
                             skip=skip,
@@ -499,7 +501,7 @@ class Consumer:
             with connection.cursor() as cursor:
                 # One array literal: psycopg would adapt a list item by item.
                 ids = "{" + ",".join(sorted({str(w.event.id) for w in todo})) + "}"
-                tenant = check_tenant(todo[0].event.tenant) or ""
+                tenant: str | None = check_tenant(todo[0].event.tenant) or ""
                 cursor.execute(
                     _CLAIM_TRUSTED_SQL if trust_outbox else _CLAIM_EXTERNAL_SQL,
                     [
@@ -668,8 +670,10 @@ class Consumer:
         # when the event is handled for good: one that raises is logged
         # (Django's robust=True) instead of failing an attempt that
         # succeeded - or, in a batch, skipping every later message's callbacks.
+        # django-stubs types the entries as (sids, func); Django stores (sids, func, robust).
         wrapper.run_on_commit[on_commit_mark:] = [
-            (sids, func, True) for sids, func, *_ in wrapper.run_on_commit[on_commit_mark:]
+            (sids, func, True)  # type: ignore[misc]
+            for sids, func, *_ in wrapper.run_on_commit[on_commit_mark:]
         ]
 
     def _handler_starts(self, event: ReceivedEvent, timeout: float) -> None:

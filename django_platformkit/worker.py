@@ -33,7 +33,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db import DatabaseError, connections
 
@@ -49,7 +49,11 @@ from .models import OutboxEvent
 from .relay import Relay, RelayStats
 from .subscriptions import Subscription
 from .subscriptions import subscriptions as registered_subscriptions
-from .transport import Delivery, PullLane, Transport, max_ack_pending_for
+from .transport import PullLane, Transport, max_ack_pending_for
+from .wire import Delivery
+
+if TYPE_CHECKING:
+    from nats.js import api
 
 logger = logging.getLogger(__name__)
 
@@ -104,7 +108,7 @@ class _Lane:
         return self.available < len(self.consumers)
 
 
-def desired_consumer_config(subscription: Subscription):
+def desired_consumer_config(subscription: Subscription) -> api.ConsumerConfig:
     """The durable config the runtime wants for ``subscription``: its
     ``consumer_config()`` with the ``max_ack_pending`` that fits its
     concurrency and ``max_ack_pending`` override."""
@@ -368,13 +372,13 @@ class Worker:
         return totals
 
     # -- threads --
-    def _spawn(self, name: str, target, *args) -> threading.Thread:
+    def _spawn(self, name: str, target: Callable[..., object], *args: Any) -> threading.Thread:
         thread = threading.Thread(target=self._guard, args=(name, target, *args), name=name, daemon=True)
         thread.start()
         self._threads.append(thread)
         return thread
 
-    def _guard(self, name: str, target, *args) -> None:
+    def _guard(self, name: str, target: Callable[..., object], *args: Any) -> None:
         try:
             target(*args)
         except BaseException as exc:
@@ -407,8 +411,8 @@ class Worker:
         for lane in self._lanes:
             lane.puller = self.transport.pull_lane(
                 desired_consumer_config(lane.subscription),
-                credit=lambda lane=lane: self._credit(lane, batch_size),
-                deliver=lambda deliveries, lane=lane: self._delivered(lane, deliveries),
+                credit=functools.partial(self._credit, lane, batch_size),
+                deliver=functools.partial(self._delivered, lane),
                 batch_size=batch_size,
             )
         # No more threads than units could ever run at once.
@@ -468,22 +472,8 @@ class Worker:
                     lane.puller.wake()
 
     def _handle(self, consumer: Consumer, deliveries: list[Delivery], keep: Any) -> None:
-        handle = getattr(consumer, "handle", None)
         try:
-            if handle is not None:
-                handle(deliveries, keep)
-            elif consumer.subscription.batch:
-                consumer.process_batch(deliveries, keep)
-            else:
-                for index, delivery in enumerate(deliveries):
-                    if self.stop_event.is_set():
-                        # Stopping: hand the rest back at once rather than after the ack wait.
-                        for rest in deliveries[index:]:
-                            with contextlib.suppress(Exception):
-                                self.transport.nak(rest)
-                        break
-                    consumer.process(delivery, keep)
-                    keep.settled(delivery)
+            consumer.handle(deliveries, keep)
         except (DatabaseError, BrokerUnavailable, TimeoutError, OSError) as exc:
             # Outside a handler (the consumer settles a handler's own errors):
             # an outage. Hand the unit back; the claim makes a redo harmless.

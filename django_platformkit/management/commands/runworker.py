@@ -5,7 +5,9 @@ the scheduler in one child and the consumers in N more (see
 ``django_platformkit.supervisor``).
 """
 
-from django.core.management.base import BaseCommand, CommandError
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ...exceptions import BrokerUnavailable, ConfigurationError, ConsumerDrift
 from ._base import configure_logging, result_printed_once, start_metrics
@@ -18,7 +20,7 @@ class Command(BaseCommand):
         "SIGTERM/SIGINT finish in-flight handlers, ack them and exit 0."
     )
 
-    def add_arguments(self, parser):
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
             "--burst",
             action="store_true",
@@ -89,7 +91,7 @@ class Command(BaseCommand):
             "restarted with backoff, and the supervisor exits 1 if one keeps dying.",
         )
 
-    def handle(self, *args, **options):
+    def handle(self, *args: Any, **options: Any) -> None:
         configure_logging(options["verbosity"])
         from ...worker import Worker
 
