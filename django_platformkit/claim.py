@@ -66,9 +66,13 @@ _CLAIM_TRUSTED_SQL = _claim_sql(True)
 _CLAIM_EXTERNAL_SQL = _claim_sql(False)
 _ALREADY_CLAIMED_SQL = f"SELECT event_id FROM {HANDLED_TABLE} WHERE subscription = %s AND event_id = ANY(%s::uuid[])"
 _SET_TENANT_SQL = SET_TENANT_SQL
+#: A unit's runs recorded as ``running`` (slow first runs, a redelivery) are
+#: handled with the unit's commit, not after it.
 _MARK_RUNS_HANDLED_SQL = (
     f"UPDATE {ATTEMPTS_TABLE} SET outcome = 'handled', finished_at = clock_timestamp() WHERE id = ANY(%s::bigint[])"
 )
+#: In a unit redone with savepoints, the claims of the failed handlers were
+#: taken with the unit's: given back, so their retries can claim again.
 _GIVE_BACK_CLAIMS_SQL = f"DELETE FROM {HANDLED_TABLE} WHERE subscription = %s AND event_id = ANY(%s::uuid[])"
 #: The reason a trusted subscription gives for a message whose id the outbox doesn't hold (DESIGN.md "Trust model").
 NOT_IN_OUTBOX = "not in this project's outbox: forged, from another project, or purged"

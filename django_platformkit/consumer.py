@@ -39,8 +39,8 @@ from django.db import DatabaseError, connections
 from . import conf
 from ._text import storable_text as clean_text  # noqa: F401 - imported from here before _text.py
 from .attempts import (
-    RECORD_SLOW_RUN_AFTER_SECONDS,  # noqa: F401 - imported from here before attempts.py
-    WORKER_ID,  # noqa: F401
+    RECORD_SLOW_RUN_AFTER_SECONDS,
+    WORKER_ID,
     run_history,
     start_run,
 )
@@ -55,7 +55,7 @@ from .claim import (  # noqa: F401 - the claim's SQL lived here before claim.py
     _Claiming,
 )
 from .deadletters import malformed_id, record_dead_letter, record_malformed  # noqa: F401
-from .handler import HandlerTimeout, _Running  # noqa: F401 - HandlerTimeout lived here before handler.py
+from .handler import HandlerTimeout, _Running
 from .outage import (  # noqa: F401 - NOT_THE_HANDLERS_FAULT, _connection_lost: imported from here before
     NOT_THE_HANDLERS_FAULT,
     _connection_lost,
@@ -85,6 +85,34 @@ from .wire import Delivery, MalformedMessage, ReceivedEvent, parse_delivery
 if TYPE_CHECKING:
     # The worker hands the consumer its transport: handling events imports no nats.
     from .transport import Transport
+
+#: What this module exports: ``Consumer`` and, re-exported, the public names
+#: that lived here before the split by stage (callers import them from here).
+__all__ = [
+    "MAX_SAVEPOINTS_PER_TRANSACTION",
+    "NOT_IN_OUTBOX",
+    "NOT_THE_HANDLERS_FAULT",
+    "RECORD_SLOW_RUN_AFTER_SECONDS",
+    "SET_TENANT_SQL",
+    "SUBSCRIPTION_NAME_PART",
+    "TENANT_SET_CONFIG",
+    "WORKER_ID",
+    "Consumer",
+    "Delivery",
+    "HandlerTimeout",
+    "MalformedMessage",
+    "ReceivedEvent",
+    "Subscription",
+    "check_subscription_name",
+    "close_old_connections_for",
+    "not_the_handlers_fault",
+    "parse_delivery",
+    "record_dead_letter",
+    "set_config_tenant",
+    "subscribe",
+    "subscriptions",
+    "tenant_context_factory",
+]
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")

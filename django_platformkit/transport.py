@@ -54,7 +54,7 @@ from .streams import (  # noqa: F401
 
 # The wire scheme and the values crossing the bridge live in wire.py (pure);
 # re-exported here, where callers imported them from before.
-from .wire import (  # noqa: F401
+from .wire import (
     ENVELOPE_OVERHEAD_BYTES,
     JSONB_TEXT_GROWTH,
     NO_TENANT,
@@ -67,6 +67,37 @@ from .wire import (  # noqa: F401
     parse_subject,
     subject_for,
 )
+
+#: What this module exports: ``Transport`` and, re-exported, the names that
+#: lived here before the split by stage (callers import them from here).
+__all__ = [
+    "ENVELOPE_OVERHEAD_BYTES",
+    "JSONB_TEXT_GROWTH",
+    "KEEP_ALIVE_TICK_SECONDS",
+    "NO_TENANT",
+    "PULL_HEARTBEAT_SECONDS",
+    "PULL_LINGER_SECONDS",
+    "RETRY_BACKLOG_HEADROOM",
+    "Delivery",
+    "KeepAlive",
+    "Outcome",
+    "OutgoingMessage",
+    "PendingPublish",
+    "PublishResult",
+    "PullLane",
+    "PullLost",
+    "Transport",
+    "classify_publish_error",
+    "consumer_config",
+    "consumer_differences",
+    "durable_name",
+    "filter_subject_for",
+    "max_ack_pending_for",
+    "parse_subject",
+    "stream_config",
+    "subject_for",
+    "to_deliveries",
+]
 
 logger = logging.getLogger(__name__)
 
