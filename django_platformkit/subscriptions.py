@@ -34,7 +34,7 @@ _NAME = re.compile(rf"{SUBSCRIPTION_NAME_PART}(\.{SUBSCRIPTION_NAME_PART})*")
 #: the rest of the transaction (``is_local`` = true); one parameter, the
 #: tenant ('' for none). ``TENANT_SET_CONFIG`` is the call itself, for a
 #: statement that sets the tenant among other things (the consumer's claim
-#: statement, ``consumer._claim_sql``, still spells it out).
+#: statement, ``claim._claim_sql``).
 TENANT_SET_CONFIG = "set_config('platformkit.tenant', %s, true)"
 SET_TENANT_SQL = f"SELECT {TENANT_SET_CONFIG}"
 

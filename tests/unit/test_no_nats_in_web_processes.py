@@ -27,6 +27,8 @@ from django_platformkit import EventType, ReceivedEvent, declare, job, publish, 
 import django_platformkit.events, django_platformkit.payload, django_platformkit.wire
 import django_platformkit.subscriptions, django_platformkit.deadletters
 print("publish", loaded())
+import django_platformkit.consumer, django_platformkit.claim, django_platformkit.handler, django_platformkit.settling
+print("consumer", loaded())
 import django_platformkit.transport
 print("transport", loaded()[:1])
 """
@@ -43,5 +45,7 @@ def test_importing_the_package_setting_django_up_and_publishing_never_import_nat
     assert lines["package"] == "[]", result.stdout
     assert lines["setup"] == "[]", result.stdout
     assert lines["publish"] == "[]", result.stdout
+    # The consumer takes its transport as a type only: its stages import no nats either.
+    assert lines["consumer"] == "[]", result.stdout
     # The probe sees nats when it is there: the worker's transport imports it.
     assert lines["transport"] == "['nats']", result.stdout

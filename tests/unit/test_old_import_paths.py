@@ -1,6 +1,8 @@
 """The layout moved names along the data's path (wire, payload,
-subscriptions, deadletters, attempts, outage); every name users, the tests
-or the benchmarks imported from its old module still imports from there, and
+subscriptions, deadletters, attempts, outage; transport's stages streams,
+publishing, pulling, acks; consumer's stages claim, handler, units); every
+name users, the tests or the benchmarks imported from its old module still
+imports from there, and
 is the same object as in its new home (a copy would be a second registry or
 a second definition to drift)."""
 
@@ -49,6 +51,27 @@ MOVED = [
         ],
     ),
     ("events", "payload", ["encode_payload", "MAX_DEPTH"]),
+    (
+        "transport",
+        "streams",
+        [
+            "stream_config",
+            "consumer_config",
+            "max_ack_pending_for",
+            "consumer_differences",
+            "RETRY_BACKLOG_HEADROOM",
+        ],
+    ),
+    ("transport", "publishing", ["classify_publish_error", "PendingPublish"]),
+    ("transport", "pulling", ["PullLane", "PullLost", "to_deliveries", "_ack_reply_fields"]),
+    ("transport", "acks", ["KeepAlive", "KEEP_ALIVE_TICK_SECONDS"]),
+    (
+        "consumer",
+        "claim",
+        ["_claim_sql", "_CLAIM_TRUSTED_SQL", "_CLAIM_EXTERNAL_SQL", "_ALREADY_CLAIMED_SQL", "NOT_IN_OUTBOX"],
+    ),
+    ("consumer", "handler", ["HandlerTimeout"]),
+    ("consumer", "units", ["_Work", "_Redo", "_Stopping", "MAX_SAVEPOINTS_PER_TRANSACTION"]),
 ]
 
 

@@ -1,0 +1,219 @@
+"""The claim: the one statement that starts a unit's transaction, and the
+transaction that runs each handler after it (DESIGN.md: handling is exactly
+once per (subscription, event) through a claim row committed with the
+handler's own writes).
+
+A trusted subscription's claim reads each event's row from the outbox in the
+same round trip, so the handler runs with the outbox's payload and a message
+the outbox doesn't know never runs. The tenant ``set_config`` is
+``subscriptions.TENANT_SET_CONFIG``, written once. ``Consumer`` carries
+``_execute``.
+"""
+
+from __future__ import annotations
+
+import json
+import traceback as traceback_module
+import uuid
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from django.db import connections, transaction
+from django.utils import timezone
+
+from ._tables import ATTEMPTS_TABLE, HANDLED_TABLE, OUTBOX_TABLE
+from .attempts import slow_runs as _slow_runs
+from .events import check_tenant
+from .outage import close_old_connections_for, not_the_handlers_fault
+from .subscriptions import SET_TENANT_SQL, TENANT_SET_CONFIG, Subscription
+from .units import _Redo, _Work
+from .wire import ReceivedEvent
+
+
+def _claim_sql(trust_outbox: bool) -> str:
+    """The one statement that starts a unit of work: claim every event of the
+    unit, (trusted subscriptions) read each event's row from the outbox in the
+    same round trip, mark a redelivery's ``running`` attempt handled when its
+    claim is new, and bound the transaction by the handler timeout.
+
+    Parameters, in order: ids (a ``{uuid,...}`` array literal), the event name
+    (trusted) or any text (external), the subscription, the attempt row id
+    (or None), statement timeout ms, idle-in-transaction timeout ms, tenant.
+    One statement, never several: psycopg's server-side binding and prepared
+    statements refuse "multiple commands in a prepared statement".
+    """
+    if trust_outbox:
+        rows = f"SELECT id, name, tenant, payload::text AS payload, created_at FROM {OUTBOX_TABLE} WHERE id = ANY(%s::uuid[]) AND name = %s"
+    else:
+        rows = (
+            "SELECT u.id, NULL::text AS name, NULL::text AS tenant, NULL::text AS payload, NULL::timestamptz AS created_at "
+            "FROM unnest(%s::uuid[]) AS u(id) WHERE %s::text IS NOT NULL"
+        )
+    return (
+        f"WITH o AS ({rows}), "
+        # Sorted: two workers claiming overlapping units take the unique-key
+        # locks in the same order, so they can't deadlock.
+        f"c AS (INSERT INTO {HANDLED_TABLE} (subscription, event_id, handled_at) SELECT %s, o.id, now() FROM o ORDER BY o.id "
+        "ON CONFLICT (subscription, event_id) DO NOTHING RETURNING event_id), "
+        f"u AS (UPDATE {ATTEMPTS_TABLE} SET outcome = 'handled', finished_at = clock_timestamp() WHERE id = %s::bigint AND EXISTS (SELECT 1 FROM c)) "
+        "SELECT o.id, o.name, o.tenant, o.payload, o.created_at, c.event_id IS NOT NULL FROM "
+        "(SELECT set_config('statement_timeout', %s, true) AS t, set_config('idle_in_transaction_session_timeout', %s, true) AS i, "
+        f"{TENANT_SET_CONFIG} AS n) s LEFT JOIN o ON true LEFT JOIN c ON c.event_id = o.id"
+    )
+
+
+_CLAIM_TRUSTED_SQL = _claim_sql(True)
+_CLAIM_EXTERNAL_SQL = _claim_sql(False)
+_ALREADY_CLAIMED_SQL = f"SELECT event_id FROM {HANDLED_TABLE} WHERE subscription = %s AND event_id = ANY(%s::uuid[])"
+_SET_TENANT_SQL = SET_TENANT_SQL
+#: A unit's runs recorded as ``running`` (slow first runs, a redelivery) are
+#: handled with the unit's commit, not after it.
+_MARK_RUNS_HANDLED_SQL = (
+    f"UPDATE {ATTEMPTS_TABLE} SET outcome = 'handled', finished_at = clock_timestamp() WHERE id = ANY(%s::bigint[])"
+)
+#: In a unit redone with savepoints, the claims of the failed handlers were
+#: taken with the unit's: given back, so their retries can claim again.
+_GIVE_BACK_CLAIMS_SQL = f"DELETE FROM {HANDLED_TABLE} WHERE subscription = %s AND event_id = ANY(%s::uuid[])"
+#: The reason a trusted subscription gives for a message whose id the outbox doesn't hold (DESIGN.md "Trust model").
+NOT_IN_OUTBOX = "not in this project's outbox: forged, from another project, or purged"
+
+
+class _Claiming:
+    """``Consumer``'s transaction for one unit (see ``Consumer``)."""
+
+    subscription: Subscription
+    using: str
+    handlers_started: dict[int, float]
+    _default_tenant_context: bool
+
+    if TYPE_CHECKING:
+        handler_started: float | None
+
+        def _call_handler(self, event: ReceivedEvent, timeout: float) -> None: ...
+
+        def _awaits_commit(self, work: _Work, seconds: float) -> None: ...
+
+    def _execute(self, unit: list[_Work], *, safe: bool, skip: set[int], trust_outbox: bool, timeout: float) -> None:
+        """One transaction for the unit: one claim statement, then each
+        handler. ``safe``: a savepoint per message (after a failure); else a
+        handler's failure raises ``_Redo`` and everything rolls back."""
+        todo = [w for w in unit if id(w) not in skip]
+        if not todo:
+            return
+        sub = self.subscription
+        close_old_connections_for(self.using)
+        connection = connections[self.using]
+        timeout_ms = str(int(timeout * 1000))
+        outcomes: dict[int, str] = {}
+        events: dict[int, ReceivedEvent] = {}
+        failures: list[_Work] = []
+        with transaction.atomic(using=self.using):  # noqa: SIM117 - the cursor lives inside the transaction, named separately for the blocks below
+            with connection.cursor() as cursor:
+                # One array literal: psycopg would adapt a list item by item.
+                ids = "{" + ",".join(sorted({str(w.event.id) for w in todo})) + "}"
+                tenant: str | None = check_tenant(todo[0].event.tenant) or ""
+                cursor.execute(
+                    _CLAIM_TRUSTED_SQL if trust_outbox else _CLAIM_EXTERNAL_SQL,
+                    [
+                        ids,
+                        sub.event,
+                        sub.name,
+                        todo[0].attempt_row if len(todo) == 1 else None,
+                        timeout_ms,
+                        timeout_ms,
+                        tenant,
+                    ],
+                )
+                rows = {row[0]: row for row in cursor.fetchall() if row[0] is not None}
+                missing = [w for w in todo if w.event.id not in rows]
+                if missing:
+                    cursor.execute(
+                        _ALREADY_CLAIMED_SQL, [sub.name, "{" + ",".join(str(w.event.id) for w in missing) + "}"]
+                    )
+                    claimed_before = {r[0] for r in cursor.fetchall()}
+                    for work in missing:
+                        outcomes[id(work)] = "skipped" if work.event.id in claimed_before else "not_in_outbox"
+                seen: set[uuid.UUID] = set()
+                for work in todo:
+                    if id(work) in outcomes:
+                        continue
+                    _, name, row_tenant, payload, created_at, claimed = rows[work.event.id]
+                    if not claimed or work.event.id in seen:
+                        outcomes[id(work)] = "skipped"
+                        continue
+                    seen.add(work.event.id)
+                    event = work.event
+                    if trust_outbox:
+                        # The outbox is the authority: a same-id copy with another payload runs with ours.
+                        event = replace(
+                            event, name=name, tenant=row_tenant, payload=json.loads(payload), occurred_at=created_at
+                        )
+                    events[id(work)] = event
+                    event_tenant = check_tenant(event.tenant) or ""
+                    if safe:
+                        cursor.execute("SAVEPOINT platformkit_message")
+                    if self._default_tenant_context and (safe or event_tenant != tenant):
+                        # Every time in safe mode, never "only if it changed": a
+                        # rolled-back savepoint can leave an earlier event's tenant
+                        # in force, and RLS must never see it.
+                        cursor.execute(_SET_TENANT_SQL, [event_tenant])
+                        tenant = event_tenant
+                    work.started_at = timezone.now()
+                    watched = work.delivery is not None and work.attempt_row is None
+                    if watched:
+                        work.running = True
+                        _slow_runs.watch(work, sub.name, self.using)
+                    try:
+                        try:
+                            self._call_handler(event, timeout)
+                        finally:
+                            if watched:
+                                _slow_runs.unwatch(work)
+                                with work.lock:  # waits for a row being written now
+                                    work.running = False
+                    except BaseException as exc:
+                        if not_the_handlers_fault(exc, self.using):
+                            raise
+                        work.error, work.tb, work.outcome = (
+                            exc,
+                            "".join(traceback_module.format_exception(exc)),
+                            "failed",
+                        )
+                        work.event = event
+                        if not safe:
+                            raise _Redo() from None
+                        # An ORM error marks the whole transaction for rollback;
+                        # ours is a savepoint's, as in Django's own atomic().
+                        connection.needs_rollback = False
+                        cursor.execute(
+                            "ROLLBACK TO SAVEPOINT platformkit_message"
+                        )  # _call_handler dropped its on_commit callbacks
+                        failures.append(work)
+                        tenant = None  # unknown after the rollback: set it again
+                        continue
+                    finally:
+                        self.handler_started = None
+                    if safe:
+                        cursor.execute("RELEASE SAVEPOINT platformkit_message")
+                    outcomes[id(work)] = "handled"
+                    # Done, but acked only after the unit commits: keep its ack
+                    # alive while the rest of the unit runs (each within its timeout).
+                    self._awaits_commit(work, timeout * (len(todo) + 1))
+                slow = [w.attempt_row for w in todo if outcomes.get(id(w)) == "handled" and w.attempt_row is not None]
+                if slow:
+                    # Slow first runs (and a redelivery) recorded as running: handled, with the unit's commit.
+                    cursor.execute(
+                        _MARK_RUNS_HANDLED_SQL,
+                        ["{" + ",".join(str(i) for i in slow) + "}"],
+                    )
+                if failures:
+                    # Their claims were taken with the unit's; give them back.
+                    cursor.execute(
+                        _GIVE_BACK_CLAIMS_SQL,
+                        [sub.name, "{" + ",".join(str(w.event.id) for w in failures) + "}"],
+                    )
+        # Committed: only now do the outcomes hold.
+        for work in todo:
+            if id(work) in outcomes:
+                work.outcome = outcomes[id(work)]
+                work.event = events.get(id(work), work.event)
