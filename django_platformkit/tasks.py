@@ -27,7 +27,7 @@ import os
 import re
 import socket
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings as django_settings
@@ -36,7 +36,7 @@ from django.db import connections, transaction
 from django.utils.module_loading import import_string
 
 from . import conf
-from .exceptions import ConfigurationError
+from .exceptions import ConfigurationError, InvalidPayload
 
 try:  # Django 6.0+
     from django.tasks import TaskResult, TaskResultStatus
@@ -203,6 +203,58 @@ _INSERT = (
 _INSERT_NOTIFY = f"WITH e AS ({_INSERT}) SELECT e.created_at, pg_notify('platformkit_outbox', '') FROM e"
 
 
+def django_json_arguments(args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
+    """``(args, kwargs)`` under Django's own rule for task arguments
+    (``django.utils.json.normalize_json``, which ``TaskResult`` applies:
+    str, int, float, bool, None, lists, dicts; tuples become lists, UTF-8
+    ``bytes`` become str), so a task that runs on Django's built-in backends
+    takes the same arguments here - no datetime or Decimal quietly turned
+    into a string. Raises ``InvalidPayload`` (a ``ValueError``) naming the
+    path of the first value Django refuses (``$.args[1]``) and what to do.
+    """
+    from django.utils.json import normalize_json
+
+    try:
+        return normalize_json(list(args)), normalize_json(dict(kwargs))
+    except (TypeError, ValueError):
+        path, value = (
+            _refused_by_django(list(args), "$.args") or _refused_by_django(dict(kwargs), "$.kwargs") or ("$", None)
+        )
+    raise InvalidPayload(
+        f"{type(value).__name__} at {path} is not a task argument Django's task backends accept "
+        "(str, int, float, bool, None, list, dict; bytes only as UTF-8): convert it before enqueue(), "
+        "e.g. a datetime with .isoformat(), a Decimal with str(), a model instance by its pk.",
+        path=path,
+    )
+
+
+def _refused_by_django(value: Any, path: str) -> tuple[str, Any] | None:
+    """Where ``normalize_json`` would raise inside ``value``: ``(path, value)``, or None."""
+    from .payload import _path
+
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            found = _refused_by_django(key, f"{path} (a key)") or _refused_by_django(item, _path(path, key))
+            if found:
+                return found
+        return None
+    if isinstance(value, bytes):
+        try:
+            value.decode("utf-8")
+        except UnicodeDecodeError:
+            return path, value
+        return None
+    if value is None or isinstance(value, str | int | float | bool):
+        return None
+    if isinstance(value, Sequence):
+        for index, item in enumerate(value):
+            found = _refused_by_django(item, _path(path, index))
+            if found:
+                return found
+        return None
+    return path, value
+
+
 class OutboxBackend(BaseTaskBackend):
     """``django.tasks`` backend: a task is an outbox row run by ``runworker``.
 
@@ -264,7 +316,8 @@ class OutboxBackend(BaseTaskBackend):
         from .payload import encode_payload
 
         self.validate_task(task)
-        payload = {"task": task.module_path, "args": list(args), "kwargs": dict(kwargs), "backend": self.alias}
+        args, kwargs = django_json_arguments(args, kwargs)
+        payload = {"task": task.module_path, "args": args, "kwargs": kwargs, "backend": self.alias}
         text, data = encode_payload(payload)
         handled = current_event.get()
         tenant = check_tenant(handled.tenant if handled is not None else None)

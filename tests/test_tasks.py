@@ -115,6 +115,32 @@ def test_an_argument_json_cant_carry_raises_before_sql_and_the_transaction_stays
     assert OutboxEvent.objects.count() == 1
 
 
+def test_arguments_follow_djangos_own_rule_so_a_task_runs_the_same_on_any_backend(
+    outbox_tasks, django_assert_num_queries
+):
+    """Django's backends refuse a datetime or a Decimal argument
+    (``normalize_json``) and turn UTF-8 bytes and tuples into str and lists:
+    so do we, instead of storing a datetime as its ISO string."""
+    import datetime
+    import decimal
+
+    with transaction.atomic():
+        for bad, path in [
+            (datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC), r"\$\.args\[1\]"),
+            ({"nested": [decimal.Decimal("1.5")]}, r"\$\.args\[1\]\.nested\[0\]"),
+            (b"\xff", r"\$\.args\[1\]"),
+        ]:
+            with django_assert_num_queries(0), pytest.raises(InvalidPayload, match=path) as refused:
+                tasks.record.enqueue("bad", bad)
+            assert "Django's task backends" in str(refused.value)
+        with django_assert_num_queries(0), pytest.raises(InvalidPayload, match=r"\$\.kwargs\.n"):
+            tasks.record.enqueue("bad", n=datetime.date(2026, 1, 1))
+        result = tasks.record.enqueue(b"label", n=(1, 2))
+    assert (result.args, result.kwargs) == (["label"], {"n": [1, 2]})
+    stored = OutboxEvent.objects.get().payload
+    assert (stored["args"], stored["kwargs"]) == (["label"], {"n": [1, 2]})
+
+
 def test_a_queue_not_in_QUEUES_is_refused_at_enqueue(outbox_tasks):
     with pytest.raises(InvalidTask, match="Queue 'other' is not valid"):
         tasks.record.using(queue_name="other").enqueue("x")
