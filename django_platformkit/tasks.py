@@ -28,7 +28,7 @@ import re
 import socket
 import uuid
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from django.conf import settings as django_settings
 from django.core import checks
@@ -215,7 +215,8 @@ def django_json_arguments(args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[
     from django.utils.json import normalize_json
 
     try:
-        return normalize_json(list(args)), normalize_json(dict(kwargs))
+        # A list normalizes to a list and a dict to a dict (the stubs return the union of every JSON type).
+        return cast(list[Any], normalize_json(list(args))), cast(dict[str, Any], normalize_json(dict(kwargs)))
     except (TypeError, ValueError):
         path, value = (
             _refused_by_django(list(args), "$.args") or _refused_by_django(dict(kwargs), "$.kwargs") or ("$", None)
