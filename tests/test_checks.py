@@ -630,3 +630,16 @@ def test_w005_stream_and_subject_prefix_left_at_their_defaults_warn_when_debug_i
     settings.DEBUG = False
     settings.PLATFORMKIT = dict(settings.PLATFORMKIT, STREAM="SHOP", SUBJECT_PREFIX="shop")
     assert checks.check_broker_namespace() == []
+
+
+def test_a_bare_subscribe_without_the_event_is_refused_not_silently_ignored(registries):
+    def bare(event):
+        pass
+
+    before = consumer.subscriptions()
+    with pytest.raises(ConfigurationError) as excinfo:
+        consumer.subscribe(bare)
+    assert "use @subscribe(EVENT_OR_NAME)" in str(excinfo.value)
+    assert "bare" in str(excinfo.value)
+    assert consumer.subscriptions() == before
+
