@@ -51,6 +51,11 @@ class BrokerUnavailable(PlatformKitError, ConnectionError):
     lost: the outbox rows stay pending."""
 
 
+class ConsumerNotFound(PlatformKitError, LookupError):
+    """The durable consumer asked about doesn't exist on the stream (yet):
+    ``ensure_consumer()`` creates it."""
+
+
 class ConsumerDrift(PlatformKitError, RuntimeError):
     """An existing durable consumer differs from this build's config in a way
     the broker can't update in place. The message says what differs and what

@@ -18,7 +18,7 @@ import nats.js.errors
 from nats.js import api
 
 from . import conf
-from .exceptions import ConfigurationError, ConsumerDrift
+from .exceptions import BrokerUnavailable, ConfigurationError, ConsumerDrift, ConsumerNotFound
 from .wire import ENVELOPE_OVERHEAD_BYTES, JSONB_TEXT_GROWTH, durable_name, filter_subject_for
 
 logger = logging.getLogger("django_platformkit.transport")  # the logger these lines always had
@@ -283,8 +283,17 @@ class _Streams:
         return info
 
     def consumer_info(self, durable: str) -> api.ConsumerInfo:
-        """A durable's info (pending, ack pending, delivered). Raises ``BrokerUnavailable`` on timeout, ``nats.js.errors.NotFoundError`` if it doesn't exist."""
-        info: api.ConsumerInfo = self.call(
-            self._js.consumer_info(conf.settings.STREAM, durable), timeout=self.request_timeout_seconds + 1
-        )
+        """A durable's info (pending, ack pending, delivered). Raises
+        ``ConsumerNotFound`` if it doesn't exist, ``BrokerUnavailable`` when
+        NATS fails or doesn't answer in time."""
+        try:
+            info: api.ConsumerInfo = self.call(
+                self._js.consumer_info(conf.settings.STREAM, durable), timeout=self.request_timeout_seconds + 1
+            )
+        except BrokerUnavailable as exc:  # call() translated nats' error; the original is the cause
+            if isinstance(exc.__cause__, nats.js.errors.NotFoundError):
+                raise ConsumerNotFound(
+                    f"no durable consumer {durable!r} on stream {conf.settings.STREAM!r}: ensure_consumer() creates it"
+                ) from exc.__cause__
+            raise
         return info

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import conf, identity
-from .exceptions import ConfigurationError, ConsumerDrift
+from .exceptions import ConfigurationError, ConsumerDrift, ConsumerNotFound
 from .wire import Delivery, Outcome, OutgoingMessage, PublishResult
 
 #: NATS's own default ``max_payload`` (bytes): what a server without a
@@ -337,14 +337,14 @@ class InMemoryTransport:
             return self._info(durable)
 
     def consumer_info(self, durable: str) -> ConsumerInfo:
-        """The durable's counts. Raises ``LookupError`` if it doesn't exist."""
+        """The durable's counts. Raises ``ConsumerNotFound`` (a ``LookupError``) if it doesn't exist."""
         with self._cond:
             return self._info(self._durable(durable))
 
     def _durable(self, name: str) -> _Durable:
         durable = self._durables.get(name)
         if durable is None:
-            raise LookupError(f"no durable consumer {name!r}: ensure_consumer() creates it")
+            raise ConsumerNotFound(f"no durable consumer {name!r}: ensure_consumer() creates it")
         return durable
 
     def _pending(self, d: _Durable) -> int:

@@ -40,7 +40,7 @@ from django.db import DatabaseError, connections
 from . import conf
 from ._retry import Backoff
 from .consumer import Consumer
-from .exceptions import BrokerUnavailable, ConsumerDrift, DatabaseUnavailable
+from .exceptions import BrokerUnavailable, ConsumerDrift, ConsumerNotFound, DatabaseUnavailable
 from .health import EXIT_STUCK_HANDLER as EXIT_STUCK_HANDLER  # where it was defined before health.py
 from .health import HealthFile, Watchdog
 from .heartbeat import Heartbeat
@@ -299,14 +299,9 @@ class Worker:
         durable while the stream already holds events for it: a new durable
         starts from the first retained message, so a subscription added to a
         live event runs its handler for every past event still retained."""
-        from nats.js.errors import NotFoundError
-
         try:
             self.transport.consumer_info(subscription.durable)
-        except BrokerUnavailable as exc:  # call() translates nats errors; the original is the cause
-            if not isinstance(exc.__cause__, NotFoundError):
-                raise
-        except LookupError:  # the in-memory transport's "no such durable" (django_platformkit.testing)
+        except ConsumerNotFound:
             pass
         else:
             self.transport.ensure_consumer(want)
