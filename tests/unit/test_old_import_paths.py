@@ -49,6 +49,18 @@ MOVED = [
         ],
     ),
     ("events", "payload", ["encode_payload", "MAX_DEPTH"]),
+    ("checks", "checks_messages", ["MESSAGES", "FIXES", "TAG"]),
+    (
+        "checks",
+        "checks_declarations",
+        ["check_subscriptions", "check_publish_calls", "check_jobs", "project_sources", "publish_calls", "PublishCall"],
+    ),
+    ("checks", "checks_settings", ["check_settings", "check_runworker"]),
+    (
+        "checks",
+        "checks_services",
+        ["check_database", "check_max_ack_pending", "check_broker_namespace", "MIN_RETRY_ROOM"],
+    ),
 ]
 
 
