@@ -50,6 +50,7 @@ MOVED = [
     ),
     ("events", "payload", ["encode_payload", "MAX_DEPTH"]),
     ("worker", "pool", ["UNIT_TARGET_SECONDS", "POOL_ERROR_BACKOFF_SECONDS", "desired_consumer_config", "_Lane"]),
+    ("scheduler", "clocks", ["Clock", "SystemClock", "DatabaseClock"]),
     ("checks", "checks_messages", ["MESSAGES", "FIXES", "TAG"]),
     (
         "checks",
