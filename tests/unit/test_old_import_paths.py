@@ -51,6 +51,11 @@ MOVED = [
     ("events", "payload", ["encode_payload", "MAX_DEPTH"]),
     ("worker", "pool", ["UNIT_TARGET_SECONDS", "POOL_ERROR_BACKOFF_SECONDS", "desired_consumer_config", "_Lane"]),
     ("scheduler", "clocks", ["Clock", "SystemClock", "DatabaseClock"]),
+    (
+        "testing_transport",
+        "testing_stream",
+        ["ManualClock", "StoredMessage", "StreamInfo", "ConsumerInfo", "PubAck", "ConsumerSpec", "subject_matches"],
+    ),
     ("checks", "checks_messages", ["MESSAGES", "FIXES", "TAG"]),
     (
         "checks",
