@@ -56,6 +56,7 @@ MOVED = [
         "testing_stream",
         ["ManualClock", "StoredMessage", "StreamInfo", "ConsumerInfo", "PubAck", "ConsumerSpec", "subject_matches"],
     ),
+    ("overview", "overview_broker", ["broker_figures", "BROKER_TIMEOUT_SECONDS"]),
     ("checks", "checks_messages", ["MESSAGES", "FIXES", "TAG"]),
     (
         "checks",
