@@ -497,7 +497,7 @@ class Worker:
             consumers=self.consumers,
             counts=self.counts,
             check_alive=self._check_alive,
-            write_health=lambda stuck: self._write_health(stuck=stuck),
+            write_health=self._write_watchdog_health,
             heartbeat=self.heartbeat,
             stopping=self.stop_event,
             done=self._threads_done,
@@ -553,6 +553,13 @@ class Worker:
         if final:
             state.update(healthy=False, stopped=True, exit_code=self.exit_code)
         self.health_file.write(state)
+
+    def _write_watchdog_health(self, stuck: str | None, exit_code: int | None) -> None:
+        # exit_code: the watchdog is about to end the process (os._exit), so
+        # this is the last state a probe will read: stopped, with the code.
+        if exit_code is not None:
+            self.exit_code = exit_code
+        self._write_health(stuck=stuck, final=exit_code is not None)
 
     def _write_final_health(self) -> None:
         # A probe must never read "healthy" from a worker that has exited.
