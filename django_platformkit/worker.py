@@ -214,7 +214,7 @@ class Worker:
                 for subscription in self.subscriptions:
                     want = desired_consumer_config(subscription)
                     self._retry_until_stopped(
-                        functools.partial(self.transport.ensure_consumer, want),
+                        functools.partial(self._ensure_durable, subscription, want),
                         f"durable {subscription.durable}",
                         self._give_up_at,
                     )
@@ -293,6 +293,39 @@ class Worker:
             self._give_up_at,
         )
         return not self.stop_event.is_set()
+
+    def _ensure_durable(self, subscription: Subscription, want: api.ConsumerConfig) -> None:
+        """``Transport.ensure_consumer``, and a WARNING when that created the
+        durable while the stream already holds events for it: a new durable
+        starts from the first retained message, so a subscription added to a
+        live event runs its handler for every past event still retained."""
+        from nats.js.errors import NotFoundError
+
+        try:
+            self.transport.consumer_info(subscription.durable)
+        except BrokerUnavailable as exc:  # call() translates nats errors; the original is the cause
+            if not isinstance(exc.__cause__, NotFoundError):
+                raise
+        except LookupError:  # the in-memory transport's "no such durable" (django_platformkit.testing)
+            pass
+        else:
+            self.transport.ensure_consumer(want)
+            return
+        info = self.transport.ensure_consumer(want)
+        with contextlib.suppress(Exception):  # the count is advice: the creation's own answer will do
+            info = self.transport.consumer_info(subscription.durable)
+        retained = int(getattr(info, "num_pending", 0) or 0)
+        if retained:
+            logger.warning(
+                "new durable subscription=%s consumer=%s will run the handler for %d retained message(s) "
+                "matching %s, published before it existed (a new durable starts from the first message the "
+                "stream retains, up to RETENTION_DAYS back). If past events must not run it, check "
+                "event.occurred_at in the handler; see README 'Declaring, publishing, subscribing' (subscribe()).",
+                subscription.name,
+                subscription.durable,
+                retained,
+                subscription.filter_subject,
+            )
 
     def _stopped_in_start_up(self) -> int:
         logger.info("worker stopped during start-up exit=0")
