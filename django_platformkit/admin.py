@@ -300,6 +300,12 @@ class DeadLetterAdmin(ReadOnlyAdmin[DeadLetter]):
             self._perform(request, list(queryset), verb, reason)
             return None
         rows = list(queryset[:CONFIRMATION_LIST_LIMIT])
+        # Said before the operator confirms, not only in the result: which of
+        # the selection a Replay will leave alone (no outbox row to send).
+        blocked_rows = queryset.none()
+        if verb == "replay":
+            blocked_rows = queryset.exclude(event_id__in=OutboxEvent.objects.values("id"))
+        not_replayed = [(row, replay_blocker(row)) for row in blocked_rows[:CONFIRMATION_LIST_LIMIT]]
         context = {
             **self.admin_site.each_context(request),
             "title": f"{verb.capitalize()} dead letters",
@@ -307,6 +313,8 @@ class DeadLetterAdmin(ReadOnlyAdmin[DeadLetter]):
             "verb": verb,
             "rows": rows,
             "count": queryset.count(),
+            "not_replayed": not_replayed,
+            "not_replayed_count": blocked_rows.count() if not_replayed else 0,
             "reason": reason,
             "reason_missing": confirmed and not reason,
             "from_object": from_object,

@@ -68,6 +68,21 @@ def _refuse_signature(func: Callable[..., Any], args: tuple[Any, ...], what: str
         ) from None
 
 
+def _refuse_no_parameter(func: Callable[..., Any], declared_in: str) -> None:
+    # signature.bind's own words for this case ("too many positional
+    # arguments") read as if the handler took too many.
+    try:
+        parameters = inspect.signature(func).parameters.values()
+    except (TypeError, ValueError):
+        return
+    if not parameters:
+        raise ConfigurationError(
+            f"app {_app_of(getattr(func, '__module__', '') or '')}: handler {declared_in} takes no argument; "
+            f"a handler takes one event. Fix: define it as 'def {getattr(func, '__name__', 'handler')}(event): ...' "
+            "(one ReceivedEvent)."
+        )
+
+
 def validate_declarations() -> None:
     """What can only be seen once every ``platformkit.py`` is imported:
     handlers that can't take one event, jobs that can't be called with no
@@ -77,6 +92,7 @@ def validate_declarations() -> None:
     from .subscriptions import subscriptions
 
     for sub in subscriptions():
+        _refuse_no_parameter(sub.handler, sub.declared_in)
         _refuse_signature(
             sub.handler,
             (object(),),

@@ -63,10 +63,11 @@ class Watchdog:
 
     ``consumers``: watched for stuck handlers (``timeout_seconds``: logged
     at ERROR once; past ``timeout_seconds + grace_seconds``: the process
-    exits ``EXIT_STUCK_HANDLER`` after ``write_health(stuck_subscription)``).
+    exits ``EXIT_STUCK_HANDLER`` after ``write_health(stuck_subscription,
+    EXIT_STUCK_HANDLER)``, the final state: stopped, with that exit code).
     ``counts``: totals logged at INFO every ``PROGRESS_LOG_SECONDS`` when they
     changed. While ``stopping`` is not set: ``check_alive()`` (raises nothing;
-    it stops the worker itself when a part of it died) and ``write_health(None)``.
+    it stops the worker itself when a part of it died) and ``write_health(None, None)``.
     ``heartbeat``: ``beat()`` every loop, ``stopped()`` at the end.
     """
 
@@ -76,7 +77,7 @@ class Watchdog:
         consumers: Sequence[_Watched],
         counts: Callable[[], dict[str, int]],
         check_alive: Callable[[], None],
-        write_health: Callable[[str | None], None],
+        write_health: Callable[[str | None, int | None], None],
         heartbeat: Any,
         stopping: threading.Event,
         done: threading.Event,
@@ -111,7 +112,7 @@ class Watchdog:
                 self.check_alive()
             self._check_stuck(now)
             if not self.stopping.is_set():
-                self.write_health(None)
+                self.write_health(None, None)
             self.heartbeat.beat()  # writes only every few seconds
         self.heartbeat.stopped()
 
@@ -140,6 +141,6 @@ class Watchdog:
                     running,
                     EXIT_STUCK_HANDLER,
                 )
-                self.write_health(consumer.subscription.name)
+                self.write_health(consumer.subscription.name, EXIT_STUCK_HANDLER)
                 logging.shutdown()
                 os._exit(EXIT_STUCK_HANDLER)

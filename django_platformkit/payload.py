@@ -6,6 +6,7 @@ transaction usable; what passes here jsonb stores and the consumer reads back.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import math
 import re
@@ -61,6 +62,30 @@ def _render(at: _At) -> str:
     return path
 
 
+#: A path deeper than this many keys is shown cut in messages (``InvalidPayload.path`` stays whole).
+_SHOWN_KEYS = 6
+
+
+def _render_short(at: _At) -> str:
+    """``_render(at)``, its middle left out when the path is very deep:
+    ``$.x[0][0]…[0].y (101 levels)``."""
+    keys = []
+    node = at
+    while node:
+        node, key = node
+        keys.append(key)
+    if len(keys) <= _SHOWN_KEYS:
+        return _render(at)
+    keys.reverse()
+    head = "$"
+    for key in keys[: _SHOWN_KEYS // 2]:
+        head = _path(head, key)
+    tail = ""
+    for key in keys[-(_SHOWN_KEYS // 2) :]:
+        tail = _path(tail, key)
+    return f"{head}…{tail} ({len(keys)} levels)"
+
+
 def _check_text(text: str, path: str, what: str) -> None:
     if "\x00" in text:
         raise InvalidPayload(
@@ -86,8 +111,9 @@ def _normalize(value: Any, at: _At, depth: int, growth: list[int]) -> Any:
     encoded text, in one pass. ``growth[0]`` collects the bytes PostgreSQL
     adds by printing floats in plain notation (``1e+300`` -> 301 digits)."""
     if depth > MAX_DEPTH:
-        path = _render(at)
-        raise InvalidPayload(f"payload nests deeper than {MAX_DEPTH} levels at {path}: flatten it.", path=path)
+        raise InvalidPayload(
+            f"payload nests deeper than {MAX_DEPTH} levels at {_render_short(at)}: flatten it.", path=_render(at)
+        )
     kind = type(value)
     if kind is str or value is None or kind is bool:
         return value
@@ -141,9 +167,16 @@ def _normalize(value: Any, at: _At, depth: int, growth: list[int]) -> Any:
         return out
     if isinstance(value, (list, tuple)):
         return [_normalize(item, (at, i), depth + 1, growth) for i, item in enumerate(value)]
+    if isinstance(value, dt.time) and value.utcoffset() is not None:
+        path = _render(at)
+        raise InvalidPayload(
+            f"time {value.isoformat()} at {path} has a time zone, which a time of day can't carry "
+            "(its offset depends on the date): send a timezone-aware datetime, or a naive time.",
+            path=path,
+        )
     try:
         converted = _django_encoder.default(value)
-    except (TypeError, ValueError):  # ValueError: a time with a time zone
+    except (TypeError, ValueError):
         path = _render(at)
         raise InvalidPayload(
             f"{type(value).__name__} at {path} is not JSON-encodable by DjangoJSONEncoder: "

@@ -161,8 +161,16 @@ def subscribe(
     handled side by side; each still exactly once). Subscribing to an undeclared
     event is a system-check error, not an import error. Raises
     ``ConfigurationError`` for a malformed name or option, or a name already
-    used by another handler.
+    used by another handler, or for a bare ``@subscribe`` without the event.
     """
+    if callable(event) and not hasattr(event, "name"):
+        # ``@subscribe`` without parentheses hands us the handler itself: the
+        # decorator would be returned in its place and nothing registered.
+        where = f" ({getattr(event, '__module__', '?')}.{getattr(event, '__qualname__', repr(event))})"
+        raise ConfigurationError(
+            f"@subscribe{where} needs the event it subscribes to: use @subscribe(EVENT_OR_NAME), "
+            "e.g. @subscribe('shop.order_placed')."
+        )
     event_name = getattr(event, "name", event)
 
     def decorator(func: Callable[[ReceivedEvent], None]) -> Callable[[ReceivedEvent], None]:

@@ -149,6 +149,7 @@ _TRANSACTION_SETTINGS = (
     "idle_in_transaction_session_timeout",
     "enable_sort",
     "enable_seqscan",
+    "jit",
     "platformkit.tenant",
 )
 
@@ -277,7 +278,10 @@ def run_worker_burst(
             relay = Relay(runtime, using=alias, lanes=1)  # one lane: no threads, so it sees a TestCase's rows
             batch = int(conf.settings.CONSUMER_BATCH_SIZE)
             for _ in range(max_rounds):
-                stats = relay.drain()
+                # Reset after each drain, not only after the burst: the relay's
+                # planner settings would otherwise reach the handlers below.
+                with _session_settings_kept(alias):
+                    stats = relay.drain()
                 result.relayed += stats.stored
                 progressed = stats.selected > 0
                 for consumer in consumers:

@@ -169,7 +169,7 @@ class Worker(ConsumerPool):
                 for subscription in self.subscriptions:
                     want = desired_consumer_config(subscription)
                     self._retry_until_stopped(
-                        functools.partial(self.transport.ensure_consumer, want),
+                        functools.partial(self._ensure_durable, subscription, want),
                         f"durable {subscription.durable}",
                         self._give_up_at,
                     )
@@ -248,6 +248,39 @@ class Worker(ConsumerPool):
             self._give_up_at,
         )
         return not self.stop_event.is_set()
+
+    def _ensure_durable(self, subscription: Subscription, want: api.ConsumerConfig) -> None:
+        """``Transport.ensure_consumer``, and a WARNING when that created the
+        durable while the stream already holds events for it: a new durable
+        starts from the first retained message, so a subscription added to a
+        live event runs its handler for every past event still retained."""
+        from nats.js.errors import NotFoundError
+
+        try:
+            self.transport.consumer_info(subscription.durable)
+        except BrokerUnavailable as exc:  # call() translates nats errors; the original is the cause
+            if not isinstance(exc.__cause__, NotFoundError):
+                raise
+        except LookupError:  # the in-memory transport's "no such durable" (django_platformkit.testing)
+            pass
+        else:
+            self.transport.ensure_consumer(want)
+            return
+        info = self.transport.ensure_consumer(want)
+        with contextlib.suppress(Exception):  # the count is advice: the creation's own answer will do
+            info = self.transport.consumer_info(subscription.durable)
+        retained = int(getattr(info, "num_pending", 0) or 0)
+        if retained:
+            logger.warning(
+                "new durable subscription=%s consumer=%s will run the handler for %d retained message(s) "
+                "matching %s, published before it existed (a new durable starts from the first message the "
+                "stream retains, up to RETENTION_DAYS back). If past events must not run it, check "
+                "event.occurred_at in the handler; see README 'Declaring, publishing, subscribing' (subscribe()).",
+                subscription.name,
+                subscription.durable,
+                retained,
+                subscription.filter_subject,
+            )
 
     def _stopped_in_start_up(self) -> int:
         logger.info("worker stopped during start-up exit=0")
@@ -345,7 +378,7 @@ class Worker(ConsumerPool):
             consumers=self.consumers,
             counts=self.counts,
             check_alive=self._check_alive,
-            write_health=lambda stuck: self._write_health(stuck=stuck),
+            write_health=self._write_watchdog_health,
             heartbeat=self.heartbeat,
             stopping=self.stop_event,
             done=self._threads_done,
@@ -401,6 +434,13 @@ class Worker(ConsumerPool):
         if final:
             state.update(healthy=False, stopped=True, exit_code=self.exit_code)
         self.health_file.write(state)
+
+    def _write_watchdog_health(self, stuck: str | None, exit_code: int | None) -> None:
+        # exit_code: the watchdog is about to end the process (os._exit), so
+        # this is the last state a probe will read: stopped, with the code.
+        if exit_code is not None:
+            self.exit_code = exit_code
+        self._write_health(stuck=stuck, final=exit_code is not None)
 
     def _write_final_health(self) -> None:
         # A probe must never read "healthy" from a worker that has exited.

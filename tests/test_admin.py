@@ -276,6 +276,36 @@ def test_replay_of_many_rows_reports_each_outcome(client, operator):
     assert list(DeadLetter.objects.values_list("pk", flat=True)) == [malformed.pk]
 
 
+def test_the_replay_confirmation_says_which_selected_ones_will_not_be_replayed(client, operator):
+    healthy = dead_letter()
+    gone = uuid.uuid4()  # a malformed message: its id is no outbox row
+    record_dead_letter(
+        subscription="testapp.slow",
+        event_id=gone,
+        name="(malformed)",
+        tenant=None,
+        attempts=1,
+        error="malformed",
+        traceback="",
+    )
+    malformed = DeadLetter.objects.get(event_id=gone)
+    client.force_login(operator)
+    page = _action(client, "replay_selected", [healthy, malformed])
+    assert page.status_code == 200
+    html = page.content.decode()
+    start = html.index('id="platformkit-not-replayed"')
+    section = html[start : html.index("</div>", start)]
+    assert "1 of the selected will not be replayed" in section
+    assert f"(malformed) {gone} for testapp.slow: it is a malformed message" in section
+    assert "Discard it to accept the failure" in section
+    assert str(healthy.event_id) not in section
+    # A selection that can all be replayed shows no such section.
+    assert 'id="platformkit-not-replayed"' not in _action(client, "replay_selected", [healthy]).content.decode()
+    # Discard's confirmation has nothing to warn about.
+    assert 'id="platformkit-not-replayed"' not in _action(client, "discard_selected", [malformed]).content.decode()
+    assert DeadLetter.objects.count() == 2
+
+
 def test_replay_needs_the_replay_permission_not_just_staff(client, viewer):
     row = dead_letter()
     client.force_login(viewer)

@@ -630,3 +630,32 @@ def test_w005_stream_and_subject_prefix_left_at_their_defaults_warn_when_debug_i
     settings.DEBUG = False
     settings.PLATFORMKIT = dict(settings.PLATFORMKIT, STREAM="SHOP", SUBJECT_PREFIX="shop")
     assert checks.check_broker_namespace() == []
+
+
+def test_a_bare_subscribe_without_the_event_is_refused_not_silently_ignored(registries):
+    def bare(event):
+        pass
+
+    before = consumer.subscriptions()
+    with pytest.raises(ConfigurationError) as excinfo:
+        consumer.subscribe(bare)
+    assert "use @subscribe(EVENT_OR_NAME)" in str(excinfo.value)
+    assert "bare" in str(excinfo.value)
+    assert consumer.subscriptions() == before
+
+
+def test_boot_says_a_handler_that_takes_no_argument_must_take_one_event(registries, make_app):
+    assert boot_error(
+        make_app,
+        "pkboot_noarg",
+        """
+        from django_platformkit import subscribe
+
+        @subscribe("testapp.order_placed")
+        def handle():
+            pass
+    """,
+    ) == (
+        "app 'pkboot_noarg': handler pkboot_noarg.platformkit.handle takes no argument; a handler takes one event. "
+        "Fix: define it as 'def handle(event): ...' (one ReceivedEvent)."
+    )

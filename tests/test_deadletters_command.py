@@ -179,3 +179,22 @@ def test_operator_commands_print_their_result_once(args, marker, broker):
     assert result.returncode == 0, err
     assert (out + err).count(marker) == 1, (out, err)
     assert marker in out
+
+
+@pytest.mark.parametrize("action", ["list", "replay", "discard"])
+def test_an_unknown_subscription_is_an_error_naming_the_known_ones_not_no_dead_letters(dead, action):
+    before = tables()
+    extra = [] if action == "list" else ["--reason", "typo"]
+    with pytest.raises(CommandError) as raised:
+        run(action, "--subscription", "testapp.flaki", *extra)
+    message = str(raised.value)
+    assert "unknown subscription 'testapp.flaki'" in message
+    assert "testapp.flaky" in message and "platformkit.relay" in message
+    assert tables() == before
+
+
+def test_a_subscription_gone_from_the_code_stays_listable_while_it_has_dead_letters(dead):
+    DeadLetter.objects.filter(event_id=dead["other"]).update(subscription="retired.old_handler")
+    out = run("list", "--subscription", "retired.old_handler")
+    assert str(dead["other"]) in out
+    assert str(dead["new"]) not in out

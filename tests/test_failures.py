@@ -402,6 +402,8 @@ def test_a_worker_with_a_handler_stuck_past_timeout_and_grace_exits_non_zero(bro
     assert "handler stuck subscription=testapp.slow" in stderr
     state = json.loads(health.read_text())
     assert state["healthy"] is False and state["stuck_handlers"] == ["testapp.slow"]
+    # The README's promise for every exit: the last state says so, with the status.
+    assert state["stopped"] is True and state["exit_code"] == 3
 
 
 def test_a_dead_letter_that_cannot_be_written_is_retried_without_running_the_handler_again(broker, settings):

@@ -174,6 +174,37 @@ class TenantsAndSettings(TestCase):
         self.assertEqual(settings(), before)
         self.assertEqual(Effect.objects.get().tenant_seen, "acme/acme")
 
+    def test_handlers_in_a_testcase_see_default_planner_settings_not_the_relays(self):
+        # The relay turns sorts, sequential scans and JIT off for its
+        # transaction, which in a TestCase is the handlers' transaction too.
+        seen = []
+
+        def planner(event):
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT current_setting('enable_seqscan'), current_setting('enable_sort'), current_setting('jit')"
+                )
+                seen.append(cursor.fetchone())
+
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT current_setting('jit')")
+            (jit,) = cursor.fetchone()
+        publish_one("testapp.order_placed", {"n": 1})
+        run_worker_burst(subscriptions=[subscription(planner, event="testapp.order_placed")])
+        self.assertEqual(seen, [("on", "on", jit)])
+
+    def test_the_relays_plan_settings_turn_jit_off_for_its_transaction(self):
+        from django_platformkit.identity import database_identity
+        from django_platformkit.relay import Relay
+
+        transport = InMemoryTransport()
+        transport.ensure_stream(owner=database_identity("default"))
+        publish_one("testapp.order_placed", {"n": 1})
+        self.assertEqual(Relay(transport, lanes=1).drain().stored, 1)
+        with connection.cursor() as cursor:  # still the TestCase's transaction, the relay's too
+            cursor.execute("SELECT current_setting('jit'), current_setting('enable_seqscan')")
+            self.assertEqual(cursor.fetchone(), ("off", "off"))
+
 
 class Deduplication(TestCase):
     def test_a_second_publish_of_one_message_id_within_the_window_is_a_duplicate(self):

@@ -208,3 +208,30 @@ def test_the_reserved_tenant_token_is_refused_at_publish_saying_what_to_pass():
         # Still usable: the refusal came before any SQL.
         publish("testapp.order_placed", {}, tenant="_a")
     assert list(OutboxEvent.objects.values_list("tenant", flat=True)) == ["_a"]
+
+
+def test_a_time_with_a_time_zone_is_refused_for_its_time_zone():
+    value = datetime.time(9, 30, tzinfo=datetime.UTC)
+    with transaction.atomic():
+        with pytest.raises(InvalidPayload) as info:
+            publish("testapp.order_placed", {"opens": value})
+        assert info.value.path == "$.opens"
+        assert "has a time zone" in str(info.value)
+        assert "not JSON-encodable" not in str(info.value)
+        publish("testapp.order_placed", {"opens": datetime.time(9, 30)})  # a naive time is fine
+    assert OutboxEvent.objects.get().payload == {"opens": "09:30:00"}
+
+
+def test_too_deep_nesting_names_a_shortened_path_and_keeps_the_whole_one_on_the_error():
+    payload = current = {}
+    current["x"] = [[]]
+    current = current["x"][0]
+    for _ in range(150):
+        current.append([])
+        current = current[0]
+    with transaction.atomic(), pytest.raises(InvalidPayload) as info:
+        publish("testapp.order_placed", payload)
+    message = str(info.value)
+    assert message.startswith("payload nests deeper than 100 levels at $.x[0][0]…[0][0][0] (101 levels): ")
+    assert len(message) < 120
+    assert info.value.path == "$.x" + "[0]" * 100

@@ -269,3 +269,35 @@ def test_processes_restarts_a_child_that_dies(broker, tmp_path):
     text = log.read_text()
     assert code == 0, text
     assert "child died role=consumer0" in text and "restarting in 1s" in text
+
+
+def test_creating_a_durable_over_retained_events_warns_how_many_will_run_once(broker, transport, run_worker, caplog):
+    """A new subscription on a live event replays what the stream retains:
+    the worker that creates its durable says so, with the count; a worker
+    that finds the durable already there does not."""
+    import logging
+
+    from django_platformkit.relay import Relay
+
+    with transaction.atomic():
+        for n in range(3):
+            publish("testapp.order_placed", {"n": n})
+        publish("testapp.flaky", {"n": 99})  # not on the subscription's filter: not counted
+    assert Relay(transport, lanes=1).drain().stored == 4
+    subscriptions = _subscription("testapp.record_order")
+    with caplog.at_level(logging.WARNING, logger="django_platformkit.worker"):
+        run_worker(subscriptions=subscriptions, relay=False, scheduler=False)
+    (warning,) = [r for r in caplog.records if r.levelno == logging.WARNING and "new durable" in r.getMessage()]
+    message = warning.getMessage()
+    assert "subscription=testapp.record_order" in message
+    assert "for 3 retained message(s)" in message
+    assert "README" in message
+    assert Effect.objects.filter(subscription="testapp.record_order").count() == 3
+
+    caplog.clear()
+    with transaction.atomic():
+        publish("testapp.order_placed", {"n": 3})
+    assert Relay(transport, lanes=1).drain().stored == 1
+    with caplog.at_level(logging.WARNING, logger="django_platformkit.worker"):
+        run_worker(subscriptions=subscriptions, relay=False, scheduler=False)
+    assert not [r for r in caplog.records if "new durable" in r.getMessage()]

@@ -133,6 +133,7 @@ class Command(BaseCommand):
                 "(every match is acted on)."
             )
         if options["subscription"]:
+            self._refuse_unknown_subscription(options["subscription"])
             rows = rows.filter(subscription=options["subscription"])
         if options["since"]:
             rows = rows.filter(failed_at__gte=timezone.now() - options["since"])
@@ -144,6 +145,25 @@ class Command(BaseCommand):
                     f"no dead letter matches {', '.join(missing)} (with the filters given); `deadletters list` shows what there is."
                 )
         return found
+
+    @staticmethod
+    def _refuse_unknown_subscription(name: str) -> None:
+        """A typo would otherwise read as "no dead letters". Known: every
+        subscription in code, the relay's own, and any name the table still
+        holds (a subscription removed from code keeps its dead letters)."""
+        from ...relay import RELAY_SUBSCRIPTION
+        from ...subscriptions import subscriptions
+
+        known = {s.name for s in subscriptions()} | {RELAY_SUBSCRIPTION}
+        if name in known:
+            return
+        in_table = set(DeadLetter.objects.values_list("subscription", flat=True).distinct())
+        if name in in_table:
+            return
+        raise CommandError(
+            f"unknown subscription {name!r}; known: {', '.join(sorted(known | in_table))}. "
+            "(A subscription removed from the code stays known while it has dead letters.)"
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         configure_logging(options["verbosity"])
