@@ -52,7 +52,7 @@ from .subscriptions import subscriptions as registered_subscriptions
 from .transport import Transport
 
 if TYPE_CHECKING:
-    pass
+    from nats.js import api
 
 logger = logging.getLogger(__name__)
 
