@@ -42,6 +42,7 @@ def check_database(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
 # --- jobs and commands -------------------------------------------------------
 
 
+#: Parked retries a durable must carry beyond its in-flight credit before W005 stays quiet.
 MIN_RETRY_ROOM = 1000
 
 

@@ -373,6 +373,7 @@ class Worker(ConsumerPool):
         with self._cond:
             self._cond.notify_all()
 
+    # -- watchdog, progress, health (health.py) --
     def _watchdog(self) -> None:
         Watchdog(
             consumers=self.consumers,
