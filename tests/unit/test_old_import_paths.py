@@ -57,6 +57,12 @@ MOVED = [
         ["ManualClock", "StoredMessage", "StreamInfo", "ConsumerInfo", "PubAck", "ConsumerSpec", "subject_matches"],
     ),
     ("overview", "overview_broker", ["broker_figures", "BROKER_TIMEOUT_SECONDS"]),
+    (
+        "admin",
+        "admin_deadletters",
+        ["DeadLetterAdmin", "replay_blocker", "REPLAY_PERMISSION", "CONFIRMATION_LIST_LIMIT", "MALFORMED_NAME"],
+    ),
+    ("admin", "admin_display", ["ReadOnlyAdmin", "_first_line", "_truncated", "_pretty_json", "_pre", "_duration"]),
     ("checks", "checks_messages", ["MESSAGES", "FIXES", "TAG"]),
     (
         "checks",
