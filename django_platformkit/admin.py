@@ -10,21 +10,20 @@ outbox row's History.
 Query-string lookups are limited to the filters each list offers
 (``lookup_allowed``): ``?error__regex=(`` or ``?payload__key=`` get a 400,
 never a 500 or an unindexed scan of payloads.
+
+This module registers the outbox, claims, attempts, jobs and the overview;
+``admin_deadletters.py`` the dead letters and their two actions,
+``admin_tasks.py`` the tasks; what they share is in ``admin_display.py``.
 """
 
 from __future__ import annotations
 
-import json
-import uuid
 from typing import TYPE_CHECKING, Any, cast
 
-from django.contrib import admin, messages
-from django.contrib.admin import helpers
-from django.contrib.admin.exceptions import DisallowedModelAdminLookup
-from django.contrib.admin.models import CHANGE, DELETION, LogEntry
+from django.contrib import admin
 from django.core.exceptions import PermissionDenied
 from django.db.models import BooleanField, Count, Exists, Min, Model, OuterRef, QuerySet
-from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, HttpResponseRedirect
+from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils import timezone
@@ -32,50 +31,28 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 from django.utils.timesince import timesince
 
+# Importing admin_deadletters registers the dead-letter admin; its names and the
+# shared helpers stay importable from here, where they were defined before the split.
+from .admin_deadletters import ATTEMPT_HISTORY_LIMIT as ATTEMPT_HISTORY_LIMIT
+from .admin_deadletters import CONFIRMATION_LIST_LIMIT as CONFIRMATION_LIST_LIMIT
+from .admin_deadletters import MALFORMED_NAME as MALFORMED_NAME
+from .admin_deadletters import REPLAY_PERMISSION as REPLAY_PERMISSION
+from .admin_deadletters import DeadLetterAdmin as DeadLetterAdmin
+from .admin_deadletters import _attempt_error as _attempt_error
+from .admin_deadletters import replay_blocker as replay_blocker
+from .admin_display import _DATE_SUFFIXES as _DATE_SUFFIXES
+from .admin_display import _FILTER_SUFFIXES as _FILTER_SUFFIXES
+from .admin_display import ReadOnlyAdmin as ReadOnlyAdmin
+from .admin_display import _duration as _duration
+from .admin_display import _first_line as _first_line
+from .admin_display import _ModelAdmin as _ModelAdmin
+from .admin_display import _pre as _pre
+from .admin_display import _pretty_json as _pretty_json
+from .admin_display import _truncated as _truncated
+from .admin_display import _uuid_or_none as _uuid_or_none
 from .heartbeat import ALIVE_AFTER_SECONDS
 from .models import Attempt, DeadLetter, HandledEvent, JobState, OutboxEvent, OutboxQuerySet, Overview
 from .templatetags.platformkit_admin import when_html
-
-#: The permission both operator actions need (``DeadLetter.Meta.permissions``).
-REPLAY_PERMISSION = "django_platformkit.replay_deadletter"
-#: Rows one Replay/Discard confirmation lists by name; the rest are counted.
-CONFIRMATION_LIST_LIMIT = 100
-
-
-#: The name the consumer gives a message it could not read as an event.
-MALFORMED_NAME = "(malformed)"
-#: Lookup suffixes a list filter or the date hierarchy puts in the query string.
-_FILTER_SUFFIXES = ("", "__exact", "__isnull")
-_DATE_SUFFIXES = ("__year", "__month", "__day", "__gte", "__lt")
-
-
-def _first_line(text: str, limit: int = 120) -> str:
-    line = (text or "").strip().splitlines()[0] if (text or "").strip() else ""
-    return line if len(line) <= limit else line[: limit - 1] + "…"
-
-
-def _truncated(text: str) -> str:
-    """The first line, cut by CSS to the column's width (full line on hover)."""
-    line = _first_line(text, limit=500)
-    return format_html('<span class="platformkit-trunc" title="{}">{}</span>', line, line) if line else "—"
-
-
-def _pretty_json(value: Any) -> str:
-    return format_html(
-        '<pre class="platformkit-json">{}</pre>', json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)
-    )
-
-
-def _pre(text: str) -> str:
-    return format_html('<pre class="platformkit-pre">{}</pre>', text) if text else "—"
-
-
-def _uuid_or_none(term: str) -> uuid.UUID | None:
-    try:
-        return uuid.UUID(term.strip())
-    except ValueError:
-        return None
-
 
 if TYPE_CHECKING:
     from typing import TypedDict
@@ -88,344 +65,6 @@ if TYPE_CHECKING:
 
     # A claim annotated by with_terminal().
     _ClaimWithTerminal = WithAnnotations[HandledEvent, _Terminal]
-    _ModelAdmin = admin.ModelAdmin
-else:
-
-    class _ModelAdmin(admin.ModelAdmin):
-        # django-stubs makes ModelAdmin generic in its model (ModelAdmin[M]);
-        # Django's class can't be subscripted at run time.
-        def __class_getitem__(cls, model: Any) -> type:
-            return cls
-
-
-class ReadOnlyAdmin[ModelT: Model](_ModelAdmin[ModelT]):
-    """Operational tables are evidence: nobody adds, edits or deletes a row
-    by hand. State changes are named actions that call the library."""
-
-    list_per_page = 50
-    change_list_template = "admin/django_platformkit/change_list.html"
-
-    def lookup_allowed(self, lookup: str, value: str, request: HttpRequest) -> bool:
-        """Only what the list's own filters and date hierarchy produce. Django
-        lets any lookup on a local field through (``?error__regex=(`` is a
-        500 from PostgreSQL, ``?payload__card__number=`` filters on payload
-        keys a view-only user never sees): here they are a 400."""
-        return lookup in self._allowed_lookups(request)
-
-    def _allowed_lookups(self, request: HttpRequest) -> set[str]:
-        allowed: set[str] = set()
-        for item in self.get_list_filter(request):
-            if isinstance(item, type) and issubclass(item, admin.SimpleListFilter):
-                if item.parameter_name is not None:
-                    allowed.add(item.parameter_name)
-            else:
-                name = item[0] if isinstance(item, (list, tuple)) else item
-                if isinstance(name, str):  # our lists name fields, never Field objects
-                    allowed.update(name + suffix for suffix in _FILTER_SUFFIXES)
-        if self.date_hierarchy:
-            allowed.update(self.date_hierarchy + suffix for suffix in _DATE_SUFFIXES)
-        return allowed
-
-    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
-        try:
-            return super().changelist_view(request, extra_context=extra_context)
-        except DisallowedModelAdminLookup as exc:
-            # A 400 that says what to do, instead of Django's bare "Bad Request".
-            offered = ", ".join(sorted(self._allowed_lookups(request))) or "nothing"
-            return HttpResponseBadRequest(
-                f"{exc}: this list filters only by what it offers ({offered}). Use the filters beside the list or the search box.",
-                content_type="text/plain; charset=utf-8",
-            )
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def _url(self, model: type[Model], view: str, *args: Any) -> str:
-        return reverse(f"{self.admin_site.name}:django_platformkit_{model._meta.model_name}_{view}", args=args)
-
-
-@admin.register(DeadLetter)
-class DeadLetterAdmin(ReadOnlyAdmin[DeadLetter]):
-    list_display = ("failed", "name", "subscription", "tenant", "attempts", "event_id", "error_first_line")
-    list_display_links = ("failed", "name")
-    list_filter = ("subscription", "name", "tenant")
-    date_hierarchy = "failed_at"
-    search_fields = ("event_id", "error")
-    search_help_text = "Search by event id (or part of it) or error text."
-    actions = ["replay_selected", "discard_selected"]
-    fields = (
-        "event_id",
-        "outbox_link",
-        "name",
-        "subscription",
-        "tenant",
-        "attempts",
-        "failed",
-        "error_text",
-        "payload",
-        "traceback_text",
-        "attempt_history",
-    )
-    readonly_fields = fields
-    change_form_template = "admin/django_platformkit/deadletter/change_form.html"
-    change_list_template = "admin/django_platformkit/deadletter/change_list.html"
-
-    @admin.display(description="failed at", ordering="failed_at")
-    def failed(self, obj: DeadLetter) -> str:
-        return when_html(obj.failed_at)
-
-    @admin.display(description="error", ordering="error")
-    def error_first_line(self, obj: DeadLetter) -> str:
-        return _truncated(obj.error)
-
-    @admin.display(description="error")
-    def error_text(self, obj: DeadLetter) -> str:
-        return _pre(obj.error)
-
-    @admin.display(description="payload")
-    def payload(self, obj: DeadLetter) -> str:
-        row = OutboxEvent.objects.filter(pk=obj.event_id).only("payload").first()
-        if row is None:
-            return "— (not in the outbox: purged, or a message that was never an event of ours)"
-        return _pretty_json(row.payload)
-
-    @admin.display(description="traceback")
-    def traceback_text(self, obj: DeadLetter) -> str:
-        return _pre(obj.traceback)
-
-    @admin.display(description="outbox row")
-    def outbox_link(self, obj: DeadLetter) -> str:
-        if not OutboxEvent.objects.filter(pk=obj.event_id).exists():
-            return "—"
-        return format_html('<a href="{}">{}</a>', self._url(OutboxEvent, "change", obj.event_id), obj.event_id)
-
-    @admin.display(description="attempts, one by one")
-    def attempt_history(self, obj: DeadLetter) -> str:
-        """Each run of the handler for this (subscription, event), from ``Attempt`` rows."""
-        rows = list(
-            Attempt.objects.for_event(obj.event_id, obj.subscription).order_by("attempt")[:ATTEMPT_HISTORY_LIMIT]
-        )
-        if not rows:
-            return "— (no per-attempt record: the worker that ran it did not keep one; the last error is above)"
-        body = format_html_join(
-            "",
-            '<tr class="platformkit-attempt-{}"><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>',
-            (
-                (
-                    a.outcome,
-                    a.attempt,
-                    a.get_outcome_display(),
-                    when_html(a.started_at, relative=False),
-                    _duration(a.started_at, a.finished_at),
-                    a.worker or "—",
-                    _attempt_error(a),
-                )
-                for a in rows
-            ),
-        )
-        return format_html(
-            '<table class="platformkit-attempts"><thead><tr><th>#</th><th>outcome</th><th>started</th><th>ran for</th>'
-            "<th>worker</th><th>error</th></tr></thead><tbody>{}</tbody></table>",
-            body,
-        )
-
-    def has_replay_permission(self, request: HttpRequest) -> bool:
-        return request.user.has_perm(REPLAY_PERMISSION)
-
-    def change_view(
-        self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: dict[str, Any] | None = None
-    ) -> HttpResponse:
-        obj = self.get_object(request, object_id)
-        context = {"replay_blocked": replay_blocker(obj) if obj is not None else None, **(extra_context or {})}
-        return super().change_view(request, object_id, form_url, extra_context=context)
-
-    # -- the two operator actions ------------------------------------------
-
-    @admin.action(permissions=["replay"], description="Replay selected dead letters…")
-    def replay_selected(self, request: HttpRequest, queryset: QuerySet[DeadLetter]) -> HttpResponse | None:
-        return self._confirm(request, queryset, "replay")
-
-    @admin.action(permissions=["replay"], description="Discard selected dead letters…")
-    def discard_selected(self, request: HttpRequest, queryset: QuerySet[DeadLetter]) -> HttpResponse | None:
-        return self._confirm(request, queryset, "discard")
-
-    def get_urls(self) -> list[URLPattern]:
-        info = self.model._meta.app_label, self.model._meta.model_name
-        view = self.admin_site.admin_view(self.verb_view)
-        own = [
-            path("<path:object_id>/replay/", view, {"verb": "replay"}, name="{}_{}_replay".format(*info)),
-            path("<path:object_id>/discard/", view, {"verb": "discard"}, name="{}_{}_discard".format(*info)),
-        ]
-        return own + super().get_urls()
-
-    def verb_view(self, request: HttpRequest, object_id: str, verb: str) -> HttpResponse:
-        """Replay or Discard from a dead letter's own page."""
-        if not (self.has_view_permission(request) and self.has_replay_permission(request)):
-            raise PermissionDenied
-        # The URL takes any text: an id that isn't a number is "not found", not a 500.
-        queryset = (
-            self.get_queryset(request).filter(pk=object_id)
-            if str(object_id).isdigit()
-            else self.get_queryset(request).none()
-        )
-        row = queryset.first()
-        if row is None:
-            # Django's own "doesn't exist" redirect: a private ModelAdmin helper django-stubs leaves out.
-            redirect: HttpResponse = self._get_obj_does_not_exist_redirect(  # type: ignore[attr-defined]
-                request, self.model._meta, object_id
-            )
-            return redirect
-        blocked = replay_blocker(row) if verb == "replay" else None
-        if blocked:
-            # The page offers no Replay for it; a hand-typed URL is told why, not sent to a confirmation that can only fail.
-            self.message_user(request, f"No replay for {row.name} {row.event_id}: {blocked}", messages.ERROR)
-            return HttpResponseRedirect(self._url(DeadLetter, "change", row.pk))
-        response = self._confirm(request, queryset, verb, from_object=True)
-        return response or HttpResponseRedirect(self._url(DeadLetter, "changelist"))
-
-    def _confirm(
-        self, request: HttpRequest, queryset: QuerySet[DeadLetter], verb: str, *, from_object: bool = False
-    ) -> HttpResponse | None:
-        """The intermediate page: list what will happen and ask for a reason;
-        on a confirmed POST with a reason, do it and report in the message bar."""
-        reason = (request.POST.get("reason") or "").strip()
-        confirmed = request.method == "POST" and request.POST.get("confirm") == "yes"
-        if confirmed and reason:
-            self._perform(request, list(queryset), verb, reason)
-            return None
-        rows = list(queryset[:CONFIRMATION_LIST_LIMIT])
-        # Said before the operator confirms, not only in the result: which of
-        # the selection a Replay will leave alone (no outbox row to send).
-        blocked_rows = queryset.none()
-        if verb == "replay":
-            blocked_rows = queryset.exclude(event_id__in=OutboxEvent.objects.values("id"))
-        not_replayed = [(row, replay_blocker(row)) for row in blocked_rows[:CONFIRMATION_LIST_LIMIT]]
-        context = {
-            **self.admin_site.each_context(request),
-            "title": f"{verb.capitalize()} dead letters",
-            "opts": self.model._meta,
-            "verb": verb,
-            "rows": rows,
-            "count": queryset.count(),
-            "not_replayed": not_replayed,
-            "not_replayed_count": blocked_rows.count() if not_replayed else 0,
-            "reason": reason,
-            "reason_missing": confirmed and not reason,
-            "from_object": from_object,
-            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
-            "selected_ids": [str(pk) for pk in queryset.values_list("pk", flat=True)],
-            "action_name": f"{verb}_selected",
-            "select_across": request.POST.get("select_across", "0"),
-            "changelist_url": self._url(DeadLetter, "changelist"),
-        }
-        return TemplateResponse(request, "admin/django_platformkit/deadletter/confirm.html", context)
-
-    def _perform(self, request: HttpRequest, rows: list[DeadLetter], verb: str, reason: str) -> None:
-        from .deadletters import discard, replay
-        from .exceptions import ReplayRefused
-
-        actor = request.user.get_username()
-        done, refused = [], []
-        for row in rows:
-            blocked = replay_blocker(row) if verb == "replay" else None
-            if blocked:
-                refused.append((row, blocked))
-                continue
-            try:
-                if verb == "replay":
-                    replay(row.event_id, subscription=row.subscription, actor=actor, reason=reason)
-                    done.append(row)
-                elif discard(row.event_id, subscription=row.subscription, actor=actor, reason=reason):
-                    done.append(row)
-                else:
-                    refused.append((row, "already gone"))
-                    continue
-            except ReplayRefused as exc:
-                refused.append((row, str(exc)))
-                continue
-            self._log(request, row, verb, reason)
-        if done:
-            what = ", ".join(f"{row.name} for {row.subscription}" for row in done[:5]) + (" …" if len(done) > 5 else "")
-            plural, them = ("", "it") if len(done) == 1 else ("s", "them")
-            if verb == "replay":
-                text = f"Replayed {len(done)} dead letter{plural} ({what}): pending again, the relay sends {them} next."
-            else:
-                text = f"Discarded {len(done)} dead letter{plural} ({what}): the failure is accepted, nothing runs {them} again."
-            self.message_user(request, text, messages.SUCCESS)
-        for row, why in refused:
-            self.message_user(
-                request, f"Did not {verb} {row.name} {row.event_id} for {row.subscription}: {why}", messages.ERROR
-            )
-
-    def _log(self, request: HttpRequest, row: DeadLetter, verb: str, reason: str) -> None:
-        """The admin's own history of what an operator did: one ``LogEntry``
-        on the dead letter (gone afterwards, its History still lists it) and,
-        where the event is ours, one on the outbox row (whose History page
-        survives). The text carries the reason; the entry the actor."""
-        past = "Replayed" if verb == "replay" else "Discarded"
-        message = f"{past} for subscription {row.subscription} (event {row.event_id}). Reason: {reason}"
-        actor = request.user.pk
-        if actor is None:  # an anonymous user: the admin's views let none this far
-            raise PermissionDenied
-        LogEntry.objects.log_actions(
-            user_id=actor,
-            queryset=[row],
-            action_flag=CHANGE if verb == "replay" else DELETION,
-            change_message=message,
-            single_object=True,
-        )
-        outbox_row = OutboxEvent.objects.filter(pk=row.event_id).only("id", "name").first()
-        if outbox_row is not None:
-            LogEntry.objects.log_actions(
-                user_id=actor,
-                queryset=[outbox_row],
-                action_flag=CHANGE,
-                change_message=message,
-                single_object=True,
-            )
-
-
-#: Attempt rows one dead letter's page lists.
-ATTEMPT_HISTORY_LIMIT = 50
-
-
-def replay_blocker(row: DeadLetter) -> str | None:
-    """Why ``row`` can't be replayed (a Replay could only fail), or None."""
-    if OutboxEvent.objects.filter(pk=row.event_id).exists():
-        return None
-    if row.name == MALFORMED_NAME:
-        return (
-            "it is a malformed message (bytes on our subjects that were never an event of this project's outbox), "
-            "so there is nothing to send again; Discard it to accept the failure."
-        )
-    return "its outbox row is gone (purged), so there is nothing to send again; Discard it to accept the failure."
-
-
-def _duration(started: Any, finished: Any) -> str:
-    if started is None or finished is None:
-        return "— (never reported)"
-    from .templatetags.platformkit_admin import age_text
-
-    seconds = (finished - started).total_seconds()
-    return f"{seconds * 1000:.0f} ms" if seconds < 1 else age_text(seconds)
-
-
-def _attempt_error(attempt: Attempt) -> str:
-    if not attempt.error:
-        return "—"
-    if not attempt.traceback:
-        return _truncated(attempt.error)
-    return format_html(
-        '<details><summary><span class="platformkit-trunc">{}</span></summary><pre class="platformkit-pre">{}</pre></details>',
-        _first_line(attempt.error, limit=500),
-        attempt.traceback,
-    )
 
 
 class StatusFilter(admin.SimpleListFilter):

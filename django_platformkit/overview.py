@@ -9,7 +9,7 @@ Owns the queries and the one broker round trip; the admin only renders what
   claims by (subscription, handled_at) over the last hour, the outbox's
   partial indexes (pending rows; published in the last hour), dead letters
   by subscription, the slot ledger, worker heartbeats;
-- NATS, through a one-off connection with a hard total deadline
+- NATS (``overview_broker.py``), through a one-off connection with a hard total deadline
   (``BROKER_TIMEOUT_SECONDS``): each durable's ``num_pending``,
   ``num_ack_pending``, ``num_redelivered``, and the time of the oldest
   message not yet acknowledged. When NATS is unreachable the database
@@ -22,8 +22,6 @@ Oban Web's queue table and River UI's job-state counts; the lag definition
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import json
 import logging
 from collections.abc import Sequence
@@ -38,12 +36,11 @@ from django.utils.html import format_html
 from . import conf
 from ._tables import DEAD_LETTER_TABLE, DUE_BACKLOG_SQL, HANDLED_TABLE, JOBS_TABLE, OUTBOX_TABLE, WORKERS_TABLE
 from .heartbeat import ALIVE_AFTER_SECONDS
+from .overview_broker import BROKER_TIMEOUT_SECONDS as BROKER_TIMEOUT_SECONDS  # defined there since the split
+from .overview_broker import broker_figures as broker_figures
 
 logger = logging.getLogger(__name__)
 
-#: The whole broker round trip (connect + every durable's info) must end
-#: within this; a slow or unreachable NATS can't hold the page longer.
-BROKER_TIMEOUT_SECONDS = 2.0
 #: Each database query of the page gets this long (``SET LOCAL statement_timeout``):
 #: a huge hour of claims shows "not charted", it doesn't hang the admin.
 QUERY_TIMEOUT_MS = 2000
@@ -309,107 +306,6 @@ def _database_figures(
         or []
     ]
     return outbox, job_rows, workers
-
-
-# --- the broker --------------------------------------------------------------------
-
-
-async def _broker_figures(
-    url: str, options: dict[str, Any], stream: str, subs: list[tuple[str, str]], timeout: float
-) -> dict[str, dict[str, Any]]:
-    """Per durable: pending, ack pending, redelivered and the oldest
-    unacknowledged message's age in seconds (or None)."""
-    import nats
-    import nats.js.errors
-    from nats.aio.client import Client
-
-    from .transport import Transport
-
-    kwargs = Transport(url, options)._connect_kwargs()
-
-    async def quiet(*_: Any) -> None:  # one page view, no reconnect chatter in the worker's log
-        return None
-
-    # nats-py's own connect timeout ends first, so it closes its socket itself;
-    # the caller's deadline is the backstop.
-    kwargs.update(
-        allow_reconnect=False,
-        max_reconnect_attempts=0,
-        connect_timeout=timeout * 0.75,
-        error_cb=quiet,
-        disconnected_cb=quiet,
-        reconnected_cb=quiet,
-    )
-    kwargs["name"] = "django_platformkit-admin"
-    nc = Client()
-    try:
-        await nc.connect(**kwargs)
-        js = nc.jetstream(timeout=timeout)
-
-        async def one(durable: str, filter_subject: str) -> dict[str, Any]:
-            try:
-                info = await js.consumer_info(stream, durable)
-            except nats.js.errors.NotFoundError:
-                return {"error": "no durable yet: no worker has started it"}
-            figures: dict[str, Any] = {
-                "num_pending": info.num_pending,
-                "num_ack_pending": info.num_ack_pending,
-                "num_redelivered": info.num_redelivered,
-                "oldest_age_seconds": None,
-            }
-            if info.num_pending or info.num_ack_pending:
-                floor = info.ack_floor.stream_seq if info.ack_floor else 0
-                try:
-                    msg = await js.get_msg(stream, seq=floor + 1, subject=filter_subject, next=True)
-                    sent = json.loads(msg.data or b"{}").get("time")
-                    if sent:
-                        then = datetime.fromisoformat(sent.replace("Z", "+00:00"))
-                        figures["oldest_age_seconds"] = max(0.0, (timezone.now() - then).total_seconds())
-                except (nats.js.errors.APIError, ValueError, AttributeError, TypeError):
-                    pass  # no age for this one (an old server without next_by_subj, a body not ours): the counts still stand
-            return figures
-
-        results = await asyncio.gather(*(one(d, f) for d, f in subs))
-        return {durable: result for (durable, _), result in zip(subs, results, strict=True)}
-    finally:
-        # Also after a failed or cancelled connect: an open socket would leak per page view.
-        try:
-            await nc.close()
-        except Exception:
-            pass
-        transport = getattr(nc, "_transport", None)
-        if transport is not None:
-            transport.close()
-
-
-def broker_figures(
-    subs: list[tuple[str, str]], *, timeout: float = BROKER_TIMEOUT_SECONDS
-) -> dict[str, dict[str, Any]]:
-    """``subs``: (durable, filter subject) pairs. Returns figures per durable.
-    Raises ``BrokerUnavailable`` (message redacted) when NATS doesn't answer
-    within ``timeout`` seconds in total."""
-    from .exceptions import BrokerUnavailable
-
-    settings = conf.settings
-    coro_args = (settings.NATS_URL, dict(settings.NATS_OPTIONS), settings.STREAM, subs, timeout)
-    # A thread of its own: the admin may run under ASGI with a loop in this
-    # thread, and the deadline must hold however nats-py behaves.
-    pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="platformkit-overview")
-    try:
-        future = pool.submit(asyncio.run, asyncio.wait_for(_broker_figures(*coro_args), timeout))
-        return future.result(timeout + 0.5)
-    except (concurrent.futures.TimeoutError, TimeoutError):
-        raise BrokerUnavailable(
-            f"NATS at {conf.redact_url(settings.NATS_URL)} did not answer within {timeout:g} s"
-        ) from None
-    except Exception as exc:
-        text = conf.redact_url(str(exc) or type(exc).__name__).replace(
-            settings.NATS_URL, conf.redact_url(settings.NATS_URL)
-        )
-        raise BrokerUnavailable(f"NATS at {conf.redact_url(settings.NATS_URL)} is unreachable: {text}") from None
-    finally:
-        # Don't wait for a thread stuck past the deadline: the page goes on, the thread ends on its own.
-        pool.shutdown(wait=False)
 
 
 def collect(*, using: str | None = None, broker_timeout_seconds: float = BROKER_TIMEOUT_SECONDS) -> Overview:

@@ -20,8 +20,8 @@ import time
 import traceback as traceback_module
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
-from typing import Any, Protocol
+from datetime import datetime, timedelta
+from typing import Any
 
 from django.db import connections
 
@@ -29,6 +29,9 @@ from . import conf, signals
 from ._retry import Backoff
 from ._tables import JOBS_TABLE
 from ._text import storable_text
+from .clocks import Clock as Clock  # where they were defined before clocks.py
+from .clocks import DatabaseClock as DatabaseClock
+from .clocks import SystemClock as SystemClock
 from .jobs import JobSpec, in_slot, job_named, require_aware
 from .jobs import jobs as registered_jobs
 from .locks import advisory_key
@@ -43,7 +46,7 @@ STOP_GRACE_SECONDS = 25.0
 OUTAGE_FIRST_SECONDS = 0.5
 OUTAGE_MAX_SECONDS = 5.0
 
-# --- the clock ---------------------------------------------------------------
+# --- the log -----------------------------------------------------------------
 
 #: A job that runs more often than this logs its successful runs at DEBUG:
 #: an every-second job at INFO would drown what a person needs to read.
@@ -53,78 +56,6 @@ QUIET_BELOW_INTERVAL = timedelta(minutes=1)
 def _run_log_level(spec: JobSpec) -> int:
     """INFO for a run worth a line in the log; DEBUG for a frequent job's routine run."""
     return logging.DEBUG if spec.every is not None and spec.every < QUIET_BELOW_INTERVAL else logging.INFO
-
-
-class Clock(Protocol):
-    """What the scheduler reads time from. ``now()``: an aware datetime.
-    ``wait(stop, seconds)``: sleep up to ``seconds`` or until ``stop`` is set;
-    return whether it is set."""
-
-    def now(self) -> datetime: ...
-
-    def wait(self, stop: threading.Event, seconds: float) -> bool: ...
-
-
-class SystemClock:
-    """This machine's clock (tests and tools; the scheduler's default is ``DatabaseClock``)."""
-
-    def now(self) -> datetime:
-        return datetime.now(UTC)
-
-    def wait(self, stop: threading.Event, seconds: float) -> bool:
-        return stop.wait(seconds)
-
-
-class DatabaseClock:
-    """The database's clock (``clock_timestamp()``), the one clock every
-    worker shares: a worker whose own clock runs ahead or behind still
-    decides the same slots as the others.
-
-    Reads the database's time every ``resync_seconds`` (default 60) and in
-    between adds the monotonic time since, so ticking costs no query. The
-    offset is taken at the midpoint of the round trip. While the database
-    can't answer, the last offset is kept (the claim then fails anyway and
-    the scheduler waits the outage out); before the first reading it is 0.
-    """
-
-    def __init__(self, using: str | None = None, *, resync_seconds: float = 60.0) -> None:
-        self.using = using or conf.settings.DATABASE_ALIAS
-        self.resync_seconds = resync_seconds
-        self._base: datetime | None = None  # the database's time at _base_mono
-        self._base_mono = 0.0
-        self._lock = threading.Lock()
-
-    def now(self) -> datetime:
-        with self._lock:
-            mono = time.monotonic()
-            if self._base is None or mono - self._base_mono >= self.resync_seconds:
-                self._sync()
-            if self._base is None:
-                return datetime.now(UTC)
-            return self._base + timedelta(seconds=time.monotonic() - self._base_mono)
-
-    def _sync(self) -> None:
-        connection = connections[self.using]
-        try:
-            before = time.monotonic()
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT clock_timestamp()")
-                database_now = cursor.fetchone()[0]
-            after = time.monotonic()
-            self._base, self._base_mono = database_now.astimezone(UTC), (before + after) / 2
-        except Exception as exc:
-            if not is_database_error(exc):
-                raise
-            logger.debug("database clock not read error=%s", exc)
-            if self._base is not None:
-                self._base_mono = time.monotonic() - self.resync_seconds + 5.0  # try again in 5 s
-        finally:
-            # The scheduler's thread holds no connection between readings.
-            if not connection.in_atomic_block:
-                connection.close()
-
-    def wait(self, stop: threading.Event, seconds: float) -> bool:
-        return stop.wait(seconds)
 
 
 #: How far ahead of the database's clock a slot may be when a worker claims

@@ -1,14 +1,10 @@
 """The worker process: relay + the consumer runtime + the scheduler, sharing
 one NATS connection.
 
-The consumer runtime owns how deliveries reach handlers. Each subscription
-is a *lane*: its pulls wait on the transport's event loop (``PullLane``:
-long-poll requests with heartbeats, so waiting costs no thread and an idle
-subscription never delays a busy one), and it asks only for what can start
-now (credit: one unit of 1 to ``CONSUMER_BATCH_SIZE`` deliveries per free
-slot of its ``concurrency``). A pool of ``CONSUMER_THREADS`` threads, each
-with its own database connection, takes units round-robin over the lanes
-that have one ready, so a busy subscription can't starve the others.
+The consumer runtime (``pool.py``, mixed into ``Worker``) owns how
+deliveries reach handlers: a lane per subscription pulling only what can
+start now, and ``CONSUMER_THREADS`` pool threads taking units round-robin.
+This module owns the lifecycle: start-up, threads, watchdog, health, burst.
 
 Stopping is cooperative: SIGTERM or SIGINT stops pulling, NAKs at once what
 was fetched and not started, lets in-flight units finish and ack, and exits
@@ -46,11 +42,14 @@ from .health import HealthFile, Watchdog
 from .heartbeat import Heartbeat
 from .identity import database_identity
 from .models import OutboxEvent
+from .pool import POOL_ERROR_BACKOFF_SECONDS as POOL_ERROR_BACKOFF_SECONDS  # where they were defined before pool.py
+from .pool import UNIT_TARGET_SECONDS as UNIT_TARGET_SECONDS
+from .pool import ConsumerPool, _Lane
+from .pool import desired_consumer_config as desired_consumer_config
 from .relay import Relay, RelayStats
 from .subscriptions import Subscription
 from .subscriptions import subscriptions as registered_subscriptions
-from .transport import PullLane, Transport, max_ack_pending_for
-from .wire import Delivery
+from .transport import Transport
 
 if TYPE_CHECKING:
     from nats.js import api
@@ -63,12 +62,6 @@ EXIT_CRASHED = 1
 #: notices a lost durable (a broker that lost its store) by two missed idle
 #: heartbeats of its waiting request (PULL_HEARTBEAT_SECONDS) and re-ensures it.
 DURABLE_CHECK_SECONDS = 30.0
-#: A unit (the deliveries one pool thread takes at once) is sized so it runs
-#: about this long: fast handlers get whole batches (one transaction, one
-#: claim statement), a slow one gets one message at a time, so nothing
-#: fetched waits long behind a slow handler. Sizes start at 1 and at most
-#: double per unit, so a backlog of slow events never arrives as one batch.
-UNIT_TARGET_SECONDS = 0.1
 #: The GIL switch interval while the relay shares the process with
 #: consumers (Python's default is 5 ms): a relay draining a backlog is
 #: CPU-bound, and every time a consumer thread's database or NATS answer
@@ -79,47 +72,9 @@ SHARED_SWITCH_INTERVAL_SECONDS = 0.001
 #: doubling from the first to the cap, in seconds.
 START_UP_RETRY_FIRST_SECONDS = 0.5
 START_UP_RETRY_MAX_SECONDS = 10.0
-#: How long a pool thread backs off after a database or broker error outside a handler.
-POOL_ERROR_BACKOFF_SECONDS = 1.0
 
 
-class _Lane:
-    """One subscription in the runtime: its consumers (one per
-    ``concurrency`` slot), the units fetched and not started, and its puller.
-    Guarded by the runtime's condition lock."""
-
-    def __init__(self, subscription: Subscription, consumers: list[Consumer]) -> None:
-        self.subscription = subscription
-        self.consumers = consumers
-        self.free = list(consumers)  # not running a unit
-        self.available = len(consumers)  # slots neither running nor holding a queued unit: the credit
-        self.queue: collections.deque[tuple[list[Delivery], Any]] = collections.deque()
-        self.puller: PullLane | None = None
-        self.unit_size = 1  # deliveries to fetch per unit; see UNIT_TARGET_SECONDS
-
-    def measured(self, deliveries: int, elapsed_seconds: float, batch_size: int) -> None:
-        """Resize the next units from how long this one took (caller holds the lock)."""
-        per_message = max(elapsed_seconds / max(1, deliveries), 1e-5)
-        fits = int(UNIT_TARGET_SECONDS / per_message)
-        self.unit_size = max(1, min(batch_size, fits, self.unit_size * 2))
-
-    @property
-    def busy(self) -> bool:
-        return self.available < len(self.consumers)
-
-
-def desired_consumer_config(subscription: Subscription) -> api.ConsumerConfig:
-    """The durable config the runtime wants for ``subscription``: its
-    ``consumer_config()`` with the ``max_ack_pending`` that fits its
-    concurrency and ``max_ack_pending`` override."""
-    want = subscription.consumer_config()
-    want.max_ack_pending = max_ack_pending_for(
-        subscription.concurrency, getattr(subscription, "max_ack_pending_override", None)
-    )
-    return want
-
-
-class Worker:
+class Worker(ConsumerPool):
     """Compose relay, consumer runtime and scheduler over one ``Transport``.
 
     ``relay``/``consumers``/``scheduler`` switch the parts on; ``jobs``
@@ -355,23 +310,6 @@ class Worker:
             " ".join(f"{k}={v}" for k, v in self.counts().items()),
         )
 
-    def _hand_back_queued(self) -> None:
-        """NAK at once every unit fetched and not started (a stopping worker
-        hands back what it must now, not after the ack wait)."""
-        with self._cond:
-            units = [unit for lane in self._lanes for unit in lane.queue]
-            for lane in self._lanes:
-                lane.queue.clear()
-            self._ready.clear()
-        for deliveries, keep in units:
-            with contextlib.suppress(Exception):
-                keep.stop()
-            for delivery in deliveries:
-                with contextlib.suppress(Exception):
-                    self.transport.nak(delivery)
-        if units:
-            logger.info("handed back unstarted deliveries=%s", sum(len(d) for d, _ in units))
-
     def _retry_until_stopped(self, func: Callable[[], object], what: str, give_up_at: float | None = None) -> None:
         """Call ``func`` until it returns or ``stop_event`` is set, waiting
         out a broker or database that can't answer (JetStream starting, a
@@ -429,95 +367,6 @@ class Worker:
         self.stop_event.set()
         with self._cond:
             self._cond.notify_all()
-
-    # -- the consumer runtime --
-    def _start_runtime(self) -> None:
-        """Start every lane's puller and the handler pool."""
-        if not self._lanes:
-            return
-        batch_size = self._batch_size = int(conf.settings.CONSUMER_BATCH_SIZE)
-        for lane in self._lanes:
-            lane.puller = self.transport.pull_lane(
-                desired_consumer_config(lane.subscription),
-                credit=functools.partial(self._credit, lane, batch_size),
-                deliver=functools.partial(self._delivered, lane),
-                batch_size=batch_size,
-            )
-        # No more threads than units could ever run at once.
-        count = min(int(conf.settings.CONSUMER_THREADS), sum(len(lane.consumers) for lane in self._lanes))
-        for number in range(count):
-            self._pool.append(self._spawn(f"platformkit-consumer-{number}", self._pool_loop))
-
-    def _credit(self, lane: _Lane, batch_size: int) -> int:
-        """Called on the loop: how many messages ``lane`` may fetch now."""
-        if self.stop_event.is_set():
-            return 0
-        with self._cond:
-            return min(batch_size, lane.unit_size) if lane.available > 0 else 0
-
-    def _delivered(self, lane: _Lane, deliveries: list[Delivery]) -> None:
-        """Called on the loop with a fetched unit: queue it for the pool."""
-        # Acks extended from fetch time: a unit waiting for a thread ages against its ack wait too.
-        keep = self.transport.keep_alive(deliveries, every_seconds=max(0.2, float(conf.settings.ACK_WAIT_SECONDS) / 3))
-        with self._cond:
-            lane.available -= 1
-            lane.queue.append((deliveries, keep))
-            if len(lane.queue) == 1:
-                self._ready.append(lane)
-            self._cond.notify()
-
-    def _take(self) -> tuple[_Lane, Consumer, list[Delivery], Any] | None:
-        """The next unit, round-robin over the lanes with one ready; None when stopping."""
-        with self._cond:
-            while not self._ready and not self.stop_event.is_set():
-                self._cond.wait(1.0)
-            if self.stop_event.is_set():
-                return None
-            lane = self._ready.popleft()
-            deliveries, keep = lane.queue.popleft()
-            if lane.queue:
-                self._ready.append(lane)  # its next unit waits for its turn
-            consumer = lane.free.pop()
-            return lane, consumer, deliveries, keep
-
-    def _pool_loop(self) -> None:
-        while True:
-            taken = self._take()
-            if taken is None:
-                return
-            lane, consumer, deliveries, keep = taken
-            started = time.monotonic()
-            try:
-                self._handle(consumer, deliveries, keep)
-            finally:
-                with contextlib.suppress(Exception):
-                    keep.stop()
-                with self._cond:
-                    lane.measured(len(deliveries), time.monotonic() - started, self._batch_size)
-                    lane.free.append(consumer)
-                    lane.available += 1
-                if lane.puller is not None:
-                    lane.puller.wake()
-
-    def _handle(self, consumer: Consumer, deliveries: list[Delivery], keep: Any) -> None:
-        try:
-            consumer.handle(deliveries, keep)
-        except (DatabaseError, BrokerUnavailable, TimeoutError, OSError) as exc:
-            # Outside a handler (the consumer settles a handler's own errors):
-            # an outage. Hand the unit back; the claim makes a redo harmless.
-            logger.error(
-                "consumer subscription=%s error=%s; handing back deliveries=%s, retrying in %.1fs",
-                consumer.subscription.name,
-                exc,
-                len(deliveries),
-                POOL_ERROR_BACKOFF_SECONDS,
-            )
-            with contextlib.suppress(Exception):
-                connections[self.using].close()
-            for delivery in deliveries:
-                with contextlib.suppress(Exception):
-                    self.transport.nak(delivery, POOL_ERROR_BACKOFF_SECONDS)
-            self.stop_event.wait(POOL_ERROR_BACKOFF_SECONDS)
 
     # -- watchdog, progress, health (health.py) --
     def _watchdog(self) -> None:

@@ -72,6 +72,32 @@ MOVED = [
     ),
     ("consumer", "handler", ["HandlerTimeout"]),
     ("consumer", "units", ["_Work", "_Redo", "_Stopping", "MAX_SAVEPOINTS_PER_TRANSACTION"]),
+    ("worker", "pool", ["UNIT_TARGET_SECONDS", "POOL_ERROR_BACKOFF_SECONDS", "desired_consumer_config", "_Lane"]),
+    ("scheduler", "clocks", ["Clock", "SystemClock", "DatabaseClock"]),
+    (
+        "testing_transport",
+        "testing_stream",
+        ["ManualClock", "StoredMessage", "StreamInfo", "ConsumerInfo", "PubAck", "ConsumerSpec", "subject_matches"],
+    ),
+    ("overview", "overview_broker", ["broker_figures", "BROKER_TIMEOUT_SECONDS"]),
+    (
+        "admin",
+        "admin_deadletters",
+        ["DeadLetterAdmin", "replay_blocker", "REPLAY_PERMISSION", "CONFIRMATION_LIST_LIMIT", "MALFORMED_NAME"],
+    ),
+    ("admin", "admin_display", ["ReadOnlyAdmin", "_first_line", "_truncated", "_pretty_json", "_pre", "_duration"]),
+    ("checks", "checks_messages", ["MESSAGES", "FIXES", "TAG"]),
+    (
+        "checks",
+        "checks_declarations",
+        ["check_subscriptions", "check_publish_calls", "check_jobs", "project_sources", "publish_calls", "PublishCall"],
+    ),
+    ("checks", "checks_settings", ["check_settings", "check_runworker"]),
+    (
+        "checks",
+        "checks_services",
+        ["check_database", "check_max_ack_pending", "check_broker_namespace", "MIN_RETRY_ROOM"],
+    ),
 ]
 
 

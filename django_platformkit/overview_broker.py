@@ -1,0 +1,122 @@
+"""The overview page's one broker round trip: each durable's counts and the
+age of its oldest unacknowledged message, from a one-off NATS connection
+under a hard total deadline (``BROKER_TIMEOUT_SECONDS``).
+
+Apart from ``overview.py``'s database figures because it is the page's only
+``nats`` code: a slow or unreachable NATS raises ``BrokerUnavailable`` here,
+and the page renders the database figures without it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+from datetime import datetime
+from typing import Any
+
+from django.utils import timezone
+
+from . import conf
+
+#: The whole broker round trip (connect + every durable's info) must end
+#: within this; a slow or unreachable NATS can't hold the page longer.
+BROKER_TIMEOUT_SECONDS = 2.0
+
+
+async def _broker_figures(
+    url: str, options: dict[str, Any], stream: str, subs: list[tuple[str, str]], timeout: float
+) -> dict[str, dict[str, Any]]:
+    """Per durable: pending, ack pending, redelivered and the oldest
+    unacknowledged message's age in seconds (or None)."""
+    import nats
+    import nats.js.errors
+    from nats.aio.client import Client
+
+    from .transport import Transport
+
+    kwargs = Transport(url, options)._connect_kwargs()
+
+    async def quiet(*_: Any) -> None:  # one page view, no reconnect chatter in the worker's log
+        return None
+
+    # nats-py's own connect timeout ends first, so it closes its socket itself;
+    # the caller's deadline is the backstop.
+    kwargs.update(
+        allow_reconnect=False,
+        max_reconnect_attempts=0,
+        connect_timeout=timeout * 0.75,
+        error_cb=quiet,
+        disconnected_cb=quiet,
+        reconnected_cb=quiet,
+    )
+    kwargs["name"] = "django_platformkit-admin"
+    nc = Client()
+    try:
+        await nc.connect(**kwargs)
+        js = nc.jetstream(timeout=timeout)
+
+        async def one(durable: str, filter_subject: str) -> dict[str, Any]:
+            try:
+                info = await js.consumer_info(stream, durable)
+            except nats.js.errors.NotFoundError:
+                return {"error": "no durable yet: no worker has started it"}
+            figures: dict[str, Any] = {
+                "num_pending": info.num_pending,
+                "num_ack_pending": info.num_ack_pending,
+                "num_redelivered": info.num_redelivered,
+                "oldest_age_seconds": None,
+            }
+            if info.num_pending or info.num_ack_pending:
+                floor = info.ack_floor.stream_seq if info.ack_floor else 0
+                try:
+                    msg = await js.get_msg(stream, seq=floor + 1, subject=filter_subject, next=True)
+                    sent = json.loads(msg.data or b"{}").get("time")
+                    if sent:
+                        then = datetime.fromisoformat(sent.replace("Z", "+00:00"))
+                        figures["oldest_age_seconds"] = max(0.0, (timezone.now() - then).total_seconds())
+                except (nats.js.errors.APIError, ValueError, AttributeError, TypeError):
+                    pass  # no age for this one (an old server without next_by_subj, a body not ours): the counts still stand
+            return figures
+
+        results = await asyncio.gather(*(one(d, f) for d, f in subs))
+        return {durable: result for (durable, _), result in zip(subs, results, strict=True)}
+    finally:
+        # Also after a failed or cancelled connect: an open socket would leak per page view.
+        try:
+            await nc.close()
+        except Exception:
+            pass
+        transport = getattr(nc, "_transport", None)
+        if transport is not None:
+            transport.close()
+
+
+def broker_figures(
+    subs: list[tuple[str, str]], *, timeout: float = BROKER_TIMEOUT_SECONDS
+) -> dict[str, dict[str, Any]]:
+    """``subs``: (durable, filter subject) pairs. Returns figures per durable.
+    Raises ``BrokerUnavailable`` (message redacted) when NATS doesn't answer
+    within ``timeout`` seconds in total."""
+    from .exceptions import BrokerUnavailable
+
+    settings = conf.settings
+    coro_args = (settings.NATS_URL, dict(settings.NATS_OPTIONS), settings.STREAM, subs, timeout)
+    # A thread of its own: the admin may run under ASGI with a loop in this
+    # thread, and the deadline must hold however nats-py behaves.
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="platformkit-overview")
+    try:
+        future = pool.submit(asyncio.run, asyncio.wait_for(_broker_figures(*coro_args), timeout))
+        return future.result(timeout + 0.5)
+    except (concurrent.futures.TimeoutError, TimeoutError):
+        raise BrokerUnavailable(
+            f"NATS at {conf.redact_url(settings.NATS_URL)} did not answer within {timeout:g} s"
+        ) from None
+    except Exception as exc:
+        text = conf.redact_url(str(exc) or type(exc).__name__).replace(
+            settings.NATS_URL, conf.redact_url(settings.NATS_URL)
+        )
+        raise BrokerUnavailable(f"NATS at {conf.redact_url(settings.NATS_URL)} is unreachable: {text}") from None
+    finally:
+        # Don't wait for a thread stuck past the deadline: the page goes on, the thread ends on its own.
+        pool.shutdown(wait=False)

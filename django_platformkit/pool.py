@@ -1,0 +1,203 @@
+"""The consumer pool: how fetched deliveries reach handlers.
+
+Each subscription is a *lane*: its pulls wait on the transport's event loop
+(``PullLane``), and it asks only for what can start now (credit: one unit of
+1 to ``CONSUMER_BATCH_SIZE`` deliveries per free slot of its
+``concurrency``). ``CONSUMER_THREADS`` threads, each with its own database
+connection, take units round-robin over the lanes with one ready, so a busy
+subscription can't starve the others. ``Worker`` (``worker.py``) owns the
+lifecycle and mixes this in.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import functools
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from django.db import DatabaseError, connections
+
+from . import conf
+from .consumer import Consumer
+from .exceptions import BrokerUnavailable
+from .subscriptions import Subscription
+from .transport import PullLane, Transport, max_ack_pending_for
+from .wire import Delivery
+
+if TYPE_CHECKING:
+    from nats.js import api
+
+logger = logging.getLogger("django_platformkit.worker")  # the logger these lines always used
+
+#: A unit (the deliveries one pool thread takes at once) is sized so it runs
+#: about this long: fast handlers get whole batches (one transaction, one
+#: claim statement), a slow one gets one message at a time, so nothing
+#: fetched waits long behind a slow handler. Sizes start at 1 and at most
+#: double per unit, so a backlog of slow events never arrives as one batch.
+UNIT_TARGET_SECONDS = 0.1
+#: How long a pool thread backs off after a database or broker error outside a handler.
+POOL_ERROR_BACKOFF_SECONDS = 1.0
+
+
+class _Lane:
+    """One subscription in the runtime: its consumers (one per
+    ``concurrency`` slot), the units fetched and not started, and its puller.
+    Guarded by the runtime's condition lock."""
+
+    def __init__(self, subscription: Subscription, consumers: list[Consumer]) -> None:
+        self.subscription = subscription
+        self.consumers = consumers
+        self.free = list(consumers)  # not running a unit
+        self.available = len(consumers)  # slots neither running nor holding a queued unit: the credit
+        self.queue: collections.deque[tuple[list[Delivery], Any]] = collections.deque()
+        self.puller: PullLane | None = None
+        self.unit_size = 1  # deliveries to fetch per unit; see UNIT_TARGET_SECONDS
+
+    def measured(self, deliveries: int, elapsed_seconds: float, batch_size: int) -> None:
+        """Resize the next units from how long this one took (caller holds the lock)."""
+        per_message = max(elapsed_seconds / max(1, deliveries), 1e-5)
+        fits = int(UNIT_TARGET_SECONDS / per_message)
+        self.unit_size = max(1, min(batch_size, fits, self.unit_size * 2))
+
+    @property
+    def busy(self) -> bool:
+        return self.available < len(self.consumers)
+
+
+def desired_consumer_config(subscription: Subscription) -> api.ConsumerConfig:
+    """The durable config the runtime wants for ``subscription``: its
+    ``consumer_config()`` with the ``max_ack_pending`` that fits its
+    concurrency and ``max_ack_pending`` override."""
+    want = subscription.consumer_config()
+    want.max_ack_pending = max_ack_pending_for(
+        subscription.concurrency, getattr(subscription, "max_ack_pending_override", None)
+    )
+    return want
+
+
+class ConsumerPool:
+    """The pool's half of ``Worker``: lanes, credit, the round-robin take and
+    the pool threads. The attributes below are set by ``Worker.__init__``."""
+
+    transport: Transport
+    using: str
+    stop_event: threading.Event
+    _lanes: list[_Lane]
+    _cond: threading.Condition
+    _ready: collections.deque[_Lane]
+    _pool: list[threading.Thread]
+    _batch_size: int
+
+    def _spawn(self, name: str, target: Callable[..., object], *args: Any) -> threading.Thread:
+        raise NotImplementedError  # Worker's: a guarded thread whose crash stops the process
+
+    # -- the consumer runtime --
+    def _start_runtime(self) -> None:
+        """Start every lane's puller and the handler pool."""
+        if not self._lanes:
+            return
+        batch_size = self._batch_size = int(conf.settings.CONSUMER_BATCH_SIZE)
+        for lane in self._lanes:
+            lane.puller = self.transport.pull_lane(
+                desired_consumer_config(lane.subscription),
+                credit=functools.partial(self._credit, lane, batch_size),
+                deliver=functools.partial(self._delivered, lane),
+                batch_size=batch_size,
+            )
+        # No more threads than units could ever run at once.
+        count = min(int(conf.settings.CONSUMER_THREADS), sum(len(lane.consumers) for lane in self._lanes))
+        for number in range(count):
+            self._pool.append(self._spawn(f"platformkit-consumer-{number}", self._pool_loop))
+
+    def _credit(self, lane: _Lane, batch_size: int) -> int:
+        """Called on the loop: how many messages ``lane`` may fetch now."""
+        if self.stop_event.is_set():
+            return 0
+        with self._cond:
+            return min(batch_size, lane.unit_size) if lane.available > 0 else 0
+
+    def _delivered(self, lane: _Lane, deliveries: list[Delivery]) -> None:
+        """Called on the loop with a fetched unit: queue it for the pool."""
+        # Acks extended from fetch time: a unit waiting for a thread ages against its ack wait too.
+        keep = self.transport.keep_alive(deliveries, every_seconds=max(0.2, float(conf.settings.ACK_WAIT_SECONDS) / 3))
+        with self._cond:
+            lane.available -= 1
+            lane.queue.append((deliveries, keep))
+            if len(lane.queue) == 1:
+                self._ready.append(lane)
+            self._cond.notify()
+
+    def _take(self) -> tuple[_Lane, Consumer, list[Delivery], Any] | None:
+        """The next unit, round-robin over the lanes with one ready; None when stopping."""
+        with self._cond:
+            while not self._ready and not self.stop_event.is_set():
+                self._cond.wait(1.0)
+            if self.stop_event.is_set():
+                return None
+            lane = self._ready.popleft()
+            deliveries, keep = lane.queue.popleft()
+            if lane.queue:
+                self._ready.append(lane)  # its next unit waits for its turn
+            consumer = lane.free.pop()
+            return lane, consumer, deliveries, keep
+
+    def _pool_loop(self) -> None:
+        while True:
+            taken = self._take()
+            if taken is None:
+                return
+            lane, consumer, deliveries, keep = taken
+            started = time.monotonic()
+            try:
+                self._handle(consumer, deliveries, keep)
+            finally:
+                with contextlib.suppress(Exception):
+                    keep.stop()
+                with self._cond:
+                    lane.measured(len(deliveries), time.monotonic() - started, self._batch_size)
+                    lane.free.append(consumer)
+                    lane.available += 1
+                if lane.puller is not None:
+                    lane.puller.wake()
+
+    def _handle(self, consumer: Consumer, deliveries: list[Delivery], keep: Any) -> None:
+        try:
+            consumer.handle(deliveries, keep)
+        except (DatabaseError, BrokerUnavailable, TimeoutError, OSError) as exc:
+            # Outside a handler (the consumer settles a handler's own errors):
+            # an outage. Hand the unit back; the claim makes a redo harmless.
+            logger.error(
+                "consumer subscription=%s error=%s; handing back deliveries=%s, retrying in %.1fs",
+                consumer.subscription.name,
+                exc,
+                len(deliveries),
+                POOL_ERROR_BACKOFF_SECONDS,
+            )
+            with contextlib.suppress(Exception):
+                connections[self.using].close()
+            for delivery in deliveries:
+                with contextlib.suppress(Exception):
+                    self.transport.nak(delivery, POOL_ERROR_BACKOFF_SECONDS)
+            self.stop_event.wait(POOL_ERROR_BACKOFF_SECONDS)
+
+    def _hand_back_queued(self) -> None:
+        """NAK at once every unit fetched and not started (a stopping worker
+        hands back what it must now, not after the ack wait)."""
+        with self._cond:
+            units = [unit for lane in self._lanes for unit in lane.queue]
+            for lane in self._lanes:
+                lane.queue.clear()
+            self._ready.clear()
+        for deliveries, keep in units:
+            with contextlib.suppress(Exception):
+                keep.stop()
+            for delivery in deliveries:
+                with contextlib.suppress(Exception):
+                    self.transport.nak(delivery)
+        if units:
+            logger.info("handed back unstarted deliveries=%s", sum(len(d) for d, _ in units))
