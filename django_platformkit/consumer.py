@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from django.db import DatabaseError, connections
 
 from . import conf
+from ._retry import Backoff
 from ._text import storable_text as clean_text  # noqa: F401 - imported from here before _text.py
 from .attempts import (
     RECORD_SLOW_RUN_AFTER_SECONDS,
@@ -368,7 +369,7 @@ class Consumer(_Claiming, _Running, _Settling):
         that are not the handler's (``not_the_handlers_fault``), wait with
         backoff, keep the unit's acks alive and try again - never an attempt.
         Raises ``_Stopping`` when the worker stops meanwhile."""
-        wait = 0.2
+        delay = Backoff(0.2, 5.0)
         while True:
             started = time.monotonic()
             try:
@@ -382,6 +383,7 @@ class Consumer(_Claiming, _Running, _Settling):
                     raise
                 if self.stop.is_set():
                     raise _Stopping() from exc
+                wait = delay.next()
                 logger.warning(
                     "database unavailable, retrying (not an attempt) subscription=%s event_id=%s retry_in=%.1fs error=%s",
                     self.subscription.name,
@@ -397,7 +399,6 @@ class Consumer(_Claiming, _Running, _Settling):
                         with contextlib.suppress(Exception):
                             keep.started(work.delivery, wait + 5 + timeout)
                 self.stop.wait(wait)
-                wait = min(wait * 2, 5.0)
             finally:
                 self.handler_started = None
 

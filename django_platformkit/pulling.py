@@ -22,6 +22,7 @@ import nats.js.errors
 from nats.js import api
 
 from . import conf
+from ._retry import Backoff
 from .exceptions import ConsumerDrift
 from .wire import Delivery
 
@@ -197,7 +198,7 @@ class PullLane:
 
     async def _run(self) -> None:
         self._wake = asyncio.Event()
-        delay = 0.5
+        delay = Backoff(0.5, 10.0)
         maybe_more = True  # unknown at start: look with a no_wait request first
         try:
             while not self._stopped:
@@ -222,30 +223,24 @@ class PullLane:
                         # what is there with it (up to the credit) and ends (404):
                         # a burst arrives as one unit, an isolated event alone.
                         msgs = await self._request(want, linger=True)
-                    delay = 0.5
-                except (PullLost, nats.js.errors.APIError, nats.errors.NoRespondersError) as exc:
+                    delay.reset()
+                except (PullLost, TimeoutError, nats.errors.Error, OSError) as exc:
+                    # The durable may be gone (deleted, the stream re-made): make it
+                    # again after the wait. Otherwise the broker is away: just retry.
+                    durable_lost = isinstance(exc, PullLost | nats.js.errors.APIError | nats.errors.NoRespondersError)
+                    wait = delay.next()
                     logger.error(
-                        "pull failed consumer=%s error=%s; re-ensuring the durable in %.1fs",
+                        "pull failed consumer=%s %s=%s; %s in %.1fs",
                         self.durable,
+                        "error" if durable_lost else "broker error",
                         exc or type(exc).__name__,
-                        delay,
+                        "re-ensuring the durable" if durable_lost else "retrying",
+                        wait,
                     )
                     await self._reset()
-                    await asyncio.sleep(delay)
-                    delay = min(delay * 2, 10.0)
-                    await self._reensure()
-                    maybe_more = True
-                    continue
-                except (TimeoutError, nats.errors.Error, OSError) as exc:
-                    logger.error(
-                        "pull failed consumer=%s broker error=%s; retrying in %.1fs",
-                        self.durable,
-                        exc or type(exc).__name__,
-                        delay,
-                    )
-                    await self._reset()
-                    await asyncio.sleep(delay)
-                    delay = min(delay * 2, 10.0)
+                    await asyncio.sleep(wait)
+                    if durable_lost:
+                        await self._reensure()
                     maybe_more = True
                     continue
                 deliveries = to_deliveries(msgs)

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import connections, transaction
 
 from . import conf, signals, tracing
+from ._retry import Backoff
 from ._tables import OUTBOX_TABLE
 from .deadletters import ReplayResult, discard, record_dead_letter, replay  # noqa: F401
 from .events import NOTIFY_CHANNEL
@@ -340,7 +341,8 @@ class Relay:
         two log lines, its start and its end (``outage.Outage``)."""
         interval = float(conf.settings.RELAY_INTERVAL_SECONDS)
         listener = _Listener(self.using) if conf.settings.RELAY_LISTEN else None
-        backoff = 0.5
+        broker_delay = Backoff(0.5, 10.0)
+        database_delay = Backoff(0.5, MAX_DATABASE_RETRY_SECONDS)
         outage = Outage("relay", logger)
         # When the next deferred row falls due (monotonic; None: none within
         # the interval) and when that was last asked. A pass that relayed rows
@@ -359,6 +361,7 @@ class Relay:
                         listener.ensure()
                     stats = self.drain(stop)
                     outage.recovered()
+                    database_delay.reset()
                     if stats.stored or stats.dead_lettered:
                         logger.info(
                             "relayed count=%s duplicates=%s dead_lettered=%s",
@@ -369,22 +372,21 @@ class Relay:
                     if stats.temporary:
                         if self.missing_stream:
                             self._recreate_stream()
-                        stop.wait(backoff)
-                        backoff = min(backoff * 2, 10.0)
+                        stop.wait(broker_delay.next())
                         continue
-                    backoff = 0.5
+                    broker_delay.reset()
                 except Exception as exc:
                     # Django wraps the ORM's errors in DatabaseError, but the
                     # listener's psycopg connection raises psycopg's own: both
                     # are an outage to wait out, never a reason to exit.
                     if not is_database_error(exc):
                         raise
-                    outage.failed(exc, backoff)
+                    wait = database_delay.next()
+                    outage.failed(exc, wait)
                     connections[self.using].close()
                     if listener is not None:
                         listener.close()
-                    stop.wait(backoff)
-                    backoff = min(backoff * 2, MAX_DATABASE_RETRY_SECONDS)
+                    stop.wait(wait)
                     continue
                 now = time.monotonic()
                 if not stats.selected or now - due_checked >= due_recheck_seconds:
