@@ -114,6 +114,11 @@ def record_malformed(
 
 @dataclass(frozen=True)
 class ReplayResult:
+    """What ``replay()`` did: the replayed ``event_id``, the
+    ``subscriptions`` whose claim (and dead letter) it cleared, how many
+    dead-letter rows that removed, and the id of the
+    ``platformkit.event_replayed`` audit event it published."""
+
     event_id: uuid.UUID
     subscriptions: tuple[str, ...]  # whose claim (and dead letter) was cleared
     dead_letters_cleared: int

@@ -98,6 +98,11 @@ _STAMP_BY_ID_SQL = (
 
 @dataclass
 class RelayStats:
+    """Row counts of one relay pass (``Relay.drain()``): rows ``selected``,
+    ``stored`` by the stream (``duplicates`` among them), left pending after a
+    ``temporary`` broker failure, and ``dead_lettered`` (refused for good).
+    ``+=`` adds another pass's counts."""
+
     selected: int = 0
     stored: int = 0
     duplicates: int = 0

@@ -83,6 +83,8 @@ class OutgoingMessage:
 
 
 class Outcome(enum.Enum):
+    """How the stream answered one publish: what the relay does with the row."""
+
     STORED = "stored"  # acked by the stream (a duplicate counts: it is there)
     TEMPORARY = "temporary"  # try again later: timeout, no responders, connection lost
     PERMANENT = "permanent"  # will never be accepted as it is: dead-letter it
@@ -90,6 +92,11 @@ class Outcome(enum.Enum):
 
 @dataclass(frozen=True)
 class PublishResult:
+    """One message's publish answer: its ``Outcome``, the broker's ``error``
+    text, whether the stream had it already (``duplicate``, from the
+    Nats-Msg-Id window), its stream sequence ``seq``, and ``no_stream`` when
+    no stream answered at all."""
+
     outcome: Outcome
     error: str = ""
     duplicate: bool = False
