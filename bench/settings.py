@@ -4,6 +4,7 @@ environment before Django starts: ``BENCH_DATABASE_URL`` (a database the
 benchmark owns: its tables are truncated between measurements),
 ``BENCH_NATS_URL``, ``BENCH_STREAM`` and ``BENCH_SUBJECT_PREFIX``."""
 
+import json
 import os
 
 from django_platformkit.devservices import database_settings
@@ -38,6 +39,9 @@ PLATFORMKIT = {
     "NATS_URL": os.environ.get("BENCH_NATS_URL", "nats://127.0.0.1:4222"),
     "STREAM": os.environ.get("BENCH_STREAM", "PLATFORMKIT_BENCH"),
     "SUBJECT_PREFIX": os.environ.get("BENCH_SUBJECT_PREFIX", "pkbench"),
+    # An experiment's overrides, e.g. BENCH_PLATFORMKIT='{"CONSUMER_THREADS": 2}'
+    # (every row of a published run uses the defaults).
+    **json.loads(os.environ.get("BENCH_PLATFORMKIT", "{}")),
 }
 
 # django.tasks (bench/measure_tasks.py): ours, and django-tasks-db (the

@@ -13,6 +13,7 @@ import asyncio
 import concurrent.futures
 import logging
 import threading
+import time
 from collections.abc import Coroutine, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -31,8 +32,6 @@ class KeepAlive:
     """In-progress acks for one fetched batch; see ``Transport.keep_alive``."""
 
     def __init__(self, deliveries: Sequence[Delivery], every_seconds: float = 10.0) -> None:
-        import time
-
         self._lock = threading.Lock()
         self._pending: dict[int, Delivery] = {id(d): d for d in deliveries}
         self._deadlines: dict[int, float] = {}
@@ -42,10 +41,9 @@ class KeepAlive:
 
     def started(self, delivery: Delivery, timeout_seconds: float) -> None:
         """The delivery's handler starts now: extend its ack for ``timeout_seconds`` more, then stop."""
-        import time
-
-        with self._lock:
-            self._deadlines[id(delivery)] = time.monotonic() + timeout_seconds
+        # Twice per handler run: one dict store (atomic in CPython), no lock;
+        # due() only reads this dict.
+        self._deadlines[id(delivery)] = time.monotonic() + timeout_seconds
 
     def settled(self, delivery: Delivery) -> None:
         """The delivery was acked, naked or termed: stop extending it."""

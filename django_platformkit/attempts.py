@@ -127,9 +127,11 @@ class _Work(Protocol):
 
     event: Any  # the ReceivedEvent: its ``id``
     attempt_row: int | None
-    started_at: datetime | None
     lock: threading.Lock
     running: bool
+
+    @property
+    def started_at(self) -> datetime | None: ...
 
 
 class SlowRunRecorder:
@@ -144,24 +146,31 @@ class SlowRunRecorder:
         self._thread: threading.Thread | None = None
 
     def watch(self, work: _Work, subscription: str, using: str) -> None:
-        with self._lock:
-            self._watched[id(work)] = (time.monotonic() + RECORD_SLOW_RUN_AFTER_SECONDS, work, subscription, using)
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, name="platformkit-slow-runs", daemon=True)
-                self._thread.start()
+        # Once per handler run: a plain dict store (atomic in CPython), no
+        # lock; the recorder copies the dict in one step too.
+        self._watched[id(work)] = (time.monotonic() + RECORD_SLOW_RUN_AFTER_SECONDS, work, subscription, using)
+        if self._thread is None:
+            with self._lock:
+                if self._thread is None:
+                    self._thread = threading.Thread(target=self._run, name="platformkit-slow-runs", daemon=True)
+                    self._thread.start()
 
     def unwatch(self, work: _Work) -> None:
-        with self._lock:
-            self._watched.pop(id(work), None)
+        self._watched.pop(id(work), None)
 
     def _run(self) -> None:
+        try:
+            self._record_until_exit()
+        finally:
+            self._thread = None  # the next watch() starts another
+
+    def _record_until_exit(self) -> None:
         while True:
             time.sleep(0.05)
             now = time.monotonic()
-            with self._lock:
-                due = [v for v in self._watched.values() if v[0] <= now]
-                for _, work, _, _ in due:
-                    self._watched.pop(id(work), None)
+            due = [v for v in self._watched.copy().values() if v[0] <= now]
+            for _, work, _, _ in due:
+                self._watched.pop(id(work), None)
             for _, work, subscription, using in due:
                 with work.lock:
                     if not work.running or work.attempt_row is not None:

@@ -13,13 +13,14 @@ the outbox doesn't know never runs. The tenant ``set_config`` is
 from __future__ import annotations
 
 import json
+import threading
+import time
 import traceback as traceback_module
 import uuid
-from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
 from django.db import connections, transaction
-from django.utils import timezone
 
 from ._tables import ATTEMPTS_TABLE, HANDLED_TABLE, OUTBOX_TABLE
 from .attempts import slow_runs as _slow_runs
@@ -28,6 +29,9 @@ from .outage import close_old_connections_for, not_the_handlers_fault
 from .subscriptions import SET_TENANT_SQL, TENANT_SET_CONFIG, Subscription
 from .units import _Redo, _Work
 from .wire import ReceivedEvent
+
+if TYPE_CHECKING:
+    from django.db.backends.base.base import BaseDatabaseWrapper
 
 
 def _claim_sql(trust_outbox: bool) -> str:
@@ -56,13 +60,17 @@ def _claim_sql(trust_outbox: bool) -> str:
         f"c AS (INSERT INTO {HANDLED_TABLE} (subscription, event_id, handled_at) SELECT %s, o.id, now() FROM o ORDER BY o.id "
         "ON CONFLICT (subscription, event_id) DO NOTHING RETURNING event_id), "
         f"u AS (UPDATE {ATTEMPTS_TABLE} SET outcome = 'handled', finished_at = clock_timestamp() WHERE id = %s::bigint AND EXISTS (SELECT 1 FROM c)) "
-        "SELECT o.id, o.name, o.tenant, o.payload, o.created_at, c.event_id IS NOT NULL FROM "
+        # created_at as integer microseconds since the epoch: Django's
+        # timestamptz loader is Python code per value, this is one C int.
+        "SELECT o.id, o.name, o.tenant, o.payload, (EXTRACT(EPOCH FROM o.created_at) * 1000000)::bigint, "
+        "c.event_id IS NOT NULL FROM "
         "(SELECT set_config('statement_timeout', %s, true) AS t, set_config('idle_in_transaction_session_timeout', %s, true) AS i, "
         f"{TENANT_SET_CONFIG} AS n) s LEFT JOIN o ON true LEFT JOIN c ON c.event_id = o.id"
     )
 
 
 _CLAIM_TRUSTED_SQL = _claim_sql(True)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _CLAIM_EXTERNAL_SQL = _claim_sql(False)
 _ALREADY_CLAIMED_SQL = f"SELECT event_id FROM {HANDLED_TABLE} WHERE subscription = %s AND event_id = ANY(%s::uuid[])"
 _SET_TENANT_SQL = SET_TENANT_SQL
@@ -89,7 +97,9 @@ class _Claiming:
     if TYPE_CHECKING:
         handler_started: float | None
 
-        def _call_handler(self, event: ReceivedEvent, timeout: float) -> None: ...
+        def _call_handler(
+            self, event: ReceivedEvent, timeout: float, wrapper: BaseDatabaseWrapper | None = None
+        ) -> None: ...
 
         def _awaits_commit(self, work: _Work, seconds: float) -> None: ...
 
@@ -134,10 +144,14 @@ class _Claiming:
                     for work in missing:
                         outcomes[id(work)] = "skipped" if work.event.id in claimed_before else "not_in_outbox"
                 seen: set[uuid.UUID] = set()
+                checked_tenant = tenant  # the last tenant check_tenant() passed: a unit is mostly one tenant
+                ident = threading.get_ident()
+                started = self.handlers_started
+                watch, unwatch = _slow_runs.watch, _slow_runs.unwatch
                 for work in todo:
                     if id(work) in outcomes:
                         continue
-                    _, name, row_tenant, payload, created_at, claimed = rows[work.event.id]
+                    _, name, row_tenant, payload, created_us, claimed = rows[work.event.id]
                     if not claimed or work.event.id in seen:
                         outcomes[id(work)] = "skipped"
                         continue
@@ -145,11 +159,20 @@ class _Claiming:
                     event = work.event
                     if trust_outbox:
                         # The outbox is the authority: a same-id copy with another payload runs with ours.
-                        event = replace(
-                            event, name=name, tenant=row_tenant, payload=json.loads(payload), occurred_at=created_at
+                        event = ReceivedEvent(
+                            event.id,
+                            name,
+                            row_tenant,
+                            json.loads(payload),
+                            _EPOCH + timedelta(microseconds=created_us),
+                            event.attempt,
+                            event.headers,
                         )
                     events[id(work)] = event
-                    event_tenant = check_tenant(event.tenant) or ""
+                    event_tenant = event.tenant or ""
+                    if event_tenant != checked_tenant:
+                        event_tenant = check_tenant(event.tenant) or ""
+                        checked_tenant = event_tenant
                     if safe:
                         cursor.execute("SAVEPOINT platformkit_message")
                     if self._default_tenant_context and (safe or event_tenant != tenant):
@@ -158,17 +181,17 @@ class _Claiming:
                         # in force, and RLS must never see it.
                         cursor.execute(_SET_TENANT_SQL, [event_tenant])
                         tenant = event_tenant
-                    work.started_at = timezone.now()
+                    work.started_epoch = time.time()
                     watched = work.delivery is not None and work.attempt_row is None
                     if watched:
                         work.running = True
-                        _slow_runs.watch(work, sub.name, self.using)
+                        watch(work, sub.name, self.using)
                     try:
                         try:
-                            self._call_handler(event, timeout)
+                            self._call_handler(event, timeout, connection)
                         finally:
                             if watched:
-                                _slow_runs.unwatch(work)
+                                unwatch(work)
                                 with work.lock:  # waits for a row being written now
                                     work.running = False
                     except BaseException as exc:
@@ -192,7 +215,7 @@ class _Claiming:
                         tenant = None  # unknown after the rollback: set it again
                         continue
                     finally:
-                        self.handler_started = None
+                        started.pop(ident, None)
                     if safe:
                         cursor.execute("RELEASE SAVEPOINT platformkit_message")
                     outcomes[id(work)] = "handled"

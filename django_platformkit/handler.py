@@ -27,6 +27,9 @@ from .subscriptions import Subscription
 from .units import _Work
 from .wire import ReceivedEvent
 
+if TYPE_CHECKING:
+    from django.db.backends.base.base import BaseDatabaseWrapper
+
 
 class HandlerTimeout(Exception):
     """The handler ran past HANDLER_TIMEOUT_SECONDS: counted as a failed attempt."""
@@ -46,41 +49,48 @@ class _Running:
     if TYPE_CHECKING:
         handler_started: float | None
 
-    def _call_handler(self, event: ReceivedEvent, timeout: float) -> None:
+    def _call_handler(self, event: ReceivedEvent, timeout: float, wrapper: BaseDatabaseWrapper | None = None) -> None:
         """Run the handler inside its transaction (claim already taken): in
         the event's tenant context, with ``publish()`` defaulting to the
         event's tenant. Past ``timeout`` it raises ``HandlerTimeout``, so its
-        work rolls back and the attempt counts as failed."""
-        self._handler_starts(event, timeout)
-        wrapper = connections[self.using]
+        work rolls back and the attempt counts as failed. ``wrapper``: the
+        unit's Django connection (looked up when None)."""
+        started = self._handler_starts(event, timeout)
+        if wrapper is None:
+            wrapper = connections[self.using]
         on_commit_mark = len(wrapper.run_on_commit)
         token = current_event.set(event)
+        duration = 0.0
         try:
-            context = contextlib.nullcontext() if self._default_tenant_context else self._tenant_factory(event.tenant)
-            # Tracing off (no tracer provider): no generator context manager per run.
-            span = (
-                tracing.consumer_span(
-                    subscription=self.subscription.name,
-                    event_id=event.id,
-                    name=event.name,
-                    headers=event.headers,
-                    attempt=event.attempt,
-                )
-                if tracing.enabled()
-                else contextlib.nullcontext()
-            )
             try:
-                with context, span:
+                if self._default_tenant_context and not tracing.enabled():
+                    # The common case, with no context manager per run.
                     self.subscription.handler(event)
+                else:
+                    context = (
+                        contextlib.nullcontext() if self._default_tenant_context else self._tenant_factory(event.tenant)
+                    )
+                    # Tracing off (no tracer provider): no generator context manager per run.
+                    span = (
+                        tracing.consumer_span(
+                            subscription=self.subscription.name,
+                            event_id=event.id,
+                            name=event.name,
+                            headers=event.headers,
+                            attempt=event.attempt,
+                        )
+                        if tracing.enabled()
+                        else contextlib.nullcontext()
+                    )
+                    with context, span:
+                        self.subscription.handler(event)
             finally:
-                self._durations[event.id] = time.monotonic() - (
-                    self.handlers_started.get(threading.get_ident()) or time.monotonic()
-                )
-            if self._durations[event.id] > timeout:
+                duration = self._durations[event.id] = time.monotonic() - started
+            if duration > timeout:
                 raise HandlerTimeout(f"handler ran past HANDLER_TIMEOUT_SECONDS={timeout:g}; its work was rolled back")
             if wrapper.needs_rollback or (
                 wrapper.connection is not None
-                and wrapper.connection.info.transaction_status == psycopg.pq.TransactionStatus.INERROR
+                and wrapper.connection.pgconn.transaction_status == psycopg.pq.TransactionStatus.INERROR
             ):
                 # An ORM error marks the transaction for rollback; a raw cursor's
                 # error leaves it aborted in PostgreSQL. Either way the commit
@@ -94,7 +104,7 @@ class _Running:
             # A failed attempt's callbacks must never run. Django drops them
             # itself only for savepoints it made; a unit's are ours.
             del wrapper.run_on_commit[on_commit_mark:]
-            if not isinstance(exc, HandlerTimeout) and self._durations.get(event.id, 0.0) > timeout:
+            if not isinstance(exc, HandlerTimeout) and duration > timeout:
                 # Past its timeout the session is ended by the server
                 # (idle_in_transaction_session_timeout / statement_timeout):
                 # say why, rather than "terminating connection".
@@ -109,22 +119,25 @@ class _Running:
         # (Django's robust=True) instead of failing an attempt that
         # succeeded - or, in a batch, skipping every later message's callbacks.
         # django-stubs types the entries as (sids, func); Django stores (sids, func, robust).
-        wrapper.run_on_commit[on_commit_mark:] = [
-            (sids, func, True)  # type: ignore[misc]
-            for sids, func, *_ in wrapper.run_on_commit[on_commit_mark:]
-        ]
+        if len(wrapper.run_on_commit) > on_commit_mark:
+            wrapper.run_on_commit[on_commit_mark:] = [
+                (sids, func, True)  # type: ignore[misc]
+                for sids, func, *_ in wrapper.run_on_commit[on_commit_mark:]
+            ]
 
-    def _handler_starts(self, event: ReceivedEvent, timeout: float) -> None:
-        """The claim is in; the handler starts now. From here its message's
-        ack is extended for ``timeout`` seconds only. Not before: while the
-        worker waits for a database that went away, the ack keeps being
-        extended, so an outage can't push healthy events past MAX_ATTEMPTS."""
-        self.handler_started = time.monotonic()
+    def _handler_starts(self, event: ReceivedEvent, timeout: float) -> float:
+        """The claim is in; the handler starts now (returned: monotonic
+        seconds). From here its message's ack is extended for ``timeout``
+        seconds only. Not before: while the worker waits for a database that
+        went away, the ack keeps being extended, so an outage can't push
+        healthy events past MAX_ATTEMPTS."""
+        now = self.handlers_started[threading.get_ident()] = time.monotonic()
         keep = getattr(self._local, "keep", None)
         if keep is not None and keep[0] is not None:
             delivery = keep[1].get(event.id)
             if delivery is not None:
                 keep[0].started(delivery, timeout)
+        return now
 
     def _awaits_commit(self, work: _Work, seconds: float) -> None:
         keep = getattr(self._local, "keep", None)

@@ -139,11 +139,16 @@ class _Settling:
 
     def _settled(self, keep: Any, delivery: Delivery) -> None:
         if keep is not None:
-            with contextlib.suppress(Exception):
+            try:
                 keep.settled(delivery)
+            except Exception:  # it only stops a keep-alive
+                pass
 
     def _send_handled(self, event: ReceivedEvent, outcome: str) -> None:
         sub = self.subscription
+        if not signals.event_handled.receivers:  # once per handling: skip building the call
+            self._durations.pop(event.id, None)
+            return
         signals.event_handled.send_robust(
             sender=sub,
             subscription=sub.name,

@@ -293,22 +293,30 @@ class InMemoryTransport:
 
     # -- settling --
     def _settle(self, delivery: Delivery, redeliver_at: float | None) -> None:
-        ack = delivery.msg
-        if not isinstance(ack, _Ack):
-            raise TypeError(f"not a delivery of this InMemoryTransport: {delivery!r}")
+        self._settle_all([delivery], redeliver_at)
+
+    def _settle_all(self, deliveries: Sequence[Delivery], redeliver_at: float | None) -> None:
+        acks = [delivery.msg for delivery in deliveries]
+        for ack, delivery in zip(acks, deliveries, strict=True):
+            if not isinstance(ack, _Ack):
+                raise TypeError(f"not a delivery of this InMemoryTransport: {delivery!r}")
         with self._cond:
-            d = self._durable(ack.durable)
-            self._expire(d)
-            # By stream sequence, as JetStream keys its pending list: an ack
-            # from an earlier delivery of the message settles it too.
-            if redeliver_at is None:
-                if ack.seq in d.in_flight or ack.seq in d.waiting:
-                    d.in_flight.pop(ack.seq, None)
-                    d.waiting.pop(ack.seq, None)
-                    d.delivered.pop(ack.seq, None)
-            elif ack.seq in d.in_flight:  # a NAK of a message already awaiting redelivery changes nothing
-                del d.in_flight[ack.seq]
-                d.waiting[ack.seq] = redeliver_at
+            expired: set[str] = set()
+            for ack in acks:
+                d = self._durable(ack.durable)
+                if d.name not in expired:  # once per call: a unit's acks would otherwise rescan the pending list each
+                    self._expire(d)
+                    expired.add(d.name)
+                # By stream sequence, as JetStream keys its pending list: an ack
+                # from an earlier delivery of the message settles it too.
+                if redeliver_at is None:
+                    if ack.seq in d.in_flight or ack.seq in d.waiting:
+                        d.in_flight.pop(ack.seq, None)
+                        d.waiting.pop(ack.seq, None)
+                        d.delivered.pop(ack.seq, None)
+                elif ack.seq in d.in_flight:  # a NAK of a message already awaiting redelivery changes nothing
+                    del d.in_flight[ack.seq]
+                    d.waiting[ack.seq] = redeliver_at
             self._cond.notify_all()
 
     def ack(self, delivery: Delivery) -> None:
@@ -316,8 +324,7 @@ class InMemoryTransport:
         self._settle(delivery, None)
 
     def ack_many(self, deliveries: Sequence[Delivery]) -> None:
-        for delivery in deliveries:
-            self._settle(delivery, None)
+        self._settle_all(deliveries, None)
 
     def nak(self, delivery: Delivery, delay_seconds: float | None = None) -> None:
         """Redeliver after ``delay_seconds`` on the clock (None: at once)."""

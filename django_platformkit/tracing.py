@@ -17,6 +17,7 @@ cached, and nothing else runs on the hot path.
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from types import SimpleNamespace
 from typing import Any
@@ -29,6 +30,10 @@ _otel: Any = None  # None: not looked up yet; False: not installed; else the API
 _cached: tuple[Any, Any] = (None, None)  # (provider, its tracer)
 
 
+#: getattr's default when the OpenTelemetry API has no ``_TRACER_PROVIDER``.
+_UNKNOWN = object()
+
+
 def _api() -> Any:
     global _otel
     if _otel is None:
@@ -39,6 +44,8 @@ def _api() -> Any:
             _otel = False
         else:
             _otel = SimpleNamespace(
+                env_provider="OTEL_PYTHON_TRACER_PROVIDER" in os.environ,
+                get_tracer_provider=trace.get_tracer_provider,
                 trace=trace,
                 propagate=propagate,
                 proxy=ProxyTracerProvider,
@@ -57,7 +64,17 @@ def _tracer() -> Any:
     api = _api()
     if not api:
         return None
-    provider = api.trace.get_tracer_provider()
+    # Per handler run: read the API's global (set by set_tracer_provider())
+    # first; get_tracer_provider() also looks OTEL_PYTHON_TRACER_PROVIDER up
+    # in the environment on every call, for a provider to load lazily.
+    # Only while get_tracer_provider is the API's own (a test may replace it).
+    provider: Any = _UNKNOWN
+    if api.trace.get_tracer_provider is api.get_tracer_provider:
+        provider = getattr(api.trace, "_TRACER_PROVIDER", _UNKNOWN)
+        if provider is None and not api.env_provider:
+            return None
+    if provider is None or provider is _UNKNOWN:
+        provider = api.trace.get_tracer_provider()
     if isinstance(provider, (api.proxy, api.trace.NoOpTracerProvider)):
         return None
     if _cached[0] is not provider:  # one tracer per provider, not one per handler run

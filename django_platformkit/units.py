@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 
 from .wire import Delivery, ReceivedEvent
 
@@ -37,9 +37,15 @@ class _Work:
     delivery: Delivery
     event: ReceivedEvent
     attempt_row: int | None = None  # our ``running`` Attempt row (redeliveries, slow first runs)
-    started_at: datetime | None = None
+    started_epoch: float | None = None  # time.time() when the handler started; see started_at
     outcome: str = ""
     error: BaseException | None = None
     tb: str = ""
     lock: threading.Lock = field(default_factory=threading.Lock)  # handler end vs the slow-run recorder
     running: bool = False  # the handler is in its run now (the recorder may write its row)
+
+    @property
+    def started_at(self) -> datetime | None:
+        """When the handler started (aware, UTC), or None before it did: made
+        from ``started_epoch`` only when a row needs it, not per run."""
+        return None if self.started_epoch is None else datetime.fromtimestamp(self.started_epoch, UTC)
