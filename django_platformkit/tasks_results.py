@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 import traceback as traceback_module
 from datetime import timedelta
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from django.db import connections, transaction
@@ -49,7 +51,7 @@ class _Backend(Protocol):
 #: (taken with pg_try_advisory_xact_lock).
 RUNNING_LOCK_NAMESPACE = 0x706B7473
 
-_LOCK_SQL = "SELECT pg_try_advisory_xact_lock(%s, hashtext(%s))"
+_LOCK_SQL = "SELECT pg_try_advisory_xact_lock(%s, hashtext(%s::uuid::text))"
 _HISTORY_SQL = f"SELECT started_at, errors::text, worker_ids::text FROM {TASK_RESULTS_TABLE} WHERE event_id = %s"
 _SUCCESS_SQL = (
     f"INSERT INTO {TASK_RESULTS_TABLE} AS r (event_id, status, return_value, started_at, last_attempted_at, finished_at, errors, worker_ids) "
@@ -80,12 +82,29 @@ _LOAD_SQL = (
 )
 
 
+def _json_list(item: str) -> str:
+    """``json.dumps([item])``, made once per value (the worker id, per task run)."""
+    text = _JSON_LISTS.get(item)
+    if text is None:
+        text = _JSON_LISTS[item] = json.dumps([item])
+    return text
+
+
+_JSON_LISTS: dict[str, str] = {}
+
+
 def _task_at(path: str, alias: str, queue: str) -> Task[..., Any]:
     """The ``Task`` object at ``path``, bound to the backend alias and queue it was enqueued with."""
     from django.tasks import Task
 
+    module_path, _, attribute = path.rpartition(".")
+    module = sys.modules.get(module_path)
+    # An imported module's attribute is what import_string would return,
+    # without the import machinery per task run.
+    task = getattr(module, attribute, None) if module is not None else None
     try:
-        task = import_string(path)
+        if task is None:
+            task = import_string(path)
     except ImportError as exc:
         raise ValueError(
             f"task {path!r} can't be imported ({exc}): was it renamed or removed? Deploy it back, or discard the task."
@@ -97,19 +116,42 @@ def _task_at(path: str, alias: str, queue: str) -> Task[..., Any]:
     return task
 
 
+def _django_tasks() -> SimpleNamespace:
+    """Django's task names ``run_task`` uses, imported once (per task, the
+    import statements were a measurable share of a no-op task's run)."""
+    global _DJANGO_TASKS
+    if _DJANGO_TASKS is None:
+        from django.tasks import task_backends
+        from django.tasks.base import TaskContext, TaskError, TaskResult, TaskResultStatus
+        from django.tasks.signals import task_finished, task_started
+        from django.utils.json import normalize_json
+
+        _DJANGO_TASKS = SimpleNamespace(
+            task_backends=task_backends,
+            TaskContext=TaskContext,
+            TaskError=TaskError,
+            TaskResult=TaskResult,
+            TaskResultStatus=TaskResultStatus,
+            task_finished=task_finished,
+            task_started=task_started,
+            normalize_json=normalize_json,
+        )
+    return _DJANGO_TASKS
+
+
+_DJANGO_TASKS: SimpleNamespace | None = None
+
+
 def run_task(event: ReceivedEvent) -> None:
     """The handler of every task subscription: run the task of ``event``
     inside the claim's transaction and write its result there too. Raises
     whatever the task raises (the subscription retries, then dead-letters)."""
-    from django.tasks import task_backends
-    from django.tasks.base import TaskContext, TaskError, TaskResult, TaskResultStatus
-    from django.tasks.signals import task_finished, task_started
-    from django.utils.json import normalize_json
-
+    dj = _django_tasks()
+    TaskResultStatus = dj.TaskResultStatus
     payload = event.payload
     alias = payload.get("backend", "default")
     task = _task_at(payload["task"], alias, queue_of(event.name) or "default")
-    backend = task_backends[alias]
+    backend = dj.task_backends[alias]
     args, kwargs = payload.get("args", []), payload.get("kwargs", {})
     db = conf.settings.DATABASE_ALIAS
     started = timezone.now()
@@ -120,18 +162,18 @@ def run_task(event: ReceivedEvent) -> None:
     cursor = connections[db].cursor()
     try:
         # Held until this transaction ends: get_result() reads it as RUNNING.
-        cursor.execute(_LOCK_SQL, [RUNNING_LOCK_NAMESPACE, str(event.id)])
+        cursor.execute(_LOCK_SQL, [RUNNING_LOCK_NAMESPACE, event.id])
         if event.attempt > 1:  # a retry: earlier runs left their history
             cursor.execute(_HISTORY_SQL, [event.id])
             row = cursor.fetchone()
             if row is not None:
                 earlier_started = row[0]
-                errors = [TaskError(**e) for e in json.loads(row[1])]
+                errors = [dj.TaskError(**e) for e in json.loads(row[1])]
                 earlier_workers = json.loads(row[2])
         # TaskContext.attempt is len(worker_ids): make it the handler-run count.
         previous = earlier_workers[-(event.attempt - 1) :] if event.attempt > 1 else []
         workers = ["(unrecorded)"] * (event.attempt - 1 - len(previous)) + previous + [me]
-        result: TaskResult[..., Any] = TaskResult(
+        result: TaskResult[..., Any] = dj.TaskResult(
             task=task,
             id=str(event.id),
             status=TaskResultStatus.RUNNING,
@@ -145,15 +187,22 @@ def run_task(event: ReceivedEvent) -> None:
             errors=errors,
             worker_ids=workers,
         )
-        task_started.send(type(backend), task_result=result)
+        dj.task_started.send(type(backend), task_result=result)
         if task.takes_context:
-            value = task.call(TaskContext(task_result=result), *args, **kwargs)
+            value = task.call(dj.TaskContext(task_result=result), *args, **kwargs)
         else:
             value = task.call(*args, **kwargs)
         # A return value JSON can't carry fails the attempt, as Django's backends do.
-        value = normalize_json(value)
+        value = dj.normalize_json(value)
         cursor.execute(
-            _SUCCESS_SQL, [event.id, json.dumps(value), earlier_started or started, started, json.dumps([me])]
+            _SUCCESS_SQL,
+            [
+                event.id,
+                "null" if value is None else json.dumps(value),
+                earlier_started or started,
+                started,
+                _json_list(me),
+            ],
         )
     finally:
         cursor.close()
@@ -161,6 +210,7 @@ def run_task(event: ReceivedEvent) -> None:
     object.__setattr__(result, "finished_at", timezone.now())
     object.__setattr__(result, "_return_value", value)
     # Finished means committed: a rollback after the task returned is a failed attempt.
+    task_finished = dj.task_finished
     transaction.on_commit(lambda: task_finished.send(type(backend), task_result=result), using=db)
 
 

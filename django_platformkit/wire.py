@@ -260,17 +260,17 @@ def parse_delivery(delivery: Delivery) -> ReceivedEvent:
         raise MalformedMessage(f"id {body.get('id')!r} is not a UUID") from None
     name = body.get("type")
     tenant = body.get("tenantid")
-    key = (name, tenant) if isinstance(name, str) and (tenant is None or isinstance(tenant, str)) else None
-    if key is None or key not in _VALID_NAMES:
+    checked = (name, tenant) if isinstance(name, str) and (tenant is None or isinstance(tenant, str)) else None
+    if checked is None or checked not in _VALID_NAMES:
         try:
             check_event_name(name)
             tenant = check_tenant(tenant)
         except InvalidEventName as exc:
             raise MalformedMessage(str(exc)) from None
-        if key is not None:
+        if checked is not None:
             if len(_VALID_NAMES) >= 10_000:  # a bound for a stream of many tenants
                 _VALID_NAMES.clear()
-            _VALID_NAMES.add(key)
+            _VALID_NAMES.add(checked)
     if name != subject_name:
         raise MalformedMessage(f"type {name!r} differs from the subject's event {subject_name!r}")
     if tenant != subject_tenant:
