@@ -85,6 +85,18 @@ _FINISH_SQL = f"UPDATE {JOBS_TABLE} SET finished_at = now(), last_error = %s WHE
 _LEDGER_SQL = f"SELECT last_slot, started_at, finished_at FROM {JOBS_TABLE} WHERE name = %s"
 
 
+def _log_slot_ahead(name: str, slot: datetime, database_now: datetime) -> None:
+    """The WARNING for a slot this worker's clock put ahead of the database's (both places that refuse one)."""
+    logger.warning(
+        "slot skipped, ahead of the database clock name=%s slot=%s database_now=%s ahead=%.1fs: "
+        "this worker's clock runs ahead; slots are decided by the database's clock",
+        name,
+        slot.isoformat(),
+        database_now.isoformat(),
+        (slot - database_now).total_seconds(),
+    )
+
+
 @dataclass
 class _Runner:
     """One job's state in one scheduler: its next due slot, its running
@@ -323,14 +335,7 @@ class Scheduler:
                     {"slot": slot, "ahead": ahead_limit, "key": runner.key},
                 ).fetchone()
                 if locked is None:
-                    logger.warning(
-                        "slot skipped, ahead of the database clock name=%s slot=%s database_now=%s ahead=%.1fs: "
-                        "this worker's clock runs ahead; slots are decided by the database's clock",
-                        spec.name,
-                        slot.isoformat(),
-                        database_now.isoformat(),
-                        (slot - database_now).total_seconds(),
-                    )
+                    _log_slot_ahead(spec.name, slot, database_now)
                     return False
                 if locked:
                     return True
@@ -376,14 +381,7 @@ class Scheduler:
         if not claimed:
             ahead_seconds = (slot - database_now).total_seconds()
             if self.max_ahead_seconds is not None and ahead_seconds > self.max_ahead_seconds:
-                logger.warning(
-                    "slot skipped, ahead of the database clock name=%s slot=%s database_now=%s ahead=%.1fs: "
-                    "this worker's clock runs ahead; slots are decided by the database's clock",
-                    spec.name,
-                    slot.isoformat(),
-                    database_now.isoformat(),
-                    ahead_seconds,
-                )
+                _log_slot_ahead(spec.name, slot, database_now)
             else:
                 logger.debug("slot already run name=%s slot=%s", spec.name, slot.isoformat())
             return
