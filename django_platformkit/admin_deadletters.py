@@ -14,13 +14,14 @@ from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.contrib.admin.models import CHANGE, DELETION, LogEntry
 from django.core.exceptions import PermissionDenied
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path
 from django.utils.html import format_html, format_html_join
 
 from .admin_display import ReadOnlyAdmin, _duration, _first_line, _pre, _pretty_json, _truncated
+from .deadletters import replay_blocker as _replay_blocker
 from .models import Attempt, DeadLetter, OutboxEvent
 from .templatetags.platformkit_admin import when_html
 
@@ -190,7 +191,13 @@ class DeadLetterAdmin(ReadOnlyAdmin[DeadLetter]):
         # the selection a Replay will leave alone (no outbox row to send).
         blocked_rows = queryset.none()
         if verb == "replay":
-            blocked_rows = queryset.exclude(event_id__in=OutboxEvent.objects.values("id"))
+            from .deadletters import RELAY_DEAD_LETTERS
+            from .subscriptions import subscriptions
+
+            declared = [s.name for s in subscriptions()] + [RELAY_DEAD_LETTERS]
+            blocked_rows = queryset.exclude(
+                Q(event_id__in=OutboxEvent.objects.values("id")) & Q(subscription__in=declared)
+            )
         not_replayed = [(row, replay_blocker(row)) for row in blocked_rows[:CONFIRMATION_LIST_LIMIT]]
         context = {
             **self.admin_site.each_context(request),
@@ -282,15 +289,9 @@ ATTEMPT_HISTORY_LIMIT = 50
 
 
 def replay_blocker(row: DeadLetter) -> str | None:
-    """Why ``row`` can't be replayed (a Replay could only fail), or None."""
-    if OutboxEvent.objects.filter(pk=row.event_id).exists():
-        return None
-    if row.name == MALFORMED_NAME:
-        return (
-            "it is a malformed message (bytes on our subjects that were never an event of this project's outbox), "
-            "so there is nothing to send again; Discard it to accept the failure."
-        )
-    return "its outbox row is gone (purged), so there is nothing to send again; Discard it to accept the failure."
+    """Why ``row`` can't be replayed (a Replay could only fail, or leave the
+    event unhandled), or None: ``deadletters.replay_blocker``."""
+    return _replay_blocker(row.event_id, row.name, row.subscription)
 
 
 def _attempt_error(attempt: Attempt) -> str:

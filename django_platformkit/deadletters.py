@@ -125,6 +125,40 @@ class ReplayResult:
     audit_event_id: uuid.UUID
 
 
+#: The dead letters the relay writes (the broker refused a row for good):
+#: replayable, though no ``@subscribe`` has this name (relay.RELAY_SUBSCRIPTION).
+RELAY_DEAD_LETTERS = "platformkit.relay"
+
+
+def replay_blocker(event_id: uuid.UUID | str, name: str, subscription: str, *, using: str | None = None) -> str | None:
+    """Why the dead letter of ``event_id`` (event ``name``) for
+    ``subscription`` can't usefully be replayed, or None: a malformed
+    message or a purged row has nothing to send again, and a subscription
+    this build doesn't declare would leave the re-sent event unhandled. The
+    admin's Replay and ``manage.py deadletters replay`` (``--dry-run``
+    too) ask this before offering or doing a replay; ``replay()`` itself
+    refuses only the first two (raising ``ReplayRefused``)."""
+    from .subscriptions import subscriptions
+
+    alias = using or conf.settings.DATABASE_ALIAS
+    with connections[alias].cursor() as cursor:
+        cursor.execute(f"SELECT 1 FROM {OUTBOX_TABLE} WHERE id = %s", [str(event_id)])
+        in_outbox = cursor.fetchone() is not None
+    if not in_outbox:
+        if name == MALFORMED_NAME:
+            return (
+                "it is a malformed message (bytes on our subjects that were never an event of this project's outbox), "
+                "so there is nothing to send again; Discard it to accept the failure."
+            )
+        return "its outbox row is gone (purged), so there is nothing to send again; Discard it to accept the failure."
+    if subscription != RELAY_DEAD_LETTERS and subscription not in {s.name for s in subscriptions()}:
+        return (
+            f"this build declares no subscription {subscription!r} (removed or renamed?), so nothing would handle "
+            "the re-sent event; deploy the subscription back first, or Discard the dead letter."
+        )
+    return None
+
+
 def replay(
     event_id: uuid.UUID | str,
     *,

@@ -22,6 +22,7 @@ from . import conf, signals
 from ._text import storable_text as clean_text
 from .attempts import history_text, mark_interrupted, record_failed_run
 from .deadletters import malformed_id, record_dead_letter, record_malformed
+from .exceptions import PermanentFailure
 from .outage import close_old_connections_for
 from .subscriptions import Subscription
 from .units import _Stopping, _Work
@@ -78,7 +79,8 @@ class _Settling:
             )
             connections[self.using].close()
             return "unacked"
-        will_retry = event.attempt < sub.max_attempts
+        # A PermanentFailure says a retry can't help: dead-letter it now.
+        will_retry = event.attempt < sub.max_attempts and not isinstance(error, PermanentFailure)
         signals.event_failed.send_robust(
             sender=sub,
             subscription=sub.name,

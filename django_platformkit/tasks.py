@@ -22,6 +22,7 @@ needed. We don't support the ``django-tasks`` backport: one contract, Django's.
 
 from __future__ import annotations
 
+import difflib
 import logging
 import os
 import re
@@ -86,7 +87,18 @@ CHECKS = {
         "TASKS[{alias!r}]: QUEUES is empty",
         'List the queues, e.g. "QUEUES": ["default"]: each is a subscription a worker must know before a task arrives.',
     ),
+    "E104": (
+        "TASKS[{alias!r}]['OPTIONS']['BATCH'] is {value!r}, not True or False",
+        "Set it to True (the default: a queue's tasks run in units, one transaction each) or False "
+        "(a transaction per task).",
+    ),
+    "E105": (
+        "TASKS[{alias!r}]['OPTIONS'] has {key!r}, which OutboxBackend doesn't know{did_you_mean}",
+        "Remove it: the one option is BATCH (True or False).",
+    ),
 }
+#: The keys OutboxBackend reads from a TASKS entry's OPTIONS.
+OPTIONS_KEYS = ("BATCH",)
 
 
 def event_name(queue: str) -> str:
@@ -380,7 +392,8 @@ class OutboxBackend(BaseTaskBackend):
     # -- checks --
     def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
         """``platformkit.E101`` app not installed, ``E102`` a queue name our
-        event grammar can't carry, ``E103`` no queues. No queries."""
+        event grammar can't carry, ``E103`` no queues, ``E104`` a ``BATCH``
+        option that isn't a bool, ``E105`` an option we don't know. No queries."""
         from django.apps import apps
 
         errors = list(super().check(**kwargs))
@@ -393,6 +406,13 @@ class OutboxBackend(BaseTaskBackend):
             if not QUEUE_NAME.match(str(queue)):
                 suggestion = re.sub(r"[^a-z0-9_]", "_", str(queue).lower())[:150] or "default"
                 errors.append(_check("E102", where, alias=self.alias, queue=queue, suggestion=suggestion))
+        options = self.options or {}
+        if "BATCH" in options and not isinstance(options["BATCH"], bool):
+            errors.append(_check("E104", where, alias=self.alias, value=options["BATCH"]))
+        for key in sorted(set(options) - set(OPTIONS_KEYS), key=str):
+            close = difflib.get_close_matches(str(key), OPTIONS_KEYS, n=1)
+            did_you_mean = f" (did you mean {close[0]!r}?)" if close else ""
+            errors.append(_check("E105", where, alias=self.alias, key=key, did_you_mean=did_you_mean))
         return errors
 
 

@@ -28,7 +28,8 @@ from django.utils.module_loading import import_string
 
 from . import conf, signals
 from ._tables import DEAD_LETTER_TABLE, OUTBOX_TABLE, TASK_RESULTS_TABLE
-from .tasks import TASK_EVENT_PREFIX, _event_id, queue_of, worker_id
+from .exceptions import PermanentFailure
+from .tasks import TASK_EVENT_PREFIX, _event_id, _refused_by_django, queue_of, worker_id
 
 if TYPE_CHECKING:
     from django.tasks import Task, TaskResult
@@ -192,8 +193,18 @@ def run_task(event: ReceivedEvent) -> None:
             value = task.call(dj.TaskContext(task_result=result), *args, **kwargs)
         else:
             value = task.call(*args, **kwargs)
-        # A return value JSON can't carry fails the attempt, as Django's backends do.
-        value = dj.normalize_json(value)
+        # A return value JSON can't carry fails the attempt, as Django's
+        # backends do; it would fail every time, so it is not retried.
+        try:
+            value = dj.normalize_json(value)
+        except (TypeError, ValueError):
+            path, refused = _refused_by_django(value, "$") or ("$", value)
+            raise PermanentFailure(
+                f"the task returned {type(refused).__name__} at {path} of its return value, which Django's task "
+                "results can't store (str, int, float, bool, None, list, dict): return JSON values, e.g. a "
+                "Decimal as str(), a datetime as .isoformat(), a set as a list. Not retried: it would fail "
+                "every time (its writes were rolled back)."
+            ) from None
         cursor.execute(
             _SUCCESS_SQL,
             [

@@ -416,7 +416,7 @@ def _env(**extra: str) -> dict[str, str]:
     return env
 
 
-def test_check_and_migrate_exit_0_on_a_new_empty_database_with_no_broker():
+def test_check_and_migrate_exit_0_on_a_new_empty_database_with_no_broker_and_operator_commands_say_migrate():
     database_url = os.environ["DATABASE_URL"]
     name = f"pk_empty_{uuid.uuid4().hex[:10]}"
     with psycopg.connect(database_url, autocommit=True) as admin:
@@ -426,6 +426,12 @@ def test_check_and_migrate_exit_0_on_a_new_empty_database_with_no_broker():
         checked = _run("check", env=env)
         assert checked.returncode == 0, checked.stderr
         assert "System check identified no issues" in checked.stdout
+        # Before migrate, the operator commands say what to do, not a traceback.
+        for command in (("deadletters", "list"), ("purgeoutbox", "--dry-run")):
+            refused = _run(*command, env=env)
+            assert refused.returncode == 1, (command, refused.stdout, refused.stderr)
+            assert "run `manage.py migrate django_platformkit` first" in refused.stderr, refused.stderr
+            assert "Traceback" not in refused.stderr, refused.stderr
         migrated = _run("migrate", "--noinput", env=env)
         assert migrated.returncode == 0, migrated.stderr
         assert "Applying django_platformkit.0001_initial... OK" in migrated.stdout

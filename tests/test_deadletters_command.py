@@ -198,3 +198,46 @@ def test_a_subscription_gone_from_the_code_stays_listable_while_it_has_dead_lett
     out = run("list", "--subscription", "retired.old_handler")
     assert str(dead["other"]) in out
     assert str(dead["new"]) not in out
+
+
+def test_a_dry_run_refuses_what_the_replay_would_refuse_and_says_why(dead):
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO platformkit_dead_letters (event_id, subscription, name, attempts, error, traceback, failed_at) "
+            "VALUES (gen_random_uuid(), 'testapp.flaky', '(malformed)', 1, 'malformed message', '', now())"
+        )
+    before = tables()
+    out, err = io.StringIO(), io.StringIO()
+    with pytest.raises(CommandError, match="1 of 2 dead letter"):
+        call_command(
+            "deadletters",
+            *("replay", "--subscription", "testapp.flaky", "--since", "1h", "--reason", "r", "--dry-run"),
+            stdout=out,
+            stderr=err,
+        )
+    assert "would refuse" in err.getvalue() and "malformed message" in err.getvalue()
+    assert f"event_id={dead['new']}" in out.getvalue()
+    assert "would replay 1 dead letter(s), refuse 1" in out.getvalue()
+    assert tables() == before
+
+
+def test_a_dead_letter_of_a_subscription_this_build_lacks_is_not_replayed(dead):
+    DeadLetter.objects.filter(event_id=dead["other"]).update(subscription="retired.old_handler")
+    before = tables()
+    err = io.StringIO()
+    with pytest.raises(CommandError, match="1 of 1 dead letter"):
+        call_command(
+            "deadletters",
+            *("replay", "--subscription", "retired.old_handler", "--reason", "r"),
+            stdout=io.StringIO(),
+            stderr=err,
+        )
+    assert "declares no subscription 'retired.old_handler'" in err.getvalue()
+    assert tables() == before  # the dead letter stays: the operator still sees the event
+    assert str(dead["other"]) in run("list", "--subscription", "retired.old_handler")
+
+
+@pytest.mark.parametrize("limit", ["-1", "many"])
+def test_a_limit_that_is_not_a_row_count_is_an_argument_error(dead, limit):
+    with pytest.raises(CommandError, match="not a row count"):
+        run("list", "--limit", limit)

@@ -17,6 +17,7 @@ from django.test import TestCase
 
 from django_platformkit import conf, publish
 from django_platformkit.consumer import NOT_IN_OUTBOX, Subscription
+from django_platformkit.exceptions import PermanentFailure
 from django_platformkit.models import DeadLetter, HandledEvent, OutboxEvent
 from django_platformkit.testing import (
     InMemoryTransport,
@@ -48,6 +49,11 @@ def fails_twice(event):
 def always_fails(event):
     _effect("tests.always_fails", event)
     raise ValueError("this handler never works")
+
+
+def refuses_for_good(event):
+    _effect("tests.refuses_for_good", event)
+    raise PermanentFailure("this order can never be shipped: the product no longer exists")
 
 
 def sees_tenant(event):
@@ -116,6 +122,24 @@ class RetriesAndDeadLetters(TestCase):
         info = result.transport.consumer_info(sub.durable)
         self.assertEqual((info.num_pending, info.num_ack_pending), (0, 0))
         self.assertEqual(run_worker_burst(subscriptions=[sub]).runs, 0)
+
+    def test_a_permanent_failure_is_dead_lettered_after_its_one_run_with_its_error(self):
+        sub = subscription(refuses_for_good)
+        event_id = publish_one()
+        self.assertGreater(conf.settings.MAX_ATTEMPTS, 1)
+
+        result = run_worker_burst(subscriptions=[sub])
+
+        self.assertEqual([r[2] for r in RUNS], [1])
+        self.assertEqual((result.runs, result.retried, result.dead_lettered), (1, 0, 1))
+        self.assertEqual([f.will_retry for f in result.failures], [False])
+        letter = DeadLetter.objects.get()
+        self.assertEqual((letter.event_id, letter.attempts), (event_id, 1))
+        self.assertEqual(
+            letter.error, "PermanentFailure: this order can never be shipped: the product no longer exists"
+        )
+        self.assertIn("raise PermanentFailure", letter.traceback)
+        self.assertFalse(Effect.objects.exists())  # its run rolled back, as any failed run's
 
     def test_a_subscriptions_max_attempts_bounds_the_runs(self):
         sub = subscription(always_fails, max_attempts_override=2)

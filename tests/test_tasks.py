@@ -202,6 +202,23 @@ def test_a_task_that_always_fails_runs_max_attempts_then_fails_and_replay_after_
     assert len(result.errors) == max_attempts  # the history stays
 
 
+def test_a_return_value_json_cant_carry_fails_once_with_its_path_and_is_dead_lettered_without_retries(
+    outbox_tasks, run_worker, settings
+):
+    assert settings.PLATFORMKIT["MAX_ATTEMPTS"] > 1  # else "not retried" would prove nothing
+    result = tasks.returns_a_set.enqueue("set_task")
+    run_worker(subscriptions=task_subscriptions())
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED
+    assert len(result.errors) == 1  # one run: a retry would fail the same way
+    assert result.errors[0].exception_class_path == "django_platformkit.exceptions.PermanentFailure"
+    assert "set at $.ok" in result.errors[0].traceback
+    assert effects("set_task") == 0  # its write rolled back
+    dead = DeadLetter.objects.get()
+    assert dead.attempts == 1
+    assert "return value" in dead.error and "set at $.ok" in dead.error
+
+
 def test_a_context_task_sees_the_handler_run_count_as_attempt(outbox_tasks, run_worker):
     result = tasks.record_with_context.enqueue("ctx")
     run_worker(subscriptions=task_subscriptions())
@@ -356,6 +373,20 @@ def test_check_errors_when_the_app_is_not_installed_or_a_queue_cant_be_an_event_
         ),
     ]
     assert [e.id for e in OutboxBackend("default", {"QUEUES": []}).check()] == ["platformkit.E103"]
+
+
+def test_check_errors_for_an_options_batch_that_is_not_a_bool_and_for_an_unknown_option():
+    from django_platformkit.tasks import OutboxBackend
+
+    assert OutboxBackend("default", {"QUEUES": ["default"], "OPTIONS": {"BATCH": False}}).check() == []
+    errors = OutboxBackend("default", {"QUEUES": ["default"], "OPTIONS": {"BATCH": "no", "BACH": False}}).check()
+    assert [(e.id, e.msg) for e in errors] == [
+        ("platformkit.E104", "TASKS['default']['OPTIONS']['BATCH'] is 'no', not True or False"),
+        (
+            "platformkit.E105",
+            "TASKS['default']['OPTIONS'] has 'BACH', which OutboxBackend doesn't know (did you mean 'BATCH'?)",
+        ),
+    ]
 
 
 def test_runworker_queue_runs_only_that_queues_tasks(outbox_tasks, run_worker):

@@ -34,3 +34,10 @@ def fails_until_fixed(label):
     if not Effect.objects.filter(subscription=f"{label}.fixed").exists():
         raise RuntimeError(f"{label}: not fixed yet")
     return "fixed"
+
+
+@task
+def returns_a_set(label):
+    """Writes an Effect, then returns what Django's task results can't store."""
+    Effect.objects.create(subscription=label, event_id=uuid.uuid4(), payload={})
+    return {"ok": {1, 2}}

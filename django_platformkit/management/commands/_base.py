@@ -58,3 +58,22 @@ def result_printed_once(logger_name: str, *prefixes: str) -> Iterator[None]:
         yield
     finally:
         logger.removeFilter(keep)
+
+
+@contextlib.contextmanager
+def tables_migrated() -> Iterator[None]:
+    """Turn "relation ... does not exist" (SQLSTATE 42P01) into a one-line
+    ``CommandError`` that says to migrate, as ``runworker`` says it: an
+    operator command on a database without our tables, not a traceback."""
+    from django.core.management.base import CommandError
+    from django.db import ProgrammingError
+
+    from ...outage import sqlstate
+
+    try:
+        yield
+    except ProgrammingError as exc:
+        if sqlstate(exc) != "42P01":
+            raise
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else "a table is missing"
+        raise CommandError(f"{first_line}: run `manage.py migrate django_platformkit` first.") from None

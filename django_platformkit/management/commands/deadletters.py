@@ -15,6 +15,7 @@ dead letter of that event).
 
 from __future__ import annotations
 
+import argparse
 import getpass
 import json
 import uuid
@@ -24,15 +25,26 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
-from ...deadletters import discard, replay
+from ...deadletters import discard, replay, replay_blocker
 from ...exceptions import ReplayRefused
 from ...models import Attempt, DeadLetter, OutboxEvent
-from ._base import configure_logging
+from ._base import configure_logging, tables_migrated
 from .purgeoutbox import age
 
 #: Past this many rows a long replay/discard reports its progress every PROGRESS_EVERY rows.
 PROGRESS_EVERY = 100
 ERROR_WIDTH = 60
+
+
+def _limit(text: str) -> int:
+    """``--limit``: a whole number, 0 or more (0: every row)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a row count: give 0 (every row) or a positive whole number")
+    return value
 
 
 def _dead_letter_ids(text: str) -> tuple[str, Any]:
@@ -98,7 +110,7 @@ class Command(BaseCommand):
             help="table (default) or json (full errors, for scripts).",
         )
         listing.add_argument(
-            "--limit", type=int, default=200, metavar="N", help="At most N rows (default 200; 0 = all)."
+            "--limit", type=_limit, default=200, metavar="N", help="At most N rows (default 200; 0 = all)."
         )
 
         show = commands.add_parser("show", help="One dead letter: error, traceback, attempts, payload.")
@@ -167,7 +179,8 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         configure_logging(options["verbosity"])
-        getattr(self, f"_{options['action']}")(options)
+        with tables_migrated():
+            getattr(self, f"_{options['action']}")(options)
 
     # -- list / show --
     def _list(self, options: dict[str, Any]) -> None:
@@ -268,16 +281,31 @@ class Command(BaseCommand):
             self.stdout.write(f"nothing to {verb}: no dead letter matches")
             return
         if options["dry_run"]:
+            # The same refusals as the real run (and the admin's Replay): a dry
+            # run never promises what the replay would then refuse.
+            blocked = 0
             for d in rows:
+                why = replay_blocker(d.event_id, d.name, d.subscription) if verb == "replay" else None
+                if why:
+                    blocked += 1
+                    self.stderr.write(f"would refuse {d.id}: {why}")
+                    continue
                 self.stdout.write(
                     f"would {verb} {d.id} subscription={d.subscription} event_id={d.event_id} name={d.name}"
                 )
-            self.stdout.write(f"dry run, nothing written: would {verb} {len(rows)} dead letter(s)")
+            self.stdout.write(
+                f"dry run, nothing written: would {verb} {len(rows) - blocked} dead letter(s), refuse {blocked}"
+            )
+            if blocked:
+                raise CommandError(f"{blocked} of {len(rows)} dead letter(s) would not be {past} (see above).")
             return
         done, refused = 0, []
         for n, d in enumerate(rows, 1):
             try:
                 if verb == "replay":
+                    why = replay_blocker(d.event_id, d.name, d.subscription)
+                    if why:
+                        raise ReplayRefused(why)
                     replay(d.event_id, subscription=d.subscription, actor=actor, reason=reason)
                     ok = True
                 else:

@@ -10,7 +10,7 @@ from django.core.management.base import BaseCommand, CommandParser
 
 from ... import conf
 from ...purge import DEFAULT_BATCH_SIZE, purge
-from ._base import configure_logging, result_printed_once
+from ._base import configure_logging, result_printed_once, tables_migrated
 
 _AGE = re.compile(r"^([0-9]+)([smhdw])$")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
@@ -58,7 +58,7 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         configure_logging(options["verbosity"])
         older_than = options["older_than"] or timedelta(days=float(conf.settings.RETENTION_DAYS))
-        with result_printed_once("django_platformkit.purge", "purged ", "purge dry run "):
+        with tables_migrated(), result_printed_once("django_platformkit.purge", "purged ", "purge dry run "):
             result = purge(older_than=older_than, dry_run=options["dry_run"], batch_size=options["batch_size"])
         if result.dry_run:
             self.stdout.write(
