@@ -86,5 +86,7 @@ def foreign_stream_text(stream: str, url: str, theirs: str, ours: str) -> str:
         f"the stream {stream!r} on {conf.redact_url(url)} belongs to another project's database ({theirs}; this "
         f"database is {ours}): two projects must not share a stream, or they handle each other's events. "
         "Give this project its own PLATFORMKIT['STREAM'] and PLATFORMKIT['SUBJECT_PREFIX'] "
-        "(e.g. STREAM='MYSHOP', SUBJECT_PREFIX='myshop')."
+        "(e.g. STREAM='MYSHOP', SUBJECT_PREFIX='myshop'). If this is the same project with its database "
+        "re-created (a dev machine), the old stream's events are the old database's: delete the stream "
+        f"(`nats stream rm {stream}`) and the worker makes a new one."
     )

@@ -46,7 +46,7 @@ def classify_publish_error(exc: BaseException) -> PublishResult:
     if isinstance(exc, nats.js.errors.NoStreamResponseError):
         return PublishResult(
             Outcome.TEMPORARY,
-            "no stream answered (no responders): is the stream there and JetStream up?",
+            "no stream answered (no responders): is the stream there, does it capture this subject, and is JetStream up?",
             no_stream=True,
         )
     return PublishResult(Outcome.TEMPORARY, f"{type(exc).__name__}: {exc}".rstrip(": "))

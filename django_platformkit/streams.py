@@ -227,6 +227,17 @@ class _Streams:
         drift = []
         if sorted(have.subjects or []) != sorted(want.subjects or []):
             drift.append(f"subjects {have.subjects} (want {want.subjects})")
+            if not set(want.subjects or []) <= set(have.subjects or []):
+                # Not cosmetic: nothing this project publishes is captured.
+                logger.error(
+                    "stream %s captures %s, not %s (SUBJECT_PREFIX changed?): every publish will fail with "
+                    "'no responders' until the stream captures it. Restore SUBJECT_PREFIX, or add the subject "
+                    "with `nats stream edit %s --subjects ...`.",
+                    want.name,
+                    have.subjects,
+                    want.subjects,
+                    want.name,
+                )
         if have.max_age is not None and abs((have.max_age or 0) - (want.max_age or 0)) > 1:
             drift.append(f"max_age {have.max_age:.0f} s (want {want.max_age:.0f} s = RETENTION_DAYS)")
         if abs((have.duplicate_window or 0) - want.duplicate_window) > 0.5:

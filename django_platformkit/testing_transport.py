@@ -158,7 +158,7 @@ class InMemoryTransport:
             if self._stream is None or not any(subject_matches(f, subject) for f in self._subjects):
                 return PublishResult(
                     Outcome.TEMPORARY,
-                    "no stream answered (no responders): is the stream there and JetStream up?",
+                    "no stream answered (no responders): is the stream there, does it capture this subject, and is JetStream up?",
                     no_stream=True,
                 )
             now = self.clock.now()

@@ -128,6 +128,8 @@ class Worker(ConsumerPool):
         self._cond = threading.Condition()
         self._ready: collections.deque[_Lane] = collections.deque()  # lanes with a unit queued, in turn
         self._starting = True
+        # Re-entrant: the final write may come from a signal handler on a thread that holds it.
+        self._health_lock = threading.RLock()
         self._crashed: str | None = None
         self._batch_size = int(conf.settings.CONSUMER_BATCH_SIZE)
 
@@ -161,6 +163,7 @@ class Worker(ConsumerPool):
 
     def run(self) -> int:
         """Run until stopped (or drained, with ``burst``). Returns the exit code."""
+        self._start_up_health()
         try:
             # A burst is a script's step: fail it rather than wait forever for a broker.
             if not self._connect_and_ensure_stream(give_up=self.burst):
@@ -242,8 +245,14 @@ class Worker(ConsumerPool):
         ):
             return False
         # owner: refuse a stream another project's database owns (identity.py).
+        # Read first, on its own: a database that can't answer is named as
+        # the database, not as the stream.
+        owner: list[str] = []
+        self._retry_until_stopped(lambda: owner.append(database_identity(self.using)), "database", self._give_up_at)
+        if self.stop_event.is_set():
+            return False
         self._retry_until_stopped(
-            lambda: self.transport.ensure_stream(owner=database_identity(self.using)),
+            lambda: self.transport.ensure_stream(owner=owner[0]),
             f"stream {conf.settings.STREAM}",
             self._give_up_at,
         )
@@ -415,13 +424,36 @@ class Worker(ConsumerPool):
             "healthy": not stuck_subscriptions
             and not stuck
             and not stopped
+            and not self._starting
             and self._crashed is None
             and self.transport.connected.is_set(),
+            "starting": self._starting,
             "stopped": stopped,
             "crashed": self._crashed,
             "counts": self.counts(),
             "time": time.time(),
         }
+
+    def _start_up_health(self) -> None:
+        """With a health file: write it every second while the worker starts
+        (``"starting": true``, not healthy) - a broker or database it waits
+        for can take long, and a probe reads the file's age. The watchdog
+        takes over once the worker runs."""
+        if self.health_file is None:
+            return
+
+        def beat() -> None:
+            while True:
+                # Under the lock the final write takes too: a start-up state
+                # can't land after the final one.
+                with self._health_lock:
+                    if not self._starting or self.stop_event.is_set():
+                        return
+                    with contextlib.suppress(Exception):
+                        self._write_health()
+                self.stop_event.wait(1.0)
+
+        threading.Thread(target=beat, name="platformkit-start-up-health", daemon=True).start()
 
     def _write_health(self, stuck: str | None = None, final: bool = False) -> None:
         if self.health_file is None:
@@ -440,7 +472,7 @@ class Worker(ConsumerPool):
 
     def _write_final_health(self) -> None:
         # A probe must never read "healthy" from a worker that has exited.
-        with contextlib.suppress(Exception):
+        with self._health_lock, contextlib.suppress(Exception):
             self._write_health(final=True)
 
     def _run_forever(self) -> None:

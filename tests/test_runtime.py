@@ -121,6 +121,13 @@ def test_sigterm_during_start_up_exits_0_promptly_with_a_log_line_and_a_final_he
         )
     try:
         wait_for(lambda: "nats unreachable" in log.read_text(), timeout=60, what="the worker waiting for NATS")
+        # While it waits, the health file says so, and is rewritten every second (a probe reads its age).
+        wait_for(lambda: health.exists(), timeout=10, what="the health file during start-up")
+        first = json.loads(health.read_text())
+        assert (first["starting"], first["healthy"], first["stopped"]) == (True, False, False)
+        wait_for(
+            lambda: json.loads(health.read_text())["time"] > first["time"], timeout=10, what="the health file rewritten"
+        )
         proc.send_signal(signal.SIGTERM)
         started = time.monotonic()
         code = proc.wait(10)
