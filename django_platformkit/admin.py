@@ -42,6 +42,7 @@ from .admin_deadletters import _attempt_error as _attempt_error
 from .admin_deadletters import replay_blocker as replay_blocker
 from .admin_display import _DATE_SUFFIXES as _DATE_SUFFIXES
 from .admin_display import _FILTER_SUFFIXES as _FILTER_SUFFIXES
+from .admin_display import NoWritesAdmin
 from .admin_display import ReadOnlyAdmin as ReadOnlyAdmin
 from .admin_display import _duration as _duration
 from .admin_display import _first_line as _first_line
@@ -392,7 +393,7 @@ _OVERVIEW_MODELS = (OutboxEvent, HandledEvent, DeadLetter, JobState, Attempt, Ov
 
 
 @admin.register(Overview)
-class OverviewAdmin(_ModelAdmin[Overview]):
+class OverviewAdmin(NoWritesAdmin, _ModelAdmin[Overview]):
     """The overview page (``admin:django_platformkit_overview``): every
     subscription keeping up or falling behind, the relay's lag, jobs and
     workers, from ``overview.collect()``. Open to staff who may view any of
@@ -403,15 +404,6 @@ class OverviewAdmin(_ModelAdmin[Overview]):
         return bool(user.is_active and user.is_staff) and any(
             user.has_perm(f"django_platformkit.view_{model._meta.model_name}") for model in _OVERVIEW_MODELS
         )
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
     def get_urls(self) -> list[URLPattern]:
         view = self.admin_site.admin_view(self.overview_view)

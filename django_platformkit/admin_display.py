@@ -62,7 +62,21 @@ else:
             return cls
 
 
-class ReadOnlyAdmin[ModelT: Model](_ModelAdmin[ModelT]):
+class NoWritesAdmin:
+    """Mixed into every admin of ours: nobody adds, edits or deletes a row by
+    hand (the named actions call the library instead)."""
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+class ReadOnlyAdmin[ModelT: Model](NoWritesAdmin, _ModelAdmin[ModelT]):
     """Operational tables are evidence: nobody adds, edits or deletes a row
     by hand. State changes are named actions that call the library."""
 
@@ -100,15 +114,6 @@ class ReadOnlyAdmin[ModelT: Model](_ModelAdmin[ModelT]):
                 f"{exc}: this list filters only by what it offers ({offered}). Use the filters beside the list or the search box.",
                 content_type="text/plain; charset=utf-8",
             )
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
     def _url(self, model: type[Model], view: str, *args: Any) -> str:
         return reverse(f"{self.admin_site.name}:django_platformkit_{model._meta.model_name}_{view}", args=args)

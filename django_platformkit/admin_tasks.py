@@ -19,6 +19,7 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 
+from .admin_display import NoWritesAdmin
 from .models import DeadLetter, OutboxTask, TaskResultRecord
 from .tasks import queue_of
 
@@ -78,7 +79,7 @@ class TaskStatusFilter(admin.SimpleListFilter):
         return queryset
 
 
-class OutboxTaskAdmin(_TaskModelAdmin):
+class OutboxTaskAdmin(NoWritesAdmin, _TaskModelAdmin):
     list_display = ("created_at", "task_path", "queue", "status", "arguments", "not_before")
     list_display_links = ("created_at", "task_path")
     list_filter = (TaskStatusFilter, "name")
@@ -105,15 +106,6 @@ class OutboxTaskAdmin(_TaskModelAdmin):
         "dead_letter_link",
     )
     readonly_fields = fields
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
     def has_replay_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm(REPLAY_PERMISSION)

@@ -70,10 +70,11 @@ def _claim_sql(trust_outbox: bool) -> str:
 
 
 _CLAIM_TRUSTED_SQL = _claim_sql(True)
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _CLAIM_EXTERNAL_SQL = _claim_sql(False)
 _ALREADY_CLAIMED_SQL = f"SELECT event_id FROM {HANDLED_TABLE} WHERE subscription = %s AND event_id = ANY(%s::uuid[])"
 _SET_TENANT_SQL = SET_TENANT_SQL
+#: The claim returns created_at as microseconds since this instant.
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 #: A unit's runs recorded as ``running`` (slow first runs, a redelivery) are
 #: handled with the unit's commit, not after it.
 _MARK_RUNS_HANDLED_SQL = (

@@ -72,6 +72,6 @@ class PermanentFailure(PlatformKitError, Exception):
     """Raise it from a handler (or a task) for a failure no retry can fix:
     the attempt counts and its work rolls back as for any error, but the
     event is dead-lettered at once instead of retried, with this error and
-    its traceback (Celery's ``Reject(requeue=False)``, Dramatiq's
-    ``Retry``-less failure). Replay it after the fix. The worker raises it
+    its traceback (the idea of Celery's ``Reject(requeue=False)`` and of
+    Dramatiq's ``Retries(throws=...)``). Replay it after the fix. The worker raises it
     itself for a task whose return value JSON can't carry."""

@@ -23,7 +23,7 @@ from django.db import connections, transaction
 from . import conf, signals, tracing
 from ._retry import Backoff
 from ._tables import OUTBOX_TABLE
-from .deadletters import ReplayResult, discard, record_dead_letter, replay  # noqa: F401
+from .deadletters import RELAY_DEAD_LETTERS, ReplayResult, discard, record_dead_letter, replay  # noqa: F401
 from .events import NOTIFY_CHANNEL
 from .outage import Outage, is_database_error
 from .wire import Outcome, OutgoingMessage, compose, envelope  # noqa: F401
@@ -38,7 +38,7 @@ logger = logging.getLogger(__name__)
 
 #: The subscription name under which the relay dead-letters rows the broker
 #: refuses for good, so one bad row never blocks the queue.
-RELAY_SUBSCRIPTION = "platformkit.relay"
+RELAY_SUBSCRIPTION = RELAY_DEAD_LETTERS
 #: The longest pause between two tries while the database is away: a
 #: restart's end is noticed within this many seconds.
 MAX_DATABASE_RETRY_SECONDS = 5.0

@@ -14,6 +14,7 @@ per task; we keep one only once there is something to say.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import sys
@@ -83,15 +84,10 @@ _LOAD_SQL = (
 )
 
 
+@functools.lru_cache(maxsize=8)
 def _json_list(item: str) -> str:
     """``json.dumps([item])``, made once per value (the worker id, per task run)."""
-    text = _JSON_LISTS.get(item)
-    if text is None:
-        text = _JSON_LISTS[item] = json.dumps([item])
-    return text
-
-
-_JSON_LISTS: dict[str, str] = {}
+    return json.dumps([item])
 
 
 def _task_at(path: str, alias: str, queue: str) -> Task[..., Any]:
@@ -117,30 +113,25 @@ def _task_at(path: str, alias: str, queue: str) -> Task[..., Any]:
     return task
 
 
+@functools.cache
 def _django_tasks() -> SimpleNamespace:
     """Django's task names ``run_task`` uses, imported once (per task, the
     import statements were a measurable share of a no-op task's run)."""
-    global _DJANGO_TASKS
-    if _DJANGO_TASKS is None:
-        from django.tasks import task_backends
-        from django.tasks.base import TaskContext, TaskError, TaskResult, TaskResultStatus
-        from django.tasks.signals import task_finished, task_started
-        from django.utils.json import normalize_json
+    from django.tasks import task_backends
+    from django.tasks.base import TaskContext, TaskError, TaskResult, TaskResultStatus
+    from django.tasks.signals import task_finished, task_started
+    from django.utils.json import normalize_json
 
-        _DJANGO_TASKS = SimpleNamespace(
-            task_backends=task_backends,
-            TaskContext=TaskContext,
-            TaskError=TaskError,
-            TaskResult=TaskResult,
-            TaskResultStatus=TaskResultStatus,
-            task_finished=task_finished,
-            task_started=task_started,
-            normalize_json=normalize_json,
-        )
-    return _DJANGO_TASKS
-
-
-_DJANGO_TASKS: SimpleNamespace | None = None
+    return SimpleNamespace(
+        task_backends=task_backends,
+        TaskContext=TaskContext,
+        TaskError=TaskError,
+        TaskResult=TaskResult,
+        TaskResultStatus=TaskResultStatus,
+        task_finished=task_finished,
+        task_started=task_started,
+        normalize_json=normalize_json,
+    )
 
 
 def run_task(event: ReceivedEvent) -> None:

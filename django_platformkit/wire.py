@@ -9,6 +9,7 @@ process that publishes, and ``django.setup()``, never import the broker client.
 from __future__ import annotations
 
 import enum
+import functools
 import json
 import uuid
 from collections.abc import Mapping
@@ -234,9 +235,13 @@ class MalformedMessage(Exception):
     """A message on our subjects that isn't a well-formed event of ours."""
 
 
-#: (event name, tenant) pairs that passed check_event_name and check_tenant:
-#: per message, a set lookup instead of two regular expressions.
-_VALID_NAMES: set[tuple[Any, Any]] = set()
+@functools.lru_cache(maxsize=10_000)
+def _checked_name_and_tenant(name: str, tenant: str | None) -> str | None:
+    """``check_event_name(name)`` and ``check_tenant(tenant)``, remembered for
+    the pairs that pass (a refusal raises, and is never cached): per message,
+    a cache lookup instead of two regular expressions."""
+    check_event_name(name)
+    return check_tenant(tenant)
 
 
 def parse_delivery(delivery: Delivery) -> ReceivedEvent:
@@ -260,17 +265,14 @@ def parse_delivery(delivery: Delivery) -> ReceivedEvent:
         raise MalformedMessage(f"id {body.get('id')!r} is not a UUID") from None
     name = body.get("type")
     tenant = body.get("tenantid")
-    checked = (name, tenant) if isinstance(name, str) and (tenant is None or isinstance(tenant, str)) else None
-    if checked is None or checked not in _VALID_NAMES:
-        try:
+    try:
+        if isinstance(name, str) and (tenant is None or isinstance(tenant, str)):
+            tenant = _checked_name_and_tenant(name, tenant)
+        else:  # not hashable, or not text: check_event_name says which
             check_event_name(name)
             tenant = check_tenant(tenant)
-        except InvalidEventName as exc:
-            raise MalformedMessage(str(exc)) from None
-        if checked is not None:
-            if len(_VALID_NAMES) >= 10_000:  # a bound for a stream of many tenants
-                _VALID_NAMES.clear()
-            _VALID_NAMES.add(checked)
+    except InvalidEventName as exc:
+        raise MalformedMessage(str(exc)) from None
     if name != subject_name:
         raise MalformedMessage(f"type {name!r} differs from the subject's event {subject_name!r}")
     if tenant != subject_tenant:

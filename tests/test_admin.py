@@ -8,6 +8,7 @@ import datetime
 import json
 import uuid
 import zoneinfo
+from html import unescape
 
 import pytest
 from django.contrib.auth.models import Permission, User
@@ -207,6 +208,21 @@ def test_staff_without_view_permission_sees_no_dead_letters(client):
 # --- Replay ------------------------------------------------------------------
 
 
+def malformed_dead_letter() -> DeadLetter:
+    """A malformed message's dead letter on testapp.slow: its id is no outbox row."""
+    gone = uuid.uuid4()
+    record_dead_letter(
+        subscription="testapp.slow",
+        event_id=gone,
+        name="(malformed)",
+        tenant=None,
+        attempts=1,
+        error="malformed",
+        traceback="",
+    )
+    return DeadLetter.objects.get(event_id=gone)
+
+
 def _action(client, action: str, rows: list[DeadLetter], **extra):
     data = {"action": action, "_selected_action": [str(r.pk) for r in rows], **extra}
     if "confirm" not in extra:
@@ -253,17 +269,8 @@ def test_replay_without_a_reason_asks_again_and_changes_nothing(client, operator
 
 def test_replay_of_many_rows_reports_each_outcome(client, operator):
     first, second = dead_letter(), dead_letter("testapp.order_placed", subscription="testapp.record_order")
-    gone = uuid.uuid4()  # a malformed message: its id is no outbox row
-    record_dead_letter(
-        subscription="testapp.slow",
-        event_id=gone,
-        name="(malformed)",
-        tenant=None,
-        attempts=1,
-        error="malformed",
-        traceback="",
-    )
-    malformed = DeadLetter.objects.get(event_id=gone)
+    malformed = malformed_dead_letter()
+    gone = malformed.event_id
     client.force_login(operator)
     done = _action(client, "replay_selected", [first, second, malformed], confirm="yes", reason="deploy 42 fixed it")
     assert done.status_code == 302
@@ -278,17 +285,8 @@ def test_replay_of_many_rows_reports_each_outcome(client, operator):
 
 def test_the_replay_confirmation_says_which_selected_ones_will_not_be_replayed(client, operator):
     healthy = dead_letter()
-    gone = uuid.uuid4()  # a malformed message: its id is no outbox row
-    record_dead_letter(
-        subscription="testapp.slow",
-        event_id=gone,
-        name="(malformed)",
-        tenant=None,
-        attempts=1,
-        error="malformed",
-        traceback="",
-    )
-    malformed = DeadLetter.objects.get(event_id=gone)
+    malformed = malformed_dead_letter()
+    gone = malformed.event_id
     client.force_login(operator)
     page = _action(client, "replay_selected", [healthy, malformed])
     assert page.status_code == 200
@@ -304,6 +302,22 @@ def test_the_replay_confirmation_says_which_selected_ones_will_not_be_replayed(c
     # Discard's confirmation has nothing to warn about.
     assert 'id="platformkit-not-replayed"' not in _action(client, "discard_selected", [malformed]).content.decode()
     assert DeadLetter.objects.count() == 2
+
+
+def test_a_dead_letter_of_a_subscription_this_build_lacks_is_not_replayed_and_says_why(client, operator):
+    healthy, retired = dead_letter(), dead_letter(subscription="retired.old_handler")
+    client.force_login(operator)
+    page = _action(client, "replay_selected", [healthy, retired])
+    text = unescape(page.content.decode())
+    section = text[
+        text.index('id="platformkit-not-replayed"') : text.index("</div>", text.index("platformkit-not-replayed"))
+    ]
+    assert "1 of the selected will not be replayed" in section
+    assert "declares no subscription 'retired.old_handler'" in section
+    done = _action(client, "replay_selected", [healthy, retired], confirm="yes", reason="fixed")
+    assert done.status_code == 302
+    assert any("declares no subscription 'retired.old_handler'" in m for m in messages_of(done))
+    assert list(DeadLetter.objects.values_list("pk", flat=True)) == [retired.pk]  # the operator still sees it
 
 
 def test_replay_needs_the_replay_permission_not_just_staff(client, viewer):

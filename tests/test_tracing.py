@@ -101,6 +101,17 @@ def test_without_a_tracer_provider_nothing_is_traced(monkeypatch):
     assert isinstance(tracing.producer_spans([], iter(())), type(tracing._NO_SPANS))
 
 
+def test_a_provider_set_through_the_api_turns_tracing_on_and_none_turns_it_off(monkeypatch):
+    # What set_tracer_provider() stores (it can be called once per process,
+    # so the test sets the API's global itself): enabled() reads it directly.
+    provider = TracerProvider()
+    monkeypatch.setattr(trace, "_TRACER_PROVIDER", provider)
+    assert tracing.enabled()
+    monkeypatch.setattr(trace, "_TRACER_PROVIDER", None)
+    assert not tracing.enabled()
+    provider.shutdown()
+
+
 def test_without_opentelemetry_installed_the_import_is_tried_once_and_nothing_is_traced(monkeypatch):
     import sys
 
