@@ -56,6 +56,11 @@ class Subscription:
     external: bool = False
     #: The durable's ``max_ack_pending`` for this subscription, or None for the derived default.
     max_ack_pending_override: int | None = None
+    #: Not a ``subscribe()`` option: the claim also takes the transaction-scoped
+    #: advisory lock ``(claim_lock_namespace, hashtext(event id))`` on each event
+    #: it claims, held until the unit's transaction ends (the task queues set
+    #: it: ``get_result()`` reads the lock as RUNNING; ``tasks_results``).
+    claim_lock_namespace: int | None = None
 
     def __hash__(self) -> int:
         # The signals' sender: Django's dispatcher hashes it once a receiver

@@ -1,14 +1,16 @@
 """Running a ``django.tasks`` task in the worker, and what its runs leave behind.
 
 The return value is written with the claim, in the task's own transaction:
-it exists exactly when the task's writes do. A failed attempt's error is
-written after its rollback (from the ``event_failed`` signal), so the history
-survives the rollback that undid the attempt. The rest is derived when read,
-from rows that are the truth anyway: READY/enqueued_at/args from the outbox
-row, FAILED/finished_at from the dead letter (so a replay makes the task READY
-again), RUNNING from a transaction-scoped advisory lock the running task holds
-(released by its commit, its rollback or its worker's death: never stale) and
-its transaction's start time. Borrowed: django-tasks-db keeps one result row
+it exists exactly when the task's writes do (a unit's successful results are
+one statement just before its commit, ``units.UnitWrites``, not one per
+task). A failed attempt's error is written after its rollback (from the
+``event_failed`` signal), so the history survives the rollback that undid the
+attempt. The rest is derived when read, from rows that are the truth anyway:
+READY/enqueued_at/args from the outbox row, FAILED/finished_at from the dead
+letter (so a replay makes the task READY again), RUNNING from a
+transaction-scoped advisory lock the claim takes on every task of its unit
+(released by the commit, the rollback or the worker's death: never stale) and
+the transaction's start time. Borrowed: django-tasks-db keeps one result row
 per task; we keep one only once there is something to say.
 """
 
@@ -31,6 +33,7 @@ from . import conf, signals
 from ._tables import DEAD_LETTER_TABLE, OUTBOX_TABLE, TASK_RESULTS_TABLE
 from .exceptions import PermanentFailure
 from .tasks import TASK_EVENT_PREFIX, _event_id, _refused_by_django, queue_of, worker_id
+from .units import unit_writes
 
 if TYPE_CHECKING:
     from django.tasks import Task, TaskResult
@@ -48,20 +51,36 @@ class _Backend(Protocol):
 
 
 #: First key of the two-key advisory lock a running task holds ('pkts'); the
-#: second is hashtext(event id). A hash collision can only show another
-#: running task's id as RUNNING for that moment; it never blocks anything
-#: (taken with pg_try_advisory_xact_lock).
+#: second is hashtext(event id). The claim takes it on every task of its unit
+#: (``Subscription.claim_lock_namespace``), so a task waiting behind earlier
+#: ones of its batch reads as RUNNING too, started at the unit's transaction
+#: start. A hash collision can only show another running task's id as RUNNING
+#: for that moment; it never blocks anything (pg_try_advisory_xact_lock).
 RUNNING_LOCK_NAMESPACE = 0x706B7473
 
+#: The lock the claim takes, as a statement of its own (what another session sees; tests).
 _LOCK_SQL = "SELECT pg_try_advisory_xact_lock(%s, hashtext(%s::uuid::text))"
 _HISTORY_SQL = f"SELECT started_at, errors::text, worker_ids::text FROM {TASK_RESULTS_TABLE} WHERE event_id = %s"
+#: The result rows of a unit's successful runs, in one statement and one
+#: parameter: a JSON array of ``[event id, return value, started_at,
+#: last_attempted_at, finished_at, worker id]`` (psycopg would adapt and
+#: quote a parameter per value in Python; json.dumps is one C call). A
+#: retry's row exists: it is updated.
 _SUCCESS_SQL = (
     f"INSERT INTO {TASK_RESULTS_TABLE} AS r (event_id, status, return_value, started_at, last_attempted_at, finished_at, errors, worker_ids) "
-    "VALUES (%s, 'SUCCESSFUL', %s::jsonb, %s, %s, clock_timestamp(), '[]'::jsonb, %s::jsonb) "
+    "SELECT (x->>0)::uuid, 'SUCCESSFUL', x->1, (x->>2)::timestamptz, (x->>3)::timestamptz, (x->>4)::timestamptz, "
+    "'[]'::jsonb, jsonb_build_array(x->5) FROM jsonb_array_elements(%s::jsonb) AS x "
     "ON CONFLICT (event_id) DO UPDATE SET status = 'SUCCESSFUL', return_value = EXCLUDED.return_value, "
     "started_at = COALESCE(r.started_at, EXCLUDED.started_at), last_attempted_at = EXCLUDED.last_attempted_at, "
     "finished_at = EXCLUDED.finished_at, worker_ids = r.worker_ids || EXCLUDED.worker_ids"
 )
+
+
+def _write_successes(cursor: Any, rows: list[list[Any]]) -> None:
+    """Write the result rows ``run_task`` left (``units.UnitWrites``), or one written at once."""
+    cursor.execute(_SUCCESS_SQL, [json.dumps(rows)])
+
+
 _FAILURE_SQL = (
     f"INSERT INTO {TASK_RESULTS_TABLE} AS r (event_id, status, return_value, started_at, last_attempted_at, finished_at, errors, worker_ids) "
     "VALUES (%s, '', NULL, %s, %s, NULL, %s::jsonb, %s::jsonb) "
@@ -82,12 +101,6 @@ _LOAD_SQL = (
     " AND x.subscription IN (o.name, 'platformkit.relay') ORDER BY failed_at DESC LIMIT 1) d ON true "
     "WHERE o.id = %s AND o.name LIKE %s"
 )
-
-
-@functools.lru_cache(maxsize=8)
-def _json_list(item: str) -> str:
-    """``json.dumps([item])``, made once per value (the worker id, per task run)."""
-    return json.dumps([item])
 
 
 def _task_at(path: str, alias: str, queue: str) -> Task[..., Any]:
@@ -149,67 +162,67 @@ def run_task(event: ReceivedEvent) -> None:
     started = timezone.now()
     me = worker_id()
     earlier_started, errors, earlier_workers = None, [], []
-    # One cursor for the lock and the result write (a cursor per statement
-    # was a tenth of this function's own CPU in a py-spy profile).
-    cursor = connections[db].cursor()
-    try:
-        # Held until this transaction ends: get_result() reads it as RUNNING.
-        cursor.execute(_LOCK_SQL, [RUNNING_LOCK_NAMESPACE, event.id])
-        if event.attempt > 1:  # a retry: earlier runs left their history
+    # RUNNING: the claim took this task's advisory lock (the queue's
+    # Subscription.claim_lock_namespace), held until the unit's transaction ends.
+    if event.attempt > 1:  # a retry: earlier runs left their history
+        with connections[db].cursor() as cursor:
             cursor.execute(_HISTORY_SQL, [event.id])
             row = cursor.fetchone()
-            if row is not None:
-                earlier_started = row[0]
-                errors = [dj.TaskError(**e) for e in json.loads(row[1])]
-                earlier_workers = json.loads(row[2])
-        # TaskContext.attempt is len(worker_ids): make it the handler-run count.
-        previous = earlier_workers[-(event.attempt - 1) :] if event.attempt > 1 else []
-        workers = ["(unrecorded)"] * (event.attempt - 1 - len(previous)) + previous + [me]
-        result: TaskResult[..., Any] = dj.TaskResult(
-            task=task,
-            id=str(event.id),
-            status=TaskResultStatus.RUNNING,
-            enqueued_at=event.occurred_at,
-            started_at=earlier_started or started,
-            last_attempted_at=started,
-            finished_at=None,
-            args=args,
-            kwargs=kwargs,
-            backend=alias,
-            errors=errors,
-            worker_ids=workers,
-        )
-        dj.task_started.send(type(backend), task_result=result)
-        if task.takes_context:
-            value = task.call(dj.TaskContext(task_result=result), *args, **kwargs)
-        else:
-            value = task.call(*args, **kwargs)
-        # A return value JSON can't carry fails the attempt, as Django's
-        # backends do; it would fail every time, so it is not retried.
-        try:
-            value = dj.normalize_json(value)
-        except (TypeError, ValueError):
-            path, refused = _refused_by_django(value, "$") or ("$", value)
-            raise PermanentFailure(
-                f"the task returned {type(refused).__name__} at {path} of its return value, which Django's task "
-                "results can't store (str, int, float, bool, None, list, dict): return JSON values, e.g. a "
-                "Decimal as str(), a datetime as .isoformat(), a set as a list. Not retried: it would fail "
-                "every time (its writes were rolled back)."
-            ) from None
-        cursor.execute(
-            _SUCCESS_SQL,
-            [
-                event.id,
-                "null" if value is None else json.dumps(value),
-                earlier_started or started,
-                started,
-                _json_list(me),
-            ],
-        )
-    finally:
-        cursor.close()
+        if row is not None:
+            earlier_started = row[0]
+            errors = [dj.TaskError(**e) for e in json.loads(row[1])]
+            earlier_workers = json.loads(row[2])
+    # TaskContext.attempt is len(worker_ids): make it the handler-run count.
+    previous = earlier_workers[-(event.attempt - 1) :] if event.attempt > 1 else []
+    workers = ["(unrecorded)"] * (event.attempt - 1 - len(previous)) + previous + [me]
+    result: TaskResult[..., Any] = dj.TaskResult(
+        task=task,
+        id=str(event.id),
+        status=TaskResultStatus.RUNNING,
+        enqueued_at=event.occurred_at,
+        started_at=earlier_started or started,
+        last_attempted_at=started,
+        finished_at=None,
+        args=args,
+        kwargs=kwargs,
+        backend=alias,
+        errors=errors,
+        worker_ids=workers,
+    )
+    dj.task_started.send(type(backend), task_result=result)
+    if task.takes_context:
+        value = task.call(dj.TaskContext(task_result=result), *args, **kwargs)
+    else:
+        value = task.call(*args, **kwargs)
+    # A return value JSON can't carry fails the attempt, as Django's
+    # backends do; it would fail every time, so it is not retried.
+    try:
+        value = dj.normalize_json(value)
+    except (TypeError, ValueError):
+        path, refused = _refused_by_django(value, "$") or ("$", value)
+        raise PermanentFailure(
+            f"the task returned {type(refused).__name__} at {path} of its return value, which Django's task "
+            "results can't store (str, int, float, bool, None, list, dict): return JSON values, e.g. a "
+            "Decimal as str(), a datetime as .isoformat(), a set as a list. Not retried: it would fail "
+            "every time (its writes were rolled back)."
+        ) from None
+    finished = timezone.now()
+    row = [
+        str(event.id),
+        value,
+        (earlier_started or started).isoformat(),
+        started.isoformat(),
+        finished.isoformat(),
+        me,
+    ]
+    writes = unit_writes(db)
+    if writes is not None:
+        writes.add(_write_successes, row)  # with the unit's other results, before its commit
+    else:
+        with connections[db].cursor() as cursor:
+            _write_successes(cursor, [row])
     object.__setattr__(result, "status", TaskResultStatus.SUCCESSFUL)
-    object.__setattr__(result, "finished_at", timezone.now())
+    object.__setattr__(result, "finished_at", finished)
     object.__setattr__(result, "_return_value", value)
     # Finished means committed: a rollback after the task returned is a failed attempt.
     task_finished = dj.task_finished

@@ -9,8 +9,10 @@ another stage for it.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Any
 
 from .wire import Delivery, ReceivedEvent
 
@@ -19,6 +21,49 @@ from .wire import Delivery, ReceivedEvent
 #: subtransactions with writes PostgreSQL's per-backend subxid cache
 #: overflows and every other session's snapshots get slower.
 MAX_SAVEPOINTS_PER_TRANSACTION = 50
+
+
+class UnitWrites:
+    """Rows the handlers of one unit leave to be written together, by one
+    statement per kind just before the unit commits, instead of one round
+    trip each (the task queues' results: ``tasks_results``). Only where a
+    handler's failure rolls the whole unit back (no savepoint per message):
+    what a failed handler left can't outlive it, and a unit redone with
+    savepoints writes at once (``unit_writes()`` is then None)."""
+
+    def __init__(self, using: str) -> None:
+        self.using = using  # the unit's database alias: a write elsewhere can't wait for its commit
+        self._rows: dict[Callable[[Any, list[Any]], None], list[Any]] = {}
+
+    def add(self, write: Callable[[Any, list[Any]], None], row: Any) -> None:
+        """Leave ``row`` for ``write(cursor, rows)``, called once per unit with every row added for it."""
+        rows = self._rows.get(write)
+        if rows is None:
+            self._rows[write] = [row]
+        else:
+            rows.append(row)
+
+    def flush(self, cursor: Any) -> None:
+        """Write what the unit's handlers left, on the unit's cursor (inside its transaction)."""
+        rows, self._rows = self._rows, {}
+        for write, items in rows.items():
+            write(cursor, items)
+
+
+_unit_writes = threading.local()
+
+
+def unit_writes(using: str) -> UnitWrites | None:
+    """The deferred writes of the unit this thread's handler runs in on
+    database ``using``, or None: write at once (a unit redone with a
+    savepoint per message, another database, or no unit at all)."""
+    writes: UnitWrites | None = getattr(_unit_writes, "current", None)
+    return writes if writes is not None and writes.using == using else None
+
+
+def set_unit_writes(writes: UnitWrites | None) -> None:
+    """The claim's transaction sets (and clears) this thread's ``unit_writes``."""
+    _unit_writes.current = writes
 
 
 class _Redo(Exception):

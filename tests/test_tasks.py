@@ -21,6 +21,7 @@ from django.tasks.signals import task_enqueued, task_finished, task_started
 
 from django_platformkit.exceptions import InvalidPayload
 from django_platformkit.models import DeadLetter, OutboxEvent
+from django_platformkit.relay import Relay
 from tests.conftest import wait_for
 from tests.testapp import tasks
 from tests.testapp.models import Effect
@@ -148,7 +149,6 @@ def test_a_queue_not_in_QUEUES_is_refused_at_enqueue(outbox_tasks):
 
 
 def test_the_same_message_delivered_three_more_times_writes_once(outbox_tasks, transport, run_worker):
-    from django_platformkit.relay import Relay
     from django_platformkit.wire import envelope
 
     result = tasks.record.enqueue("dup")
@@ -305,6 +305,67 @@ def test_a_running_task_reads_as_running(outbox_tasks):
         other.close()
 
 
+def test_a_task_a_worker_runs_reads_as_running_then_successful(outbox_tasks, background_worker):
+    """The claim takes the RUNNING lock (no statement of the task's own): a
+    worker's running task reads as RUNNING from another connection."""
+    result = tasks.waits_for_release.enqueue("held")
+    background_worker(subscriptions=task_subscriptions())
+    running = wait_for(
+        lambda: (r := outbox_tasks.get_result(result.id)).status == TaskResultStatus.RUNNING and r,
+        timeout=15,
+        interval=0.05,
+        what="the task to read as RUNNING",
+    )
+    assert running.started_at is not None and running.finished_at is None
+    Effect.objects.create(subscription="held.release", event_id=uuid.uuid4(), payload={})
+    done = wait_for(
+        lambda: (r := outbox_tasks.get_result(result.id)).is_finished and r, timeout=15, what="the task to finish"
+    )
+    assert done.status == TaskResultStatus.SUCCESSFUL and done.return_value == "released"
+    assert done.started_at <= done.finished_at
+    assert effects("held") == 1
+
+
+def _default_queue_consumer(transport):
+    from django_platformkit.consumer import Consumer
+
+    Relay(transport).drain()
+    sub = next(s for s in task_subscriptions() if s.name == "platformkit.task_default")
+    consumer = Consumer(sub, transport)
+    consumer.ensure()
+    return consumer
+
+
+def test_a_unit_of_tasks_writes_its_results_in_one_statement_and_one_failure_keeps_the_others(
+    outbox_tasks, transport, django_assert_max_num_queries
+):
+    """A batch's results are one statement before its commit; when one task
+    raises, the redo with savepoints writes each other task's result with it."""
+    with transaction.atomic():
+        ok = [tasks.record.enqueue("unit", n=i) for i in range(5)]
+    consumer = _default_queue_consumer(transport)
+    # BEGIN, the claim, each task's own insert, one statement for the five results, COMMIT.
+    with django_assert_max_num_queries(2 + 5 + 1 + 1):
+        assert consumer.poll(timeout=2) == 5
+    for i, result in enumerate(ok):
+        done = outbox_tasks.get_result(result.id)
+        assert done.status == TaskResultStatus.SUCCESSFUL and done.return_value == {"label": "unit", "n": i}
+        assert done.started_at <= done.finished_at
+    with transaction.atomic():
+        mixed = [tasks.record.enqueue("mixed", n=i) for i in range(2)]
+        failing = tasks.fails_until_fixed.enqueue("mixed_bad")
+        mixed += [tasks.record.enqueue("mixed", n=i) for i in range(2, 4)]
+    Relay(transport).drain()
+    assert consumer.poll(timeout=2) == 5
+    assert consumer.counts["retried"] == 1
+    for result in mixed:
+        assert outbox_tasks.get_result(result.id).status == TaskResultStatus.SUCCESSFUL
+    assert effects("mixed") == 4 and effects("mixed_bad") == 0
+    retried = outbox_tasks.get_result(failing.id)
+    assert retried.status == TaskResultStatus.READY
+    assert [e.exception_class_path for e in retried.errors] == ["builtins.RuntimeError"]
+
+
 def test_run_after_is_honoured_by_a_running_worker_within_a_second(outbox_tasks, background_worker):
     background_worker(subscriptions=task_subscriptions())
     time.sleep(1.0)  # the worker is up and idle
@@ -387,6 +448,12 @@ def test_check_errors_for_an_options_batch_that_is_not_a_bool_and_for_an_unknown
             "TASKS['default']['OPTIONS'] has 'BACH', which OutboxBackend doesn't know (did you mean 'BATCH'?)",
         ),
     ]
+    assert OutboxBackend("default", {"QUEUES": ["default"], "OPTIONS": {"CONCURRENCY": 3}}).check() == []
+    for bad in (0, "2", True, 1.5):
+        errors = OutboxBackend("default", {"QUEUES": ["default"], "OPTIONS": {"CONCURRENCY": bad}}).check()
+        assert [(e.id, e.msg) for e in errors] == [
+            ("platformkit.E106", f"TASKS['default']['OPTIONS']['CONCURRENCY'] is {bad!r}, not a positive int")
+        ]
 
 
 def test_runworker_queue_runs_only_that_queues_tasks(outbox_tasks, run_worker):

@@ -41,3 +41,15 @@ def returns_a_set(label):
     """Writes an Effect, then returns what Django's task results can't store."""
     Effect.objects.create(subscription=label, event_id=uuid.uuid4(), payload={})
     return {"ok": {1, 2}}
+
+
+@task
+def waits_for_release(label):
+    """Runs until an Effect '<label>.release' is committed (at most 20 s): a task a test can see RUNNING."""
+    import time
+
+    deadline = time.monotonic() + 20
+    while not Effect.objects.filter(subscription=f"{label}.release").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    Effect.objects.create(subscription=label, event_id=uuid.uuid4(), payload={})
+    return "released"
