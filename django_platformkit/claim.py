@@ -28,7 +28,7 @@ from .attempts import slow_runs as _slow_runs
 from .events import check_tenant
 from .outage import close_old_connections_for, not_the_handlers_fault
 from .subscriptions import SET_TENANT_SQL, TENANT_SET_CONFIG, Subscription
-from .units import UnitWrites, _Redo, _Work, set_unit_writes
+from .units import UnitWrites, _Redo, _Work, unit_writes_scope
 from .wire import ReceivedEvent
 
 if TYPE_CHECKING:
@@ -129,144 +129,137 @@ class _Claiming:
         outcomes: dict[int, str] = {}
         events: dict[int, ReceivedEvent] = {}
         failures: list[_Work] = []
-        try:
-            with transaction.atomic(using=self.using):  # noqa: SIM117 - the cursor lives inside the transaction, named separately for the blocks below
-                with connection.cursor() as cursor:
-                    # One array literal: psycopg would adapt a list item by item.
-                    ids = "{" + ",".join(sorted({str(w.event.id) for w in todo})) + "}"
-                    tenant: str | None = check_tenant(todo[0].event.tenant) or ""
+        # Where a failure rolls the whole unit back, handlers may leave rows
+        # for one statement before the commit (units.UnitWrites).
+        writes = None if safe else UnitWrites(self.using)
+        with transaction.atomic(using=self.using), unit_writes_scope(writes):  # noqa: SIM117 - the cursor lives inside the transaction, named separately for the blocks below
+            with connection.cursor() as cursor:
+                # One array literal: psycopg would adapt a list item by item.
+                ids = "{" + ",".join(sorted({str(w.event.id) for w in todo})) + "}"
+                tenant: str | None = check_tenant(todo[0].event.tenant) or ""
+                cursor.execute(
+                    _claim_sql(trust_outbox, sub.claim_lock_namespace),
+                    [
+                        ids,
+                        sub.event,
+                        sub.name,
+                        todo[0].attempt_row if len(todo) == 1 else None,
+                        timeout_ms,
+                        timeout_ms,
+                        tenant,
+                    ],
+                )
+                rows = {row[0]: row for row in cursor.fetchall() if row[0] is not None}
+                missing = [w for w in todo if w.event.id not in rows]
+                if missing:
                     cursor.execute(
-                        _claim_sql(trust_outbox, sub.claim_lock_namespace),
-                        [
-                            ids,
-                            sub.event,
-                            sub.name,
-                            todo[0].attempt_row if len(todo) == 1 else None,
-                            timeout_ms,
-                            timeout_ms,
-                            tenant,
-                        ],
+                        _ALREADY_CLAIMED_SQL, [sub.name, "{" + ",".join(str(w.event.id) for w in missing) + "}"]
                     )
-                    rows = {row[0]: row for row in cursor.fetchall() if row[0] is not None}
-                    missing = [w for w in todo if w.event.id not in rows]
-                    if missing:
-                        cursor.execute(
-                            _ALREADY_CLAIMED_SQL, [sub.name, "{" + ",".join(str(w.event.id) for w in missing) + "}"]
+                    claimed_before = {r[0] for r in cursor.fetchall()}
+                    for work in missing:
+                        outcomes[id(work)] = "skipped" if work.event.id in claimed_before else "not_in_outbox"
+                seen: set[uuid.UUID] = set()
+                checked_tenant = tenant  # the last tenant check_tenant() passed: a unit is mostly one tenant
+                ident = threading.get_ident()
+                started = self.handlers_started
+                watch, unwatch = _slow_runs.watch, _slow_runs.unwatch
+                for work in todo:
+                    if id(work) in outcomes:
+                        continue
+                    row = rows[work.event.id]
+                    name, row_tenant, payload, created_us, claimed = row[1], row[2], row[3], row[4], row[5]
+                    if not claimed or work.event.id in seen:
+                        outcomes[id(work)] = "skipped"
+                        continue
+                    seen.add(work.event.id)
+                    event = work.event
+                    if trust_outbox:
+                        # The outbox is the authority: a same-id copy with another payload runs with ours.
+                        event = ReceivedEvent(
+                            event.id,
+                            name,
+                            row_tenant,
+                            json.loads(payload),
+                            _EPOCH + timedelta(microseconds=created_us),
+                            event.attempt,
+                            event.headers,
                         )
-                        claimed_before = {r[0] for r in cursor.fetchall()}
-                        for work in missing:
-                            outcomes[id(work)] = "skipped" if work.event.id in claimed_before else "not_in_outbox"
-                    # Where a failure rolls the whole unit back, handlers may leave
-                    # rows for one statement before the commit (units.UnitWrites).
-                    writes = None if safe else UnitWrites(self.using)
-                    set_unit_writes(writes)
-                    seen: set[uuid.UUID] = set()
-                    checked_tenant = tenant  # the last tenant check_tenant() passed: a unit is mostly one tenant
-                    ident = threading.get_ident()
-                    started = self.handlers_started
-                    watch, unwatch = _slow_runs.watch, _slow_runs.unwatch
-                    for work in todo:
-                        if id(work) in outcomes:
-                            continue
-                        row = rows[work.event.id]
-                        name, row_tenant, payload, created_us, claimed = row[1], row[2], row[3], row[4], row[5]
-                        if not claimed or work.event.id in seen:
-                            outcomes[id(work)] = "skipped"
-                            continue
-                        seen.add(work.event.id)
-                        event = work.event
-                        if trust_outbox:
-                            # The outbox is the authority: a same-id copy with another payload runs with ours.
-                            event = ReceivedEvent(
-                                event.id,
-                                name,
-                                row_tenant,
-                                json.loads(payload),
-                                _EPOCH + timedelta(microseconds=created_us),
-                                event.attempt,
-                                event.headers,
-                            )
-                        events[id(work)] = event
-                        event_tenant = event.tenant or ""
-                        if event_tenant != checked_tenant:
-                            event_tenant = check_tenant(event.tenant) or ""
-                            checked_tenant = event_tenant
-                        if safe:
-                            cursor.execute("SAVEPOINT platformkit_message")
-                        if self._default_tenant_context and (safe or event_tenant != tenant):
-                            # Every time in safe mode, never "only if it changed": a
-                            # rolled-back savepoint can leave an earlier event's tenant
-                            # in force, and RLS must never see it.
-                            cursor.execute(_SET_TENANT_SQL, [event_tenant])
-                            tenant = event_tenant
-                        work.started_epoch = time.time()
-                        watched = work.delivery is not None and work.attempt_row is None
-                        if watched:
-                            work.running = True
-                            watch(work, sub.name, self.using)
+                    events[id(work)] = event
+                    event_tenant = event.tenant or ""
+                    if event_tenant != checked_tenant:
+                        event_tenant = check_tenant(event.tenant) or ""
+                        checked_tenant = event_tenant
+                    if safe:
+                        cursor.execute("SAVEPOINT platformkit_message")
+                    if self._default_tenant_context and (safe or event_tenant != tenant):
+                        # Every time in safe mode, never "only if it changed": a
+                        # rolled-back savepoint can leave an earlier event's tenant
+                        # in force, and RLS must never see it.
+                        cursor.execute(_SET_TENANT_SQL, [event_tenant])
+                        tenant = event_tenant
+                    work.started_epoch = time.time()
+                    watched = work.delivery is not None and work.attempt_row is None
+                    if watched:
+                        work.running = True
+                        watch(work, sub.name, self.using)
+                    try:
                         try:
-                            try:
-                                self._call_handler(event, timeout, connection)
-                            finally:
-                                if watched:
-                                    unwatch(work)
-                                    with work.lock:  # waits for a row being written now
-                                        work.running = False
-                        except BaseException as exc:
-                            if not_the_handlers_fault(exc, self.using):
-                                raise
-                            work.error, work.tb, work.outcome = (
-                                exc,
-                                "".join(traceback_module.format_exception(exc)),
-                                "failed",
-                            )
-                            work.event = event
-                            if not safe:
-                                raise _Redo() from None
-                            # An ORM error marks the whole transaction for rollback;
-                            # ours is a savepoint's, as in Django's own atomic().
-                            connection.needs_rollback = False
-                            cursor.execute(
-                                "ROLLBACK TO SAVEPOINT platformkit_message"
-                            )  # _call_handler dropped its on_commit callbacks
-                            failures.append(work)
-                            tenant = None  # unknown after the rollback: set it again
-                            continue
+                            self._call_handler(event, timeout, connection)
                         finally:
-                            started.pop(ident, None)
-                        if safe:
-                            cursor.execute("RELEASE SAVEPOINT platformkit_message")
-                        outcomes[id(work)] = "handled"
-                        # Done, but acked only after the unit commits: keep its ack
-                        # alive while the rest of the unit runs (each within its timeout).
-                        self._awaits_commit(work, timeout * (len(todo) + 1))
-                    set_unit_writes(None)
-                    if writes is not None:
-                        try:
-                            writes.flush(cursor)
-                        except BaseException as exc:
-                            if not_the_handlers_fault(exc, self.using):
-                                raise
-                            # Whose row it was is unknown here: redo the unit with a
-                            # savepoint per message, where each handler writes its own.
-                            raise _Redo() from exc
-                    slow = [
-                        w.attempt_row for w in todo if outcomes.get(id(w)) == "handled" and w.attempt_row is not None
-                    ]
-                    if slow:
-                        # Slow first runs (and a redelivery) recorded as running: handled, with the unit's commit.
-                        cursor.execute(
-                            _MARK_RUNS_HANDLED_SQL,
-                            ["{" + ",".join(str(i) for i in slow) + "}"],
+                            if watched:
+                                unwatch(work)
+                                with work.lock:  # waits for a row being written now
+                                    work.running = False
+                    except BaseException as exc:
+                        if not_the_handlers_fault(exc, self.using):
+                            raise
+                        work.error, work.tb, work.outcome = (
+                            exc,
+                            "".join(traceback_module.format_exception(exc)),
+                            "failed",
                         )
-                    if failures:
-                        # Their claims were taken with the unit's; give them back.
+                        work.event = event
+                        if not safe:
+                            raise _Redo() from None
+                        # An ORM error marks the whole transaction for rollback;
+                        # ours is a savepoint's, as in Django's own atomic().
+                        connection.needs_rollback = False
                         cursor.execute(
-                            _GIVE_BACK_CLAIMS_SQL,
-                            [sub.name, "{" + ",".join(str(w.event.id) for w in failures) + "}"],
-                        )
-        finally:
-            set_unit_writes(None)  # a unit that raised left its writes behind: never another unit's
+                            "ROLLBACK TO SAVEPOINT platformkit_message"
+                        )  # _call_handler dropped its on_commit callbacks
+                        failures.append(work)
+                        tenant = None  # unknown after the rollback: set it again
+                        continue
+                    finally:
+                        started.pop(ident, None)
+                    if safe:
+                        cursor.execute("RELEASE SAVEPOINT platformkit_message")
+                    outcomes[id(work)] = "handled"
+                    # Done, but acked only after the unit commits: keep its ack
+                    # alive while the rest of the unit runs (each within its timeout).
+                    self._awaits_commit(work, timeout * (len(todo) + 1))
+                if writes is not None:
+                    try:
+                        writes.flush(cursor)
+                    except BaseException as exc:
+                        if not_the_handlers_fault(exc, self.using):
+                            raise
+                        # Whose row it was is unknown here: redo the unit with a
+                        # savepoint per message, where each handler writes its own.
+                        raise _Redo() from exc
+                slow = [w.attempt_row for w in todo if outcomes.get(id(w)) == "handled" and w.attempt_row is not None]
+                if slow:
+                    # Slow first runs (and a redelivery) recorded as running: handled, with the unit's commit.
+                    cursor.execute(
+                        _MARK_RUNS_HANDLED_SQL,
+                        ["{" + ",".join(str(i) for i in slow) + "}"],
+                    )
+                if failures:
+                    # Their claims were taken with the unit's; give them back.
+                    cursor.execute(
+                        _GIVE_BACK_CLAIMS_SQL,
+                        [sub.name, "{" + ",".join(str(w.event.id) for w in failures) + "}"],
+                    )
         # Committed: only now do the outcomes hold.
         for work in todo:
             if id(work) in outcomes:

@@ -8,8 +8,9 @@ another stage for it.
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -61,9 +62,16 @@ def unit_writes(using: str) -> UnitWrites | None:
     return writes if writes is not None and writes.using == using else None
 
 
-def set_unit_writes(writes: UnitWrites | None) -> None:
-    """The claim's transaction sets (and clears) this thread's ``unit_writes``."""
+@contextlib.contextmanager
+def unit_writes_scope(writes: UnitWrites | None) -> Iterator[None]:
+    """This thread's ``unit_writes`` while the claim's transaction runs its
+    handlers; cleared after, however the unit ended (a unit that raised must
+    never leave its writes to whatever runs next in the thread)."""
     _unit_writes.current = writes
+    try:
+        yield
+    finally:
+        _unit_writes.current = None
 
 
 class _Redo(Exception):
