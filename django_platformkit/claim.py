@@ -28,7 +28,7 @@ from .attempts import slow_runs as _slow_runs
 from .events import check_tenant
 from .outage import close_old_connections_for, not_the_handlers_fault
 from .subscriptions import SET_TENANT_SQL, TENANT_SET_CONFIG, Subscription
-from .units import UnitWrites, _Redo, _Work, unit_writes_scope
+from .units import MAX_SAVEPOINTS_PER_TRANSACTION, UnitWrites, _Redo, _Work, unit_writes_scope
 from .wire import ReceivedEvent
 
 if TYPE_CHECKING:
@@ -121,6 +121,15 @@ class _Claiming:
         handler's failure raises ``_Redo`` and everything rolls back."""
         todo = [w for w in unit if id(w) not in skip]
         if not todo:
+            return
+        if safe and len(todo) > MAX_SAVEPOINTS_PER_TRANSACTION:
+            # A savepoint per message, at most MAX_SAVEPOINTS_PER_TRANSACTION in
+            # one transaction: the redo commits chunk by chunk. A chunk done is
+            # skipped if the database goes away and the redo starts over.
+            for start in range(0, len(todo), MAX_SAVEPOINTS_PER_TRANSACTION):
+                chunk = todo[start : start + MAX_SAVEPOINTS_PER_TRANSACTION]
+                self._execute(chunk, safe=True, skip=skip, trust_outbox=trust_outbox, timeout=timeout)
+                skip.update(id(w) for w in chunk)
             return
         sub = self.subscription
         close_old_connections_for(self.using)

@@ -214,7 +214,7 @@ class Consumer(_Claiming, _Running, _Settling):
                     units.append([work])
                     continue
                 chunk.append(work)
-                if not self.subscription.batch or len(chunk) >= MAX_SAVEPOINTS_PER_TRANSACTION:
+                if not self.subscription.batch:
                     units.append(chunk)
                     chunk = []
             if chunk:

@@ -17,9 +17,10 @@ from typing import Any
 
 from .wire import Delivery, ReceivedEvent
 
-#: A unit of work commits at most this many messages per transaction: after a
-#: failure the unit is redone with a savepoint per message, and past 64
-#: subtransactions with writes PostgreSQL's per-backend subxid cache
+#: A transaction holds at most this many savepoints: a unit (up to
+#: ``CONSUMER_BATCH_SIZE`` deliveries, one transaction) that is redone with a
+#: savepoint per message after a failure commits in chunks of this size, since
+#: past 64 subtransactions with writes PostgreSQL's per-backend subxid cache
 #: overflows and every other session's snapshots get slower.
 MAX_SAVEPOINTS_PER_TRANSACTION = 50
 

@@ -294,3 +294,33 @@ def test_a_concurrent_subscription_beside_a_single_one_starts(run_worker):
             publish("testapp.order_placed", {"n": i})
     worker = run_worker(subscriptions=subs)
     assert worker.counts()["handled"] == 40
+
+
+def test_a_full_unit_redone_after_a_failure_commits_at_most_50_savepoints_per_transaction(transport, settings, broker):
+    """A unit is a whole fetched batch (CONSUMER_BATCH_SIZE, 100 here); its
+    redo with a savepoint per message commits in chunks of
+    MAX_SAVEPOINTS_PER_TRANSACTION, so no transaction overflows the subxid cache."""
+    from django_platformkit.units import MAX_SAVEPOINTS_PER_TRANSACTION
+
+    settings.PLATFORMKIT = dict(broker, CONSUMER_BATCH_SIZE=100, BACKOFF_SECONDS=[60])
+
+    def handler(event):
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT txid_current()")
+            txid = cursor.fetchone()[0]
+        Effect.objects.create(subscription="chunks", event_id=event.id, payload={"txid": txid})
+        if event.payload["n"] == 7:
+            raise ValueError("bad event 7")
+
+    sub = Subscription(name="testapp.batch_chunks", event="testapp.order_placed", handler=handler, batch=True)
+    ids, consumer = publish_and_relay(transport, sub, 100)
+    assert consumer.poll(batch=100, timeout=2) == 100
+    assert consumer.counts["handled"] == 99 and consumer.counts["retried"] == 1
+    rows = list(Effect.objects.filter(subscription="chunks").values_list("event_id", "payload"))
+    assert sorted(e for e, _ in rows) == sorted(ids[:7] + ids[8:])
+    per_transaction = {}
+    for _, payload in rows:
+        per_transaction[payload["txid"]] = per_transaction.get(payload["txid"], 0) + 1
+    assert max(per_transaction.values()) <= MAX_SAVEPOINTS_PER_TRANSACTION
+    assert len(per_transaction) == 2  # the 99 in two chunks: the first attempt rolled back entirely
+    assert HandledEvent.objects.filter(subscription="testapp.batch_chunks").count() == 99
