@@ -131,10 +131,14 @@ def procrastinate_rate(n: int) -> dict:
 # --- pgqueuer --------------------------------------------------------------------
 
 
-def pgqueuer_rate(n: int) -> dict:
+def pgqueuer_rate(n: int, *, noop: bool = False) -> dict:
     """pgqueuer with its asyncpg driver under uvloop (as its CLI runs),
     ``batch_size=100`` dequeues (completions are batched too), drain mode;
-    the entrypoint does the INSERT through an asyncpg pool of 4."""
+    the entrypoint does the INSERT through an asyncpg pool of 4.
+
+    ``noop``: the entrypoint does nothing (the tasks bench's no-op task);
+    the rate is then from pgqueuer's own log (first ``picked`` to last
+    ``successful``), its count of successful jobs checked against ``n``."""
     import asyncpg
     import uvloop
     from pgqueuer import AsyncpgDriver, Queries, QueueManager
@@ -143,7 +147,7 @@ def pgqueuer_rate(n: int) -> dict:
     url = _database_url()
     reset_tables()
 
-    async def go() -> float:
+    async def go() -> tuple[float, int, float | None]:
         conn = await asyncpg.connect(url)
         pool = await asyncpg.create_pool(url, min_size=PGQUEUER_POOL_SIZE, max_size=PGQUEUER_POOL_SIZE)
         try:
@@ -158,6 +162,8 @@ def pgqueuer_rate(n: int) -> dict:
 
             @qm.entrypoint("bench_sink")
             async def bench_sink(job) -> None:
+                if noop:
+                    return
                 await pool.execute(
                     "INSERT INTO bench_sink (kind, event_id, at) VALUES ('pgqueuer', $1, clock_timestamp())",
                     job.payload.decode(),
@@ -167,13 +173,23 @@ def pgqueuer_rate(n: int) -> dict:
             await qm.run(
                 batch_size=PGQUEUER_BATCH_SIZE, mode=QueueExecutionMode.drain, dequeue_timeout=timedelta(seconds=1)
             )
-            return time.perf_counter() - started
+            wall = time.perf_counter() - started
+            done, span = await conn.fetchrow(
+                "SELECT count(*) FILTER (WHERE status = 'successful'), "
+                "EXTRACT(EPOCH FROM max(created) FILTER (WHERE status = 'successful') "
+                "- min(created) FILTER (WHERE status = 'picked')) FROM pgqueuer_log"
+            )
+            return wall, done, None if span is None else float(span)
         finally:
             await pool.close()
             await conn.close()
 
-    wall = uvloop.run(go())
-    return _check("pgqueuer", n, wall)
+    wall, done, span = uvloop.run(go())
+    if not noop:
+        return _check("pgqueuer", n, wall)
+    if done != n or not span:
+        raise RuntimeError(f"pgqueuer (no-op): {done} of {n} jobs successful")
+    return {"steady": (n - 1) / span, "wall": n / wall}
 
 
 def batch_mode_in_consumer() -> bool:

@@ -242,6 +242,11 @@ def subscriptions() -> list[Subscription]:
     return [_subscriptions[k] for k in sorted(_subscriptions)]
 
 
+def get_subscription(name: str) -> Subscription | None:
+    """The registered subscription named ``name``, or None."""
+    return _subscriptions.get(name)
+
+
 # --- tenant context ----------------------------------------------------------
 
 

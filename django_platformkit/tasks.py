@@ -202,7 +202,8 @@ def register_task_queues() -> list[str]:
     setting changed). Invalid queue names are skipped here and reported by
     the check ``platformkit.E102``. Returns the subscription names."""
     from .events import declare
-    from .subscriptions import subscribe
+    from .subscriptions import get_subscription, subscribe
+    from .tasks_results import RUNNING_LOCK_NAMESPACE, run_task
 
     names = []
     for queue in configured_queues():
@@ -213,12 +214,11 @@ def register_task_queues() -> list[str]:
             name,
             description=f"A django.tasks task on queue {queue!r} (payload: task path, args, kwargs, backend alias).",
         )
-        from .subscriptions import _subscriptions
-        from .tasks_results import RUNNING_LOCK_NAMESPACE, run_task
-
         subscribe(name, name=name, batch=_batch(queue), concurrency=_concurrency(queue))(run_task)
         # The claim takes each task's RUNNING lock: no statement of its own per task.
-        _subscriptions[name].claim_lock_namespace = RUNNING_LOCK_NAMESPACE
+        subscription = get_subscription(name)
+        assert subscription is not None  # registered by the line above
+        subscription.claim_lock_namespace = RUNNING_LOCK_NAMESPACE
         names.append(name)
     return names
 

@@ -58,8 +58,6 @@ class _Backend(Protocol):
 #: for that moment; it never blocks anything (pg_try_advisory_xact_lock).
 RUNNING_LOCK_NAMESPACE = 0x706B7473
 
-#: The lock the claim takes, as a statement of its own (what another session sees; tests).
-_LOCK_SQL = "SELECT pg_try_advisory_xact_lock(%s, hashtext(%s::uuid::text))"
 _HISTORY_SQL = f"SELECT started_at, errors::text, worker_ids::text FROM {TASK_RESULTS_TABLE} WHERE event_id = %s"
 #: The result rows of a unit's successful runs, in one statement and one
 #: parameter: a JSON array of ``[event id, return value, started_at,

@@ -39,11 +39,7 @@ class UnitWrites:
 
     def add(self, write: Callable[[Any, list[Any]], None], row: Any) -> None:
         """Leave ``row`` for ``write(cursor, rows)``, called once per unit with every row added for it."""
-        rows = self._rows.get(write)
-        if rows is None:
-            self._rows[write] = [row]
-        else:
-            rows.append(row)
+        self._rows.setdefault(write, []).append(row)
 
     def flush(self, cursor: Any) -> None:
         """Write what the unit's handlers left, on the unit's cursor (inside its transaction)."""

@@ -288,14 +288,17 @@ def test_a_running_task_reads_as_running(outbox_tasks):
     """RUNNING is the advisory lock the task's transaction holds."""
     from django.db import connections
 
-    from django_platformkit.tasks_results import _LOCK_SQL, RUNNING_LOCK_NAMESPACE
+    from django_platformkit.tasks_results import RUNNING_LOCK_NAMESPACE
 
     result = tasks.record.enqueue("running")
     other = connections.create_connection("default")
     try:
         other.set_autocommit(False)
         with other.cursor() as cursor:
-            cursor.execute(_LOCK_SQL, [RUNNING_LOCK_NAMESPACE, result.id])
+            # The lock the claim takes (claim._claim_sql), as a statement of its own.
+            cursor.execute(
+                "SELECT pg_try_advisory_xact_lock(%s, hashtext(%s::uuid::text))", [RUNNING_LOCK_NAMESPACE, result.id]
+            )
         running = outbox_tasks.get_result(result.id)
         assert running.status == TaskResultStatus.RUNNING
         assert running.started_at is not None and running.last_attempted_at is not None
