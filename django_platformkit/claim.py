@@ -19,7 +19,7 @@ import time
 import traceback as traceback_module
 import uuid
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from django.db import connections, transaction
 
@@ -131,146 +131,194 @@ class _Claiming:
                 self._execute(chunk, safe=True, skip=skip, trust_outbox=trust_outbox, timeout=timeout)
                 skip.update(id(w) for w in chunk)
             return
-        sub = self.subscription
         close_old_connections_for(self.using)
         connection = connections[self.using]
-        timeout_ms = str(int(timeout * 1000))
         outcomes: dict[int, str] = {}
         events: dict[int, ReceivedEvent] = {}
-        failures: list[_Work] = []
         # Where a failure rolls the whole unit back, handlers may leave rows
         # for one statement before the commit (units.UnitWrites).
         writes = None if safe else UnitWrites(self.using)
-        with transaction.atomic(using=self.using), unit_writes_scope(writes):  # noqa: SIM117 - the cursor lives inside the transaction, named separately for the blocks below
-            with connection.cursor() as cursor:
-                # One array literal: psycopg would adapt a list item by item.
-                ids = "{" + ",".join(sorted({str(w.event.id) for w in todo})) + "}"
-                tenant: str | None = check_tenant(todo[0].event.tenant) or ""
-                cursor.execute(
-                    _claim_sql(trust_outbox, sub.claim_lock_namespace),
-                    [
-                        ids,
-                        sub.event,
-                        sub.name,
-                        todo[0].attempt_row if len(todo) == 1 else None,
-                        timeout_ms,
-                        timeout_ms,
-                        tenant,
-                    ],
-                )
-                rows = {row[0]: row for row in cursor.fetchall() if row[0] is not None}
-                missing = [w for w in todo if w.event.id not in rows]
-                if missing:
-                    cursor.execute(
-                        _ALREADY_CLAIMED_SQL, [sub.name, "{" + ",".join(str(w.event.id) for w in missing) + "}"]
-                    )
-                    claimed_before = {r[0] for r in cursor.fetchall()}
-                    for work in missing:
-                        outcomes[id(work)] = "skipped" if work.event.id in claimed_before else "not_in_outbox"
-                seen: set[uuid.UUID] = set()
-                checked_tenant = tenant  # the last tenant check_tenant() passed: a unit is mostly one tenant
-                ident = threading.get_ident()
-                started = self.handlers_started
-                watch, unwatch = _slow_runs.watch, _slow_runs.unwatch
-                for work in todo:
-                    if id(work) in outcomes:
-                        continue
-                    row = rows[work.event.id]
-                    name, row_tenant, payload, created_us, claimed = row[1], row[2], row[3], row[4], row[5]
-                    if not claimed or work.event.id in seen:
-                        outcomes[id(work)] = "skipped"
-                        continue
-                    seen.add(work.event.id)
-                    event = work.event
-                    if trust_outbox:
-                        # The outbox is the authority: a same-id copy with another payload runs with ours.
-                        event = ReceivedEvent(
-                            event.id,
-                            name,
-                            row_tenant,
-                            json.loads(payload),
-                            _EPOCH + timedelta(microseconds=created_us),
-                            event.attempt,
-                            event.headers,
-                        )
-                    events[id(work)] = event
-                    event_tenant = event.tenant or ""
-                    if event_tenant != checked_tenant:
-                        event_tenant = check_tenant(event.tenant) or ""
-                        checked_tenant = event_tenant
-                    if safe:
-                        cursor.execute("SAVEPOINT platformkit_message")
-                    if self._default_tenant_context and (safe or event_tenant != tenant):
-                        # Every time in safe mode, never "only if it changed": a
-                        # rolled-back savepoint can leave an earlier event's tenant
-                        # in force, and RLS must never see it.
-                        cursor.execute(_SET_TENANT_SQL, [event_tenant])
-                        tenant = event_tenant
-                    work.started_epoch = time.time()
-                    watched = work.delivery is not None and work.attempt_row is None
-                    if watched:
-                        work.running = True
-                        watch(work, sub.name, self.using)
-                    try:
-                        try:
-                            self._call_handler(event, timeout, connection)
-                        finally:
-                            if watched:
-                                unwatch(work)
-                                with work.lock:  # waits for a row being written now
-                                    work.running = False
-                    except BaseException as exc:
-                        if not_the_handlers_fault(exc, self.using):
-                            raise
-                        work.error, work.tb, work.outcome = (
-                            exc,
-                            "".join(traceback_module.format_exception(exc)),
-                            "failed",
-                        )
-                        work.event = event
-                        if not safe:
-                            raise _Redo() from None
-                        # An ORM error marks the whole transaction for rollback;
-                        # ours is a savepoint's, as in Django's own atomic().
-                        connection.needs_rollback = False
-                        cursor.execute(
-                            "ROLLBACK TO SAVEPOINT platformkit_message"
-                        )  # _call_handler dropped its on_commit callbacks
-                        failures.append(work)
-                        tenant = None  # unknown after the rollback: set it again
-                        continue
-                    finally:
-                        started.pop(ident, None)
-                    if safe:
-                        cursor.execute("RELEASE SAVEPOINT platformkit_message")
-                    outcomes[id(work)] = "handled"
-                    # Done, but acked only after the unit commits: keep its ack
-                    # alive while the rest of the unit runs (each within its timeout).
-                    self._awaits_commit(work, timeout * (len(todo) + 1))
-                if writes is not None:
-                    try:
-                        writes.flush(cursor)
-                    except BaseException as exc:
-                        if not_the_handlers_fault(exc, self.using):
-                            raise
-                        # Whose row it was is unknown here: redo the unit with a
-                        # savepoint per message, where each handler writes its own.
-                        raise _Redo() from exc
-                slow = [w.attempt_row for w in todo if outcomes.get(id(w)) == "handled" and w.attempt_row is not None]
-                if slow:
-                    # Slow first runs (and a redelivery) recorded as running: handled, with the unit's commit.
-                    cursor.execute(
-                        _MARK_RUNS_HANDLED_SQL,
-                        ["{" + ",".join(str(i) for i in slow) + "}"],
-                    )
-                if failures:
-                    # Their claims were taken with the unit's; give them back.
-                    cursor.execute(
-                        _GIVE_BACK_CLAIMS_SQL,
-                        [sub.name, "{" + ",".join(str(w.event.id) for w in failures) + "}"],
-                    )
+        with transaction.atomic(using=self.using), unit_writes_scope(writes), connection.cursor() as cursor:
+            rows, tenant = self._claim(cursor, todo, outcomes, trust_outbox=trust_outbox, timeout=timeout)
+            failures = self._run_handlers(
+                cursor,
+                connection,
+                todo,
+                rows,
+                outcomes,
+                events,
+                tenant,
+                safe=safe,
+                trust_outbox=trust_outbox,
+                timeout=timeout,
+            )
+            self._before_commit(cursor, todo, outcomes, failures, writes)
         # Committed: only now do the outcomes hold.
         for work in todo:
             if id(work) in outcomes:
                 work.outcome = outcomes[id(work)]
                 work.event = events.get(id(work), work.event)
+
+    def _claim(
+        self, cursor: Any, todo: list[_Work], outcomes: dict[int, str], *, trust_outbox: bool, timeout: float
+    ) -> tuple[dict[uuid.UUID, tuple[Any, ...]], str]:
+        """The unit's claim statement: ``({event id: claim row}, the tenant it
+        set)``. A delivery the claim returned no row for gets its outcome
+        here: ``skipped`` (claimed before) or ``not_in_outbox``."""
+        sub = self.subscription
+        timeout_ms = str(int(timeout * 1000))
+        # One array literal: psycopg would adapt a list item by item.
+        ids = "{" + ",".join(sorted({str(w.event.id) for w in todo})) + "}"
+        tenant = check_tenant(todo[0].event.tenant) or ""
+        cursor.execute(
+            _claim_sql(trust_outbox, sub.claim_lock_namespace),
+            [
+                ids,
+                sub.event,
+                sub.name,
+                todo[0].attempt_row if len(todo) == 1 else None,
+                timeout_ms,
+                timeout_ms,
+                tenant,
+            ],
+        )
+        rows = {row[0]: row for row in cursor.fetchall() if row[0] is not None}
+        missing = [w for w in todo if w.event.id not in rows]
+        if missing:
+            cursor.execute(_ALREADY_CLAIMED_SQL, [sub.name, "{" + ",".join(str(w.event.id) for w in missing) + "}"])
+            claimed_before = {r[0] for r in cursor.fetchall()}
+            for work in missing:
+                outcomes[id(work)] = "skipped" if work.event.id in claimed_before else "not_in_outbox"
+        return rows, tenant
+
+    def _run_handlers(
+        self,
+        cursor: Any,
+        connection: BaseDatabaseWrapper,
+        todo: list[_Work],
+        rows: dict[uuid.UUID, tuple[Any, ...]],
+        outcomes: dict[int, str],
+        events: dict[int, ReceivedEvent],
+        tenant: str | None,
+        *,
+        safe: bool,
+        trust_outbox: bool,
+        timeout: float,
+    ) -> list[_Work]:
+        """Run the handler of each delivery the claim claimed, in the unit's
+        transaction; returns the failed ones (``safe``: each rolled back to
+        its savepoint; else the first failure raises ``_Redo``)."""
+        sub = self.subscription
+        failures: list[_Work] = []
+        seen: set[uuid.UUID] = set()
+        checked_tenant = tenant  # the last tenant check_tenant() passed: a unit is mostly one tenant
+        ident = threading.get_ident()
+        started = self.handlers_started
+        watch, unwatch = _slow_runs.watch, _slow_runs.unwatch
+        for work in todo:
+            if id(work) in outcomes:
+                continue
+            row = rows[work.event.id]
+            name, row_tenant, payload, created_us, claimed = row[1], row[2], row[3], row[4], row[5]
+            if not claimed or work.event.id in seen:
+                outcomes[id(work)] = "skipped"
+                continue
+            seen.add(work.event.id)
+            event = work.event
+            if trust_outbox:
+                # The outbox is the authority: a same-id copy with another payload runs with ours.
+                event = ReceivedEvent(
+                    event.id,
+                    name,
+                    row_tenant,
+                    json.loads(payload),
+                    _EPOCH + timedelta(microseconds=created_us),
+                    event.attempt,
+                    event.headers,
+                )
+            events[id(work)] = event
+            event_tenant = event.tenant or ""
+            if event_tenant != checked_tenant:
+                event_tenant = check_tenant(event.tenant) or ""
+                checked_tenant = event_tenant
+            if safe:
+                cursor.execute("SAVEPOINT platformkit_message")
+            if self._default_tenant_context and (safe or event_tenant != tenant):
+                # Every time in safe mode, never "only if it changed": a
+                # rolled-back savepoint can leave an earlier event's tenant
+                # in force, and RLS must never see it.
+                cursor.execute(_SET_TENANT_SQL, [event_tenant])
+                tenant = event_tenant
+            work.started_epoch = time.time()
+            watched = work.delivery is not None and work.attempt_row is None
+            if watched:
+                work.running = True
+                watch(work, sub.name, self.using)
+            try:
+                try:
+                    self._call_handler(event, timeout, connection)
+                finally:
+                    if watched:
+                        unwatch(work)
+                        with work.lock:  # waits for a row being written now
+                            work.running = False
+            except BaseException as exc:
+                if not_the_handlers_fault(exc, self.using):
+                    raise
+                work.error, work.tb, work.outcome = (
+                    exc,
+                    "".join(traceback_module.format_exception(exc)),
+                    "failed",
+                )
+                work.event = event
+                if not safe:
+                    raise _Redo() from None
+                # An ORM error marks the whole transaction for rollback;
+                # ours is a savepoint's, as in Django's own atomic().
+                connection.needs_rollback = False
+                cursor.execute(
+                    "ROLLBACK TO SAVEPOINT platformkit_message"
+                )  # _call_handler dropped its on_commit callbacks
+                failures.append(work)
+                tenant = None  # unknown after the rollback: set it again
+                continue
+            finally:
+                started.pop(ident, None)
+            if safe:
+                cursor.execute("RELEASE SAVEPOINT platformkit_message")
+            outcomes[id(work)] = "handled"
+            # Done, but acked only after the unit commits: keep its ack
+            # alive while the rest of the unit runs (each within its timeout).
+            self._awaits_commit(work, timeout * (len(todo) + 1))
+        return failures
+
+    def _before_commit(
+        self,
+        cursor: Any,
+        todo: list[_Work],
+        outcomes: dict[int, str],
+        failures: list[_Work],
+        writes: UnitWrites | None,
+    ) -> None:
+        """The unit's last statements before its commit: the rows its
+        handlers left (``writes``), its recorded runs marked handled, and
+        the claims of its failed handlers given back."""
+        if writes is not None:
+            try:
+                writes.flush(cursor)
+            except BaseException as exc:
+                if not_the_handlers_fault(exc, self.using):
+                    raise
+                # Whose row it was is unknown here: redo the unit with a
+                # savepoint per message, where each handler writes its own.
+                raise _Redo() from exc
+        slow = [w.attempt_row for w in todo if outcomes.get(id(w)) == "handled" and w.attempt_row is not None]
+        if slow:
+            # Slow first runs (and a redelivery) recorded as running: handled, with the unit's commit.
+            cursor.execute(_MARK_RUNS_HANDLED_SQL, ["{" + ",".join(str(i) for i in slow) + "}"])
+        if failures:
+            # Their claims were taken with the unit's; give them back.
+            cursor.execute(
+                _GIVE_BACK_CLAIMS_SQL,
+                [self.subscription.name, "{" + ",".join(str(w.event.id) for w in failures) + "}"],
+            )
