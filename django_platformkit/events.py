@@ -17,7 +17,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from django.db import connections
+from django.db import ProgrammingError, connections
 
 from . import conf, signals
 from ._ids import uuid7
@@ -291,6 +291,18 @@ def _connection(using: str | None) -> BaseDatabaseWrapper:
     return connection
 
 
+def explain_unmigrated(exc: ProgrammingError, alias: str) -> None:
+    """Raise a ``ProgrammingError`` that says to migrate if ``exc`` is
+    PostgreSQL's ``undefined_table`` (SQLSTATE 42P01) for the outbox;
+    return otherwise (the caller re-raises ``exc``). The caller's
+    transaction is aborted either way: the statement failed in it."""
+    if getattr(exc.__cause__, "sqlstate", None) == "42P01" and OUTBOX_TABLE in str(exc):
+        raise ProgrammingError(
+            f"the outbox table {OUTBOX_TABLE} does not exist in database {alias!r}: run "
+            f"`python manage.py migrate django_platformkit --database {alias}` ({str(exc).splitlines()[0]})"
+        ) from exc
+
+
 def publish(
     event: str | EventType, payload: Mapping[str, Any], *, tenant: str | None = None, using: str | None = None
 ) -> uuid.UUID:
@@ -305,15 +317,21 @@ def publish(
     in one statement; PostgreSQL delivers the notification only if the
     transaction commits. Raises, before any SQL: ``TransactionRequired``
     (outside ``transaction.atomic(using=using)``), ``UndeclaredEvent``,
-    ``InvalidEventName`` (bad name or tenant), ``InvalidPayload``.
+    ``InvalidEventName`` (bad name or tenant), ``InvalidPayload``. From the
+    INSERT: ``ProgrammingError`` saying to migrate if the outbox table is
+    missing (the caller's transaction is then aborted).
     """
     event_id, event_type, tenant, text, headers = _prepare(event, payload, tenant)
     connection = _connection(using)
     with connection.cursor() as cursor:
-        cursor.execute(
-            _NOTIFY_SQL if conf.settings.RELAY_LISTEN else _PLAIN_SQL,
-            [event_id, event_type.name, tenant, text, headers],
-        )
+        try:
+            cursor.execute(
+                _NOTIFY_SQL if conf.settings.RELAY_LISTEN else _PLAIN_SQL,
+                [event_id, event_type.name, tenant, text, headers],
+            )
+        except ProgrammingError as exc:
+            explain_unmigrated(exc, connection.alias)
+            raise
     if _published.receivers:  # one attribute test when nobody listens: publish() stays one INSERT
         announce(event_type, event_id, tenant, text, connection.alias)
     return event_id
@@ -342,10 +360,14 @@ def publish_many(
     columns = list(zip(*prepared, strict=True))
     ids, names = list(columns[0]), [e.name for e in columns[1]]
     with connection.cursor() as cursor:
-        cursor.execute(
-            _MANY_NOTIFY_SQL if conf.settings.RELAY_LISTEN else _MANY_SQL,
-            [ids, names, list(columns[2]), list(columns[3]), list(columns[4])],
-        )
+        try:
+            cursor.execute(
+                _MANY_NOTIFY_SQL if conf.settings.RELAY_LISTEN else _MANY_SQL,
+                [ids, names, list(columns[2]), list(columns[3]), list(columns[4])],
+            )
+        except ProgrammingError as exc:
+            explain_unmigrated(exc, connection.alias)
+            raise
     if _published.receivers:
         for event_id, event_type, tenant, text, _ in prepared:
             announce(event_type, event_id, tenant, text, connection.alias)

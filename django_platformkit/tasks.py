@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from django.conf import settings as django_settings
 from django.core import checks
-from django.db import connections, transaction
+from django.db import ProgrammingError, connections, transaction
 from django.utils.module_loading import import_string
 
 from . import conf
@@ -347,6 +347,7 @@ class OutboxBackend(BaseTaskBackend):
         ``run_after`` naive, ...), ``InvalidPayload`` (a ``ValueError``) when
         an argument doesn't survive a JSON round trip, naming its path
         (``$.args[0]``, ``$.kwargs.when``) or exceeding ``MAX_PAYLOAD_BYTES``.
+        ``ProgrammingError`` saying to migrate if the outbox table is missing.
         """
         from ._ids import uuid7
         from .events import (
@@ -355,6 +356,7 @@ class OutboxBackend(BaseTaskBackend):
             announce,
             check_tenant,
             current_event,
+            explain_unmigrated,
             get_event_type,
         )
         from .payload import encode_payload
@@ -378,16 +380,20 @@ class OutboxBackend(BaseTaskBackend):
             _trace_headers(),
             task.run_after,
         ]
-        if connection.in_atomic_block:
-            with connection.cursor() as cursor:
-                cursor.execute(sql, params)
-                enqueued_at = cursor.fetchone()[0]
-        else:
-            # The one place we don't require atomic(): plain code may enqueue
-            # anywhere, and then the row is its own transaction.
-            with transaction.atomic(using=alias), connection.cursor() as cursor:
-                cursor.execute(sql, params)
-                enqueued_at = cursor.fetchone()[0]
+        try:
+            if connection.in_atomic_block:
+                with connection.cursor() as cursor:
+                    cursor.execute(sql, params)
+                    enqueued_at = cursor.fetchone()[0]
+            else:
+                # The one place we don't require atomic(): plain code may enqueue
+                # anywhere, and then the row is its own transaction.
+                with transaction.atomic(using=alias), connection.cursor() as cursor:
+                    cursor.execute(sql, params)
+                    enqueued_at = cursor.fetchone()[0]
+        except ProgrammingError as exc:
+            explain_unmigrated(exc, alias)
+            raise
         if _published.receivers:  # as publish() does: testing.capture_events(), metrics
             announce(get_event_type(name), event_id, tenant, text, alias)
         result: TaskResult[P, R] = TaskResult(

@@ -235,3 +235,32 @@ def test_too_deep_nesting_names_a_shortened_path_and_keeps_the_whole_one_on_the_
     assert message.startswith("payload nests deeper than 100 levels at $.x[0][0]…[0][0][0] (101 levels): ")
     assert len(message) < 120
     assert info.value.path == "$.x" + "[0]" * 100
+
+
+@pytest.mark.parametrize("how", ["publish", "publish_many"])
+def test_an_unmigrated_outbox_is_an_error_that_says_to_migrate(how):
+    from django.db import ProgrammingError
+
+    # The rename is rolled back with the failed statement's transaction: the table is back after.
+    with pytest.raises(
+        ProgrammingError, match=r"run `python manage\.py migrate django_platformkit --database default`"
+    ):
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute("ALTER TABLE platformkit_outbox RENAME TO platformkit_outbox_away")
+            if how == "publish":
+                publish("testapp.order_placed", {"order": 1})
+            else:
+                publish_many([("testapp.order_placed", {"order": 1})])
+    with transaction.atomic():
+        publish("testapp.order_placed", {"order": 2})
+    assert OutboxEvent.objects.count() == 1
+
+
+def test_another_programming_error_is_raised_as_it_was():
+    from django.db import ProgrammingError
+
+    with pytest.raises(ProgrammingError, match="permission denied|does not exist") as raised:
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute("ALTER TABLE platformkit_outbox RENAME COLUMN payload TO payload_away")
+            publish("testapp.order_placed", {"order": 1})
+    assert "migrate" not in str(raised.value)

@@ -627,3 +627,16 @@ def test_rows_due_tomorrow_are_not_visited_by_the_relays_batch_query(outbox_task
 def test_enqueue_inside_atomic_is_one_statement(outbox_tasks, django_assert_num_queries):
     with transaction.atomic(), django_assert_num_queries(1):  # the INSERT (with its NOTIFY), nothing else
         tasks.record.enqueue("one_statement")
+
+
+def test_enqueue_on_an_unmigrated_outbox_says_to_migrate(outbox_tasks):
+    from django.db import ProgrammingError
+
+    # The rename is rolled back with the failed statement's transaction.
+    with pytest.raises(ProgrammingError, match=r"migrate django_platformkit --database default"):
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute("ALTER TABLE platformkit_outbox RENAME TO platformkit_outbox_away")
+            tasks.record.enqueue("never")
+    assert OutboxEvent.objects.count() == 0
+    tasks.record.enqueue("after")
+    assert OutboxEvent.objects.count() == 1
