@@ -217,8 +217,26 @@ def encode_payload(
     """
     if not isinstance(payload, Mapping):
         raise InvalidPayload(f"payload must be a dict (a JSON object), got {type(payload).__name__}.")
+    text, data = encode_json_value(payload, max_bytes=max_bytes)
+    if event_type is not None and event_type.validator is not None:
+        error = next(iter(sorted(event_type.validator.iter_errors(data), key=lambda e: list(e.absolute_path))), None)
+        if error is not None:
+            path = "$"
+            for part in error.absolute_path:
+                path = _path(path, part)
+            raise InvalidPayload(
+                f"payload for {event_type.name!r} fails its schema at {path}: {error.message}", path=path
+            )
+    return text, data
+
+
+def encode_json_value(value: Any, *, max_bytes: int | None = None) -> tuple[str, Any]:
+    """``encode_payload``'s checks for any JSON value, an object or not, and
+    no schema (a task's return value): ``(json_text, normalized_data)``.
+    Raises ``InvalidPayload`` naming the path (``$`` is ``value`` itself).
+    ``max_bytes``: the size limit, ``MAX_PAYLOAD_BYTES`` when None."""
     growth = [0]
-    data = _normalize(payload, (), 0, growth)
+    data = _normalize(value, (), 0, growth)
     text = json.dumps(data, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
     try:
         encoded = text.encode("utf-8")
@@ -234,13 +252,4 @@ def encode_payload(
             f"payload is {size} bytes of JSON, over MAX_PAYLOAD_BYTES ({limit}): "
             "store the bulk elsewhere and publish a reference to it.",
         )
-    if event_type is not None and event_type.validator is not None:
-        error = next(iter(sorted(event_type.validator.iter_errors(data), key=lambda e: list(e.absolute_path))), None)
-        if error is not None:
-            path = "$"
-            for part in error.absolute_path:
-                path = _path(path, part)
-            raise InvalidPayload(
-                f"payload for {event_type.name!r} fails its schema at {path}: {error.message}", path=path
-            )
     return text, data

@@ -100,6 +100,19 @@ CHECKS = {
         "TASKS[{alias!r}]['OPTIONS']['CONCURRENCY'] is {value!r}, not a positive int",
         "Set it to how many units of a queue's tasks one worker runs at once, e.g. 2 (the default).",
     ),
+    "E107": (
+        "TASKS[{alias!r}]['QUEUES'] is {value!r}, not a list of queue names",
+        'Write it as a list, e.g. "QUEUES": [{example!r}] (a string would be read as its letters).',
+    ),
+    "E108": (
+        "TASKS[{alias!r}]['OPTIONS'] is {value!r}, not a dict",
+        'Write it as a dict, e.g. "OPTIONS": {{"BATCH": True, "CONCURRENCY": 2}}, or leave it out.',
+    ),
+    "E109": (
+        "TASKS: queue {queue!r} is served by {alias!r} and {other!r} with different OPTIONS ({differences})",
+        "A worker runs a queue as one subscription, with one BATCH and one CONCURRENCY: give the backends "
+        "serving {queue!r} the same OPTIONS, or each its own queues.",
+    ),
 }
 #: The keys OutboxBackend reads from a TASKS entry's OPTIONS.
 OPTIONS_KEYS = ("BATCH", "CONCURRENCY")
@@ -137,7 +150,10 @@ def configured_queues() -> dict[str, list[str]]:
     for alias, params in (getattr(django_settings, "TASKS", None) or {}).items():
         if not isinstance(params, dict) or not _is_ours(params.get("BACKEND")):
             continue
-        for queue in params.get("QUEUES", ["default"]):
+        names = params.get("QUEUES", ["default"])
+        if not isinstance(names, list | tuple | set | frozenset):  # a str would be its letters: check E107
+            continue
+        for queue in names:
             queues.setdefault(queue, []).append(alias)
     return queues
 
@@ -165,7 +181,13 @@ DEFAULT_BATCH = True
 def _options(queue: str) -> list[dict[str, Any]]:
     """The ``OPTIONS`` of every backend serving ``queue``."""
     tasks_setting = getattr(django_settings, "TASKS", None) or {}
-    return [tasks_setting[alias].get("OPTIONS") or {} for alias in configured_queues().get(queue, [])]
+    return [_options_of(tasks_setting[alias]) for alias in configured_queues().get(queue, [])]
+
+
+def _options_of(params: dict[str, Any]) -> dict[str, Any]:
+    """A TASKS entry's ``OPTIONS``; one that isn't a dict counts as none (check E108)."""
+    options = params.get("OPTIONS") or {}
+    return options if isinstance(options, dict) else {}
 
 
 def _batch(queue: str) -> bool:
@@ -194,6 +216,22 @@ def _concurrency(queue: str) -> int:
 
 def _is_positive_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _refuse_atomic_elsewhere(alias: str) -> None:
+    """Raise ``TransactionRequired`` if ``enqueue()`` runs inside an atomic
+    block of another database than the outbox's (``alias``): committing on
+    its own there, the task would run whatever became of those writes."""
+    from .exceptions import TransactionRequired
+
+    others = [c.alias for c in connections.all(initialized_only=True) if c.in_atomic_block and c.alias != alias]
+    if others:
+        raise TransactionRequired(
+            f"enqueue() inside transaction.atomic() on {others[0]!r}, but the outbox is on {alias!r} "
+            "(PLATFORMKIT['DATABASE_ALIAS']): the task can only commit or roll back with writes on "
+            f"{alias!r}. Point DATABASE_ALIAS at the database your writes use, enqueue inside "
+            f"transaction.atomic(using={alias!r}) around writes there, or enqueue after the block commits."
+        )
 
 
 def register_task_queues() -> list[str]:
@@ -327,6 +365,9 @@ class OutboxBackend(BaseTaskBackend):
 
             raise ConfigurationError(NEEDS_DJANGO_6.format(version=django.get_version()))
         super().__init__(alias, params)
+        # As written: Django's set() of a str is its letters (check E107).
+        self._queues_setting = params.get("QUEUES", ["default"])
+        self._app_installed: bool | None = None  # looked up at the first enqueue()
 
     def validate_task(self, task: Task[..., Any]) -> None:
         super().validate_task(task)
@@ -347,7 +388,10 @@ class OutboxBackend(BaseTaskBackend):
         ``run_after`` naive, ...), ``InvalidPayload`` (a ``ValueError``) when
         an argument doesn't survive a JSON round trip, naming its path
         (``$.args[0]``, ``$.kwargs.when``) or exceeding ``MAX_PAYLOAD_BYTES``.
-        ``ProgrammingError`` saying to migrate if the outbox table is missing.
+        ``ConfigurationError`` when ``django_platformkit`` is not in
+        ``INSTALLED_APPS``. ``TransactionRequired`` when called inside an atomic block of another
+        database than the outbox's. ``ProgrammingError`` saying to migrate if
+        the outbox table is missing.
         """
         from ._ids import uuid7
         from .events import (
@@ -361,6 +405,8 @@ class OutboxBackend(BaseTaskBackend):
         )
         from .payload import encode_payload
 
+        if not self._app_installed:
+            self._refuse_unless_installed()
         self.validate_task(task)
         args, kwargs = django_json_arguments(args, kwargs)
         payload = {"task": task.module_path, "args": args, "kwargs": kwargs, "backend": self.alias}
@@ -380,6 +426,8 @@ class OutboxBackend(BaseTaskBackend):
             _trace_headers(),
             task.run_after,
         ]
+        if not connection.in_atomic_block:
+            _refuse_atomic_elsewhere(alias)
         try:
             if connection.in_atomic_block:
                 with connection.cursor() as cursor:
@@ -417,6 +465,20 @@ class OutboxBackend(BaseTaskBackend):
         )
         return result
 
+    def _refuse_unless_installed(self) -> None:
+        """Raise ``ConfigurationError`` (check E101's text) when
+        ``django_platformkit`` isn't installed: nothing would ever run the
+        row. The check alone can't say it: Django registers its task checks
+        only once something imports ``django.tasks``."""
+        from django.apps import apps
+
+        self._app_installed = apps.is_installed("django_platformkit")
+        if not self._app_installed:
+            message, hint = CHECKS["E101"]
+            raise ConfigurationError(
+                f"{message.format(alias=self.alias, backend=BACKEND_PATH)}: no worker would run this task. {hint}"
+            )
+
     # -- results --
     def get_result(self, result_id: str) -> TaskResult[..., Any]:
         """The ``TaskResult`` of ``result_id`` as the database has it now.
@@ -431,20 +493,31 @@ class OutboxBackend(BaseTaskBackend):
         """``platformkit.E101`` app not installed, ``E102`` a queue name our
         event grammar can't carry, ``E103`` no queues, ``E104`` a ``BATCH``
         option that isn't a bool, ``E105`` an option we don't know, ``E106`` a
-        ``CONCURRENCY`` that isn't a positive int. No queries."""
+        ``CONCURRENCY`` that isn't a positive int, ``E107`` ``QUEUES`` not a
+        list, ``E108`` ``OPTIONS`` not a dict, ``E109`` a queue shared with
+        another of our backends under different options. No queries."""
         from django.apps import apps
 
         errors = list(super().check(**kwargs))
         where = "settings.TASKS"
         if not apps.is_installed("django_platformkit"):
             errors.append(_check("E101", where, alias=self.alias, backend=BACKEND_PATH))
-        if not self.queues:
+        names = self._queues_setting
+        if not isinstance(names, list | tuple | set | frozenset):
+            example = names if isinstance(names, str) and QUEUE_NAME.match(names) else "default"
+            errors.append(_check("E107", where, alias=self.alias, value=names, example=example))
+        elif not self.queues:
             errors.append(_check("E103", where, alias=self.alias))
-        for queue in sorted(self.queues):
-            if not QUEUE_NAME.match(str(queue)):
-                suggestion = re.sub(r"[^a-z0-9_]", "_", str(queue).lower())[:150] or "default"
-                errors.append(_check("E102", where, alias=self.alias, queue=queue, suggestion=suggestion))
-        options = self.options or {}
+        else:
+            for queue in sorted(self.queues):
+                if not QUEUE_NAME.match(str(queue)):
+                    suggestion = re.sub(r"[^a-z0-9_]", "_", str(queue).lower())[:150] or "default"
+                    errors.append(_check("E102", where, alias=self.alias, queue=queue, suggestion=suggestion))
+            errors.extend(self._check_shared_queues(where))
+        options: Any = self.options or {}  # as written in the setting: anything
+        if not isinstance(options, dict):
+            errors.append(_check("E108", where, alias=self.alias, value=options))
+            return errors
         if "BATCH" in options and not isinstance(options["BATCH"], bool):
             errors.append(_check("E104", where, alias=self.alias, value=options["BATCH"]))
         if "CONCURRENCY" in options and not _is_positive_int(options["CONCURRENCY"]):
@@ -453,6 +526,35 @@ class OutboxBackend(BaseTaskBackend):
             close = difflib.get_close_matches(str(key), OPTIONS_KEYS, n=1)
             did_you_mean = f" (did you mean {close[0]!r}?)" if close else ""
             errors.append(_check("E105", where, alias=self.alias, key=key, did_you_mean=did_you_mean))
+        return errors
+
+    def _check_shared_queues(self, where: str) -> list[checks.CheckMessage]:
+        """``E109`` for each queue this backend shares with a later one (by
+        alias, so a pair is reported once) whose BATCH or CONCURRENCY differ."""
+        tasks_setting = getattr(django_settings, "TASKS", None) or {}
+        mine = _options_of({"OPTIONS": self.options})
+        errors: list[checks.CheckMessage] = []
+        for queue, aliases in sorted(configured_queues().items(), key=lambda item: str(item[0])):
+            if self.alias not in aliases:
+                continue
+            for other in sorted(a for a in set(aliases) if a > self.alias):
+                theirs = _options_of(tasks_setting[other])
+                differences = [
+                    f"{key} {mine.get(key, default)!r} vs {theirs.get(key, default)!r}"
+                    for key, default in (("BATCH", DEFAULT_BATCH), ("CONCURRENCY", DEFAULT_CONCURRENCY))
+                    if mine.get(key, default) != theirs.get(key, default)
+                ]
+                if differences:
+                    errors.append(
+                        _check(
+                            "E109",
+                            where,
+                            queue=queue,
+                            alias=self.alias,
+                            other=other,
+                            differences=", ".join(differences),
+                        )
+                    )
         return errors
 
 

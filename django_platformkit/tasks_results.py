@@ -16,6 +16,7 @@ per task; we keep one only once there is something to say.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -31,7 +32,8 @@ from django.utils.module_loading import import_string
 
 from . import conf, signals
 from ._tables import DEAD_LETTER_TABLE, OUTBOX_TABLE, TASK_RESULTS_TABLE
-from .exceptions import PermanentFailure
+from .exceptions import InvalidPayload, PermanentFailure
+from .payload import encode_json_value
 from .tasks import TASK_EVENT_PREFIX, _event_id, _refused_by_django, queue_of, worker_id
 from .units import unit_writes
 
@@ -89,7 +91,7 @@ _FAILURE_SQL = (
 # One round trip: the row, its result, its dead letter (the queue's, or the
 # relay's when the broker refused it), and whether a transaction runs it now.
 _LOAD_SQL = (
-    "SELECT o.name, o.payload::text, o.created_at, r.status, r.return_value::text, r.started_at, "
+    "SELECT o.name, o.payload::text, o.created_at, o.not_before, r.status, r.return_value::text, r.started_at, "
     "r.last_attempted_at, r.finished_at, r.errors::text, r.worker_ids::text, d.failed_at, "
     "(SELECT a.xact_start FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid "
     " WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2 AND l.classid::int8 = %s "
@@ -122,6 +124,37 @@ def _task_at(path: str, alias: str, queue: str) -> Task[..., Any]:
     if task.backend != alias or task.queue_name != queue:
         task = task.using(backend=alias, queue_name=queue)
     return task
+
+
+def _missing_task(path: str, alias: str, queue: str, reason: str) -> Task[..., Any]:
+    """A stand-in ``Task`` for a result whose function can't be imported any
+    more: its ``module_path`` is ``path``, calling it raises ``ValueError``
+    (``reason``), and it skips the backend's validation (its queue may be
+    gone from ``QUEUES`` too), so the result can still be read and reported."""
+    from django.tasks import Task
+
+    module, _, attribute = path.rpartition(".")
+
+    def missing(*args: Any, **kwargs: Any) -> Any:
+        raise ValueError(reason)
+
+    missing.__module__, missing.__name__, missing.__qualname__ = module, attribute, attribute
+    task: Task[..., Any] = object.__new__(Task)
+    return _with_fields(
+        task, priority=0, func=missing, backend=alias, queue_name=queue, run_after=None, takes_context=False
+    )
+
+
+def _with_fields(task: Task[..., Any], **fields: Any) -> Task[..., Any]:
+    """``task`` with ``fields`` replaced, without the backend's validation
+    (``dataclasses.replace`` and ``Task.using`` revalidate: a result must
+    read back whatever the settings say now)."""
+    from django.tasks import Task
+
+    copy: Task[..., Any] = object.__new__(Task)
+    for field in dataclasses.fields(Task):
+        object.__setattr__(copy, field.name, fields.get(field.name, getattr(task, field.name, None)))
+    return copy
 
 
 @functools.cache
@@ -204,6 +237,16 @@ def run_task(event: ReceivedEvent) -> None:
             "Decimal as str(), a datetime as .isoformat(), a set as a list. Not retried: it would fail "
             "every time (its writes were rolled back)."
         ) from None
+    if value is not None:
+        # What JSON allows and PostgreSQL's jsonb refuses (a NUL, NaN, an
+        # integer past 4300 digits), found before the unit's INSERT fails.
+        try:
+            encode_json_value(value, max_bytes=sys.maxsize)
+        except InvalidPayload as exc:
+            raise PermanentFailure(
+                f"the task's return value can't be stored: {exc} Not retried: it would fail every time "
+                "(its writes were rolled back)."
+            ) from None
     finished = timezone.now()
     row = [
         str(event.id),
@@ -292,6 +335,7 @@ def load_result(backend: _Backend, result_id: object) -> TaskResult[..., Any]:
         name,
         payload_text,
         enqueued_at,
+        run_after,
         status,
         value_text,
         started_at,
@@ -303,7 +347,13 @@ def load_result(backend: _Backend, result_id: object) -> TaskResult[..., Any]:
         running_since,
     ) = row
     payload = json.loads(payload_text)
-    task = _task_at(payload["task"], payload.get("backend", backend.alias), queue_of(name) or "default")
+    alias, queue = payload.get("backend", backend.alias), queue_of(name) or "default"
+    try:
+        task = _task_at(payload["task"], alias, queue)
+    except ValueError as exc:  # renamed or removed since: the result still exists
+        task = _missing_task(payload["task"], alias, queue, str(exc))
+    if run_after is not None and task.run_after != run_after:
+        task = _with_fields(task, run_after=run_after)  # as enqueued: task.using(run_after=...)
     errors = [TaskError(**e) for e in json.loads(errors_text or "[]")]
     if status == "SUCCESSFUL":
         state = TaskResultStatus.SUCCESSFUL

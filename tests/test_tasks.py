@@ -202,6 +202,39 @@ def test_a_task_that_always_fails_runs_max_attempts_then_fails_and_replay_after_
     assert len(result.errors) == max_attempts  # the history stays
 
 
+def test_a_task_removed_after_it_was_enqueued_fails_and_its_result_still_reads(outbox_tasks, run_worker, settings):
+    """A rolling deploy can leave a task the running code doesn't have: it is
+    retried (a newer worker may have it), then FAILED; get_result() and
+    Django's task_finished still work, with the task's path as enqueued."""
+    finished = []
+    task_finished.connect(
+        lambda sender, task_result, **kw: finished.append(task_result), weak=False, dispatch_uid="test.removed"
+    )
+    try:
+        result = tasks.record.enqueue("removed")
+        OutboxEvent.objects.filter(id=result.id).update(
+            payload={"task": "tests.testapp.tasks.gone", "args": ["removed"], "kwargs": {}, "backend": "default"}
+        )
+        run_worker(subscriptions=task_subscriptions())
+    finally:
+        task_finished.disconnect(dispatch_uid="test.removed")
+    read = outbox_tasks.get_result(result.id)
+    assert read.status == TaskResultStatus.FAILED
+    assert read.task.module_path == "tests.testapp.tasks.gone"
+    assert len(read.errors) == settings.PLATFORMKIT["MAX_ATTEMPTS"]
+    assert "can't be imported" in read.errors[-1].traceback
+    with pytest.raises(ValueError, match="can't be imported"):
+        read.task.func()
+    assert [(r.id, r.status) for r in finished] == [(result.id, TaskResultStatus.FAILED)]
+    assert effects("removed") == 0
+
+
+def test_a_deferred_tasks_result_keeps_its_run_after(outbox_tasks):
+    when = timezone.now() + dt.timedelta(hours=1)
+    result = tasks.record.using(run_after=when).enqueue("later")
+    assert outbox_tasks.get_result(result.id).task.run_after == when
+
+
 def test_a_return_value_json_cant_carry_fails_once_with_its_path_and_is_dead_lettered_without_retries(
     outbox_tasks, run_worker, settings
 ):
@@ -217,6 +250,26 @@ def test_a_return_value_json_cant_carry_fails_once_with_its_path_and_is_dead_let
     dead = DeadLetter.objects.get()
     assert dead.attempts == 1
     assert "return value" in dead.error and "set at $.ok" in dead.error
+
+
+@pytest.mark.parametrize(
+    ("kind", "said"),
+    [("nul", "NUL character"), ("nan", "not a JSON number"), ("huge", "more than 4300 digits")],
+)
+def test_a_return_value_jsonb_refuses_fails_once_with_its_path_beside_a_task_that_succeeds(
+    outbox_tasks, run_worker, kind, said
+):
+    bad = tasks.returns_what_jsonb_refuses.enqueue(f"jsonb_{kind}", kind)
+    good = tasks.record.enqueue("jsonb_neighbour")  # same queue, same unit
+    run_worker(subscriptions=task_subscriptions())
+    bad.refresh()
+    assert bad.status == TaskResultStatus.FAILED
+    assert len(bad.errors) == 1  # not retried: it would fail every time
+    assert bad.errors[0].exception_class_path == "django_platformkit.exceptions.PermanentFailure"
+    assert said in bad.errors[0].traceback and "$.at" in bad.errors[0].traceback
+    assert effects(f"jsonb_{kind}") == 0  # its write rolled back
+    assert outbox_tasks.get_result(good.id).status == TaskResultStatus.SUCCESSFUL
+    assert effects("jsonb_neighbour") == 1
 
 
 def test_a_context_task_sees_the_handler_run_count_as_attempt(outbox_tasks, run_worker):
@@ -459,6 +512,73 @@ def test_check_errors_for_an_options_batch_that_is_not_a_bool_and_for_an_unknown
         ]
 
 
+def test_check_errors_for_queues_that_are_not_a_list_and_options_that_are_not_a_dict():
+    from django_platformkit.tasks import OutboxBackend
+
+    errors = OutboxBackend("default", {"QUEUES": "emails"}).check()
+    assert [(e.id, e.msg, e.hint) for e in errors] == [
+        (
+            "platformkit.E107",
+            "TASKS['default']['QUEUES'] is 'emails', not a list of queue names",
+            "Write it as a list, e.g. \"QUEUES\": ['emails'] (a string would be read as its letters).",
+        )
+    ]
+    for bad in ([1], "BATCH"):
+        errors = OutboxBackend("default", {"QUEUES": ["default"], "OPTIONS": bad}).check()
+        assert [(e.id, e.msg) for e in errors] == [
+            ("platformkit.E108", f"TASKS['default']['OPTIONS'] is {bad!r}, not a dict")
+        ]
+
+
+def test_a_settings_options_list_or_queues_string_registers_no_letters_and_does_not_crash():
+    from django_platformkit.tasks import BACKEND_PATH, configured_queues, register_task_queues
+
+    broken = {
+        "letters": {"BACKEND": BACKEND_PATH, "QUEUES": "emails"},
+        "listed": {"BACKEND": BACKEND_PATH, "QUEUES": ["reports"], "OPTIONS": [1]},
+    }
+    with override_settings(TASKS=broken):
+        assert configured_queues() == {"reports": ["listed"]}
+        from django_platformkit import consumer
+
+        names = register_task_queues()  # what AppConfig.ready() calls: it crashed on OPTIONS [1]
+        try:
+            assert names == ["platformkit.task_reports"]
+        finally:
+            for name in names:
+                consumer._subscriptions.pop(name, None)
+
+
+def test_check_errors_when_two_backends_serve_a_queue_with_different_options():
+    from django_platformkit.tasks import BACKEND_PATH, OutboxBackend
+
+    shared = {
+        "a": {"BACKEND": BACKEND_PATH, "QUEUES": ["default", "emails"], "OPTIONS": {"BATCH": False}},
+        "b": {"BACKEND": BACKEND_PATH, "QUEUES": ["default"], "OPTIONS": {"CONCURRENCY": 3}},
+        "c": {"BACKEND": BACKEND_PATH, "QUEUES": ["emails"], "OPTIONS": {"BATCH": False, "CONCURRENCY": 2}},
+    }
+    with override_settings(TASKS=shared):
+        errors = [e for alias, params in shared.items() for e in OutboxBackend(alias, params).check()]
+    assert [(e.id, e.msg) for e in errors] == [
+        (
+            "platformkit.E109",
+            "TASKS: queue 'default' is served by 'a' and 'b' with different OPTIONS "
+            "(BATCH False vs True, CONCURRENCY 2 vs 3)",
+        ),
+    ]  # 'a' and 'c' agree on 'emails' (CONCURRENCY 2 is the default); each pair once
+
+
+def test_enqueue_refuses_when_the_app_is_not_installed():
+    from django_platformkit.exceptions import ConfigurationError
+    from django_platformkit.tasks import OutboxBackend
+
+    with override_settings(INSTALLED_APPS=["django.contrib.contenttypes", "django.contrib.auth"]):
+        backend = OutboxBackend("default", {"QUEUES": ["default"]})
+        with pytest.raises(ConfigurationError, match="'django_platformkit' is not in INSTALLED_APPS: no worker"):
+            backend.enqueue(tasks.record, ["never"], {})
+    assert OutboxEvent.objects.count() == 0
+
+
 def test_runworker_queue_runs_only_that_queues_tasks(outbox_tasks, run_worker):
     from django_platformkit.tasks import queue_subscriptions
 
@@ -640,3 +760,24 @@ def test_enqueue_on_an_unmigrated_outbox_says_to_migrate(outbox_tasks):
     assert OutboxEvent.objects.count() == 0
     tasks.record.enqueue("after")
     assert OutboxEvent.objects.count() == 1
+
+
+def test_enqueue_inside_atomic_on_another_database_than_the_outbox_is_refused(outbox_tasks, settings, monkeypatch):
+    """Committed on its own on the outbox's database, the task would run
+    whatever became of the caller's writes: refused before any SQL."""
+    from django.db import connections
+
+    from django_platformkit.exceptions import TransactionRequired
+
+    monkeypatch.setitem(connections.settings, "outbox", dict(connections.settings["default"]))
+    settings.PLATFORMKIT = {**settings.PLATFORMKIT, "DATABASE_ALIAS": "outbox"}
+    try:
+        with transaction.atomic():
+            Effect.objects.create(subscription="caller", event_id=uuid.uuid4())
+            with pytest.raises(TransactionRequired, match=r"atomic\(\) on 'default', but the outbox is on 'outbox'"):
+                tasks.record.enqueue("refused")
+            Effect.objects.create(subscription="caller", event_id=uuid.uuid4())  # the transaction is still usable
+        assert OutboxEvent.objects.count() == 0
+        assert Effect.objects.filter(subscription="caller").count() == 2
+    finally:
+        del connections["outbox"]  # never connected: refused before any SQL

@@ -44,6 +44,13 @@ def returns_a_set(label):
 
 
 @task
+def returns_what_jsonb_refuses(label, kind):
+    """Writes an Effect, then returns a value JSON allows and PostgreSQL's jsonb refuses (``kind``)."""
+    Effect.objects.create(subscription=label, event_id=uuid.uuid4(), payload={})
+    return {"nul": {"at": "a\x00b"}, "nan": {"at": float("nan")}, "huge": {"at": 10**5000}}[kind]
+
+
+@task
 def waits_for_release(label):
     """Runs until an Effect '<label>.release' is committed (at most 20 s): a task a test can see RUNNING."""
     import time
