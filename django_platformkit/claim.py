@@ -104,6 +104,7 @@ class _Claiming:
     subscription: Subscription
     using: str
     handlers_started: dict[int, float]
+    runs_now: dict[int, _Work]
     _default_tenant_context: bool
 
     if TYPE_CHECKING:
@@ -213,7 +214,7 @@ class _Claiming:
         seen: set[uuid.UUID] = set()
         checked_tenant = tenant  # the last tenant check_tenant() passed: a unit is mostly one tenant
         ident = threading.get_ident()
-        started = self.handlers_started
+        started, runs_now = self.handlers_started, self.runs_now
         watch, unwatch = _slow_runs.watch, _slow_runs.unwatch
         for work in todo:
             if id(work) in outcomes:
@@ -254,6 +255,7 @@ class _Claiming:
             if watched:
                 work.running = True
                 watch(work, sub.name, self.using)
+            runs_now[ident] = work
             try:
                 try:
                     self._call_handler(event, timeout, connection)
@@ -284,6 +286,7 @@ class _Claiming:
                 continue
             finally:
                 started.pop(ident, None)
+                runs_now.pop(ident, None)
             if safe:
                 cursor.execute("RELEASE SAVEPOINT platformkit_message")
             outcomes[id(work)] = "handled"

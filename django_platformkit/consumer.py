@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import sys
 import threading
 import time
 import traceback as traceback_module
@@ -43,6 +44,7 @@ from ._text import storable_text as clean_text  # noqa: F401 - imported from her
 from .attempts import (
     RECORD_SLOW_RUN_AFTER_SECONDS,
     WORKER_ID,
+    record_failed_run,
     run_history,
     start_run,
 )
@@ -141,6 +143,7 @@ class Consumer(_Claiming, _Running, _Settling):
         self.using = using or conf.settings.DATABASE_ALIAS
         self.stop = stop or threading.Event()
         self.handlers_started: dict[int, float] = {}  # thread ident -> monotonic start; read by the watchdog
+        self.runs_now: dict[int, _Work] = {}  # thread ident -> the run its handler is in (record_stuck_runs)
         self.counts = {"handled": 0, "skipped": 0, "retried": 0, "dead_lettered": 0, "malformed": 0}
         self._local = threading.local()  # .keep: (KeepAlive | None, {event id: Delivery}) of this thread's unit
         self._durations: dict[uuid.UUID, float] = {}  # event id -> the handler's run, for the signals
@@ -158,6 +161,46 @@ class Consumer(_Claiming, _Running, _Settling):
             self.handlers_started.pop(threading.get_ident(), None)
         else:
             self.handlers_started[threading.get_ident()] = value
+
+    def record_stuck_runs(self, started_before: float, error: str) -> int:
+        """Record each run whose handler started before ``started_before``
+        (monotonic seconds) and is still in it as ``failed`` with ``error``
+        and, as its traceback, the stack its thread is in now: called by the
+        watchdog just before it exits the process for a stuck handler, so the
+        event's retries and dead letter say why the run ended and where it
+        hung, not "never reported". Returns how many it recorded; a database
+        error is logged, never raised (the process exits either way)."""
+        frames = sys._current_frames()
+        recorded = 0
+        for ident, started in list(self.handlers_started.items()):
+            work = self.runs_now.get(ident)
+            if started >= started_before or work is None:
+                continue
+            frame = frames.get(ident)
+            stack = "".join(traceback_module.format_stack(frame)) if frame is not None else ""
+            if not work.lock.acquire(timeout=2.0):  # the slow-run recorder writing its row: wait for it
+                continue
+            try:
+                record_failed_run(
+                    subscription=self.subscription.name,
+                    event_id=work.event.id,
+                    attempt_row=work.attempt_row,
+                    started_at=work.started_at,
+                    error=error,
+                    traceback=f"The stuck handler's thread, when the worker exited:\n{stack}",
+                    using=self.using,
+                )
+                recorded += 1
+            except Exception as exc:
+                logger.error(
+                    "stuck run not recorded subscription=%s event_id=%s error=%s",
+                    self.subscription.name,
+                    work.event.id,
+                    exc,
+                )
+            finally:
+                work.lock.release()
+        return recorded
 
     # -- the loop --
     def ensure(self) -> None:

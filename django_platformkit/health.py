@@ -55,6 +55,8 @@ class _Watched(Protocol):
     @property
     def subscription(self) -> Any: ...
 
+    def record_stuck_runs(self, started_before: float, error: str) -> int: ...
+
 
 class Watchdog:
     """The loop of a worker's watchdog thread, once a second until ``done``
@@ -140,6 +142,13 @@ class Watchdog:
                     consumer.subscription.name,
                     running,
                     EXIT_STUCK_HANDLER,
+                )
+                # The run ends here: its retries and dead letter say so, and where it hung.
+                consumer.record_stuck_runs(
+                    now - timeout - grace,
+                    f"HandlerTimeout: the handler ran {running:.0f}s without returning, past HANDLER_TIMEOUT_SECONDS "
+                    f"({timeout:g}s) and HANDLER_STUCK_GRACE_SECONDS ({grace:g}s): the worker exited "
+                    f"(status {EXIT_STUCK_HANDLER}) so its supervisor restarts it",
                 )
                 self.write_health(consumer.subscription.name, EXIT_STUCK_HANDLER)
                 logging.shutdown()

@@ -383,7 +383,7 @@ def test_a_worker_with_a_handler_stuck_past_timeout_and_grace_exits_non_zero(bro
         broker, PLATFORMKIT_TEST_ACK_WAIT="3", PLATFORMKIT_TEST_HANDLER_TIMEOUT="1", PLATFORMKIT_TEST_STUCK_GRACE="2"
     )
     with transaction.atomic():
-        publish("testapp.slow", {"sleep": 60})
+        event_id = publish("testapp.slow", {"sleep": 60})
     worker = manage(
         "runworker",
         "--subscription",
@@ -407,6 +407,14 @@ def test_a_worker_with_a_handler_stuck_past_timeout_and_grace_exits_non_zero(bro
     assert state["healthy"] is False and state["stuck_handlers"] == ["testapp.slow"]
     # The README's promise for every exit: the last state says so, with the status.
     assert state["stopped"] is True and state["exit_code"] == 3
+    from django_platformkit.models import Attempt as RunAttempt
+
+    # The run that never returned is recorded as failed by the timeout, with
+    # the stack it hung in: its retries and dead letter say why, not "never reported".
+    run = RunAttempt.objects.get(subscription="testapp.slow", event_id=event_id)
+    assert (run.attempt, run.outcome) == (1, "failed")
+    assert run.error.startswith("HandlerTimeout: the handler ran") and "HANDLER_TIMEOUT_SECONDS (1s)" in run.error
+    assert "time.sleep(" in run.traceback and run.finished_at is not None
 
 
 def test_a_dead_letter_that_cannot_be_written_is_retried_without_running_the_handler_again(broker, settings):
