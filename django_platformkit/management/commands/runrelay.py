@@ -11,7 +11,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ...exceptions import BrokerUnavailable, ConfigurationError, DatabaseUnavailable
 from ...outage import database_unavailable, is_database_error
-from ._base import configure_logging, start_metrics
+from ._base import configure_logging, positive, start_metrics, tcp_port
 
 
 class Command(BaseCommand):
@@ -36,6 +36,8 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         configure_logging(options["verbosity"])
+        connect_timeout = positive("--connect-timeout", options["connect_timeout"], omitted="the default is 30")
+        tcp_port("--metrics-port", options["metrics_port"])
         from ...transport import Transport
         from ...worker import Worker
 
@@ -43,7 +45,7 @@ class Command(BaseCommand):
             transport=Transport(name="django_platformkit relay"),
             consumers=False,
             scheduler=False,
-            connect_timeout_seconds=options["connect_timeout"],
+            connect_timeout_seconds=connect_timeout,
         )
         worker.install_signal_handlers()
         if options["metrics_port"] is not None:
