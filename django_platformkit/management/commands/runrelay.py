@@ -18,7 +18,11 @@ class Command(BaseCommand):
     help = "Relay pending outbox rows to NATS JetStream. Several relays may run at once (SKIP LOCKED)."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--once", action="store_true", help="Relay what is pending now, print the count and exit.")
+        parser.add_argument(
+            "--once",
+            action="store_true",
+            help="Relay what is due now, print the counts (deferred=N: rows not due yet) and exit.",
+        )
         parser.add_argument(
             "--metrics-port",
             type=int,
@@ -70,8 +74,9 @@ class Command(BaseCommand):
                 return
             self.stdout.write(
                 f"relayed={stats.stored} duplicates={stats.duplicates} dead_lettered={stats.dead_lettered} "
-                f"left_pending={stats.temporary}"
+                f"left_pending={stats.temporary} deferred={stats.deferred}"
             )
+            # Deferred rows aren't a failure: a later pass sends them when they are due.
             if stats.temporary:
                 raise SystemExit(1)
         except (BrokerUnavailable, DatabaseUnavailable, ConfigurationError) as exc:
