@@ -87,6 +87,9 @@ _NEXT_DUE_SQL = (
     "SELECT EXTRACT(EPOCH FROM (min(not_before) - clock_timestamp()))::float8 "
     f"FROM {OUTBOX_TABLE} WHERE published_at IS NULL AND not_before IS NOT NULL"
 )
+# Pending rows not yet due (a task's run_after ahead), off the deferred index:
+# `runrelay --once` reports them apart, so "left_pending=0" isn't read as "none left".
+_DEFERRED_SQL = f"SELECT count(*) FROM {OUTBOX_TABLE} WHERE published_at IS NULL AND not_before > now()"
 # By ctid (a TID scan): the rows are locked by this transaction since the
 # SELECT, so their ctid can't change. clock_timestamp(): the moment the acks
 # were in, not the batch transaction's start.
@@ -101,6 +104,9 @@ class RelayStats:
     """Row counts of one relay pass (``Relay.drain()``): rows ``selected``,
     ``stored`` by the stream (``duplicates`` among them), left pending after a
     ``temporary`` broker failure, and ``dead_lettered`` (refused for good).
+    ``deferred``: rows still pending because they aren't due yet (a not-before
+    time ahead, such as a task's ``run_after``), counted once after the pass
+    by ``Worker.relay_once()``; ``drain()`` leaves it 0.
     ``+=`` adds another pass's counts."""
 
     selected: int = 0
@@ -108,6 +114,7 @@ class RelayStats:
     duplicates: int = 0
     temporary: int = 0
     dead_lettered: int = 0
+    deferred: int = 0
 
     def __iadd__(self, other: RelayStats) -> RelayStats:
         for key in self.__dataclass_fields__:
@@ -179,6 +186,13 @@ class Relay:
             connections[self.using].close()
             return interval
         return interval if due_in is None else max(0.0, min(interval, due_in))
+
+    def deferred_count(self) -> int:
+        """Pending rows that aren't due yet (a not-before time ahead): rows a
+        pass leaves alone, for a later one. One count on the deferred index."""
+        with connections[self.using].cursor() as cursor:
+            cursor.execute(_DEFERRED_SQL)
+            return int(cursor.fetchone()[0])
 
     def relay_batch(self) -> RelayStats:
         """Relay one batch of the oldest pending rows; return its counts.

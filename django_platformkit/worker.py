@@ -221,7 +221,8 @@ class Worker(ConsumerPool):
         ``connect_timeout_seconds`` with ``BrokerUnavailable`` saying what is
         not available - relay what is due now, close. Returns the pass's
         ``RelayStats`` (``temporary``: rows left pending by a refusal worth
-        retrying), or None when stopped during start-up. A database error of
+        retrying; ``deferred``: pending rows not due yet), or None when
+        stopped during start-up. A database error of
         the pass propagates; the rows it concerns stay pending."""
         try:
             if not self._connect_and_ensure_stream(give_up=True):
@@ -229,7 +230,9 @@ class Worker(ConsumerPool):
                 return None
             self._starting = False  # from here a signal lets the pass stop after its current batch
             self.relay = Relay(self.transport, using=self.using)
-            return self.relay.drain(self.stop_event)
+            stats = self.relay.drain(self.stop_event)
+            stats.deferred = self.relay.deferred_count()
+            return stats
         finally:
             self.transport.close()
             connections.close_all()

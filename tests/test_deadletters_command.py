@@ -149,6 +149,18 @@ def test_show_prints_the_error_traceback_and_payload(dead):
     assert run("show", str(dead["other"])).count("dead letter ") == 1
 
 
+def test_show_prints_a_run_that_never_reported_as_running_with_no_finish(dead):
+    from django_platformkit.models import Attempt
+
+    Attempt.objects.create(
+        subscription="testapp.flaky", event_id=dead["new"], attempt=1, outcome="failed", finished_at=timezone.now()
+    )
+    Attempt.objects.create(subscription="testapp.flaky", event_id=dead["new"], attempt=2, worker="host:42")
+    failed, never_reported = [line.split() for line in run("show", str(dead["new"])).splitlines() if "    #" in line]
+    assert failed[:2] == ["#1", "failed"] and failed[failed.index("finished") + 1] != "-"
+    assert never_reported[:2] == ["#2", "running"] and never_reported[-2:] == ["-", "host:42"]  # finished -
+
+
 @pytest.mark.parametrize(
     "args, marker",
     [

@@ -1,10 +1,13 @@
 """The relay under a backlog: lanes keep relay order on the wire and give
 their connections back; the batch query's plan doesn't depend on table
-statistics."""
+statistics; ``runrelay --once`` counts rows not due yet apart."""
 
+import io
 import json
+import signal
 
 import pytest
+from django.core.management import call_command
 from django.db import connection, transaction
 
 from django_platformkit.models import OutboxEvent
@@ -99,3 +102,25 @@ def test_the_batch_query_walks_the_pending_index_and_stamps_by_tid_even_with_sta
     assert "Sort" not in select_plan and "Seq Scan" not in select_plan, select_plan
     # The stamp visits exactly the locked rows, not the table.
     assert "Tid Scan" in stamp_plan and "Seq Scan" not in stamp_plan, stamp_plan
+
+
+@pytest.fixture
+def signal_handlers_restored():
+    """runrelay installs SIGTERM/SIGINT handlers in this process: put pytest's back."""
+    before = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
+    yield
+    for signum, handler in before.items():
+        signal.signal(signum, handler)
+
+
+def test_runrelay_once_counts_a_row_deferred_to_later_apart_from_left_pending(broker, signal_handlers_restored):
+    fill(2)
+    with connection.cursor() as cursor:  # a task's run_after an hour ahead: the outbox row's not_before
+        cursor.execute(
+            "INSERT INTO platformkit_outbox (id, name, tenant, payload, headers, created_at, not_before) "
+            "VALUES (gen_random_uuid(), 'testapp.order_placed', NULL, '{}'::jsonb, '{}'::jsonb, now(), now() + interval '1 hour')"
+        )
+    out = io.StringIO()
+    call_command("runrelay", "--once", "--connect-timeout", "10", stdout=out)  # exit 0: deferred isn't a failure
+    assert out.getvalue() == "relayed=2 duplicates=0 dead_lettered=0 left_pending=0 deferred=1\n"
+    assert OutboxEvent.objects.pending().count() == 1

@@ -235,6 +235,30 @@ def test_a_deferred_tasks_result_keeps_its_run_after(outbox_tasks):
     assert outbox_tasks.get_result(result.id).task.run_after == when
 
 
+def test_a_replayed_task_that_fails_again_gets_max_attempts_afresh_and_its_result_keeps_every_error(
+    outbox_tasks, run_worker, settings
+):
+    from django_platformkit import replay
+    from django_platformkit.models import Attempt
+
+    max_attempts = settings.PLATFORMKIT["MAX_ATTEMPTS"]
+    result = tasks.fails_until_fixed.enqueue("failing_twice")
+    run_worker(subscriptions=task_subscriptions())
+    replay(result.id, actor="ops", reason="try again, not fixed")
+    # The replay deleted the attempt history: the re-send starts at attempt 1.
+    assert not Attempt.objects.filter(event_id=result.id).exists()
+    run_worker(subscriptions=task_subscriptions())
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED
+    dead = DeadLetter.objects.get()
+    assert dead.attempts == max_attempts  # only the runs after the replay
+    assert sorted(Attempt.objects.filter(event_id=result.id).values_list("attempt", flat=True)) == list(
+        range(1, max_attempts + 1)
+    )
+    # The task's result is one row across the replay: both rounds' errors and runs.
+    assert len(result.errors) == len(result.worker_ids) == 2 * max_attempts
+
+
 def test_a_return_value_json_cant_carry_fails_once_with_its_path_and_is_dead_lettered_without_retries(
     outbox_tasks, run_worker, settings
 ):

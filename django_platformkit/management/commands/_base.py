@@ -1,8 +1,9 @@
 """What every command shares: ``--verbosity`` mapped to the package's logging,
-and ``--metrics-port``."""
+``--metrics-port``, and the refusal of a number option that can't mean anything."""
 
 import contextlib
 import logging
+import math
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -21,6 +22,43 @@ def configure_logging(verbosity: int) -> None:
         logger.addHandler(handler)
 
 
+def positive(
+    option: str, value: Any, *, unit: str = "seconds", whole: bool = False, example: str = "30", omitted: str = ""
+) -> Any:
+    """``value`` of ``option`` (such as ``--burst-timeout``) if it is a finite
+    number above 0 (a whole one with ``whole``); None (not given) as it is.
+    Anything else is a ``CommandError`` that says what to pass (``omitted``:
+    what leaving the option out does). Checked in ``handle()``, not by an
+    argparse ``type=``, so ``call_command(..., burst_timeout=-5)`` is refused
+    too: a negative timeout gave up at once and said "not drained after -5.0s"."""
+    from django.core.management.base import CommandError
+
+    if value is None:
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = math.nan
+    if not (math.isfinite(number) and number > 0 and (not whole or number == int(number))):
+        kind = "a whole number" if whole else "a number"
+        raise CommandError(
+            f"{option} {value}: give {kind} of {unit} above 0 (e.g. {option} {example})"
+            + (f"; {omitted}." if omitted else ".")
+        )
+    return int(number) if whole else number
+
+
+def tcp_port(option: str, value: Any) -> Any:
+    """``value`` of ``option`` if it is a TCP port (0-65535), None as it is;
+    else a ``CommandError``. A command checks it before it starts anything,
+    in every mode (``--processes`` too)."""
+    from django.core.management.base import CommandError
+
+    if value is not None and not (isinstance(value, int) and 0 <= value <= 65535):
+        raise CommandError(f"{option} {value}: not a TCP port (0-65535).")
+    return value
+
+
 def start_metrics(port: int, **kwargs: Any) -> Any:
     """``--metrics-port PORT``: serve ``/metrics`` from this process (see
     ``django_platformkit.metrics.serve_metrics`` for ``kwargs``). Raises
@@ -30,8 +68,7 @@ def start_metrics(port: int, **kwargs: Any) -> Any:
 
     from ...exceptions import ConfigurationError
 
-    if not 0 <= port <= 65535:
-        raise CommandError(f"--metrics-port {port}: not a TCP port (0-65535).")
+    tcp_port("--metrics-port", port)
     try:
         from ...metrics import serve_metrics
 

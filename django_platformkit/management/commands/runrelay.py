@@ -11,14 +11,18 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ...exceptions import BrokerUnavailable, ConfigurationError, DatabaseUnavailable
 from ...outage import database_unavailable, is_database_error
-from ._base import configure_logging, start_metrics
+from ._base import configure_logging, positive, start_metrics, tcp_port
 
 
 class Command(BaseCommand):
     help = "Relay pending outbox rows to NATS JetStream. Several relays may run at once (SKIP LOCKED)."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--once", action="store_true", help="Relay what is pending now, print the count and exit.")
+        parser.add_argument(
+            "--once",
+            action="store_true",
+            help="Relay what is due now, print the counts (deferred=N: rows not due yet) and exit.",
+        )
         parser.add_argument(
             "--metrics-port",
             type=int,
@@ -36,6 +40,8 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         configure_logging(options["verbosity"])
+        connect_timeout = positive("--connect-timeout", options["connect_timeout"], omitted="the default is 30")
+        tcp_port("--metrics-port", options["metrics_port"])
         from ...transport import Transport
         from ...worker import Worker
 
@@ -43,7 +49,7 @@ class Command(BaseCommand):
             transport=Transport(name="django_platformkit relay"),
             consumers=False,
             scheduler=False,
-            connect_timeout_seconds=options["connect_timeout"],
+            connect_timeout_seconds=connect_timeout,
         )
         worker.install_signal_handlers()
         if options["metrics_port"] is not None:
@@ -68,8 +74,9 @@ class Command(BaseCommand):
                 return
             self.stdout.write(
                 f"relayed={stats.stored} duplicates={stats.duplicates} dead_lettered={stats.dead_lettered} "
-                f"left_pending={stats.temporary}"
+                f"left_pending={stats.temporary} deferred={stats.deferred}"
             )
+            # Deferred rows aren't a failure: a later pass sends them when they are due.
             if stats.temporary:
                 raise SystemExit(1)
         except (BrokerUnavailable, DatabaseUnavailable, ConfigurationError) as exc:

@@ -10,7 +10,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ...exceptions import BrokerUnavailable, ConfigurationError, ConsumerDrift
-from ._base import configure_logging, result_printed_once, start_metrics
+from ._base import configure_logging, positive, result_printed_once, start_metrics, tcp_port
 
 
 class Command(BaseCommand):
@@ -95,6 +95,13 @@ class Command(BaseCommand):
         configure_logging(options["verbosity"])
         from ...worker import Worker
 
+        burst_timeout = positive(
+            "--burst-timeout", options["burst_timeout"], omitted="leave it out to wait until drained"
+        )
+        connect_timeout = positive("--connect-timeout", options["connect_timeout"], omitted="the default is 30")
+        tcp_port("--metrics-port", options["metrics_port"])
+        processes = positive("--processes", options["processes"], unit="processes", whole=True, example="2")
+
         if options["health_file"]:
             import os
 
@@ -131,9 +138,7 @@ class Command(BaseCommand):
                 raise CommandError(
                     f"unknown job(s) {', '.join(missing)}; known: {', '.join(j.name for j in jobs()) or '(none)'}"
                 )
-        if options["processes"] is not None:
-            if options["processes"] < 1:
-                raise CommandError(f"--processes must be 1 or more, got {options['processes']}.")
+        if processes is not None:
             if options["burst"]:
                 raise CommandError(
                     "--burst can't be combined with --processes: a burst drains and exits, and one process does that "
@@ -144,7 +149,7 @@ class Command(BaseCommand):
             from ...supervisor import Supervisor
 
             supervisor = Supervisor(
-                processes=options["processes"],
+                processes=processes,
                 relay=not options["no_relay"],
                 scheduler=not options["no_jobs"],
                 subscriptions=subs,
@@ -163,8 +168,8 @@ class Command(BaseCommand):
             burst=options["burst"],
             subscriptions=subs,
             health_file=options["health_file"],
-            burst_timeout_seconds=options["burst_timeout"],
-            connect_timeout_seconds=options["connect_timeout"],
+            burst_timeout_seconds=burst_timeout,
+            connect_timeout_seconds=connect_timeout,
             jobs=options["job"],
         )
         if options["metrics_port"] is not None:
