@@ -72,3 +72,8 @@ def test_the_other_commands_number_options_refuse_negatives_while_parsing(args, 
     with pytest.raises(CommandError) as refused:
         call_command(*args)
     assert message in str(refused.value)
+
+
+def test_metrics_port_with_processes_is_refused_rather_than_ignored():
+    with pytest.raises(CommandError, match=r"^--metrics-port can't be combined with --processes yet"):
+        call_command("runworker", "--processes", "2", "--metrics-port", "9108")

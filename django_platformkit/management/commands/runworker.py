@@ -146,6 +146,13 @@ class Command(BaseCommand):
                 )
             if options["no_consumers"]:
                 raise CommandError("--processes N runs N consumer processes; drop --no-consumers (or --processes).")
+            if options["metrics_port"] is not None:
+                # It was ignored: the supervisor served nothing and its children can't share one port.
+                raise CommandError(
+                    "--metrics-port can't be combined with --processes yet: no process would serve it. Run one "
+                    "`runworker --metrics-port PORT` per process instead (e.g. `--no-relay` beside one `runrelay`), "
+                    "or drop --metrics-port."
+                )
             from ...supervisor import Supervisor
 
             supervisor = Supervisor(
