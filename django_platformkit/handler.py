@@ -96,6 +96,12 @@ class _Running:
                 # error leaves it aborted in PostgreSQL. Either way the commit
                 # would roll back without a word, claim included, and the event
                 # would be acked as handled: fail the attempt instead.
+                if getattr(wrapper, "closed_in_transaction", False):
+                    raise TransactionManagementError(
+                        "the handler closed the database connection inside its transaction (connection.close(), "
+                        "close_old_connections(), ...), so its work and claim can't commit: don't close the "
+                        "connection in a handler; the worker manages it"
+                    )
                 raise TransactionManagementError(
                     "the handler caught a database error and returned, so its transaction can only roll back: "
                     "let the error propagate, or wrap the statement that may fail in transaction.atomic()"

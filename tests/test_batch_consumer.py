@@ -218,6 +218,24 @@ def test_a_handler_that_swallows_a_database_error_fails_its_attempt_instead_of_b
 
 
 @pytest.mark.parametrize("batch", [False, True])
+def test_a_handler_that_closes_the_connection_fails_its_attempt_saying_so(transport, settings, broker, batch):
+    settings.PLATFORMKIT = dict(broker, BACKOFF_SECONDS=[30], MAX_ATTEMPTS=1)
+
+    def handler(event):
+        if event.payload["n"] == 1:
+            connection.close()
+            return
+        Effect.objects.create(subscription="closes", event_id=event.id)
+
+    sub = Subscription(name="testapp.closes", event="testapp.order_placed", handler=handler, batch=batch)
+    ids, consumer = publish_and_relay(transport, sub, 3)
+    assert consumer.poll(timeout=2) == 3
+    assert consumer.counts["handled"] == 2 and consumer.counts["dead_lettered"] == 1
+    assert sorted(Effect.objects.values_list("event_id", flat=True)) == sorted([ids[0], ids[2]])
+    assert "the handler closed the database connection inside its transaction" in DeadLetter.objects.get().error
+
+
+@pytest.mark.parametrize("batch", [False, True])
 def test_a_failing_on_commit_callback_is_logged_and_touches_nothing_else(transport, batch):
     """A callback runs after the commit, when the event is handled for good:
     one that raises is logged, the attempt still counts as handled, and in a
