@@ -151,11 +151,16 @@ def configured_queues() -> dict[str, list[str]]:
         if not isinstance(params, dict) or not _is_ours(params.get("BACKEND")):
             continue
         names = params.get("QUEUES", ["default"])
-        if not isinstance(names, list | tuple | set | frozenset):  # a str would be its letters: check E107
+        if not _is_queue_list(names):  # a str would be its letters: check E107
             continue
         for queue in names:
             queues.setdefault(queue, []).append(alias)
     return queues
+
+
+def _is_queue_list(names: Any) -> bool:
+    """Whether a TASKS entry's ``QUEUES`` is a collection of names (not a str, which Django's set() splits)."""
+    return isinstance(names, list | tuple | set | frozenset)
 
 
 def _is_ours(path: Any) -> bool:
@@ -426,8 +431,6 @@ class OutboxBackend(BaseTaskBackend):
             _trace_headers(),
             task.run_after,
         ]
-        if not connection.in_atomic_block:
-            _refuse_atomic_elsewhere(alias)
         try:
             if connection.in_atomic_block:
                 with connection.cursor() as cursor:
@@ -436,6 +439,7 @@ class OutboxBackend(BaseTaskBackend):
             else:
                 # The one place we don't require atomic(): plain code may enqueue
                 # anywhere, and then the row is its own transaction.
+                _refuse_atomic_elsewhere(alias)
                 with transaction.atomic(using=alias), connection.cursor() as cursor:
                     cursor.execute(sql, params)
                     enqueued_at = cursor.fetchone()[0]
@@ -503,7 +507,7 @@ class OutboxBackend(BaseTaskBackend):
         if not apps.is_installed("django_platformkit"):
             errors.append(_check("E101", where, alias=self.alias, backend=BACKEND_PATH))
         names = self._queues_setting
-        if not isinstance(names, list | tuple | set | frozenset):
+        if not _is_queue_list(names):
             example = names if isinstance(names, str) and QUEUE_NAME.match(names) else "default"
             errors.append(_check("E107", where, alias=self.alias, value=names, example=example))
         elif not self.queues:
@@ -532,7 +536,7 @@ class OutboxBackend(BaseTaskBackend):
         """``E109`` for each queue this backend shares with a later one (by
         alias, so a pair is reported once) whose BATCH or CONCURRENCY differ."""
         tasks_setting = getattr(django_settings, "TASKS", None) or {}
-        mine = _options_of({"OPTIONS": self.options})
+        mine: dict[str, Any] = self.options if isinstance(self.options, dict) else {}  # not a dict: E108
         errors: list[checks.CheckMessage] = []
         for queue, aliases in sorted(configured_queues().items(), key=lambda item: str(item[0])):
             if self.alias not in aliases:

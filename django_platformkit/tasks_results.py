@@ -139,9 +139,14 @@ def _missing_task(path: str, alias: str, queue: str, reason: str) -> Task[..., A
         raise ValueError(reason)
 
     missing.__module__, missing.__name__, missing.__qualname__ = module, attribute, attribute
-    task: Task[..., Any] = object.__new__(Task)
     return _with_fields(
-        task, priority=0, func=missing, backend=alias, queue_name=queue, run_after=None, takes_context=False
+        object.__new__(Task),
+        priority=0,
+        func=missing,
+        backend=alias,
+        queue_name=queue,
+        run_after=None,
+        takes_context=False,
     )
 
 
