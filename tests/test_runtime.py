@@ -30,35 +30,40 @@ def _subscription(name):
     return [s for s in subscriptions() if s.name == name]
 
 
+def _ack_pending_while_draining(background_worker, subscription, ids, timeout):
+    """Run a worker for ``subscription`` until its Effects cover ``ids``,
+    sampling its durable's num_ack_pending every 50 ms: (worker, samples)."""
+    from django_platformkit.transport import Transport, durable_name
+
+    worker = background_worker(subscriptions=_subscription(subscription))
+    observer = Transport()
+    observer.connect()
+    try:
+        effects = Effect.objects.filter(subscription=subscription)
+        wait_for(effects.exists, timeout=30, what=f"the first event of {subscription}")
+        seen = []
+        while effects.count() < len(ids):
+            seen.append(observer.consumer_info(durable_name(subscription)).num_ack_pending)
+            assert time.monotonic() < worker._started + timeout, "backlog not drained"
+            time.sleep(0.05)
+    finally:
+        observer.close()
+    assert seen, "sampled nothing"
+    assert sorted(effects.values_list("event_id", flat=True)) == sorted(ids), "not handled exactly once"
+    return worker, seen
+
+
 def test_a_slow_handler_has_no_more_fetched_than_can_start(broker, background_worker):
     """Credit: with a 0.3 s handler (concurrency 1), the broker never shows
     more than one message of the backlog handed to the worker and unacked -
     the rest stay on the broker, where a stopping worker needn't hand them
     back and another worker can take them."""
-    from django_platformkit.transport import Transport
-
     with transaction.atomic():
         ids = [publish("testapp.slow", {"sleep": 0.3, "n": n}) for n in range(12)]
-    worker = background_worker(subscriptions=_subscription("testapp.slow"))
-    observer = Transport()
-    observer.connect()
-    try:
-        wait_for(
-            lambda: Effect.objects.filter(subscription="testapp.slow").exists(), timeout=30, what="the first slow event"
-        )
-        seen = []
-        while Effect.objects.filter(subscription="testapp.slow").count() < len(ids):
-            info = observer.consumer_info("testapp-slow")
-            seen.append(info.num_ack_pending)
-            assert time.monotonic() < worker._started + 60, "backlog not drained"
-            time.sleep(0.05)
-    finally:
-        observer.close()
-    assert seen, "sampled nothing"
+    _, seen = _ack_pending_while_draining(background_worker, "testapp.slow", ids, timeout=60)
     # One unit of one message in flight (a delivery acked a moment late may
     # still show while the next is fetched): never the backlog.
     assert max(seen) <= 2, f"fetched ahead of the handler: num_ack_pending samples {seen}"
-    assert set(Effect.objects.filter(subscription="testapp.slow").values_list("event_id", flat=True)) == set(ids)
 
 
 def test_max_ack_pending_is_the_setting_and_is_updated_in_place(broker, settings, transport, run_worker):
@@ -308,3 +313,19 @@ def test_creating_a_durable_over_retained_events_warns_how_many_will_run_once(br
     with caplog.at_level(logging.WARNING, logger="django_platformkit.worker"):
         run_worker(subscriptions=subscriptions, relay=False, scheduler=False)
     assert not [r for r in caplog.records if "new durable" in r.getMessage()]
+
+
+def test_a_lane_of_fast_handlers_fetches_its_next_unit_as_the_running_one_ends(broker, background_worker):
+    """Early fetch: with fast handlers (one ORM insert, concurrency 1), the
+    next unit is fetched on the running unit's lent credit, so the lane
+    doesn't wait a fetch between units - and never holds more than one unit
+    beyond the running one: num_ack_pending stays within two units, and
+    every event is handled exactly once."""
+    from django_platformkit import conf
+
+    with transaction.atomic():
+        ids = [publish("testapp.order_placed", {"n": n}) for n in range(3000)]
+    worker, seen = _ack_pending_while_draining(background_worker, "testapp.record_order", ids, timeout=120)
+    (lane,) = worker._lanes
+    assert lane.early_fetches > 0, "every unit waited for its fetch after the one before ended"
+    assert max(seen) <= 2 * conf.settings.CONSUMER_BATCH_SIZE, f"fetched more than one unit ahead: {seen}"
