@@ -208,21 +208,28 @@ class ConsumerPool:
             self._mark_ready(lane)  # its next unit waits for its turn
             return lane, consumer, deliveries, keep
 
-    def _lend(self, lane: _Lane, running: _Taken) -> None:
-        """On the loop, near the end of ``running``'s unit: let its slot's credit fetch the next unit."""
+    def _lend(self, lane: _Lane, running: _Taken, *, on_loop: bool = True) -> None:
+        """Near the end of ``running``'s unit: let its slot's credit fetch the next unit."""
         with self._cond:
             if running.done or running.lent or self.stop_event.is_set():
                 return
             running.lent = True
             lane.lent += 1
         if lane.puller is not None:
-            lane.puller.wake()
+            lane.puller.wake_on_loop() if on_loop else lane.puller.wake()
 
     def _lend_later(self, lane: _Lane, running: _Taken, deliveries: int) -> None:
+        """Lend ``running``'s credit when its lane's early fetch is due: at
+        once (a unit shorter than a fetch: no timer), or by a timer on the loop."""
         with self._cond:
             delay = lane.early_fetch_in(deliveries)
-        loop = self.transport._loop
-        if delay is None or loop is None or loop.is_closed():
+        if delay is None:
+            return
+        if delay <= 0:
+            self._lend(lane, running, on_loop=False)
+            return
+        loop = getattr(self.transport, "_loop", None)  # testing.InMemoryTransport has none: no timer
+        if loop is None or loop.is_closed():
             return
         lend = functools.partial(self._lend, lane, running)
         loop.call_soon_threadsafe(loop.call_later, delay, lend)

@@ -169,6 +169,7 @@ class PullLane:
         self.idle = threading.Event()  # set: the last look found nothing, and nothing fetched since
         self.error: BaseException | None = None  # an unexpected crash of the lane task (the worker exits on it)
         self._wake: asyncio.Event | None = None
+        self._waiting = False  # blocked for credit: only then does wake() need the loop
         self._stopped = False
         self._seq = 0
         self._sub: Any = None
@@ -180,10 +181,20 @@ class PullLane:
         self.future = self.transport.submit(self._run())
 
     def wake(self) -> None:
-        """Thread-safe: the credit may have grown; look again now."""
+        """Thread-safe: the credit may have grown; look again now. Costs
+        nothing while the lane is in a request (it reads the credit again
+        before it waits for more): the caller must have changed the credit
+        before calling this."""
+        if not self._waiting:
+            return
         loop = self.transport._loop
         if loop is not None and self._wake is not None and not loop.is_closed():
             loop.call_soon_threadsafe(self._wake.set)
+
+    def wake_on_loop(self) -> None:
+        """``wake()`` from the transport's loop itself."""
+        if self._wake is not None:
+            self._wake.set()
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop pulling; NAK at once whatever was received but not handed over. Waits up to ``timeout`` s."""
@@ -205,10 +216,15 @@ class PullLane:
                 want = min(self._credit(), self.batch_size)
                 if want <= 0:
                     self._wake.clear()
-                    if (
-                        min(self._credit(), self.batch_size) <= 0
-                    ):  # re-read after clear(): a wake in between is not lost
-                        await self._wake.wait()
+                    # Waiting, then the credit read again: a credit given after
+                    # that read finds _waiting set and wakes us; one given before
+                    # it is seen by the read.
+                    self._waiting = True
+                    try:
+                        if min(self._credit(), self.batch_size) <= 0:
+                            await self._wake.wait()
+                    finally:
+                        self._waiting = False
                     continue
                 try:
                     # The last message said nothing was pending behind it

@@ -329,3 +329,27 @@ def test_a_lane_of_fast_handlers_fetches_its_next_unit_as_the_running_one_ends(b
     (lane,) = worker._lanes
     assert lane.early_fetches > 0, "every unit waited for its fetch after the one before ended"
     assert max(seen) <= 2 * conf.settings.CONSUMER_BATCH_SIZE, f"fetched more than one unit ahead: {seen}"
+
+
+def test_runworker_with_skip_checks_serves_a_subscription_only_the_urlconf_imports(broker):
+    """The system checks import the URLconf, so a ``@subscribe`` in a module
+    only it imports (a views.py) used to be served only when the checks
+    ran: ``--skip-checks`` dropped the subscription without a word.
+    runworker imports the URLconf itself."""
+    with transaction.atomic():
+        event_id = publish("testapp.order_placed", {"n": 1})
+    worker = manage(
+        "runworker",
+        "--skip-checks",
+        "--burst",
+        "--no-jobs",
+        "--subscription",
+        "testapp.url_only",
+        env=worker_env(broker, PLATFORMKIT_TEST_URL_ONLY="1"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    output, _ = worker.communicate(timeout=120)
+    assert worker.returncode == 0, output
+    assert list(Effect.objects.filter(subscription="testapp.url_only").values_list("event_id", flat=True)) == [event_id]

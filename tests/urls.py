@@ -1,6 +1,8 @@
 from django.contrib import admin
 from django.urls import path
 
+from tests.testapp import url_only  # noqa: F401 - a subscription only the URLconf imports (test_runtime.py)
+
 urlpatterns = [path("admin/", admin.site.urls)]
 
 try:  # django.tasks is Django 6+ (tests/test_tasks.py)
