@@ -10,7 +10,8 @@ Rows (``--only topology`` for all, or one part: ``topology-latency``,
   (database clock at both ends: the outbox row's ``created_at`` and the sink
   row's ``clock_timestamp()``), and the worker's CPU per handling at 200/s
   (``/proc/<pid>/stat`` of the worker and its children) against the handler
-  alone (the same ORM insert, one per ``atomic()``, in this process);
+  alone (the same ORM insert, one per ``atomic()``, in this process); and,
+  for information, the 1,000/s rate again with ``runworker --processes 2``;
 - draining 10,000 events x 2 subscriptions against (a) the handler alone,
   100 per transaction, and (b) the naive exactly-once loop: nats-py pull of
   256, per message one psycopg transaction with the claim and the insert,
@@ -214,6 +215,46 @@ def _handler_alone_cpu_per_handling(n: int = 2000) -> float:
     return (time.process_time() - started) / n
 
 
+def _steady(
+    worker: TopologyWorker, sizes: Sizes, rate: float, per_tx: int, what: str
+) -> tuple[list[float], float, float]:
+    """Publish the hot event at ``rate``/s for the window and wait for every
+    handling: (latencies in ms, publish rate achieved, worker tree CPU seconds)."""
+    since = scalar("SELECT clock_timestamp()")
+    cpu_before = tree_cpu_seconds(worker.process.pid)
+    log(
+        f"topology latency: hot event at {rate:g}/s for {sizes.topo_window_seconds:g}s ({per_tx} per transaction), 24 subscriptions + 2 jobs in {what}"
+    )
+    achieved = _paced_publish(rate, sizes.topo_window_seconds, per_tx)
+    expected = 2 * int(rate * sizes.topo_window_seconds) // per_tx * per_tx
+    _wait_for(lambda: len(_latencies(since)) >= expected, 180, f"{expected} hot handlings")
+    return _latencies(since), achieved, tree_cpu_seconds(worker.process.pid) - cpu_before
+
+
+def _latency_with_processes(sizes: Sizes, transport) -> list[Result]:
+    """The 1,000/s row again with ``runworker --processes 2`` (info: the lever for a rate one process can't carry)."""
+    if not _processes_supported():
+        return []
+    _reset(transport)
+    worker = TopologyWorker("--processes", "2")
+    try:
+        worker.warm_up()
+        values, achieved, _ = _steady(worker, sizes, 1000.0, 10, "runworker --processes 2")
+    finally:
+        worker.stop()
+    return [
+        Result(
+            f"topo_latency_1000_{q}_processes2",
+            f"(info) topology: commit -> handler start {q} at 1,000/s, --processes 2",
+            _percentile(values, int(q[1:])),
+            "ms",
+            target="info",
+            note=f"{len(values)} handlings, publish rate achieved {achieved:.0f}/s",
+        )
+        for q in ("p50", "p99")
+    ]
+
+
 def part_latency(sizes: Sizes, transport) -> list[Result]:
     _reset(transport)
     worker = TopologyWorker()
@@ -221,16 +262,7 @@ def part_latency(sizes: Sizes, transport) -> list[Result]:
     try:
         worker.warm_up()
         for rate, per_tx, p50_target, p99_target in ((200.0, 1, 10.0, 50.0), (1000.0, 10, 50.0, None)):
-            since = scalar("SELECT clock_timestamp()")
-            cpu_before = tree_cpu_seconds(worker.process.pid)
-            log(
-                f"topology latency: hot event at {rate:g}/s for {sizes.topo_window_seconds:g}s ({per_tx} per transaction), 24 subscriptions + 2 jobs in one worker"
-            )
-            achieved = _paced_publish(rate, sizes.topo_window_seconds, per_tx)
-            expected = 2 * int(rate * sizes.topo_window_seconds) // per_tx * per_tx
-            _wait_for(lambda: len(_latencies(since)) >= expected, 180, f"{expected} hot handlings")
-            cpu = tree_cpu_seconds(worker.process.pid) - cpu_before
-            values = _latencies(since)
+            values, achieved, cpu = _steady(worker, sizes, rate, per_tx, "one worker")
             p50, p99 = _percentile(values, 50), _percentile(values, 99)
             label = f"{rate:,.0f}/s"
             note = f"PostgreSQL fsync={scalar('SHOW fsync')} synchronous_commit={scalar('SHOW synchronous_commit')} (as every row of this bench); {len(values)} handlings, publish rate achieved {achieved:.0f}/s ({per_tx} per transaction), max {max(values):.1f} ms"
@@ -277,7 +309,7 @@ def part_latency(sizes: Sizes, transport) -> list[Result]:
                 sql("DELETE FROM bench_sink WHERE kind = 'alone_cpu'")
     finally:
         worker.stop()
-    return results
+    return results + _latency_with_processes(sizes, transport)
 
 
 def _drain_rate(kinds: list[str], expected: int, timeout: float = 600) -> tuple[float, float]:
