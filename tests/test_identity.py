@@ -83,6 +83,30 @@ def test_a_stream_whose_subjects_overlap_another_is_a_clear_error_and_never_logg
     )
 
 
+@pytest.mark.parametrize(
+    "change, says",
+    [
+        # 86 s of retention, under the default 120 s duplicate window.
+        ({"RETENTION_DAYS": 0.001}, "DUPLICATE_WINDOW_SECONDS (120 s)"),
+        # Production's replica count copied to a single (non-clustered) server.
+        ({"STREAM_REPLICAS": 3}, "PLATFORMKIT['STREAM_REPLICAS'] is 3, which needs a NATS cluster"),
+    ],
+)
+def test_stream_settings_nats_never_accepts_are_a_clear_error_not_retried_forever(
+    broker, bare_transport, settings, change, says
+):
+    # NATS answers these with code 500 (err_code 10052 / 10074), which read as
+    # "unavailable": the relay and worker retried every 10 s, forever.
+    settings.PLATFORMKIT = dict(broker, **change)
+    with pytest.raises(ConfigurationError) as refused:
+        bare_transport.ensure_stream(owner=identity.database_identity())
+    text = str(refused.value)
+    assert f"refused to create the stream {broker['STREAM']!r}" in text and says in text
+    assert "SUBJECT_PREFIX" not in text  # not the overlap advice
+    with pytest.raises(CommandError, match=says.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
+        call_command("runrelay", "--once", "--connect-timeout", "5")
+
+
 def test_a_server_without_jetstream_says_to_start_it_with_js(broker, settings):
     port = free_port()
     server = subprocess.Popen(
