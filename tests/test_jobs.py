@@ -611,6 +611,33 @@ def test_the_default_clock_reads_the_database_time():
 
 
 @db
+def test_the_database_clock_keeps_running_forward_while_the_database_cant_answer():
+    # A failed re-reading must keep the offset: it moved the clock's base
+    # instead, so time ran backwards (by 5 s less than the resync interval)
+    # and then stood still for the whole outage.
+    from django_platformkit.scheduler import DatabaseClock
+
+    clock = DatabaseClock(resync_seconds=0.2)
+    before = clock.now()
+    port = connection.settings_dict["PORT"]
+    connection.close()
+    connection.settings_dict["PORT"] = "1"  # nothing listens: a real refused connection
+    try:
+        readings = []
+        for _ in range(4):
+            time.sleep(0.3)
+            readings.append(clock.now())
+    finally:
+        connection.close()
+        connection.settings_dict["PORT"] = port
+    assert readings == sorted(readings) and readings[0] > before, (before, readings)
+    assert (readings[-1] - before).total_seconds() >= 1.1, (before, readings)
+    # Back: re-read on the next due resync, still on the database's time.
+    time.sleep(5.1)
+    assert abs((clock.now() - _database_now()).total_seconds()) < 1.0
+
+
+@db
 def test_a_slot_skipped_for_lateness_is_logged_at_warning_with_why(runs, caplog):
     name = declare(runs, "testapp.late_minutely", every=timedelta(minutes=1), grace=timedelta(seconds=5))
     base = datetime(2026, 6, 1, 12, 0, 30, tzinfo=UTC)
