@@ -308,3 +308,29 @@ def test_creating_a_durable_over_retained_events_warns_how_many_will_run_once(br
     with caplog.at_level(logging.WARNING, logger="django_platformkit.worker"):
         run_worker(subscriptions=subscriptions, relay=False, scheduler=False)
     assert not [r for r in caplog.records if "new durable" in r.getMessage()]
+
+
+def test_a_django_connection_pool_smaller_than_the_worker_keeps_is_refused_and_a_big_enough_one_works(broker):
+    # DATABASES OPTIONS {"pool": True} is 4 connections; runworker's 4 handler
+    # threads and its relay keep one each, so a thread waited for ever
+    # ("couldn't get a connection", logged as a database outage) and its events stalled.
+    with transaction.atomic():
+        ids = [publish("testapp.order_placed", {"n": n}) for n in range(50)]
+
+    def burst(pool):
+        env = worker_env(broker, PLATFORMKIT_TEST_DB_POOL=json.dumps(pool))
+        proc = manage(
+            "runworker", "--burst", "--burst-timeout", "60", env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        out, err = proc.communicate(timeout=120)
+        return proc.returncode, out.decode() + err.decode()
+
+    code, output = burst({"max_size": 4, "timeout": 5})
+    assert code != 0
+    assert "DATABASES['default']['OPTIONS']['pool'] allows 4 connections, but this worker keeps up to 7" in output
+    assert "max_size >= 7" in output
+    assert not Effect.objects.exists()
+    code, output = burst({"min_size": 1, "max_size": 7, "timeout": 5})
+    assert code == 0, output
+    assert "couldn't get a connection" not in output
+    assert Effect.objects.filter(subscription="testapp.record_order", event_id__in=ids).count() == 50
