@@ -234,12 +234,15 @@ class Worker(ConsumerPool):
             else 0
         )
         lanes = int(conf.settings.RELAY_LANES) if self.want_relay else 0
-        needed = threads + lanes + 1  # + one for the heartbeat, the scheduler and the jobs, in turn
+        # + one for the heartbeat and the burst's checks, + one a job's run holds while it runs.
+        others = 2 if self.want_scheduler else 1
+        needed = threads + lanes + others
         if pool is not None and pool.max_size < needed:
             raise ConfigurationError(
                 f"DATABASES[{self.using!r}]['OPTIONS']['pool'] allows {pool.max_size} connections, but this worker "
                 f"keeps up to {needed} at once ({threads} handler threads (CONSUMER_THREADS), {lanes} relay lanes "
-                "(RELAY_LANES), 1 for the heartbeat, scheduler and jobs): with fewer, a thread waits for a "
+                f"(RELAY_LANES), {others} for the heartbeat{' and the jobs' if self.want_scheduler else ''}): "
+                "with fewer, a thread waits for a "
                 f"connection for ever and its events stall. Give the pool max_size >= {needed} (with min_size), or "
                 "run the worker with a settings module without 'pool' (its threads keep their connections anyway)."
             )
