@@ -221,10 +221,13 @@ class OutboxTaskAdmin(NoWritesAdmin, _TaskModelAdmin):
         reason = (request.POST.get("reason") or "").strip()
         confirmed = request.method == "POST" and request.POST.get("confirm") == "yes"
         if confirmed and reason:
+            from .admin_deadletters import DeadLetterAdmin
             from .deadletters import replay
             from .exceptions import ReplayRefused
 
             actor = request.user.get_username()
+            # The admin's history of the replay, as the dead letters' own Replay leaves it.
+            history = DeadLetterAdmin(DeadLetter, self.admin_site)
             done = 0
             for row in dead:
                 try:
@@ -232,6 +235,8 @@ class OutboxTaskAdmin(NoWritesAdmin, _TaskModelAdmin):
                     done += 1
                 except ReplayRefused as exc:
                     self.message_user(request, f"Did not replay task {row.event_id}: {exc}", messages.ERROR)
+                    continue
+                history._log(request, row, "replay", reason)
             if done:
                 self.message_user(
                     request,

@@ -679,6 +679,12 @@ def test_the_admin_shows_tasks_with_status_result_errors_and_replays_failed_ones
     )
     assert b"Replayed 1 failed task" in done.content
     assert not DeadLetter.objects.exists()
+    # README "The admin": a replay leaves a LogEntry with the actor and the reason, here too.
+    from django.contrib.admin.models import LogEntry
+
+    entries = LogEntry.objects.filter(object_id=str(bad.id))
+    assert entries.count() == 1 and "Reason: fixed the bug" in entries.get().change_message
+    assert entries.get().user.username == "admin"
     run_worker(subscriptions=task_subscriptions())
     assert outbox_tasks.get_result(bad.id).status == TaskResultStatus.SUCCESSFUL
 
