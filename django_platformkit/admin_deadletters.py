@@ -183,6 +183,17 @@ class DeadLetterAdmin(ReadOnlyAdmin[DeadLetter]):
         on a confirmed POST with a reason, do it and report in the message bar."""
         reason = (request.POST.get("reason") or "").strip()
         confirmed = request.method == "POST" and request.POST.get("confirm") == "yes"
+        if not queryset.exists():
+            # Selected on a page that is out of date: another operator (or
+            # this form, sent twice) replayed or discarded them meanwhile.
+            # Without this the action did nothing and said nothing.
+            self.message_user(
+                request,
+                f"Nothing to {verb}: the selected dead letters are gone (replayed or discarded meanwhile?). "
+                "The list below is what is left.",
+                messages.WARNING,
+            )
+            return None
         if confirmed and reason:
             self._perform(request, list(queryset), verb, reason)
             return None

@@ -221,17 +221,28 @@ class OutboxTaskAdmin(NoWritesAdmin, _TaskModelAdmin):
         reason = (request.POST.get("reason") or "").strip()
         confirmed = request.method == "POST" and request.POST.get("confirm") == "yes"
         if confirmed and reason:
-            from .deadletters import replay
+            from .admin_deadletters import DeadLetterAdmin
+            from .deadletters import replay, replay_blocker
             from .exceptions import ReplayRefused
 
             actor = request.user.get_username()
+            # The admin's history of the replay, as the dead letters' own Replay leaves it.
+            history = DeadLetterAdmin(DeadLetter, self.admin_site)
             done = 0
             for row in dead:
+                # Refused as the dead letters' own Replay refuses it: a queue no
+                # longer in TASKS would leave the re-sent task unhandled, its dead letter gone.
+                blocked = replay_blocker(row.event_id, row.name, row.subscription)
+                if blocked:
+                    self.message_user(request, f"Did not replay task {row.event_id}: {blocked}", messages.ERROR)
+                    continue
                 try:
                     replay(row.event_id, subscription=row.subscription, actor=actor, reason=reason)
                     done += 1
                 except ReplayRefused as exc:
                     self.message_user(request, f"Did not replay task {row.event_id}: {exc}", messages.ERROR)
+                    continue
+                history._log(request, row, "replay", reason)
             if done:
                 self.message_user(
                     request,

@@ -41,6 +41,11 @@ MESSAGES: dict[str, tuple[str, str]] = {
         "Lower HANDLER_TIMEOUT_SECONDS or raise ACK_WAIT_SECONDS: the broker redelivers after the ack wait.",
     ),
     "E009": ("job {job!r} has a schedule that can't run", "{problem}"),
+    "E010": (
+        "DUPLICATE_WINDOW_SECONDS ({window:g}) exceeds RETENTION_DAYS ({max_age:g} s)",
+        "RETENTION_DAYS is the stream's max age and NATS refuses a longer duplicate window, so no relay or worker could start: "
+        "lower DUPLICATE_WINDOW_SECONDS or raise RETENTION_DAYS.",
+    ),
     "W001": (
         "BACKOFF_SECONDS has {delays} delays; MAX_ATTEMPTS={attempts} uses {retries}",
         "One delay per retry, so the extra delays never run: drop them or raise MAX_ATTEMPTS.",

@@ -1,6 +1,6 @@
 """System checks of configuration: the PLATFORMKIT dict and INSTALLED_APPS.
 
-A bad value is reported under its key (``E005``-``E008``, ``W001``) rather
+A bad value is reported under its key (``E005``-``E008``, ``E010``, ``W001``) rather
 than raised, so one mistake doesn't hide the others; a second ``runworker``
 is a warning (``W003``/``W004``). Reads settings only.
 """
@@ -22,7 +22,8 @@ from .checks_messages import FIXES, TAG, _error, _setting, _suggestion, _warning
 @checks.register(TAG)
 def check_settings(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """``E005`` PLATFORMKIT is not a dict, ``E006`` unknown keys, ``E007``
-    invalid values, ``E008`` handler timeout vs ack wait, ``W001`` a backoff
+    invalid values, ``E008`` handler timeout vs ack wait, ``E010`` a duplicate
+    window longer than the retention (NATS refuses the stream), ``W001`` a backoff
     list longer than ``MAX_ATTEMPTS`` has retries.
 
     Backoff decision: ``MAX_ATTEMPTS`` = n needs n-1 delays. Fewer is fine
@@ -54,6 +55,9 @@ def check_settings(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
     timeout, ack_wait = _setting("HANDLER_TIMEOUT_SECONDS"), _setting("ACK_WAIT_SECONDS")
     if timeout is not None and ack_wait is not None and timeout >= ack_wait:
         errors.append(_error("E008", "settings.PLATFORMKIT", timeout=timeout, ack_wait=ack_wait))
+    window, retention = _setting("DUPLICATE_WINDOW_SECONDS"), _setting("RETENTION_DAYS")
+    if window is not None and retention is not None and window > float(retention) * 86400:
+        errors.append(_error("E010", "settings.PLATFORMKIT", window=window, max_age=float(retention) * 86400))
     attempts, delays = _setting("MAX_ATTEMPTS"), _setting("BACKOFF_SECONDS")
     if "BACKOFF_SECONDS" in raw and attempts is not None and delays is not None and len(delays) > attempts - 1:
         errors.append(

@@ -59,12 +59,13 @@ class DatabaseClock:
         self.resync_seconds = resync_seconds
         self._base: datetime | None = None  # the database's time at _base_mono
         self._base_mono = 0.0
+        self._next_sync = 0.0  # monotonic time of the next reading
         self._lock = threading.Lock()
 
     def now(self) -> datetime:
         with self._lock:
             mono = time.monotonic()
-            if self._base is None or mono - self._base_mono >= self.resync_seconds:
+            if self._base is None or mono >= self._next_sync:
                 self._sync()
             if self._base is None:
                 return datetime.now(UTC)
@@ -79,12 +80,13 @@ class DatabaseClock:
                 database_now = cursor.fetchone()[0]
             after = time.monotonic()
             self._base, self._base_mono = database_now.astimezone(UTC), (before + after) / 2
+            self._next_sync = self._base_mono + self.resync_seconds
         except Exception as exc:
             if not is_database_error(exc):
                 raise
             logger.debug("database clock not read error=%s", exc)
-            if self._base is not None:
-                self._base_mono = time.monotonic() - self.resync_seconds + 5.0  # try again in 5 s
+            # The last offset stays (moving _base_mono would move the time): try again in 5 s.
+            self._next_sync = time.monotonic() + 5.0
         finally:
             # The scheduler's thread holds no connection between readings.
             if not connection.in_atomic_block:

@@ -46,8 +46,11 @@ _NATS_SCHEMES = ("nats://", "tls://", "ws://", "wss://")
 def redact_url(url: str) -> str:
     """``url`` (one URL or a comma-separated list) with any user info replaced
     by ``***``: ``nats://worker:s3cret@host:4222`` -> ``nats://***@host:4222``.
-    Use it for every URL that reaches a log line, an error or a page."""
-    return ",".join(re.sub(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^@/]*@", r"\1***@", part.strip()) for part in url.split(","))
+    Use it for every URL that reaches a log line, an error or a page.
+    Everything up to the last ``@`` goes: a password may hold an ``@`` or a
+    ``/`` (the client takes the user info up to the last ``@``), and a host
+    hidden by mistake is better than a password shown."""
+    return ",".join(re.sub(r"^([A-Za-z][A-Za-z0-9+.-]*://).*@", r"\1***@", part.strip()) for part in url.split(","))
 
 
 def _nats_url(key: str, value: object) -> str:

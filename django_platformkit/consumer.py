@@ -413,10 +413,22 @@ class Consumer(_Claiming, _Running, _Settling):
         backoff, keep the unit's acks alive and try again - never an attempt.
         Raises ``_Stopping`` when the worker stops meanwhile."""
         delay = Backoff(0.2, 5.0)
+        since: float | None = None  # the outage's first refusal (monotonic): one WARNING, then DEBUG
+        retries = 0
         while True:
             started = time.monotonic()
             try:
-                return run()
+                result = run()
+                if since is not None:
+                    logger.warning(
+                        "database back, handled after waiting (not an attempt) subscription=%s event_id=%s "
+                        "waited=%.1fs retries=%s",
+                        self.subscription.name,
+                        unit[0].event.id,
+                        time.monotonic() - since,
+                        retries,
+                    )
+                return result
             except (_Redo, _Stopping):
                 raise
             except BaseException as exc:
@@ -427,13 +439,18 @@ class Consumer(_Claiming, _Running, _Settling):
                 if self.stop.is_set():
                     raise _Stopping() from exc
                 wait = delay.next()
-                logger.warning(
+                # README: an outage is two log lines, not one per retry.
+                logger.log(
+                    logging.WARNING if since is None else logging.DEBUG,
                     "database unavailable, retrying (not an attempt) subscription=%s event_id=%s retry_in=%.1fs error=%s",
                     self.subscription.name,
                     unit[0].event.id,
                     wait,
                     str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__,
                 )
+                if since is None:
+                    since = time.monotonic()
+                retries += 1
                 with contextlib.suppress(Exception):
                     connections[self.using].close()
                 if keep is not None:

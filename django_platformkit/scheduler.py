@@ -152,6 +152,12 @@ class Scheduler:
         chosen = registered_jobs() if jobs is None else jobs
         specs = [item if isinstance(item, JobSpec) else job_named(item) for item in chosen]
         self._runners = [_Runner(spec, advisory_key(spec.name)) for spec in specs]
+        # The job locks' view of an outage (every job's run threads share it):
+        # when it began (monotonic) and the slots it has cost, so an outage
+        # is two log lines, not an ERROR per slot of every job.
+        self._outage_lock = threading.Lock()
+        self._outage_since: float | None = None
+        self._outage_skipped = 0
 
     @property
     def jobs(self) -> list[JobSpec]:
@@ -334,6 +340,7 @@ class Scheduler:
                     "THEN pg_try_advisory_lock(%(key)s) END, clock_timestamp()",
                     {"slot": slot, "ahead": ahead_limit, "key": runner.key},
                 ).fetchone()
+                self._database_back()
                 if locked is None:
                     _log_slot_ahead(spec.name, slot, database_now)
                     return False
@@ -345,12 +352,7 @@ class Scheduler:
                 # A reused connection may have died while idle: one fresh try.
                 runner.close_connection()
                 if attempt == 2:
-                    logger.error(
-                        "job lock not taken, database unavailable name=%s slot=%s error=%s",
-                        spec.name,
-                        slot.isoformat(),
-                        exc,
-                    )
+                    self._database_unavailable(spec.name, slot, exc)
                     return False
         last_slot, started_at, finished_at = row or (None, None, None)
         if last_slot is not None and last_slot < slot and finished_at is None:
@@ -364,6 +366,39 @@ class Scheduler:
         else:
             logger.debug("job lock held elsewhere name=%s slot=%s", spec.name, slot.isoformat())
         return False
+
+    def _database_unavailable(self, name: str, slot: datetime, exc: BaseException) -> None:
+        """A slot lost because its lock could not be asked for: the first of
+        an outage at ERROR, the rest at DEBUG (``_database_back`` ends it)."""
+        text = " ".join(str(exc).split())
+        with self._outage_lock:
+            first = self._outage_since is None
+            if first:
+                self._outage_since = time.monotonic()
+            self._outage_skipped += 1
+        if first:
+            logger.error(
+                "job locks: database unavailable error=%s; slots are skipped until it is back (each job runs "
+                "again at its first slot after) name=%s slot=%s",
+                text,
+                name,
+                slot.isoformat(),
+            )
+        else:
+            logger.debug(
+                "job lock not taken, database unavailable name=%s slot=%s error=%s", name, slot.isoformat(), text
+            )
+
+    def _database_back(self) -> None:
+        with self._outage_lock:
+            since, skipped = self._outage_since, self._outage_skipped
+            self._outage_since, self._outage_skipped = None, 0
+        if since is not None:
+            logger.warning(
+                "job locks: database back after %.1fs skipped=%s (slots lost to the outage)",
+                time.monotonic() - since,
+                skipped,
+            )
 
     def _claim_and_run(self, runner: _Runner, slot: datetime) -> None:
         import psycopg

@@ -113,6 +113,22 @@ def consumer_differences(
     return updatable, fixed
 
 
+#: JetStream refusals of a stream's settings that come back as 500 but never
+#: pass on a retry: err_code -> what to change.
+_SETTINGS_REFUSED = {
+    # JSStreamInvalidConfigF, e.g. "duplicates window can not be larger then max age".
+    10052: (
+        "The stream's settings come from PLATFORMKIT: its max age is RETENTION_DAYS ({max_age:g} s) and its "
+        "duplicate window DUPLICATE_WINDOW_SECONDS ({window:g} s), which must not be longer; fix the setting it names."
+    ),
+    # JSStreamReplicasNotSupportedErr: "replicas > 1 not supported in non-clustered mode".
+    10074: (
+        "PLATFORMKIT['STREAM_REPLICAS'] is {replicas}, which needs a NATS cluster: set it to 1 for a single "
+        "server, or list the cluster's nodes in PLATFORMKIT['NATS_URL']."
+    ),
+}
+
+
 def _no_jetstream_text(url: str) -> str:
     return f"JetStream is not enabled on {conf.redact_url(url)}: start nats-server with -js (or jetstream {{}} in its config)."
 
@@ -188,11 +204,21 @@ class _Streams:
             try:
                 created: api.StreamInfo = await self._js.add_stream(want)
             except nats.js.errors.APIError as exc:
+                refused = f"NATS at {conf.redact_url(self.url)} refused to create the stream {want.name!r}"
+                if exc.err_code in _SETTINGS_REFUSED:
+                    # Permanent though NATS answers 500: these settings are never
+                    # accepted, and retrying them every 10 s would hide it.
+                    raise ConfigurationError(
+                        f"{refused}: {exc.description} (err_code {exc.err_code}). "
+                        + _SETTINGS_REFUSED[exc.err_code].format(
+                            window=want.duplicate_window, max_age=want.max_age, replicas=want.num_replicas
+                        )
+                    ) from None
                 if exc.code is not None and 400 <= int(exc.code) < 500:
                     # Permanent (e.g. 10065 "subjects overlap with an existing
                     # stream"): retrying forever as "unavailable" would hide it.
                     raise ConfigurationError(
-                        f"NATS at {conf.redact_url(self.url)} refused to create the stream {want.name!r} with subjects "
+                        f"{refused} with subjects "
                         f"{want.subjects}: {exc.description} (err_code {exc.err_code}). Another stream probably "
                         "holds these subjects already: give this project its own PLATFORMKIT['SUBJECT_PREFIX'] "
                         "(and PLATFORMKIT['STREAM'])."

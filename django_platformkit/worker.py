@@ -36,7 +36,7 @@ from django.db import DatabaseError, connections
 from . import conf
 from ._retry import Backoff
 from .consumer import Consumer
-from .exceptions import BrokerUnavailable, ConsumerDrift, ConsumerNotFound, DatabaseUnavailable
+from .exceptions import BrokerUnavailable, ConfigurationError, ConsumerDrift, ConsumerNotFound, DatabaseUnavailable
 from .health import EXIT_STUCK_HANDLER as EXIT_STUCK_HANDLER  # where it was defined before health.py
 from .health import HealthFile, Watchdog
 from .heartbeat import Heartbeat
@@ -165,6 +165,7 @@ class Worker(ConsumerPool):
         """Run until stopped (or drained, with ``burst``). Returns the exit code."""
         self._start_up_health()
         try:
+            self._refuse_a_small_connection_pool()
             # A burst is a script's step: fail it rather than wait forever for a broker.
             if not self._connect_and_ensure_stream(give_up=self.burst):
                 return self._stopped_in_start_up()
@@ -214,6 +215,37 @@ class Worker(ConsumerPool):
             self.stop_event.set()
             self._shutdown()
         return self.exit_code
+
+    def _refuse_a_small_connection_pool(self) -> None:
+        """Raise ``ConfigurationError`` when Django's connection pool
+        (``DATABASES[alias]["OPTIONS"]["pool"]``, 4 connections by default)
+        is smaller than what this process keeps at once: each handler thread
+        and the relay keep a connection for the worker's life (a worker is
+        one long request), so a thread left without one waited for ever,
+        logging "couldn't get a connection" as a database outage, while its
+        events stalled."""
+        connection = connections[self.using]
+        if not (connection.settings_dict.get("OPTIONS") or {}).get("pool"):
+            return
+        pool: Any = getattr(connection, "pool", None)  # the PostgreSQL backend's (Django 5.1+)
+        threads = (
+            min(int(conf.settings.CONSUMER_THREADS), max(1, sum(s.concurrency for s in self.subscriptions)))
+            if self.want_consumers and self.subscriptions
+            else 0
+        )
+        lanes = int(conf.settings.RELAY_LANES) if self.want_relay else 0
+        # + one for the heartbeat and the burst's checks, + one a job's run holds while it runs.
+        others = 2 if self.want_scheduler else 1
+        needed = threads + lanes + others
+        if pool is not None and pool.max_size < needed:
+            raise ConfigurationError(
+                f"DATABASES[{self.using!r}]['OPTIONS']['pool'] allows {pool.max_size} connections, but this worker "
+                f"keeps up to {needed} at once ({threads} handler threads (CONSUMER_THREADS), {lanes} relay lanes "
+                f"(RELAY_LANES), {others} for the heartbeat{' and the jobs' if self.want_scheduler else ''}): "
+                "with fewer, a thread waits for a "
+                f"connection for ever and its events stall. Give the pool max_size >= {needed} (with min_size), or "
+                "run the worker with a settings module without 'pool' (its threads keep their connections anyway)."
+            )
 
     def relay_once(self) -> RelayStats | None:
         """One relay pass on this worker's start-up path (``runrelay --once``):

@@ -66,6 +66,11 @@ _db_name = os.environ.get("PLATFORMKIT_TEST_DB_NAME")
 DATABASES = {"default": database_settings(DATABASE_URL, **({"NAME": _db_name} if _db_name else {}))}
 if _db_name:
     DATABASES["default"]["TEST"] = {"NAME": _db_name}
+# Django's connection pool for a worker process a test starts (JSON: the pool's options).
+if os.environ.get("PLATFORMKIT_TEST_DB_POOL"):
+    import json
+
+    DATABASES["default"]["OPTIONS"] = {"pool": json.loads(os.environ["PLATFORMKIT_TEST_DB_POOL"])}
 
 # A token per test session, set once and inherited by the processes tests
 # start: each run creates a fresh test database (a new identity), so a stream

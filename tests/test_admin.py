@@ -257,6 +257,24 @@ def test_replay_asks_for_a_reason_then_replays_as_the_signed_in_user(client, ope
     }
 
 
+@pytest.mark.parametrize("action", ["replay_selected", "discard_selected"])
+def test_an_action_on_dead_letters_gone_meanwhile_says_so_and_writes_nothing(client, operator, action):
+    # A form sent twice, or a list another operator acted on since it loaded:
+    # the rows are gone, and the action did nothing and said nothing.
+    row = dead_letter()
+    client.force_login(operator)
+    first = _action(client, "replay_selected", [row], confirm="yes", reason="card processor fixed")
+    assert first.status_code == 302 and not DeadLetter.objects.exists()
+    client.get(reverse(CHANGELIST))  # the first action's message is shown and gone
+    data = {"action": action, "_selected_action": [str(row.pk)], "confirm": "yes", "reason": "card processor fixed"}
+    again = client.post(reverse(CHANGELIST), data, follow=True)
+    assert [str(m) for m in again.context["messages"]] == [
+        f"Nothing to {action.split('_')[0]}: the selected dead letters are gone (replayed or discarded meanwhile?). "
+        "The list below is what is left."
+    ]
+    assert OutboxEvent.objects.filter(name="platformkit.event_replayed").count() == 1
+
+
 def test_replay_without_a_reason_asks_again_and_changes_nothing(client, operator):
     row = dead_letter()
     client.force_login(operator)

@@ -296,6 +296,17 @@ def test_e008_a_handler_timeout_not_below_the_ack_wait_is_an_error(settings):
     )
 
 
+def test_e010_a_duplicate_window_longer_than_the_retention_is_an_error(settings):
+    # NATS refuses such a stream (err_code 10052): check said nothing and
+    # every relay and worker then failed at start.
+    settings.PLATFORMKIT = {**settings.PLATFORMKIT, "RETENTION_DAYS": 0.001}
+    message = only(checks.check_settings(), "E010")
+    assert message.msg == "DUPLICATE_WINDOW_SECONDS (120) exceeds RETENTION_DAYS (86.4 s)"
+    assert message.hint.endswith("lower DUPLICATE_WINDOW_SECONDS or raise RETENTION_DAYS.")
+    settings.PLATFORMKIT = {**settings.PLATFORMKIT, "RETENTION_DAYS": 7, "DUPLICATE_WINDOW_SECONDS": 7 * 86400}
+    assert not [m for m in checks.check_settings() if m.id == "platformkit.E010"]
+
+
 def test_w001_a_backoff_list_longer_than_max_attempts_retries_warns(settings):
     settings.PLATFORMKIT = {**settings.PLATFORMKIT, "MAX_ATTEMPTS": 3, "BACKOFF_SECONDS": [1, 2, 3, 4, 5]}
     message = only(checks.check_settings(), "W001")

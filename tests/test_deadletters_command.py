@@ -253,3 +253,26 @@ def test_a_dead_letter_of_a_subscription_this_build_lacks_is_not_replayed(dead):
 def test_a_limit_that_is_not_a_row_count_is_an_argument_error(dead, limit):
     with pytest.raises(CommandError, match="not a row count"):
         run("list", "--limit", limit)
+
+
+@pytest.mark.parametrize("dry_run", [False, True])
+def test_without_a_name_for_the_os_user_replay_says_to_pass_actor_not_a_traceback(dead, monkeypatch, dry_run):
+    # A container run under a user id of its own: no USER/LOGNAME and no
+    # passwd entry, so getpass.getuser() raises (KeyError before Python 3.13).
+    import pwd
+
+    for name in ("LOGNAME", "USER", "LNAME", "USERNAME"):
+        monkeypatch.delenv(name, raising=False)
+
+    def unknown_uid(uid):
+        raise KeyError(f"getpwuid(): uid not found: {uid}")
+
+    monkeypatch.setattr(pwd, "getpwuid", unknown_uid)
+    before = tables()
+    args = ["replay", str(dead["ids"][dead["new"]]), "--reason", "fixed"] + (["--dry-run"] if dry_run else [])
+    with pytest.raises(CommandError, match="pass --actor NAME"):
+        run(*args)
+    assert tables() == before
+    # With --actor it works.
+    out = run(*args, "--actor", "alice")
+    assert ("would replay 1" in out) if dry_run else ("replayed=1 refused=0 actor=alice" in out)

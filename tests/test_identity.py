@@ -14,7 +14,7 @@ import uuid
 import pytest
 from django.core.management import CommandError, call_command
 
-from django_platformkit import identity
+from django_platformkit import conf, identity
 from django_platformkit.devservices import NatsServer, free_port, wait_for_port
 from django_platformkit.exceptions import BrokerUnavailable, ConfigurationError
 from django_platformkit.transport import Transport
@@ -83,6 +83,30 @@ def test_a_stream_whose_subjects_overlap_another_is_a_clear_error_and_never_logg
     )
 
 
+@pytest.mark.parametrize(
+    "change, says",
+    [
+        # 86 s of retention, under the default 120 s duplicate window.
+        ({"RETENTION_DAYS": 0.001}, "DUPLICATE_WINDOW_SECONDS (120 s)"),
+        # Production's replica count copied to a single (non-clustered) server.
+        ({"STREAM_REPLICAS": 3}, "PLATFORMKIT['STREAM_REPLICAS'] is 3, which needs a NATS cluster"),
+    ],
+)
+def test_stream_settings_nats_never_accepts_are_a_clear_error_not_retried_forever(
+    broker, bare_transport, settings, change, says
+):
+    # NATS answers these with code 500 (err_code 10052 / 10074), which read as
+    # "unavailable": the relay and worker retried every 10 s, forever.
+    settings.PLATFORMKIT = dict(broker, **change)
+    with pytest.raises(ConfigurationError) as refused:
+        bare_transport.ensure_stream(owner=identity.database_identity())
+    text = str(refused.value)
+    assert f"refused to create the stream {broker['STREAM']!r}" in text and says in text
+    assert "SUBJECT_PREFIX" not in text  # not the overlap advice
+    with pytest.raises(CommandError, match=says.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
+        call_command("runrelay", "--once", "--connect-timeout", "5")
+
+
 def test_a_server_without_jetstream_says_to_start_it_with_js(broker, settings):
     port = free_port()
     server = subprocess.Popen(
@@ -106,9 +130,12 @@ def test_a_server_without_jetstream_says_to_start_it_with_js(broker, settings):
     )
 
 
-def test_credentials_never_reach_a_log_line_an_error_or_a_command_error(broker, settings, caplog):
+# An "@" or a "/" in the password (nats-py takes the userinfo up to the last
+# "@"): the redaction stopped at the first one and printed the rest.
+@pytest.mark.parametrize("password", ["s3cret", "s3cr@t-s3cret", "s3cr/t-s3cret"])
+def test_credentials_never_reach_a_log_line_an_error_or_a_command_error(broker, settings, caplog, password):
     port = free_port()  # nothing listens: a real refused connection
-    url = f"nats://worker:s3cret@127.0.0.1:{port}"
+    url = f"nats://worker:{password}@127.0.0.1:{port}"
     settings.PLATFORMKIT = dict(broker, NATS_URL=url, NATS_OPTIONS={"token": "t0ken-xyz"})
     caplog.set_level(logging.DEBUG, logger="django_platformkit")
     t = Transport()
@@ -124,6 +151,9 @@ def test_credentials_never_reach_a_log_line_an_error_or_a_command_error(broker, 
     assert "nats://***@127.0.0.1" in str(command_error.value)
     leaked = [text for text in texts if "s3cret" in text or "t0ken-xyz" in text or "worker:" in text]
     assert leaked == []
+    assert conf.redact_url(f"{url}, nats://other:{password}@127.0.0.2:4222") == (
+        f"nats://***@127.0.0.1:{port},nats://***@127.0.0.2:4222"
+    )
 
 
 def test_consumer_drift_says_a_new_name_runs_everything_again_and_how_to_keep_the_claims(transport):

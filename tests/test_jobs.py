@@ -405,6 +405,42 @@ def test_a_run_that_loses_its_database_session_logs_an_error_not_success(runs, c
 
 
 @db
+def test_a_database_outage_is_two_log_lines_for_the_job_locks_not_an_error_per_slot(runs, caplog):
+    # README "The database goes away": an outage is two log lines per
+    # process. The job locks logged an ERROR at every slot of every job
+    # instead: an every-second job, one error tracker alert a second.
+    name = declare(runs, "testapp.outage_minutely", every=timedelta(minutes=1))
+    base = datetime(2026, 6, 1, 12, 1, tzinfo=UTC)
+    clock = FakeClock(base - timedelta(seconds=30))
+    scheduler = Scheduler(clock=clock, jobs=[name])
+    caplog.set_level(logging.INFO, logger="django_platformkit")
+    port = connection.settings_dict["PORT"]
+    try:
+        tick(scheduler, clock, base - timedelta(seconds=30))
+        tick(scheduler, clock, base)  # runs 12:01 and keeps the lock connection
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s",
+                [f"platformkit job {name}"],
+            )
+        connection.close()
+        connection.settings_dict["PORT"] = "1"  # nothing listens: every reconnect is refused
+        for minute in range(1, 6):
+            tick(scheduler, clock, base + timedelta(minutes=minute))
+        connection.settings_dict["PORT"] = port
+        tick(scheduler, clock, base + timedelta(minutes=6))
+    finally:
+        connection.settings_dict["PORT"] = port
+        scheduler.close()
+    assert len(runs.slots(name)) == 2  # the first slot and the one after the outage
+    lines = [(r.levelno, r.getMessage()) for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(lines) == 2, lines
+    (start_level, start), (end_level, end) = lines
+    assert start_level == logging.ERROR and "database unavailable" in start and "slots are skipped" in start
+    assert end_level == logging.WARNING and end.startswith("job locks: database back after") and "skipped=5" in end
+
+
+@db
 def test_a_worker_starting_late_catches_up_the_newest_missed_slot_once(runs, caplog):
     hourly = declare(runs, "testapp.hourly_sync", every=timedelta(hours=1))
     strict = declare(runs, "testapp.strict_sync", every=timedelta(hours=1), grace=timedelta(minutes=5))
@@ -608,6 +644,33 @@ def test_the_default_clock_reads_the_database_time():
     clock = DatabaseClock()
     assert abs((clock.now() - _database_now()).total_seconds()) < 1.0
     assert clock.now().tzinfo is not None
+
+
+@db
+def test_the_database_clock_keeps_running_forward_while_the_database_cant_answer():
+    # A failed re-reading must keep the offset: it moved the clock's base
+    # instead, so time ran backwards (by 5 s less than the resync interval)
+    # and then stood still for the whole outage.
+    from django_platformkit.scheduler import DatabaseClock
+
+    clock = DatabaseClock(resync_seconds=0.2)
+    before = clock.now()
+    port = connection.settings_dict["PORT"]
+    connection.close()
+    connection.settings_dict["PORT"] = "1"  # nothing listens: a real refused connection
+    try:
+        readings = []
+        for _ in range(4):
+            time.sleep(0.3)
+            readings.append(clock.now())
+    finally:
+        connection.close()
+        connection.settings_dict["PORT"] = port
+    assert readings == sorted(readings) and readings[0] > before, (before, readings)
+    assert (readings[-1] - before).total_seconds() >= 1.1, (before, readings)
+    # Back: re-read on the next due resync, still on the database's time.
+    time.sleep(5.1)
+    assert abs((clock.now() - _database_now()).total_seconds()) < 1.0
 
 
 @db

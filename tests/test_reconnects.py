@@ -2,6 +2,7 @@
 restart and without failed handlers or dead letters for healthy events; and a
 row the broker refuses for good is dead-lettered without blocking the rest."""
 
+import logging
 import signal
 import time
 
@@ -202,7 +203,7 @@ def test_run_once_modes_fail_with_a_clear_error_naming_what_is_unreachable(broke
         assert f"stream {broker['STREAM']}" not in stderr, (args, stderr)  # the stream is not what is down
 
 
-def test_a_database_outage_longer_than_the_ack_wait_does_not_use_up_attempts(broker, settings):
+def test_a_database_outage_longer_than_the_ack_wait_does_not_use_up_attempts(broker, settings, caplog):
     """While the worker waits for its database, it keeps extending the ack:
     the broker doesn't redeliver, the attempt count stays at 1, and a healthy
     event is handled once when the database is back - not dead-lettered."""
@@ -255,6 +256,7 @@ def test_a_database_outage_longer_than_the_ack_wait_does_not_use_up_attempts(bro
             finally:
                 connections.close_all()
 
+        caplog.set_level(logging.INFO, logger="django_platformkit")
         threads = [threading.Thread(target=consume), threading.Thread(target=other_consumes)]
         for thread in threads:
             thread.start()
@@ -275,6 +277,12 @@ def test_a_database_outage_longer_than_the_ack_wait_does_not_use_up_attempts(bro
     assert list(Attempt.objects.filter(event_id=event_id).values_list("attempt", flat=True)) == [1]
     assert Effect.objects.filter(event_id=event_id).count() == 1
     assert not DeadLetter.objects.exists()
+    # Two lines for the outage (README "The database goes away"), not a WARNING per retry.
+    waits = [r for r in caplog.records if str(event_id) in r.getMessage() and r.levelno >= logging.WARNING]
+    assert [r.getMessage().split(" subscription=")[0] for r in waits] == [
+        "database unavailable, retrying (not an attempt)",
+        "database back, handled after waiting (not an attempt)",
+    ], [r.getMessage() for r in waits]
 
 
 def test_runrelay_waits_for_a_stream_it_cannot_reach_yet_and_once_mode_gives_up_clearly(broker):

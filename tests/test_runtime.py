@@ -353,3 +353,31 @@ def test_runworker_with_skip_checks_serves_a_subscription_only_the_urlconf_impor
     output, _ = worker.communicate(timeout=120)
     assert worker.returncode == 0, output
     assert list(Effect.objects.filter(subscription="testapp.url_only").values_list("event_id", flat=True)) == [event_id]
+
+
+def test_a_django_connection_pool_smaller_than_the_worker_keeps_is_refused_and_a_big_enough_one_works(broker):
+    # DATABASES OPTIONS {"pool": True} is 4 connections; runworker's 4 handler
+    # threads and its relay keep one each, so a thread waited for ever
+    # ("couldn't get a connection", logged as a database outage) and its events stalled.
+    with transaction.atomic():
+        ids = [publish("testapp.order_placed", {"n": n}) for n in range(50)]
+
+    def burst(pool, *args):
+        env = worker_env(broker, PLATFORMKIT_TEST_DB_POOL=json.dumps(pool))
+        args = args or ("--burst", "--burst-timeout", "60")
+        proc = manage("runworker", *args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        out, err = proc.communicate(timeout=120)
+        return proc.returncode, out.decode() + err.decode()
+
+    code, output = burst({"max_size": 4, "timeout": 5})
+    assert code != 0
+    assert "DATABASES['default']['OPTIONS']['pool'] allows 4 connections, but this worker keeps up to 7" in output
+    assert "max_size >= 7" in output
+    assert not Effect.objects.exists()
+    # A running worker's jobs hold one more while they run: 1 thread + 2 lanes + 2.
+    code, output = burst({"max_size": 4, "timeout": 5}, "--subscription", "testapp.record_order")
+    assert code != 0 and "allows 4 connections, but this worker keeps up to 5" in output, output
+    code, output = burst({"min_size": 1, "max_size": 7, "timeout": 5})
+    assert code == 0, output
+    assert "couldn't get a connection" not in output
+    assert Effect.objects.filter(subscription="testapp.record_order", event_id__in=ids).count() == 50

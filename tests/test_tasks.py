@@ -679,8 +679,42 @@ def test_the_admin_shows_tasks_with_status_result_errors_and_replays_failed_ones
     )
     assert b"Replayed 1 failed task" in done.content
     assert not DeadLetter.objects.exists()
+    # README "The admin": a replay leaves a LogEntry with the actor and the reason, here too.
+    from django.contrib.admin.models import LogEntry
+
+    entries = LogEntry.objects.filter(object_id=str(bad.id))
+    assert entries.count() == 1 and "Reason: fixed the bug" in entries.get().change_message
+    assert entries.get().user.username == "admin"
     run_worker(subscriptions=task_subscriptions())
     assert outbox_tasks.get_result(bad.id).status == TaskResultStatus.SUCCESSFUL
+
+
+def test_the_task_admin_does_not_replay_a_task_of_a_queue_this_build_no_longer_has(outbox_tasks, admin_client):
+    # The queue left TASKS: a replay would delete the dead letter and re-send
+    # a task nothing handles. The dead letters' own Replay refuses it; so must this one.
+    from django.utils import timezone
+
+    from django_platformkit.deadletters import record_dead_letter
+    from django_platformkit.models import OutboxEvent
+
+    row = OutboxEvent.objects.create(
+        name="platformkit.task_gone", payload={"task": "tests.testapp.tasks.record"}, published_at=timezone.now()
+    )
+    assert record_dead_letter(
+        subscription="platformkit.task_gone",
+        event_id=row.id,
+        name=row.name,
+        tenant=None,
+        attempts=3,
+        error="RuntimeError: boom",
+        traceback="",
+    )
+    form = {"action": "replay_failed", "_selected_action": [str(row.id)], "confirm": "yes", "reason": "retry"}
+    done = admin_client.post("/admin/django_platformkit/outboxtask/", form, follow=True)
+    text = [str(m) for m in done.context["messages"]]
+    assert len(text) == 1 and "declares no subscription 'platformkit.task_gone'" in text[0], text
+    assert DeadLetter.objects.filter(event_id=row.id).exists()
+    assert OutboxEvent.objects.get(id=row.id).published_at is not None
 
 
 def test_with_options_batch_tasks_run_once_each_and_failures_are_recorded(broker, run_worker, settings):

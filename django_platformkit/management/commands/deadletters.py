@@ -61,6 +61,22 @@ def _dead_letter_ids(text: str) -> tuple[str, Any]:
         ) from None
 
 
+def _os_user(verb: str) -> str:
+    """The OS user's name, the default actor. A container started with a
+    user id of its own often has no name for it (no ``USER``/``LOGNAME``, no
+    passwd entry): getpass then raises, which would end the command in a
+    traceback instead of saying to pass ``--actor``."""
+    import os
+
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        raise CommandError(
+            f"deadletters {verb}: can't tell who is acting (user id {os.getuid()} has no name here: no USER or "
+            "LOGNAME and no passwd entry, as in many containers); pass --actor NAME."
+        ) from None
+
+
 def _when(moment: Any) -> str:
     """To the second, in UTC: relay lag and retries are read in seconds."""
     return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S") if moment else "-"
@@ -271,7 +287,7 @@ class Command(BaseCommand):
         self._act(options, "discard")
 
     def _act(self, options: dict[str, Any], verb: str) -> None:
-        actor = options["actor"] or getpass.getuser()
+        actor = options["actor"] or _os_user(verb)
         reason = options["reason"].strip()
         if not reason:
             raise CommandError(f"deadletters {verb}: --reason must say why (it is kept in the audit record).")
