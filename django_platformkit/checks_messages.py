@@ -65,7 +65,7 @@ MESSAGES: dict[str, tuple[str, str]] = {
     "W005": (
         "subscription {subscription!r}: max_ack_pending={value} leaves room for {room} events parked for retry",
         "The broker stops delivering at max_ack_pending, and events NAKed for a retry count until they come back: "
-        "{value} is below CONSUMER_BATCH_SIZE x concurrency ({credit}) + {headroom}. Raise MAX_ACK_PENDING "
+        "{value} is below CONSUMER_BATCH_SIZE x concurrency x 2 ({credit}: a running unit and the one fetched early) + {headroom}. Raise MAX_ACK_PENDING "
         "(or the subscription's max_ack_pending), or leave it unset for the derived default.",
     ),
     "W006": (

@@ -49,7 +49,8 @@ MIN_RETRY_ROOM = 1000
 @checks.register(TAG)
 def check_max_ack_pending(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """``W005``: a durable's ``max_ack_pending`` can't carry the credit the
-    runtime fetches (``CONSUMER_BATCH_SIZE x concurrency``) plus
+    runtime fetches (``CONSUMER_BATCH_SIZE x concurrency x 2``: a slot
+    running fast handlers fetches its next unit early) plus
     ``MIN_RETRY_ROOM`` parked retries: healthy events would wait behind them."""
     from .subscriptions import subscriptions
     from .transport import max_ack_pending_for
@@ -64,7 +65,7 @@ def check_max_ack_pending(app_configs: Sequence[AppConfig] | None = None, **kwar
             value = max_ack_pending_for(sub.concurrency, getattr(sub, "max_ack_pending_override", None))
         except Exception:
             return []
-        credit = batch * sub.concurrency
+        credit = 2 * batch * sub.concurrency  # a running unit and the one fetched early, per slot
         if value < credit + MIN_RETRY_ROOM:
             messages.append(
                 _warning(

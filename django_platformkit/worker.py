@@ -334,13 +334,16 @@ class Worker(ConsumerPool):
         for lane in self._lanes:
             if lane.puller is not None:
                 lane.puller.stop()
+        # Nothing is fetched any more: hand back what waits now, not after the
+        # in-flight units (early fetch queues a unit behind a running one).
+        self._hand_back_queued()
         # The watchdog keeps watching until the others are done: a handler
         # stuck past its timeout + grace still ends the process (status 3)
         # instead of hanging the shutdown forever.
         for thread in self._threads:
             if thread is not self._watchdog_thread:
                 thread.join()
-        self._hand_back_queued()
+        self._hand_back_queued()  # again: a puller whose stop timed out may have delivered since
         self._threads_done.set()
         if self._watchdog_thread is not None:
             self._watchdog_thread.join()

@@ -381,3 +381,53 @@ def test_a_django_connection_pool_smaller_than_the_worker_keeps_is_refused_and_a
     assert code == 0, output
     assert "couldn't get a connection" not in output
     assert Effect.objects.filter(subscription="testapp.record_order", event_id__in=ids).count() == 50
+
+
+def test_a_stopping_worker_hands_back_its_early_fetched_unit_at_once_not_after_the_running_one(
+    broker, background_worker
+):
+    """Stopping NAKs at once what was fetched and not started (worker.py),
+    then lets the in-flight unit finish. Early fetch makes a queued unit the
+    usual state of a fast lane: when the running unit turns out slow (one
+    6 s event among fast ones), the unit fetched on its lent credit must go
+    back to the broker when the worker is told to stop - another worker
+    takes it within seconds - not when the slow handler ends."""
+    from django_platformkit.consumer import Subscription
+    from django_platformkit.wire import parse_delivery
+
+    slow_started = threading.Event()
+
+    def handler(event):
+        if event.payload.get("sleep"):
+            slow_started.set()
+            time.sleep(event.payload["sleep"])
+        Effect.objects.create(subscription="testapp.early_handback", event_id=event.id, payload=event.payload)
+
+    sub = Subscription(name="testapp.early_handback", event="testapp.order_placed", handler=handler)
+    with transaction.atomic():
+        ids = [publish("testapp.order_placed", {"n": n}) for n in range(600)]
+        ids.append(publish("testapp.order_placed", {"n": 600, "sleep": 6.0}))
+        ids += [publish("testapp.order_placed", {"n": n}) for n in range(601, 1200)]
+    first = background_worker(subscriptions=[sub])
+    assert slow_started.wait(60), "the slow event never started"
+    (lane,) = first._lanes
+
+    def queued_ids():
+        with first._cond:
+            return [str(parse_delivery(d).id) for deliveries, _ in lane.queue for d in deliveries]
+
+    early = wait_for(queued_ids, timeout=3, interval=0.01, what="a unit fetched early behind the slow one")
+    first.stop()
+    stopped = time.monotonic()
+    background_worker(subscriptions=[sub])  # the deploy's new worker
+    effects = Effect.objects.filter(subscription="testapp.early_handback")
+    wait_for(
+        lambda: effects.filter(event_id__in=early).count() == len(early),
+        timeout=30,
+        interval=0.05,
+        what="the early-fetched unit handled by the new worker",
+    )
+    waited = time.monotonic() - stopped
+    assert waited < 3.0, f"the early-fetched unit went back only after the slow handler ended ({waited:.1f} s)"
+    wait_for(lambda: effects.count() >= len(ids), timeout=60, what="every event")
+    assert sorted(effects.values_list("event_id", flat=True)) == sorted(ids), "not handled exactly once"
