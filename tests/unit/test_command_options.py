@@ -64,6 +64,8 @@ def test_the_refusal_holds_for_options_passed_as_keywords_too():
     [
         (["purgeoutbox", "--batch-size", "-1"], "'-1' is not a number of rows >= 1"),
         (["purgeoutbox", "--older-than=-3h"], "'-3h' is not an age such as 30m, 12h, 7d or 2w"),
+        (["purgeoutbox", "--older-than", "999999999999w"], "'999999999999w' reaches back before the year 1"),
+        (["purgeoutbox", "--older-than", "110000w"], "'110000w' reaches back before the year 1"),
         (["deadletters", "list", "--limit", "-1"], "'-1' is not a row count"),
         (["deadletters", "list", "--since", "0h"], "'0h' is not an age such as 30m, 12h, 7d or 2w"),
     ],

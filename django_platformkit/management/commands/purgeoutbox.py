@@ -3,7 +3,7 @@ older than the retention, in bounded batches; never evidence."""
 
 import argparse
 import re
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
@@ -21,7 +21,14 @@ def age(text: str) -> timedelta:
     match = _AGE.match(text.strip())
     if match is None or int(match[1]) == 0:
         raise argparse.ArgumentTypeError(f"{text!r} is not an age such as 30m, 12h, 7d or 2w")
-    return timedelta(**{_UNITS[match[2]]: int(match[1])})
+    try:
+        value = timedelta(**{_UNITS[match[2]]: int(match[1])})
+        datetime.now(UTC) - value  # the cutoff must be a date
+    except OverflowError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} reaches back before the year 1; give an age such as 520w (ten years)"
+        ) from None
+    return value
 
 
 def rows(text: str) -> int:
