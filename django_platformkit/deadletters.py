@@ -218,6 +218,14 @@ def replay(
         dead = sorted(r[0] for r in cursor.fetchall())
         cleared = list(dead)
         if include_handled and not dead:
+            cursor.execute(f"SELECT subscription FROM {HANDLED_TABLE} WHERE event_id = %s ORDER BY 1", [event_id])
+            handled = [r[0] for r in cursor.fetchall()]
+            if subscription not in handled:
+                # A misspelt name would re-send the event, clear nothing and run nothing.
+                raise ReplayRefused(
+                    f"subscription {subscription!r} neither handled event {event_id} nor dead-lettered it: "
+                    f"nothing to run again. Subscriptions that handled it: {', '.join(handled) or '(none)'}."
+                )
             cleared = [subscription]
         if not cleared:
             target = f"subscription {subscription!r}" if subscription else "any subscription"

@@ -528,6 +528,10 @@ def test_replay_of_all_reruns_only_the_subscriptions_that_dead_lettered(run_work
     run_worker(subscriptions=subs)
     assert runs == {"a": 2, "b": 1}  # b held its claim and skipped the re-send
     # running a handler that succeeded again is possible, but only on purpose
+    with pytest.raises(
+        ReplayRefused, match=r"'testapp.replay_bb' neither handled .* testapp.replay_a, testapp.replay_b"
+    ):
+        replay(event_id, subscription="testapp.replay_bb", actor="ops", reason="typo", include_handled=True)
     replay(event_id, subscription="testapp.replay_b", actor="ops", reason="recompute", include_handled=True)
     run_worker(subscriptions=subs)
     assert runs == {"a": 2, "b": 2}
