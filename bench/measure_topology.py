@@ -195,6 +195,20 @@ def _paced_publish(rate: float, seconds: float, per_transaction: int) -> float:
     return count * per_transaction / (time.perf_counter() - started)
 
 
+def _relay_share(since) -> str:
+    """Where the p50 went: created -> stamped by the relay (after the
+    broker's ack) and stamped -> handler start, each a median in ms."""
+    relay, after = sql(
+        "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY EXTRACT(EPOCH FROM o.published_at - o.created_at) * 1000), "
+        "percentile_cont(0.5) WITHIN GROUP (ORDER BY EXTRACT(EPOCH FROM s.at - o.published_at) * 1000) "
+        "FROM bench_sink s JOIN platformkit_outbox o ON o.id::text = s.event_id "
+        "WHERE s.kind = ANY(%s) AND s.occurred_at >= %s",
+        [list(HOT_KINDS), since],
+        fetch=True,
+    )[0]
+    return f"medians: commit -> relay stamp {float(relay):.1f} ms, stamp -> handler start {float(after):.1f} ms"
+
+
 def _latencies(since) -> list[float]:
     rows = sql(
         "SELECT EXTRACT(EPOCH FROM at - occurred_at) * 1000 FROM bench_sink WHERE kind = ANY(%s) AND occurred_at >= %s",
@@ -228,7 +242,9 @@ def _steady(
     achieved = _paced_publish(rate, sizes.topo_window_seconds, per_tx)
     expected = 2 * int(rate * sizes.topo_window_seconds) // per_tx * per_tx
     _wait_for(lambda: len(_latencies(since)) >= expected, 180, f"{expected} hot handlings")
-    return _latencies(since), achieved, tree_cpu_seconds(worker.process.pid) - cpu_before
+    cpu = tree_cpu_seconds(worker.process.pid) - cpu_before
+    log(f"topology latency at {rate:g}/s, {what}: {_relay_share(since)}")
+    return _latencies(since), achieved, cpu
 
 
 def _latency_with_processes(sizes: Sizes, transport) -> list[Result]:
