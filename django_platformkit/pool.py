@@ -46,8 +46,9 @@ UNIT_TARGET_SECONDS = 0.1
 #: How long a pool thread backs off after a database or broker error outside a handler.
 POOL_ERROR_BACKOFF_SECONDS = 1.0
 #: A lane fetches its next unit before the running one ends only while its
-#: handlers run at most this long per message (measured): the fetched unit
-#: then waits for the end of the running one, never behind a slow handler.
+#: handlers ran at most this long per message in its last unit: the fetched
+#: unit then waits for the end of the running one, milliseconds (behind it,
+#: if a handler that was fast turns slow: one unit at most).
 EARLY_FETCH_MAX_PER_MESSAGE_SECONDS = 0.01
 #: The early fetch starts this many measured fetch times, plus this share of
 #: the running unit's expected run time, before that unit's expected end: in
@@ -215,8 +216,12 @@ class ConsumerPool:
                 return
             running.lent = True
             lane.lent += 1
-        if lane.puller is not None:
-            lane.puller.wake_on_loop() if on_loop else lane.puller.wake()
+        if lane.puller is None:
+            return
+        if on_loop:
+            lane.puller.wake_on_loop()
+        else:
+            lane.puller.wake()
 
     def _lend_later(self, lane: _Lane, running: _Taken, deliveries: int) -> None:
         """Lend ``running``'s credit when its lane's early fetch is due: at
