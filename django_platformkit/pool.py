@@ -20,7 +20,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from django.db import DatabaseError, connections
@@ -114,6 +114,13 @@ class _Taken:
         self.lent = False
 
 
+def pool_thread_count(subscriptions: Sequence[Subscription]) -> int:
+    """How many pool threads (each keeping a database connection) serve
+    ``subscriptions``: ``CONSUMER_THREADS``, but no more than their units
+    could ever run at once (the sum of their ``concurrency``); 0 for none."""
+    return min(int(conf.settings.CONSUMER_THREADS), sum(s.concurrency for s in subscriptions))
+
+
 def desired_consumer_config(subscription: Subscription) -> api.ConsumerConfig:
     """The durable config the runtime wants for ``subscription``: its
     ``consumer_config()`` with the ``max_ack_pending`` that fits its
@@ -154,9 +161,7 @@ class ConsumerPool:
                 deliver=functools.partial(self._delivered, lane),
                 batch_size=batch_size,
             )
-        # No more threads than units could ever run at once.
-        count = min(int(conf.settings.CONSUMER_THREADS), sum(len(lane.consumers) for lane in self._lanes))
-        for number in range(count):
+        for number in range(pool_thread_count([lane.subscription for lane in self._lanes])):
             self._pool.append(self._spawn(f"platformkit-consumer-{number}", self._pool_loop))
 
     def _credit(self, lane: _Lane, batch_size: int) -> int:

@@ -44,7 +44,7 @@ from .identity import database_identity
 from .models import OutboxEvent
 from .pool import POOL_ERROR_BACKOFF_SECONDS as POOL_ERROR_BACKOFF_SECONDS  # where they were defined before pool.py
 from .pool import UNIT_TARGET_SECONDS as UNIT_TARGET_SECONDS
-from .pool import ConsumerPool, _Lane
+from .pool import ConsumerPool, _Lane, pool_thread_count
 from .pool import desired_consumer_config as desired_consumer_config
 from .relay import Relay, RelayStats
 from .subscriptions import Subscription
@@ -199,9 +199,7 @@ class Worker(ConsumerPool):
             os.getpid(),
             self.want_relay,
             len(self._lanes) if self.want_consumers else "-",
-            min(int(conf.settings.CONSUMER_THREADS), max(1, sum(len(lane.consumers) for lane in self._lanes)))
-            if self._lanes
-            else 0,
+            pool_thread_count([lane.subscription for lane in self._lanes]),
             conf.settings.CONSUMER_BATCH_SIZE,
             self.want_scheduler,
             self.burst,
@@ -228,11 +226,7 @@ class Worker(ConsumerPool):
         if not (connection.settings_dict.get("OPTIONS") or {}).get("pool"):
             return
         pool: Any = getattr(connection, "pool", None)  # the PostgreSQL backend's (Django 5.1+)
-        threads = (
-            min(int(conf.settings.CONSUMER_THREADS), max(1, sum(s.concurrency for s in self.subscriptions)))
-            if self.want_consumers and self.subscriptions
-            else 0
-        )
+        threads = pool_thread_count(self.subscriptions) if self.want_consumers else 0
         lanes = int(conf.settings.RELAY_LANES) if self.want_relay else 0
         # + one for the heartbeat and the burst's checks, + one a job's run holds while it runs.
         others = 2 if self.want_scheduler else 1

@@ -203,7 +203,7 @@ def import_urlconf() -> None:
     checks do before every command: a ``@subscribe`` in a module only the
     URLconf imports (a ``views.py``) is then served with ``--skip-checks``
     too, not only when the checks happened to import it. Declarations belong
-    in ``<app>/platformkit.py``, which the app imports itself. An URLconf
+    in ``<app>/platformkit.py``, which the app imports itself. A URLconf
     that fails to import raises, as ``manage.py check`` would say."""
     from django.conf import settings
 
