@@ -113,6 +113,9 @@ def consumer_differences(
     return updatable, fixed
 
 
+#: JetStream's err_code for "subjects overlap with an existing stream"
+#: (nats-server's JSStreamSubjectOverlapErr).
+_SUBJECTS_OVERLAP = 10065
 #: JetStream refusals of a stream's settings that come back as 500 but never
 #: pass on a retry: err_code -> what to change.
 _SETTINGS_REFUSED = {
@@ -214,14 +217,20 @@ class _Streams:
                             window=want.duplicate_window, max_age=want.max_age, replicas=want.num_replicas
                         )
                     ) from None
-                if exc.code is not None and 400 <= int(exc.code) < 500:
-                    # Permanent (e.g. 10065 "subjects overlap with an existing
-                    # stream"): retrying forever as "unavailable" would hide it.
+                if exc.err_code == _SUBJECTS_OVERLAP:
                     raise ConfigurationError(
                         f"{refused} with subjects "
-                        f"{want.subjects}: {exc.description} (err_code {exc.err_code}). Another stream probably "
+                        f"{want.subjects}: {exc.description} (err_code {exc.err_code}). Another stream "
                         "holds these subjects already: give this project its own PLATFORMKIT['SUBJECT_PREFIX'] "
                         "(and PLATFORMKIT['STREAM'])."
+                    ) from None
+                if exc.code is not None and 400 <= int(exc.code) < 500:
+                    # Permanent (an account's stream or storage limit, ...):
+                    # retrying forever as "unavailable" would hide it.
+                    raise ConfigurationError(
+                        f"{refused}: {exc.description} (err_code {exc.err_code}). NATS refuses this for good: "
+                        "check the account's JetStream limits and permissions (`nats account info`), "
+                        "or ask its operator."
                     ) from None
                 raise
             # Only now: a refused create must not leave a false "created" line.

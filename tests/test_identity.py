@@ -107,6 +107,39 @@ def test_stream_settings_nats_never_accepts_are_a_clear_error_not_retried_foreve
         call_command("runrelay", "--once", "--connect-timeout", "5")
 
 
+def test_an_account_limit_refusing_the_stream_is_a_clear_error_without_the_overlap_advice(broker, settings, tmp_path):
+    # An account allowed one stream, which another stream already uses:
+    # NATS refuses ours with 400 / err_code 10027. It was reported as a
+    # subject overlap, advising a new SUBJECT_PREFIX that changes nothing.
+    port = free_port()
+    config = tmp_path / "nats.conf"
+    config.write_text(
+        f"listen: 127.0.0.1:{port}\n"
+        f'jetstream {{ store_dir: "{tmp_path / "js"}" }}\n'
+        "accounts { A { jetstream { max_streams: 1, max_mem: 64MB, max_file: 64MB }, users [ {user: a, password: a} ] } }\n"
+    )
+    server = subprocess.Popen(
+        [NatsServer.binary(), "-c", str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        wait_for_port(port, process=server)
+        t = Transport(url=f"nats://a:a@127.0.0.1:{port}")
+        t.connect()
+        try:
+            t.call(t._js.add_stream(name="SOMEONE_ELSE", subjects=["someone.else.>"]), timeout=10)
+            with pytest.raises(ConfigurationError) as refused:
+                t.ensure_stream(owner=identity.database_identity())
+        finally:
+            t.close()
+    finally:
+        server.terminate()
+        server.wait(10)
+    text = str(refused.value)
+    assert f"refused to create the stream {broker['STREAM']!r}" in text and "err_code 10027" in text
+    assert "account's JetStream limits" in text
+    assert "SUBJECT_PREFIX" not in text
+
+
 def test_a_server_without_jetstream_says_to_start_it_with_js(broker, settings):
     port = free_port()
     server = subprocess.Popen(
