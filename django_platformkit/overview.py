@@ -308,10 +308,25 @@ def _database_figures(
     return outbox, job_rows, workers
 
 
+def _owner(alias: str) -> str | None:
+    """This project's database identity, or None when it can't be read now
+    (the page then shows the stream's figures unchecked)."""
+    from django.db import DatabaseError, transaction
+
+    from . import identity
+    from .exceptions import ConfigurationError, DatabaseUnavailable
+
+    try:
+        with transaction.atomic(using=alias):  # a failed read can't abort a request's transaction
+            return identity.database_identity(alias)
+    except (DatabaseError, DatabaseUnavailable, ConfigurationError):
+        return None
+
+
 def collect(*, using: str | None = None, broker_timeout_seconds: float = BROKER_TIMEOUT_SECONDS) -> Overview:
     """Every figure of the overview page. Never raises for an outage of
     NATS (``Overview.broker_error`` says so) or a slow query (a note says so)."""
-    from .exceptions import BrokerUnavailable
+    from .exceptions import BrokerUnavailable, ConfigurationError
     from .subscriptions import subscriptions as registered
 
     alias = using or conf.settings.DATABASE_ALIAS
@@ -323,8 +338,8 @@ def collect(*, using: str | None = None, broker_timeout_seconds: float = BROKER_
     wanted = [(s.durable, filters[s.durable]) for s in subs if s.registered]
     if wanted:
         try:
-            figures = broker_figures(wanted, timeout=broker_timeout_seconds)
-        except BrokerUnavailable as exc:
+            figures = broker_figures(wanted, timeout=broker_timeout_seconds, owner=_owner(alias))
+        except (BrokerUnavailable, ConfigurationError) as exc:
             broker_error = str(exc)
             figures = {}
         for s in subs:

@@ -18,6 +18,7 @@ from typing import Any
 from django.utils import timezone
 
 from . import conf
+from .exceptions import ConfigurationError
 
 #: The whole broker round trip (connect + every durable's info) must end
 #: within this; a slow or unreachable NATS can't hold the page longer.
@@ -25,10 +26,12 @@ BROKER_TIMEOUT_SECONDS = 2.0
 
 
 async def _broker_figures(
-    url: str, options: dict[str, Any], stream: str, subs: list[tuple[str, str]], timeout: float
+    url: str, options: dict[str, Any], stream: str, subs: list[tuple[str, str]], timeout: float, owner: str | None
 ) -> dict[str, dict[str, Any]]:
     """Per durable: pending, ack pending, redelivered and the oldest
-    unacknowledged message's age in seconds (or None)."""
+    unacknowledged message's age in seconds (or None). ``owner``: this
+    project's database identity; a stream recorded as another database's
+    raises ``ConfigurationError`` (its figures are that project's)."""
     import nats
     import nats.js.errors
     from nats.aio.client import Client
@@ -55,6 +58,17 @@ async def _broker_figures(
     try:
         await nc.connect(**kwargs)
         js = nc.jetstream(timeout=timeout)
+        if owner is not None:
+            from . import identity
+
+            try:
+                have = (await js.stream_info(stream)).config
+            except nats.js.errors.NotFoundError:
+                pass  # no stream yet: each durable says so
+            else:
+                theirs = identity.recorded_identity(have.description, getattr(have, "metadata", None))
+                if theirs is not None and theirs != owner:
+                    raise ConfigurationError(identity.foreign_stream_text(stream, url, theirs, owner))
 
         async def one(durable: str, filter_subject: str) -> dict[str, Any]:
             try:
@@ -93,21 +107,25 @@ async def _broker_figures(
 
 
 def broker_figures(
-    subs: list[tuple[str, str]], *, timeout: float = BROKER_TIMEOUT_SECONDS
+    subs: list[tuple[str, str]], *, timeout: float = BROKER_TIMEOUT_SECONDS, owner: str | None = None
 ) -> dict[str, dict[str, Any]]:
     """``subs``: (durable, filter subject) pairs. Returns figures per durable.
     Raises ``BrokerUnavailable`` (message redacted) when NATS doesn't answer
-    within ``timeout`` seconds in total."""
+    within ``timeout`` seconds in total, ``ConfigurationError`` when
+    ``owner`` (this project's ``identity.database_identity()``) is given and
+    the stream is recorded as another database's."""
     from .exceptions import BrokerUnavailable
 
     settings = conf.settings
-    coro_args = (settings.NATS_URL, dict(settings.NATS_OPTIONS), settings.STREAM, subs, timeout)
+    coro_args = (settings.NATS_URL, dict(settings.NATS_OPTIONS), settings.STREAM, subs, timeout, owner)
     # A thread of its own: the admin may run under ASGI with a loop in this
     # thread, and the deadline must hold however nats-py behaves.
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="platformkit-overview")
     try:
         future = pool.submit(asyncio.run, asyncio.wait_for(_broker_figures(*coro_args), timeout))
         return future.result(timeout + 0.5)
+    except ConfigurationError:
+        raise
     except (concurrent.futures.TimeoutError, TimeoutError):
         raise BrokerUnavailable(
             f"NATS at {conf.redact_url(settings.NATS_URL)} did not answer within {timeout:g} s"

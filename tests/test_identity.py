@@ -107,6 +107,23 @@ def test_stream_settings_nats_never_accepts_are_a_clear_error_not_retried_foreve
         call_command("runrelay", "--once", "--connect-timeout", "5")
 
 
+def test_the_overview_shows_no_figures_of_a_stream_another_projects_database_owns(broker, bare_transport):
+    # The worker refuses such a stream; the overview page used to show its
+    # durables' counts as this project's.
+    from django_platformkit import overview
+
+    theirs = str(uuid.uuid4())
+    bare_transport.ensure_stream(owner=theirs)
+    result = overview.collect()
+    assert not result.broker_ok
+    assert "belongs to another project's database" in result.broker_error and theirs in result.broker_error
+    assert all(s.num_pending is None and s.num_ack_pending is None for s in result.subscriptions)
+    # Our own stream: figures as before.
+    bare_transport.call(bare_transport._js.delete_stream(broker["STREAM"]), timeout=10)
+    bare_transport.ensure_stream(owner=identity.database_identity())
+    assert overview.collect().broker_ok
+
+
 def test_an_account_limit_refusing_the_stream_is_a_clear_error_without_the_overlap_advice(broker, settings, tmp_path):
     # An account allowed one stream, which another stream already uses:
     # NATS refuses ours with 400 / err_code 10027. It was reported as a
