@@ -1,15 +1,18 @@
 """Recovery from a lost broker store: ``republish()`` puts outbox rows the
 relay already sent back to pending, so it sends them again - for when the
-broker lost them (one replica and its store lost, a stream deleted by
-hand). The outbox is the authority, and exactly once still holds: every
+broker lost them (one replica and its store lost, a stream deleted or
+purged by hand). The outbox is the authority, and exactly once still holds: every
 subscription's claim skips an event it already handled, and a dead
 letter's terminal claim keeps that event a dead letter.
 
-A row keeps its ``Nats-Msg-Id`` (``wire.message_id``). Where the store really
-was lost, the new stream has no memory of the id and stores the message.
-Where it wasn't, JetStream drops a re-send of an id it stored less than
-``DUPLICATE_WINDOW_SECONDS`` ago: that message is still in the stream, so
-dropping it loses nothing (and saves every subscription a redelivery).
+A republished row gets a fresh ``Nats-Msg-Id``, as a replay does (the
+``platformkit_replay`` count, ``wire.message_id``). With the old id,
+JetStream drops a re-send it saw less than ``DUPLICATE_WINDOW_SECONDS`` ago,
+and a stream emptied by ``nats stream purge`` still remembers the ids it no
+longer holds (measured against nats-server 2.9), so a re-send right after a
+purge would be dropped and the message lost for good. Where the broker did
+still have the message, a subscription gets it twice and its claim skips
+the second.
 """
 
 from __future__ import annotations
@@ -57,7 +60,9 @@ WITH page AS (
     WHERE {_WINDOW}
     FOR NO KEY UPDATE OF o SKIP LOCKED
 ), done AS (
-    UPDATE {OUTBOX_TABLE} o SET published_at = NULL FROM locked WHERE o.id = locked.id RETURNING 1
+    UPDATE {OUTBOX_TABLE} o SET published_at = NULL,
+        headers = o.headers || jsonb_build_object('platformkit_replay', COALESCE((o.headers->>'platformkit_replay')::int, 0) + 1)
+    FROM locked WHERE o.id = locked.id RETURNING 1
 ), last AS (
     SELECT published_at, id FROM page ORDER BY published_at DESC, id DESC LIMIT 1
 )
@@ -112,9 +117,9 @@ def republish(
 
     Exactly once still holds: each subscription's claim skips an event it
     already handled, and a dead-lettered event keeps its terminal claim (it
-    stays a dead letter). The row keeps its ``Nats-Msg-Id``: a stream that
-    still holds a message stored within ``DUPLICATE_WINDOW_SECONDS`` drops
-    the re-send as a duplicate - nothing is lost, the message is there.
+    stays a dead letter). The re-send gets a fresh ``Nats-Msg-Id`` (as a
+    replay's does), so the broker's duplicate window can't drop it; where
+    the broker still had the message, claims make the second copy harmless.
 
     ``batch_size``: rows per transaction (each commits on its own outside
     ``transaction.atomic``); ``progress(republished_so_far, batches)`` is

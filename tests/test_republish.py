@@ -111,21 +111,49 @@ def test_after_the_stream_is_lost_republish_gets_every_event_handled_once_and_a_
     assert list(DeadLetter.objects.values_list("event_id", "subscription")) == [(dead, "testapp.flaky")]
 
 
-def test_without_the_store_lost_a_re_send_within_the_duplicate_window_is_dropped_and_nothing_runs_twice(
-    transport, run_worker
+def test_after_a_stream_purge_within_the_duplicate_window_the_re_send_is_stored_not_dropped(
+    transport, broker, run_worker
 ):
+    """A purged stream still remembers the ids it no longer holds: the
+    re-send needs a fresh Nats-Msg-Id, or it would be dropped and lost."""
     from django_platformkit.subscriptions import subscriptions
 
     with transaction.atomic():
         ids = [publish("testapp.order_placed", {"n": i}) for i in range(3)]
     Relay(transport).drain()
-    assert run("--since", "1h", "--reason", "a false alarm").startswith("republished=3 ")
+
+    async def purge():
+        await transport._js.purge_stream(broker["STREAM"])
+
+    transport.call(purge(), timeout=10)
+    assert transport.stream_info().state.messages == 0
+    assert run("--since", "1h", "--reason", "stream purged by hand").startswith("republished=3 ")
     stats = Relay(transport).drain()
-    # The same Nats-Msg-Id within DUPLICATE_WINDOW_SECONDS: the stream has the message already.
-    assert stats.stored == 3 and stats.duplicates == 3
+    assert stats.stored == 3 and stats.duplicates == 0
     assert transport.stream_info().state.messages == 3
     run_worker(subscriptions=[s for s in subscriptions() if s.name == "testapp.record_order"])
     assert sorted(Effect.objects.values_list("event_id", flat=True)) == sorted(ids)
+
+
+def test_when_the_broker_still_had_the_messages_each_is_delivered_twice_and_handled_once(transport, run_worker):
+    from django_platformkit.subscriptions import subscriptions
+
+    with transaction.atomic():
+        ids = [publish("testapp.order_placed", {"n": i}) for i in range(3)]
+    Relay(transport).drain()
+    run("--since", "1h", "--reason", "a false alarm")
+    assert {r.headers.get("platformkit_replay") for r in OutboxEvent.objects.all()} == {1}
+    assert Relay(transport).drain().stored == 3
+    assert transport.stream_info().state.messages == 6
+    run_worker(subscriptions=[s for s in subscriptions() if s.name == "testapp.record_order"])
+    assert sorted(Effect.objects.values_list("event_id", flat=True)) == sorted(ids)
+
+
+def test_each_republish_gives_the_row_a_new_message_id_after_a_replay_too():
+    row = add_event(published_minutes_ago=5)
+    OutboxEvent.objects.filter(id=row).update(headers={"platformkit_replay": 2, "traceparent": "00-x"})
+    run("--since", "1h", "--reason", "r")
+    assert OutboxEvent.objects.get(id=row).headers == {"platformkit_replay": 3, "traceparent": "00-x"}
 
 
 def test_a_dry_run_writes_nothing_and_says_what_it_would_republish():

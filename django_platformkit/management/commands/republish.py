@@ -19,11 +19,11 @@ from ._base import WHEN_EXAMPLES, configure_logging, point_in_time, positive, ta
 class Command(BaseCommand):
     help = (
         "Set outbox rows already published (relayed) in a window pending again, so the relay sends them "
-        "again: for messages the broker lost (one replica whose store was lost, a stream deleted by hand). "
+        "again: for messages the broker lost (one replica whose store was lost, a stream deleted or purged by hand). "
         "Exactly once still holds: each subscription's claim skips an event it already handled, and a "
-        "dead-lettered event keeps its terminal claim (it stays a dead letter). Rows keep their Nats-Msg-Id: "
-        "a stream that still holds a message stored within DUPLICATE_WINDOW_SECONDS drops the re-send as a "
-        "duplicate, and nothing is lost (the message is there)."
+        "dead-lettered event keeps its terminal claim (it stays a dead letter). The re-send gets a fresh "
+        "Nats-Msg-Id, as a replay's does, so the broker's duplicate window (DUPLICATE_WINDOW_SECONDS) can't drop "
+        "it; where the broker still had the message, claims make the second copy harmless."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
