@@ -20,6 +20,7 @@ __all__ = [
     "publish",
     "publish_many",
     "replay",
+    "republish",
     "subscribe",
 ]
 
@@ -31,6 +32,7 @@ _WHERE = {
     "publish": "events",
     "publish_many": "events",
     "replay": "deadletters",
+    "republish": "recovery",
     "subscribe": "subscriptions",
 }
 
@@ -38,6 +40,7 @@ if TYPE_CHECKING:
     from .deadletters import replay
     from .events import EventType, declare, publish, publish_many
     from .jobs import job
+    from .recovery import republish
     from .subscriptions import subscribe
     from .wire import ReceivedEvent
 

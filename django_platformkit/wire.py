@@ -65,8 +65,9 @@ def durable_name(subscription_name: str) -> str:
 
 def message_id(event_id: str, replay: Any) -> str:
     """The ``Nats-Msg-Id`` of a row: the event id, or a fresh one per replay
-    (``replay``: the row's ``platformkit_replay`` count; the broker would
-    drop a re-send of the old id within its duplicate window)."""
+    or republish (``replay``: the row's ``platformkit_replay`` count, which
+    both bump; the broker would drop a re-send of the old id within its
+    duplicate window)."""
     return event_id if not replay else f"{event_id}:replay:{replay}"
 
 

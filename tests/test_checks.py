@@ -438,7 +438,11 @@ def test_check_and_migrate_exit_0_on_a_new_empty_database_with_no_broker_and_ope
         assert checked.returncode == 0, checked.stderr
         assert "System check identified no issues" in checked.stdout
         # Before migrate, the operator commands say what to do, not a traceback.
-        for command in (("deadletters", "list"), ("purgeoutbox", "--dry-run")):
+        for command in (
+            ("deadletters", "list"),
+            ("purgeoutbox", "--dry-run"),
+            ("republish", "--since", "1h", "--reason", "r", "--dry-run"),
+        ):
             refused = _run(*command, env=env)
             assert refused.returncode == 1, (command, refused.stdout, refused.stderr)
             assert "run `manage.py migrate django_platformkit` first" in refused.stderr, refused.stderr

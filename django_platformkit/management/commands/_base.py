@@ -1,11 +1,15 @@
 """What every command shares: ``--verbosity`` mapped to the package's logging,
-``--metrics-port``, and the refusal of a number option that can't mean anything."""
+``--metrics-port``, the refusal of a number option that can't mean anything,
+and the reading of ages (``12h``) and points in time (``2h`` ago, or ISO 8601)."""
 
+import argparse
 import contextlib
 import logging
 import math
+import re
 import sys
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 LEVELS = {0: logging.ERROR, 1: logging.INFO, 2: logging.DEBUG, 3: logging.DEBUG}
@@ -46,6 +50,58 @@ def positive(
             + (f"; {omitted}." if omitted else ".")
         )
     return int(number) if whole else number
+
+
+_AGE = re.compile(r"^([0-9]+)([smhdw])$")
+_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
+#: What a point-in-time option takes, as its error message says it.
+WHEN_EXAMPLES = "an age such as 30m, 12h, 7d or 2w (that long ago) or an ISO 8601 time such as 2026-12-02T06:00:00Z"
+
+
+def age(text: str) -> timedelta:
+    """``30m``, ``12h``, ``7d``, ``2w`` (also ``s``) -> a positive timedelta."""
+    match = _AGE.match(text.strip())
+    if match is None or int(match[1]) == 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an age such as 30m, 12h, 7d or 2w")
+    try:
+        value = timedelta(**{_UNITS[match[2]]: int(match[1])})
+        datetime.now(UTC) - value  # the cutoff must be a date
+    except OverflowError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} reaches back before the year 1; give an age such as 520w (ten years)"
+        ) from None
+    return value
+
+
+def point_in_time(option: str, value: Any) -> timedelta | datetime | None:
+    """``value`` of ``option`` (such as ``--since``) as an age before now (a
+    positive timedelta: ``2h``) or an aware datetime (ISO 8601; one without
+    an offset is read as UTC); None (not given) as it is. A timedelta or
+    datetime from ``call_command`` is checked the same way. Anything else is
+    a ``CommandError`` that says what to pass."""
+    from django.core.management.base import CommandError
+
+    if value is None:
+        return None
+    if isinstance(value, timedelta):
+        if value > timedelta(0):
+            return value
+    elif isinstance(value, datetime):
+        return value if value.tzinfo is not None and value.utcoffset() is not None else value.replace(tzinfo=UTC)
+    elif isinstance(value, str) and value.strip():
+        text = value.strip()
+        if _AGE.match(text):
+            try:
+                return age(text)
+            except argparse.ArgumentTypeError as exc:
+                raise CommandError(f"{option} {value}: {exc}.") from None
+        try:
+            moment = datetime.fromisoformat(text)
+        except ValueError:
+            pass
+        else:
+            return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+    raise CommandError(f"{option} {value!r}: give {WHEN_EXAMPLES}.")
 
 
 def tcp_port(option: str, value: Any) -> Any:

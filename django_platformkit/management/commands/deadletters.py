@@ -28,8 +28,7 @@ from django.utils import timezone
 from ...deadletters import discard, replay, replay_blocker
 from ...exceptions import ReplayRefused
 from ...models import Attempt, DeadLetter, OutboxEvent
-from ._base import configure_logging, tables_migrated
-from .purgeoutbox import age
+from ._base import age, configure_logging, tables_migrated
 
 #: Past this many rows a long replay/discard reports its progress every PROGRESS_EVERY rows.
 PROGRESS_EVERY = 100

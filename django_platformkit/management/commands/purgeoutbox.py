@@ -2,33 +2,14 @@
 older than the retention, in bounded batches; never evidence."""
 
 import argparse
-import re
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
 from ... import conf
 from ...purge import DEFAULT_BATCH_SIZE, purge
-from ._base import configure_logging, result_printed_once, tables_migrated
-
-_AGE = re.compile(r"^([0-9]+)([smhdw])$")
-_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
-
-
-def age(text: str) -> timedelta:
-    """``30m``, ``12h``, ``7d``, ``2w`` (also ``s``) -> a positive timedelta."""
-    match = _AGE.match(text.strip())
-    if match is None or int(match[1]) == 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an age such as 30m, 12h, 7d or 2w")
-    try:
-        value = timedelta(**{_UNITS[match[2]]: int(match[1])})
-        datetime.now(UTC) - value  # the cutoff must be a date
-    except OverflowError:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} reaches back before the year 1; give an age such as 520w (ten years)"
-        ) from None
-    return value
+from ._base import age, configure_logging, result_printed_once, tables_migrated
 
 
 def rows(text: str) -> int:
