@@ -276,3 +276,42 @@ def test_without_a_name_for_the_os_user_replay_says_to_pass_actor_not_a_tracebac
     # With --actor it works.
     out = run(*args, "--actor", "alice")
     assert ("would replay 1" in out) if dry_run else ("replayed=1 refused=0 actor=alice" in out)
+
+
+@pytest.mark.parametrize("verb", ["replay", "discard"])
+def test_with_skip_checks_a_subscription_only_the_urlconf_imports_is_known(broker, verb):
+    """With ``--skip-checks`` nothing imported the URLconf: a subscription
+    declared in a views.py read as removed (replay refused it) or unknown
+    (a discard by --subscription). The command imports it."""
+    import subprocess
+
+    from tests.conftest import manage, worker_env
+
+    if verb == "replay":
+        with transaction.atomic():
+            event_id = publish("testapp.order_placed", {"n": 1})
+        OutboxEvent.objects.update(published_at=timezone.now())
+        assert record_dead_letter(
+            subscription="testapp.url_only",
+            event_id=event_id,
+            name="testapp.order_placed",
+            tenant=None,
+            attempts=3,
+            error="RuntimeError: boom",
+            traceback="",
+        )
+    proc = manage(
+        *("deadletters", "--skip-checks", verb, "--subscription", "testapp.url_only"),
+        *("--reason", "fixed", "--actor", "ops"),
+        env=worker_env(broker, PLATFORMKIT_TEST_URL_ONLY="1"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, output
+    if verb == "replay":
+        assert "replayed=1 refused=0 actor=ops" in output
+        assert not DeadLetter.objects.filter(subscription="testapp.url_only").exists()
+    else:
+        assert "nothing to discard: no dead letter matches" in output

@@ -314,3 +314,34 @@ def transport_stream() -> str:
     from django_platformkit import conf
 
     return conf.settings.STREAM
+
+
+def test_purgeoutbox_with_skip_checks_keeps_a_row_only_a_urlconf_subscription_still_needs(broker):
+    """With ``--skip-checks`` nothing imported the URLconf, so a subscription
+    declared in a module only it imports (a views.py) wasn't among the
+    guards and its unhandled rows were purged. purgeoutbox imports it."""
+    import subprocess
+
+    from tests.conftest import manage, worker_env
+
+    needed = add_event(published_days_ago=0.75)
+    for subscription in subscribers_of("testapp.order_placed"):  # this process: no testapp.url_only
+        add_claim(subscription, needed, days_ago=0.7)
+
+    def purge_in_a_process() -> str:
+        proc = manage(
+            *("purgeoutbox", "--skip-checks", "--older-than", "12h"),
+            env=worker_env(broker, PLATFORMKIT_TEST_URL_ONLY="1"),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        output, _ = proc.communicate(timeout=120)
+        assert proc.returncode == 0, output
+        return output
+
+    assert "deleted outbox=0 " in purge_in_a_process()
+    assert needed in outbox_ids()
+    add_claim("testapp.url_only", needed, days_ago=0.7)  # now every subscription has handled it
+    assert "deleted outbox=1 " in purge_in_a_process()
+    assert needed not in outbox_ids()

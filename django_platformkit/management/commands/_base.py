@@ -1,5 +1,7 @@
 """What every command shares: ``--verbosity`` mapped to the package's logging,
-``--metrics-port``, and the refusal of a number option that can't mean anything."""
+``--metrics-port``, the refusal of a number option that can't mean anything
+(in ``handle()``, so ``call_command`` is refused too), and a complete
+registry of subscriptions and events whether or not the checks ran."""
 
 import contextlib
 import logging
@@ -46,6 +48,24 @@ def positive(
             + (f"; {omitted}." if omitted else ".")
         )
     return int(number) if whole else number
+
+
+def import_urlconf() -> None:
+    """Import the project's URLconf (``ROOT_URLCONF``), as Django's system
+    checks do before every command: a ``@subscribe`` or ``declare()`` in a
+    module only the URLconf imports (a ``views.py``) is then in the registry
+    with ``--skip-checks`` too, not only when the checks happened to import
+    it. Every command that reads the registry (``runworker``, ``deadletters``,
+    ``purgeoutbox``, ``platformkit_asyncapi``) calls this first, so none of
+    them serves, guards or documents less than the others. Declarations
+    belong in ``<app>/platformkit.py``, which the app imports itself. A
+    URLconf that fails to import raises, as ``manage.py check`` would say."""
+    from django.conf import settings
+
+    if getattr(settings, "ROOT_URLCONF", None):
+        from django.urls import get_resolver
+
+        get_resolver().url_patterns  # noqa: B018 - importing is the point
 
 
 def tcp_port(option: str, value: Any) -> Any:
