@@ -18,9 +18,9 @@ from django_platformkit.models import DeadLetter, HandledEvent, OutboxEvent
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def run(*args):
+def run(*args, **options):
     out, err = io.StringIO(), io.StringIO()
-    call_command("deadletters", *args, stdout=out, stderr=err)
+    call_command("deadletters", *args, stdout=out, stderr=err, **options)
     return out.getvalue()
 
 
@@ -315,3 +315,27 @@ def test_with_skip_checks_a_subscription_only_the_urlconf_imports_is_known(broke
         assert not DeadLetter.objects.filter(subscription="testapp.url_only").exists()
     else:
         assert "nothing to discard: no dead letter matches" in output
+
+
+@pytest.mark.parametrize("option, bad", [("--limit", "-1"), ("--limit", "many"), ("--since", "0d"), ("--since", "1y")])
+def test_call_command_refuses_a_bad_limit_or_age_with_the_command_lines_words(dead, option, bad):
+    """call_command() hands keyword values to handle() unparsed: a --limit of
+    -1 dropped the last row and a --since of text crashed in the query."""
+    with pytest.raises(CommandError) as from_the_command_line:
+        run("list", option, bad)
+    with pytest.raises(CommandError) as from_keywords:
+        run("list", **{option[2:]: bad})
+    assert str(from_keywords.value) == str(from_the_command_line.value)
+    assert str(from_keywords.value).startswith(f"Error: argument {option}: ")
+
+
+def test_call_command_refuses_a_negative_since_and_limit_and_takes_typed_good_ones(dead):
+    before = tables()
+    with pytest.raises(CommandError, match="is not an age such as"):
+        call_command("deadletters", "replay", since=timedelta(hours=-1), reason="r", stdout=io.StringIO())
+    with pytest.raises(CommandError, match="not a row count"):
+        run("list", limit=-1)
+    assert tables() == before
+    shown = run("list", limit=1, since="1h")
+    assert "1 of 2 dead letter(s)" in shown and str(dead["old"]) not in shown  # two within the hour, one shown
+    assert str(dead["old"]) not in run("list", since=timedelta(hours=1))

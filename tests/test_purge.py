@@ -4,6 +4,7 @@ go, in bounded batches, by the database's clock."""
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from datetime import timedelta
@@ -345,3 +346,54 @@ def test_purgeoutbox_with_skip_checks_keeps_a_row_only_a_urlconf_subscription_st
     add_claim("testapp.url_only", needed, days_ago=0.7)  # now every subscription has handled it
     assert "deleted outbox=1 " in purge_in_a_process()
     assert needed not in outbox_ids()
+
+
+@pytest.mark.parametrize(
+    "option, bad",
+    [
+        ("--older-than", "0d"),
+        ("--older-than", "12"),
+        ("--older-than", "-3h"),
+        ("--older-than", "99999999w"),
+        ("--batch-size", "0"),
+        ("--batch-size", "-5"),
+        ("--batch-size", "ten"),
+    ],
+)
+def test_call_command_refuses_a_bad_age_or_batch_size_with_the_command_lines_words(option, bad):
+    """call_command() hands keyword values to handle() unparsed (no argparse
+    ``type=``): a bad one must be refused there, in the same words, before
+    anything is deleted."""
+    gone_if_run = add_event(published_days_ago=10)
+    with pytest.raises(CommandError) as from_the_command_line:
+        call_command("purgeoutbox", f"{option}={bad}", stdout=StringIO())
+    with pytest.raises(CommandError) as from_keywords:
+        call_command("purgeoutbox", **{option[2:].replace("-", "_"): bad}, stdout=StringIO())
+    assert str(from_keywords.value) == str(from_the_command_line.value)
+    assert str(from_keywords.value).startswith(f"Error: argument {option}: ")
+    assert gone_if_run in outbox_ids()
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"older_than": timedelta(0)}, "0:00:00 is not an age such as 30m, 12h, 7d or 2w"),
+        ({"older_than": timedelta(days=-1)}, "-1 day, 0:00:00 is not an age"),
+        ({"batch_size": 0}, "0 is not a number of rows >= 1"),
+        ({"batch_size": True}, "True is not a number of rows >= 1"),
+    ],
+)
+def test_call_command_refuses_a_typed_value_the_command_line_could_not_give(options, message):
+    gone_if_run = add_event(published_days_ago=10)
+    with pytest.raises(CommandError, match=re.escape(message)):
+        call_command("purgeoutbox", **options, stdout=StringIO())
+    assert gone_if_run in outbox_ids()
+
+
+def test_call_command_takes_an_age_and_a_batch_size_as_text_or_typed():
+    for options in ({"older_than": "12h", "batch_size": "10"}, {"older_than": timedelta(hours=12), "batch_size": 10}):
+        old = add_event(published_days_ago=10)
+        out = StringIO()
+        call_command("purgeoutbox", **options, stdout=out)
+        assert out.getvalue().startswith("deleted outbox=1 "), out.getvalue()
+        assert old not in outbox_ids()

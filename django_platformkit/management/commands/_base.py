@@ -7,7 +7,7 @@ import contextlib
 import logging
 import math
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 LEVELS = {0: logging.ERROR, 1: logging.INFO, 2: logging.DEBUG, 3: logging.DEBUG}
@@ -66,6 +66,26 @@ def import_urlconf() -> None:
         from django.urls import get_resolver
 
         get_resolver().url_patterns  # noqa: B018 - importing is the point
+
+
+def parsed[T](option: str, value: Any, read: Callable[[Any], T]) -> T | None:
+    """``value`` of ``option`` (such as ``--older-than``) as ``read`` takes
+    it, ``read`` being the option's argparse ``type=``, which accepts its
+    text and the value it returns; None (not given) as it is. Called in
+    ``handle()``: ``call_command("purgeoutbox", older_than="0d")`` skips
+    argparse, and went on with a value the command line refuses. Raises
+    the ``CommandError`` the parser raises for ``call_command``, word for
+    word: ``Error: argument --older-than: '0d' is not an age ...``."""
+    import argparse
+
+    from django.core.management.base import CommandError
+
+    if value is None:
+        return None
+    try:
+        return read(value)
+    except argparse.ArgumentTypeError as exc:
+        raise CommandError(f"Error: argument {option}: {exc}") from None
 
 
 def tcp_port(option: str, value: Any) -> Any:

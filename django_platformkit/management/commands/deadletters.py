@@ -28,7 +28,7 @@ from django.utils import timezone
 from ...deadletters import discard, replay, replay_blocker
 from ...exceptions import ReplayRefused
 from ...models import Attempt, DeadLetter, OutboxEvent
-from ._base import configure_logging, import_urlconf, tables_migrated
+from ._base import configure_logging, import_urlconf, parsed, tables_migrated
 from .purgeoutbox import age
 
 #: Past this many rows a long replay/discard reports its progress every PROGRESS_EVERY rows.
@@ -36,10 +36,11 @@ PROGRESS_EVERY = 100
 ERROR_WIDTH = 60
 
 
-def _limit(text: str) -> int:
-    """``--limit``: a whole number, 0 or more (0: every row)."""
+def _limit(text: str | int) -> int:
+    """``--limit``: a whole number, 0 or more (0: every row); text, or an
+    int from ``call_command``."""
     try:
-        value = int(text)
+        value = int(text) if isinstance(text, str | int) and not isinstance(text, bool) else -1
     except ValueError:
         value = -1
     if value < 0:
@@ -196,6 +197,12 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         configure_logging(options["verbosity"])
+        # Checked here too: call_command() hands its values over unparsed
+        # (a --limit of -1 dropped the last row, a --since of "1h" crashed).
+        for option, read in (("--limit", _limit), ("--since", age)):
+            key = option[2:]
+            if key in options:
+                options[key] = parsed(option, options[key], read)
         with tables_migrated():
             getattr(self, f"_{options['action']}")(options)
 
