@@ -339,3 +339,62 @@ def test_call_command_refuses_a_negative_since_and_limit_and_takes_typed_good_on
     shown = run("list", limit=1, since="1h")
     assert "1 of 2 dead letter(s)" in shown and str(dead["old"]) not in shown  # two within the hour, one shown
     assert str(dead["old"]) not in run("list", since=timedelta(hours=1))
+
+
+def _history():
+    from django.contrib.admin.models import LogEntry
+
+    return {
+        (e.content_type.model, e.object_id, e.action_flag): (e.user.username, e.get_change_message())
+        for e in LogEntry.objects.all()
+    }
+
+
+def test_an_actor_that_is_a_user_gets_the_admin_history_the_admins_own_action_writes(dead):
+    """The admin's Replay/Discard leave a LogEntry on the dead letter and the
+    outbox row; the command left none, so the History pages missed what an
+    operator did from a shell."""
+    from django.contrib.admin.models import CHANGE, DELETION
+    from django.contrib.auth.models import User
+
+    User.objects.create_user("olga")
+    replayed, discarded = dead["ids"][dead["new"]], dead["ids"][dead["other"]]
+    assert "replayed=1 refused=0 actor=olga" in run("replay", str(replayed), "--reason", "fixed", "--actor", "olga")
+    assert "discarded=1 refused=0 actor=olga" in run(
+        "discard", str(discarded), "--reason", "cancelled", "--actor", "olga"
+    )
+    assert _history() == {
+        ("deadletter", str(replayed), CHANGE): (
+            "olga",
+            f"Replayed for subscription testapp.flaky (event {dead['new']}). Reason: fixed",
+        ),
+        ("outboxevent", str(dead["new"]), CHANGE): (
+            "olga",
+            f"Replayed for subscription testapp.flaky (event {dead['new']}). Reason: fixed",
+        ),
+        ("deadletter", str(discarded), DELETION): (
+            "olga",
+            f"Discarded for subscription testapp.record_order (event {dead['other']}). Reason: cancelled",
+        ),
+        ("outboxevent", str(dead["other"]), CHANGE): (
+            "olga",
+            f"Discarded for subscription testapp.record_order (event {dead['other']}). Reason: cancelled",
+        ),
+    }
+
+
+def test_an_actor_that_is_no_user_still_acts_and_writes_no_admin_history(dead):
+    from django.contrib.auth.models import User
+
+    User.objects.create_user("olga")
+    out = run("replay", str(dead["ids"][dead["new"]]), "--reason", "fixed", "--actor", "pager-bot")
+    assert "replayed=1 refused=0 actor=pager-bot" in out
+    assert not DeadLetter.objects.filter(event_id=dead["new"]).exists()
+    # A dry run, a refusal and an OS-user default write none either.
+    run("discard", str(dead["ids"][dead["other"]]), "--reason", "r", "--actor", "olga", "--dry-run")
+    DeadLetter.objects.filter(event_id=dead["old"]).update(subscription="retired.old_handler")
+    with pytest.raises(CommandError, match="1 of 1 dead letter"):
+        run("replay", str(dead["ids"][dead["old"]]), "--reason", "r", "--actor", "olga")
+    assert _history() == {}
+    audit = OutboxEvent.objects.filter(name="platformkit.event_replayed").get()
+    assert audit.payload["actor"] == "pager-bot"

@@ -25,6 +25,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
+from ...admin_history import log_dead_letter_action, user_id_for
 from ...deadletters import discard, replay, replay_blocker
 from ...exceptions import ReplayRefused
 from ...models import Attempt, DeadLetter, OutboxEvent
@@ -143,7 +144,13 @@ class Command(BaseCommand):
             p = commands.add_parser(verb, help=what)
             selection(p, ids=True)
             p.add_argument("--reason", required=True, help="Why (kept in the audit event and the log).")
-            p.add_argument("--actor", default=None, help="Who is acting (default: the OS user).")
+            p.add_argument(
+                "--actor",
+                default=None,
+                help="Who is acting (default: the OS user); kept in the audit event and the log. If it is the username "
+                "of a Django user, the admin's History gets the same LogEntry as the admin's own action writes; "
+                "any other name is kept as it is, with no LogEntry.",
+            )
             p.add_argument("--dry-run", action="store_true", help="Say what would be done; write nothing.")
 
     # -- selection --
@@ -305,6 +312,9 @@ class Command(BaseCommand):
             import_urlconf()
         rows = self._matching(options)
         past = {"replay": "replayed", "discard": "discarded"}[verb]
+        # The admin's history too, as its own Replay/Discard leaves it, when
+        # --actor names a user; an actor that is no user is still accepted.
+        history_user = user_id_for(options["actor"]) if options["actor"] else None
         if not rows:
             self.stdout.write(f"nothing to {verb}: no dead letter matches")
             return
@@ -343,6 +353,8 @@ class Command(BaseCommand):
                 continue
             if ok:
                 done += 1
+                if history_user is not None:
+                    log_dead_letter_action(history_user, d, verb, reason)
             if options["verbosity"] >= 2:
                 self.stdout.write(f"{past} {d.id} subscription={d.subscription} event_id={d.event_id}")
             elif len(rows) > PROGRESS_EVERY and n % PROGRESS_EVERY == 0:
