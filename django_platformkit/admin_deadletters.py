@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
-from django.contrib.admin.models import CHANGE, DELETION, LogEntry
 from django.core.exceptions import PermissionDenied
 from django.db.models import Q, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
@@ -21,6 +20,7 @@ from django.urls import path
 from django.utils.html import format_html, format_html_join
 
 from .admin_display import ReadOnlyAdmin, _duration, _first_line, _pre, _pretty_json, _truncated
+from .admin_history import log_dead_letter_action
 from .deadletters import replay_blocker as _replay_blocker
 from .models import Attempt, DeadLetter, OutboxEvent
 from .templatetags.platformkit_admin import when_html
@@ -268,31 +268,13 @@ class DeadLetterAdmin(ReadOnlyAdmin[DeadLetter]):
             )
 
     def _log(self, request: HttpRequest, row: DeadLetter, verb: str, reason: str) -> None:
-        """The admin's own history of what an operator did: one ``LogEntry``
-        on the dead letter (gone afterwards, its History still lists it) and,
-        where the event is ours, one on the outbox row (whose History page
-        survives). The text carries the reason; the entry the actor."""
-        past = "Replayed" if verb == "replay" else "Discarded"
-        message = f"{past} for subscription {row.subscription} (event {row.event_id}). Reason: {reason}"
+        """The admin's own history of what an operator did
+        (``admin_history.log_dead_letter_action``): one ``LogEntry`` on the
+        dead letter and, where the event is ours, one on the outbox row."""
         actor = request.user.pk
         if actor is None:  # an anonymous user: the admin's views let none this far
             raise PermissionDenied
-        LogEntry.objects.log_actions(
-            user_id=actor,
-            queryset=[row],
-            action_flag=CHANGE if verb == "replay" else DELETION,
-            change_message=message,
-            single_object=True,
-        )
-        outbox_row = OutboxEvent.objects.filter(pk=row.event_id).only("id", "name").first()
-        if outbox_row is not None:
-            LogEntry.objects.log_actions(
-                user_id=actor,
-                queryset=[outbox_row],
-                action_flag=CHANGE,
-                change_message=message,
-                single_object=True,
-            )
+        log_dead_letter_action(actor, row, verb, reason)
 
 
 #: Attempt rows one dead letter's page lists.

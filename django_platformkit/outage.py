@@ -14,8 +14,11 @@ waited out and never counted as an attempt.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import math
 import time
+from collections.abc import Iterator
 
 from django.db import DatabaseError, InterfaceError, OperationalError, connections
 
@@ -62,6 +65,34 @@ def database_unavailable(exc: BaseException) -> bool:
             return True
         current = current.__cause__ or current.__context__
     return False
+
+
+def database_location(using: str) -> str:
+    """Where the database behind alias ``using`` is, for an error an operator
+    reads: ``host:port/name`` (a socket folder as it is), never the user or
+    the password."""
+    settings_dict = connections[using].settings_dict
+    host = str(settings_dict.get("HOST") or "localhost")
+    port = str(settings_dict.get("PORT") or "5432")
+    where = host if host.startswith("/") else f"{host}:{port}"
+    return f"{where}/{settings_dict.get('NAME') or ''}"
+
+
+@contextlib.contextmanager
+def connect_timeout(using: str, seconds: float) -> Iterator[None]:
+    """While inside, a new connection of alias ``using`` gives up after
+    ``seconds`` (libpq's ``connect_timeout``, whole seconds, 2 at least)
+    unless the project's ``OPTIONS`` set one: without it, a host that drops
+    packets holds a connect for the kernel's TCP timeout, minutes."""
+    options = connections[using].settings_dict.setdefault("OPTIONS", {})
+    if "connect_timeout" in options:
+        yield
+        return
+    options["connect_timeout"] = max(2, math.ceil(seconds))
+    try:
+        yield
+    finally:
+        options.pop("connect_timeout", None)
 
 
 def is_database_error(exc: BaseException) -> bool:

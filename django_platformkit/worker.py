@@ -248,9 +248,12 @@ class Worker(ConsumerPool):
         not available - relay what is due now, close. Returns the pass's
         ``RelayStats`` (``temporary``: rows left pending by a refusal worth
         retrying; ``deferred``: pending rows not due yet), or None when
-        stopped during start-up. A database error of
-        the pass propagates; the rows it concerns stay pending."""
+        stopped during start-up. A database it can't reach raises
+        ``DatabaseUnavailable`` after one attempt (see
+        ``_reach_the_database_once``); a database error of the pass
+        propagates; the rows it concerns stay pending."""
         try:
+            self._reach_the_database_once()
             if not self._connect_and_ensure_stream(give_up=True):
                 self._stopped_in_start_up()
                 return None
@@ -262,6 +265,25 @@ class Worker(ConsumerPool):
         finally:
             self.transport.close()
             connections.close_all()
+
+    def _reach_the_database_once(self) -> None:
+        """A script's step (``relay_once``) fails fast on a database it can't
+        reach: one attempt, bounded by ``connect_timeout_seconds``, instead of
+        the start-up's retries (~25 s of them before it gave up; the
+        long-running relay keeps them). Raises ``DatabaseUnavailable`` saying
+        where the database is (no credentials) and the driver's first line."""
+        from .outage import connect_timeout, database_location
+
+        try:
+            with connect_timeout(self.using, self.connect_timeout_seconds):
+                database_identity(self.using)  # cached: the stream's owner check reads it again for free
+        except DatabaseUnavailable as exc:
+            cause = exc.__cause__ or exc
+            first_line = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
+            raise DatabaseUnavailable(
+                f"the database at {database_location(self.using)} is unreachable, nothing was relayed "
+                f"(rows stay pending): {first_line}"
+            ) from exc
 
     def _connect_and_ensure_stream(self, *, give_up: bool) -> bool:
         """Connect to NATS and create or check the stream (and its owner),

@@ -175,3 +175,11 @@ def test_output_can_go_to_a_file(tmp_path):
     target = tmp_path / "asyncapi.json"
     _render(output=target)
     assert target.read_text(encoding="utf-8") == _render()
+
+
+def test_the_document_has_a_subscription_only_the_urlconf_imports():
+    """The command runs no checks, so nothing else imported the URLconf: a
+    ``@subscribe`` in a views.py was left out of the document."""
+    env = _clean_env(PYTHONPATH=str(ROOT), PLATFORMKIT_TEST_URL_ONLY="1")
+    doc = json.loads(_command_output(ROOT / "tests" / "manage.py", env))
+    assert doc["operations"]["receive.testapp.url_only"]["channel"] == {"$ref": "#/channels/testapp.order_placed"}

@@ -18,9 +18,9 @@ from django_platformkit.models import DeadLetter, HandledEvent, OutboxEvent
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def run(*args):
+def run(*args, **options):
     out, err = io.StringIO(), io.StringIO()
-    call_command("deadletters", *args, stdout=out, stderr=err)
+    call_command("deadletters", *args, stdout=out, stderr=err, **options)
     return out.getvalue()
 
 
@@ -276,3 +276,125 @@ def test_without_a_name_for_the_os_user_replay_says_to_pass_actor_not_a_tracebac
     # With --actor it works.
     out = run(*args, "--actor", "alice")
     assert ("would replay 1" in out) if dry_run else ("replayed=1 refused=0 actor=alice" in out)
+
+
+@pytest.mark.parametrize("verb", ["replay", "discard"])
+def test_with_skip_checks_a_subscription_only_the_urlconf_imports_is_known(broker, verb):
+    """With ``--skip-checks`` nothing imported the URLconf: a subscription
+    declared in a views.py read as removed (replay refused it) or unknown
+    (a discard by --subscription). The command imports it."""
+    import subprocess
+
+    from tests.conftest import manage, worker_env
+
+    if verb == "replay":
+        with transaction.atomic():
+            event_id = publish("testapp.order_placed", {"n": 1})
+        OutboxEvent.objects.update(published_at=timezone.now())
+        assert record_dead_letter(
+            subscription="testapp.url_only",
+            event_id=event_id,
+            name="testapp.order_placed",
+            tenant=None,
+            attempts=3,
+            error="RuntimeError: boom",
+            traceback="",
+        )
+    proc = manage(
+        *("deadletters", "--skip-checks", verb, "--subscription", "testapp.url_only"),
+        *("--reason", "fixed", "--actor", "ops"),
+        env=worker_env(broker, PLATFORMKIT_TEST_URL_ONLY="1"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, output
+    if verb == "replay":
+        assert "replayed=1 refused=0 actor=ops" in output
+        assert not DeadLetter.objects.filter(subscription="testapp.url_only").exists()
+    else:
+        assert "nothing to discard: no dead letter matches" in output
+
+
+@pytest.mark.parametrize("option, bad", [("--limit", "-1"), ("--limit", "many"), ("--since", "0d"), ("--since", "1y")])
+def test_call_command_refuses_a_bad_limit_or_age_with_the_command_lines_words(dead, option, bad):
+    """call_command() hands keyword values to handle() unparsed: a --limit of
+    -1 dropped the last row and a --since of text crashed in the query."""
+    with pytest.raises(CommandError) as from_the_command_line:
+        run("list", option, bad)
+    with pytest.raises(CommandError) as from_keywords:
+        run("list", **{option[2:]: bad})
+    assert str(from_keywords.value) == str(from_the_command_line.value)
+    assert str(from_keywords.value).startswith(f"Error: argument {option}: ")
+
+
+def test_call_command_refuses_a_negative_since_and_limit_and_takes_typed_good_ones(dead):
+    before = tables()
+    with pytest.raises(CommandError, match="is not an age such as"):
+        call_command("deadletters", "replay", since=timedelta(hours=-1), reason="r", stdout=io.StringIO())
+    with pytest.raises(CommandError, match="not a row count"):
+        run("list", limit=-1)
+    assert tables() == before
+    shown = run("list", limit=1, since="1h")
+    assert "1 of 2 dead letter(s)" in shown and str(dead["old"]) not in shown  # two within the hour, one shown
+    assert str(dead["old"]) not in run("list", since=timedelta(hours=1))
+
+
+def _history():
+    from django.contrib.admin.models import LogEntry
+
+    return {
+        (e.content_type.model, e.object_id, e.action_flag): (e.user.username, e.get_change_message())
+        for e in LogEntry.objects.all()
+    }
+
+
+def test_an_actor_that_is_a_user_gets_the_admin_history_the_admins_own_action_writes(dead):
+    """The admin's Replay/Discard leave a LogEntry on the dead letter and the
+    outbox row; the command left none, so the History pages missed what an
+    operator did from a shell."""
+    from django.contrib.admin.models import CHANGE, DELETION
+    from django.contrib.auth.models import User
+
+    User.objects.create_user("olga")
+    replayed, discarded = dead["ids"][dead["new"]], dead["ids"][dead["other"]]
+    assert "replayed=1 refused=0 actor=olga" in run("replay", str(replayed), "--reason", "fixed", "--actor", "olga")
+    assert "discarded=1 refused=0 actor=olga" in run(
+        "discard", str(discarded), "--reason", "cancelled", "--actor", "olga"
+    )
+    assert _history() == {
+        ("deadletter", str(replayed), CHANGE): (
+            "olga",
+            f"Replayed for subscription testapp.flaky (event {dead['new']}). Reason: fixed",
+        ),
+        ("outboxevent", str(dead["new"]), CHANGE): (
+            "olga",
+            f"Replayed for subscription testapp.flaky (event {dead['new']}). Reason: fixed",
+        ),
+        ("deadletter", str(discarded), DELETION): (
+            "olga",
+            f"Discarded for subscription testapp.record_order (event {dead['other']}). Reason: cancelled",
+        ),
+        ("outboxevent", str(dead["other"]), CHANGE): (
+            "olga",
+            f"Discarded for subscription testapp.record_order (event {dead['other']}). Reason: cancelled",
+        ),
+    }
+
+
+def test_an_actor_that_is_no_user_still_acts_and_writes_no_admin_history(dead):
+    from django.contrib.auth.models import User
+
+    User.objects.create_user("olga")
+    out = run("replay", str(dead["ids"][dead["new"]]), "--reason", "fixed", "--actor", "pager-bot")
+    assert "replayed=1 refused=0 actor=pager-bot" in out
+    assert not DeadLetter.objects.filter(event_id=dead["new"]).exists()
+    # A dry run, a refusal and an OS-user default write none either.
+    run("discard", str(dead["ids"][dead["other"]]), "--reason", "r", "--actor", "olga", "--dry-run")
+    DeadLetter.objects.filter(event_id=dead["old"]).update(subscription="retired.old_handler")
+    with pytest.raises(CommandError, match="1 of 1 dead letter"):
+        run("replay", str(dead["ids"][dead["old"]]), "--reason", "r", "--actor", "olga")
+    assert _history() == {}
+    audit = OutboxEvent.objects.filter(name="platformkit.event_replayed").get()
+    assert audit.payload["actor"] == "pager-bot"

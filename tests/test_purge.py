@@ -4,6 +4,7 @@ go, in bounded batches, by the database's clock."""
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from datetime import timedelta
@@ -314,3 +315,85 @@ def transport_stream() -> str:
     from django_platformkit import conf
 
     return conf.settings.STREAM
+
+
+def test_purgeoutbox_with_skip_checks_keeps_a_row_only_a_urlconf_subscription_still_needs(broker):
+    """With ``--skip-checks`` nothing imported the URLconf, so a subscription
+    declared in a module only it imports (a views.py) wasn't among the
+    guards and its unhandled rows were purged. purgeoutbox imports it."""
+    import subprocess
+
+    from tests.conftest import manage, worker_env
+
+    needed = add_event(published_days_ago=0.75)
+    for subscription in subscribers_of("testapp.order_placed"):  # this process: no testapp.url_only
+        add_claim(subscription, needed, days_ago=0.7)
+
+    def purge_in_a_process() -> str:
+        proc = manage(
+            *("purgeoutbox", "--skip-checks", "--older-than", "12h"),
+            env=worker_env(broker, PLATFORMKIT_TEST_URL_ONLY="1"),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        output, _ = proc.communicate(timeout=120)
+        assert proc.returncode == 0, output
+        return output
+
+    assert "deleted outbox=0 " in purge_in_a_process()
+    assert needed in outbox_ids()
+    add_claim("testapp.url_only", needed, days_ago=0.7)  # now every subscription has handled it
+    assert "deleted outbox=1 " in purge_in_a_process()
+    assert needed not in outbox_ids()
+
+
+@pytest.mark.parametrize(
+    "option, bad",
+    [
+        ("--older-than", "0d"),
+        ("--older-than", "12"),
+        ("--older-than", "-3h"),
+        ("--older-than", "99999999w"),
+        ("--batch-size", "0"),
+        ("--batch-size", "-5"),
+        ("--batch-size", "ten"),
+    ],
+)
+def test_call_command_refuses_a_bad_age_or_batch_size_with_the_command_lines_words(option, bad):
+    """call_command() hands keyword values to handle() unparsed (no argparse
+    ``type=``): a bad one must be refused there, in the same words, before
+    anything is deleted."""
+    gone_if_run = add_event(published_days_ago=10)
+    with pytest.raises(CommandError) as from_the_command_line:
+        call_command("purgeoutbox", f"{option}={bad}", stdout=StringIO())
+    with pytest.raises(CommandError) as from_keywords:
+        call_command("purgeoutbox", **{option[2:].replace("-", "_"): bad}, stdout=StringIO())
+    assert str(from_keywords.value) == str(from_the_command_line.value)
+    assert str(from_keywords.value).startswith(f"Error: argument {option}: ")
+    assert gone_if_run in outbox_ids()
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"older_than": timedelta(0)}, "0:00:00 is not an age such as 30m, 12h, 7d or 2w"),
+        ({"older_than": timedelta(days=-1)}, "-1 day, 0:00:00 is not an age"),
+        ({"batch_size": 0}, "0 is not a number of rows >= 1"),
+        ({"batch_size": True}, "True is not a number of rows >= 1"),
+    ],
+)
+def test_call_command_refuses_a_typed_value_the_command_line_could_not_give(options, message):
+    gone_if_run = add_event(published_days_ago=10)
+    with pytest.raises(CommandError, match=re.escape(message)):
+        call_command("purgeoutbox", **options, stdout=StringIO())
+    assert gone_if_run in outbox_ids()
+
+
+def test_call_command_takes_an_age_and_a_batch_size_as_text_or_typed():
+    for options in ({"older_than": "12h", "batch_size": "10"}, {"older_than": timedelta(hours=12), "batch_size": 10}):
+        old = add_event(published_days_ago=10)
+        out = StringIO()
+        call_command("purgeoutbox", **options, stdout=out)
+        assert out.getvalue().startswith("deleted outbox=1 "), out.getvalue()
+        assert old not in outbox_ids()

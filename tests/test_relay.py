@@ -5,6 +5,8 @@ statistics; ``runrelay --once`` counts rows not due yet apart."""
 import io
 import json
 import signal
+import subprocess
+import time
 
 import pytest
 from django.core.management import call_command
@@ -124,3 +126,44 @@ def test_runrelay_once_counts_a_row_deferred_to_later_apart_from_left_pending(br
     call_command("runrelay", "--once", "--connect-timeout", "10", stdout=out)  # exit 0: deferred isn't a failure
     assert out.getvalue() == "relayed=2 duplicates=0 dead_lettered=0 left_pending=0 deferred=1\n"
     assert OutboxEvent.objects.pending().count() == 1
+
+
+def _relay_process(broker, *args: str) -> subprocess.Popen:
+    """``runrelay`` in a process of its own whose database is a closed port
+    (nothing listens on 127.0.0.1:1), with a password that must not show."""
+    from tests.conftest import manage, worker_env
+
+    env = worker_env(broker, DATABASE_URL="postgres://pkrelay:s3cret-pw@127.0.0.1:1/pk_down")
+    del env["PLATFORMKIT_TEST_DB_NAME"]
+    return manage("runrelay", *args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_runrelay_once_fails_fast_with_one_line_naming_an_unreachable_database(broker):
+    """--once is a script's step: it used to retry for ~25 s before failing.
+    Now one attempt, a non-zero exit and one line saying where the database
+    is, without its credentials, and no traceback."""
+    started = time.monotonic()
+    proc = _relay_process(broker, "--once", "--skip-checks")
+    out, err = proc.communicate(timeout=60)
+    took = time.monotonic() - started
+    assert proc.returncode == 1, (out, err)
+    assert took < 8, f"took {took:.1f}s"  # interpreter and Django start-up included
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith(
+        "CommandError: the database at 127.0.0.1:1/pk_down is unreachable, nothing was relayed (rows stay pending): "
+    ), err
+    assert "Traceback" not in err and "s3cret" not in err and "pkrelay" not in err
+    assert out == ""
+
+
+def test_runrelay_without_once_keeps_waiting_for_an_unreachable_database(broker):
+    proc = _relay_process(broker, "--skip-checks")
+    try:
+        time.sleep(4)
+        assert proc.poll() is None, proc.communicate()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    assert "database not available" in err and "retrying in" in err, err
+    assert "s3cret" not in err

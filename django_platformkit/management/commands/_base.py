@@ -1,6 +1,8 @@
 """What every command shares: ``--verbosity`` mapped to the package's logging,
-``--metrics-port``, the refusal of a number option that can't mean anything,
-and the reading of ages (``12h``) and points in time (``2h`` ago, or ISO 8601)."""
+``--metrics-port``, the refusal of a number option that can't mean anything
+(in ``handle()``, so ``call_command`` is refused too), the reading of ages
+(``12h``) and points in time (``2h`` ago, or ISO 8601), and a complete
+registry of subscriptions and events whether or not the checks ran."""
 
 import argparse
 import contextlib
@@ -8,7 +10,7 @@ import logging
 import math
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -52,23 +54,68 @@ def positive(
     return int(number) if whole else number
 
 
+def import_urlconf() -> None:
+    """Import the project's URLconf (``ROOT_URLCONF``), as Django's system
+    checks do before every command: a ``@subscribe`` or ``declare()`` in a
+    module only the URLconf imports (a ``views.py``) is then in the registry
+    with ``--skip-checks`` too, not only when the checks happened to import
+    it. Every command that reads the registry (``runworker``, ``deadletters``,
+    ``purgeoutbox``, ``republish``, ``platformkit_asyncapi``) calls this first, so none of
+    them serves, guards or documents less than the others. Declarations
+    belong in ``<app>/platformkit.py``, which the app imports itself. A
+    URLconf that fails to import raises, as ``manage.py check`` would say."""
+    from django.conf import settings
+
+    if getattr(settings, "ROOT_URLCONF", None):
+        from django.urls import get_resolver
+
+        get_resolver().url_patterns  # noqa: B018 - importing is the point
+
+
+def parsed[T](option: str, value: Any, read: Callable[[Any], T]) -> T | None:
+    """``value`` of ``option`` (such as ``--older-than``) as ``read`` takes
+    it, ``read`` being the option's argparse ``type=``, which accepts its
+    text and the value it returns; None (not given) as it is. Called in
+    ``handle()``: ``call_command("purgeoutbox", older_than="0d")`` skips
+    argparse, and went on with a value the command line refuses. Raises
+    the ``CommandError`` the parser raises for ``call_command``, word for
+    word: ``Error: argument --older-than: '0d' is not an age ...``."""
+    from django.core.management.base import CommandError
+
+    if value is None:
+        return None
+    try:
+        return read(value)
+    except argparse.ArgumentTypeError as exc:
+        raise CommandError(f"Error: argument {option}: {exc}") from None
+
+
 _AGE = re.compile(r"^([0-9]+)([smhdw])$")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
 #: What a point-in-time option takes, as its error message says it.
 WHEN_EXAMPLES = "an age such as 30m, 12h, 7d or 2w (that long ago) or an ISO 8601 time such as 2026-12-02T06:00:00Z"
 
 
-def age(text: str) -> timedelta:
-    """``30m``, ``12h``, ``7d``, ``2w`` (also ``s``) -> a positive timedelta."""
-    match = _AGE.match(text.strip())
-    if match is None or int(match[1]) == 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an age such as 30m, 12h, 7d or 2w")
+def age(text: str | timedelta) -> timedelta:
+    """``30m``, ``12h``, ``7d``, ``2w`` (also ``s``) -> a positive timedelta.
+    A timedelta (what this returns, or ``call_command(older_than=...)``) is
+    checked the same way and returned as it is."""
+    shown = repr(text) if isinstance(text, str) else str(text)
+    not_an_age = argparse.ArgumentTypeError(f"{shown} is not an age such as 30m, 12h, 7d or 2w")
     try:
-        value = timedelta(**{_UNITS[match[2]]: int(match[1])})
+        if isinstance(text, timedelta):
+            value = text
+        else:
+            match = _AGE.match(str(text).strip())
+            if match is None:
+                raise not_an_age
+            value = timedelta(**{_UNITS[match[2]]: int(match[1])})
+        if value <= timedelta(0):
+            raise not_an_age
         datetime.now(UTC) - value  # the cutoff must be a date
     except OverflowError:
         raise argparse.ArgumentTypeError(
-            f"{text!r} reaches back before the year 1; give an age such as 520w (ten years)"
+            f"{shown} reaches back before the year 1; give an age such as 520w (ten years)"
         ) from None
     return value
 

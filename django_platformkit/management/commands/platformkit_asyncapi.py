@@ -7,6 +7,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ...asyncapi import document, render
+from ._base import import_urlconf
 
 
 class Command(BaseCommand):
@@ -30,6 +31,9 @@ class Command(BaseCommand):
         parser.add_argument("--output", "-o", type=Path, help="Write to this file instead of stdout.")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        # No checks run here (above), so nothing else would import the URLconf
+        # and a views-declared subscription or event would be left out.
+        import_urlconf()
         doc = document(title=options["title"], version=options["api_version"])
         try:
             text = render(doc, fmt=options["format"])

@@ -9,11 +9,17 @@ from django.core.management.base import BaseCommand, CommandParser
 
 from ... import conf
 from ...purge import DEFAULT_BATCH_SIZE, purge
-from ._base import age, configure_logging, result_printed_once, tables_migrated
+from ._base import age, configure_logging, import_urlconf, parsed, result_printed_once, tables_migrated
 
 
-def rows(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
+def rows(text: str | int) -> int:
+    """``--batch-size``: a whole number of rows, 1 or more (text, or an int
+    from ``call_command``)."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        if text < 1:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number of rows >= 1")
+        return text
+    if not isinstance(text, str) or not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of rows >= 1")
     return int(text)
 
@@ -45,9 +51,18 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         configure_logging(options["verbosity"])
-        older_than = options["older_than"] or timedelta(days=float(conf.settings.RETENTION_DAYS))
+        # Checked here too: call_command() hands its values over unparsed.
+        batch_size = parsed("--batch-size", options["batch_size"], rows)
+        older_than = parsed("--older-than", options["older_than"], age) or timedelta(
+            days=float(conf.settings.RETENTION_DAYS)
+        )
+        # The rows a subscription hasn't handled yet are kept: a views-declared
+        # one missing from the registry (--skip-checks) would lose its rows.
+        import_urlconf()
         with tables_migrated(), result_printed_once("django_platformkit.purge", "purged ", "purge dry run "):
-            result = purge(older_than=older_than, dry_run=options["dry_run"], batch_size=options["batch_size"])
+            result = purge(
+                older_than=older_than, dry_run=options["dry_run"], batch_size=batch_size or DEFAULT_BATCH_SIZE
+            )
         if result.dry_run:
             self.stdout.write(
                 f"dry run, nothing deleted: would delete outbox={result.outbox_deleted} claims={result.claims_deleted} "

@@ -13,7 +13,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ...recovery import DEFAULT_BATCH_SIZE, republish
-from ._base import WHEN_EXAMPLES, configure_logging, point_in_time, positive, tables_migrated
+from ._base import WHEN_EXAMPLES, configure_logging, import_urlconf, point_in_time, positive, tables_migrated
 
 
 class Command(BaseCommand):
@@ -76,6 +76,7 @@ class Command(BaseCommand):
             events = [events]
         with tables_migrated():
             if events:
+                import_urlconf()  # an event declared in a views module is known with --skip-checks too
                 for name in events:
                     self._refuse_unknown_event(name)
             try:

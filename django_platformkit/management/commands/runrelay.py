@@ -21,7 +21,8 @@ class Command(BaseCommand):
         parser.add_argument(
             "--once",
             action="store_true",
-            help="Relay what is due now, print the counts (deferred=N: rows not due yet) and exit.",
+            help="Relay what is due now, print the counts (deferred=N: rows not due yet) and exit; exit 1 at once "
+            "if the database can't be reached (without --once the relay waits for it).",
         )
         parser.add_argument(
             "--metrics-port",
@@ -35,7 +36,8 @@ class Command(BaseCommand):
             type=float,
             default=30.0,
             metavar="SECONDS",
-            help="With --once: fail if NATS or its stream can't be reached within SECONDS (default 30).",
+            help="With --once: fail if NATS or its stream can't be reached within SECONDS (default 30); the database "
+            "gets one connect attempt of at most SECONDS, not retries.",
         )
 
     def handle(self, *args: Any, **options: Any) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ...exceptions import BrokerUnavailable, ConfigurationError, ConsumerDrift
-from ._base import configure_logging, positive, result_printed_once, start_metrics, tcp_port
+from ._base import configure_logging, import_urlconf, positive, result_printed_once, start_metrics, tcp_port
 
 
 class Command(BaseCommand):
@@ -196,18 +196,3 @@ class Command(BaseCommand):
             self.stdout.write(f"exit={code} " + " ".join(f"{k}={v}" for k, v in counts.items()))
         if code:
             raise SystemExit(code)
-
-
-def import_urlconf() -> None:
-    """Import the project's URLconf (``ROOT_URLCONF``), as Django's system
-    checks do before every command: a ``@subscribe`` in a module only the
-    URLconf imports (a ``views.py``) is then served with ``--skip-checks``
-    too, not only when the checks happened to import it. Declarations belong
-    in ``<app>/platformkit.py``, which the app imports itself. A URLconf
-    that fails to import raises, as ``manage.py check`` would say."""
-    from django.conf import settings
-
-    if getattr(settings, "ROOT_URLCONF", None):
-        from django.urls import get_resolver
-
-        get_resolver().url_patterns  # noqa: B018 - importing is the point
