@@ -27,7 +27,7 @@ from typing import Any
 from django.db import connections, transaction
 
 from . import conf
-from ._tables import DEAD_LETTER_TABLE, OUTBOX_TABLE
+from ._tables import HANDLED_TABLE, OUTBOX_TABLE
 from .deadletters import RELAY_DEAD_LETTERS
 from .events import NOTIFY_CHANNEL
 
@@ -37,8 +37,13 @@ DEFAULT_BATCH_SIZE = 1000
 
 # A row the broker refused for good was dead-lettered by the relay and
 # stamped without ever reaching the stream: nothing of it was lost, and a
-# re-send would only be refused again. Its tool is replay().
-_NOT_REFUSED = f"NOT EXISTS (SELECT 1 FROM {DEAD_LETTER_TABLE} d WHERE d.event_id = o.id AND d.subscription = '{RELAY_DEAD_LETTERS}')"
+# re-send would only be refused again. Its tool is replay(). Told by the
+# relay's terminal claim, not its dead letter: discard() deletes the dead
+# letter and keeps the claim (the refusal accepted: still never in the
+# stream), replay() deletes both (the row is then the relay's again).
+_NOT_REFUSED = (
+    f"NOT EXISTS (SELECT 1 FROM {HANDLED_TABLE} c WHERE c.event_id = o.id AND c.subscription = '{RELAY_DEAD_LETTERS}')"
+)
 _WINDOW = "o.published_at >= %(since)s AND o.published_at < %(until)s"
 _NAMES = " AND o.name = ANY(%(names)s::text[])"
 
@@ -113,7 +118,7 @@ def republish(
     ``events``: event names to limit it to (None: every event). Only rows
     still in the outbox can be republished; a row the relay dead-lettered
     (the broker refused it: it never reached the stream) is left to
-    ``replay()``. ``reason``: why, logged at INFO with the window and count.
+    ``replay()``, and stays left once that dead letter is discarded. ``reason``: why, logged at INFO with the window and count.
 
     Exactly once still holds: each subscription's claim skips an event it
     already handled, and a dead-lettered event keeps its terminal claim (it

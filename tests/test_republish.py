@@ -210,6 +210,31 @@ def test_a_row_the_relay_dead_lettered_is_left_to_replay():
     assert pending_ids() == {sent}
 
 
+def test_a_row_the_relay_dead_lettered_stays_left_after_its_dead_letter_is_discarded():
+    """Discarding the relay's dead letter accepts that the broker refused the
+    row: it never reached the stream, so there is nothing the broker lost.
+    Republished, it was re-sent, refused again, and the relay logged a
+    "relay dead letter" ERROR and counted it dead-lettered without writing
+    one (its terminal claim stayed)."""
+    from django_platformkit.deadletters import discard
+
+    refused = add_event(published_minutes_ago=5)
+    sent = add_event(published_minutes_ago=5)
+    record_dead_letter(
+        subscription=RELAY_SUBSCRIPTION,
+        event_id=refused,
+        name="testapp.order_placed",
+        tenant=None,
+        attempts=1,
+        error="too big",
+        traceback="",
+    )
+    assert discard(refused, subscription=RELAY_SUBSCRIPTION, actor="ops", reason="too big, accepted")
+    assert "would republish 1 row(s)" in run("--since", "1h", "--reason", "r", "--dry-run")
+    assert "republished=1 " in run("--since", "1h", "--reason", "r")
+    assert pending_ids() == {sent}
+
+
 def test_it_works_in_batches_prints_progress_and_logs_the_reason_window_and_count(caplog):
     ids = {add_event(published_minutes_ago=m) for m in range(1, 6)}
     with caplog.at_level(logging.INFO, logger="django_platformkit"):
