@@ -71,8 +71,29 @@ WITH page AS (
 ), last AS (
     SELECT published_at, id FROM page ORDER BY published_at DESC, id DESC LIMIT 1
 )
-SELECT (SELECT count(*) FROM page), (SELECT count(*) FROM eligible), (SELECT count(*) FROM done),
-       (SELECT published_at FROM last), (SELECT id FROM last)
+SELECT (SELECT count(*) FROM page), (SELECT count(*) FROM done),
+       (SELECT published_at FROM last), (SELECT id FROM last),
+       (SELECT coalesce(array_agg(e.id), ARRAY[]::uuid[]) FROM eligible e WHERE NOT EXISTS (SELECT 1 FROM locked l WHERE l.id = e.id))
+"""
+# The rows a batch did not take, once more when the walk is done: by then
+# the transaction that held one has mostly ended. One a concurrent republish
+# or replay set pending, a purge deleted, or the relay stamped again (out
+# of the window) needs nothing and is not counted; what is still in the
+# window and still held is the true skipped_locked. (``left`` reads the
+# statement's snapshot, in which what ``done`` takes is still there.)
+_RETRY_SQL = f"""
+WITH left_ AS (
+    SELECT o.id FROM {OUTBOX_TABLE} o WHERE o.id = ANY(%(ids)s::uuid[]) AND {_WINDOW} AND {_NOT_REFUSED}
+), locked AS (
+    SELECT o.id FROM {OUTBOX_TABLE} o JOIN left_ USING (id)
+    WHERE {_WINDOW}
+    FOR NO KEY UPDATE OF o SKIP LOCKED
+), done AS (
+    UPDATE {OUTBOX_TABLE} o SET published_at = NULL,
+        headers = o.headers || jsonb_build_object('platformkit_replay', COALESCE((o.headers->>'platformkit_replay')::int, 0) + 1)
+    FROM locked WHERE o.id = locked.id RETURNING 1
+)
+SELECT (SELECT count(*) FROM left_), (SELECT count(*) FROM done)
 """
 _DRY_SQL = f"SELECT count(*) FROM {OUTBOX_TABLE} o WHERE {_WINDOW} AND {_NOT_REFUSED}{{names}}"
 
@@ -84,8 +105,11 @@ class RepublishResult:
     ``since``/``until``: the window as the database resolved it (aware
     datetimes; rows with ``since <= published_at < until``).
     ``republished``: rows set pending again (would be). ``skipped_locked``:
-    rows of the window another transaction held (a replay, a purge), left as
-    they were. ``batches``: transactions used (0 for a dry run).
+    rows of the window another transaction (a replay, a purge, another
+    republish) still held when tried once more at the end, left as they
+    were; a skipped row that transaction set pending or deleted meanwhile
+    needed nothing and is not counted. ``batches``: transactions used (0
+    for a dry run).
     """
 
     since: datetime
@@ -207,22 +231,37 @@ def _republish(
     progress: Callable[[int, int], None] | None,
 ) -> RepublishResult:
     after_at, after_id = start, uuid.UUID(int=0)
-    done = skipped = batches = 0
+    done = batches = 0
+    skipped_ids: list[uuid.UUID] = []
     while True:
         with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
             cursor.execute(sql, {**params, "after_at": after_at, "after_id": after_id, "batch": batch_size})
-            paged, eligible, gone, last_at, last_id = cursor.fetchone()
-            if gone and conf.settings.RELAY_LISTEN:
-                # Delivered at commit: a listening relay starts on them now,
-                # not after its RELAY_INTERVAL_SECONDS.
-                cursor.execute("SELECT pg_notify(%s, '')", [NOTIFY_CHANNEL])
+            paged, gone, last_at, last_id, skipped_now = cursor.fetchone()
+            _notify(cursor, gone)
         batches += 1
         done += gone
-        skipped += eligible - gone
+        skipped_ids += skipped_now
         if paged < batch_size:
-            return RepublishResult(
-                since=start, until=end, dry_run=False, republished=done, skipped_locked=skipped, batches=batches
-            )
+            break
         if progress is not None:
             progress(done, batches)
         after_at, after_id = last_at, last_id
+    skipped = 0
+    if skipped_ids:
+        with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
+            cursor.execute(_RETRY_SQL, {**params, "ids": skipped_ids})
+            left, gone = cursor.fetchone()
+            _notify(cursor, gone)
+        batches += 1
+        done += gone
+        skipped = left - gone
+    return RepublishResult(
+        since=start, until=end, dry_run=False, republished=done, skipped_locked=skipped, batches=batches
+    )
+
+
+def _notify(cursor: Any, taken: int) -> None:
+    if taken and conf.settings.RELAY_LISTEN:
+        # Delivered at commit: a listening relay starts on them now, not
+        # after its RELAY_INTERVAL_SECONDS.
+        cursor.execute("SELECT pg_notify(%s, '')", [NOTIFY_CHANNEL])

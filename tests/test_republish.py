@@ -270,6 +270,47 @@ def test_a_row_locked_by_another_transaction_is_skipped_not_waited_on():
     assert pending_ids() == {free, locked}
 
 
+def _other_connection():
+    params = connection.get_connection_params()
+    for key in ("cursor_factory", "context", "prepare_threshold"):
+        params.pop(key, None)
+    return psycopg.connect(**params)
+
+
+@pytest.mark.parametrize(
+    ("other_does", "then", "taken", "held_pending"),
+    [
+        # A concurrent republish (or replay) took the row: it is pending, nothing is left to do.
+        ("UPDATE platformkit_outbox SET published_at = NULL WHERE id = %s", "commit", False, True),
+        # A concurrent purge deleted it: nothing to take.
+        ("DELETE FROM platformkit_outbox WHERE id = %s", "commit", False, False),
+        # Held, then let go unchanged: taken before the run ends.
+        ("SELECT 1 FROM platformkit_outbox WHERE id = %s FOR UPDATE", "rollback", True, True),
+    ],
+)
+def test_skipped_locked_counts_only_rows_still_left_when_the_run_ends(other_does, then, taken, held_pending):
+    """Two overlapping republishes, or one beside purgeoutbox, skip each
+    other's rows. Those were counted skipped_locked with "run the same command
+    again to take them", though the other run had set them pending (a re-run
+    re-sends them once more for nothing) or purge had deleted them."""
+    held = add_event(published_minutes_ago=5)
+    free = add_event(published_minutes_ago=4)
+    with _other_connection() as other:
+        other.execute(other_does, [held])
+        calls = []
+
+        def progress(done, batches):
+            calls.append(batches)
+            if len(calls) == 1:  # the held row's batch is done: the other transaction ends
+                getattr(other, then)()
+
+        result = republish(since=timedelta(hours=1), reason="r", batch_size=1, progress=progress)
+    assert calls, "the held row's batch was the last: the test proves nothing"
+    assert result.skipped_locked == 0, result
+    assert result.republished == (2 if taken else 1), result
+    assert pending_ids() == ({free, held} if held_pending else {free})
+
+
 @pytest.mark.parametrize(
     ("args", "kwargs", "message"),
     [
