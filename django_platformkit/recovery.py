@@ -47,6 +47,23 @@ _NOT_REFUSED = (
 _WINDOW = "o.published_at >= %(since)s AND o.published_at < %(until)s"
 _NAMES = " AND o.name = ANY(%(names)s::text[])"
 
+
+def _take(candidates: str) -> str:
+    """The ``locked`` and ``done`` CTEs over the ids of CTE ``candidates``:
+    lock those still in the window (skipping a row another transaction
+    holds), set them pending with a fresh ``Nats-Msg-Id`` (the replay count
+    one up), one row returned per row taken."""
+    return f"""locked AS (
+    SELECT o.id FROM {OUTBOX_TABLE} o JOIN {candidates} USING (id)
+    WHERE {_WINDOW}
+    FOR NO KEY UPDATE OF o SKIP LOCKED
+), done AS (
+    UPDATE {OUTBOX_TABLE} o SET published_at = NULL,
+        headers = o.headers || jsonb_build_object('platformkit_replay', COALESCE((o.headers->>'platformkit_replay')::int, 0) + 1)
+    FROM locked WHERE o.id = locked.id RETURNING 1
+)"""
+
+
 # One batch, walked in (published_at, id) order from where the last batch
 # stopped, on the published-rows partial index. Rows are locked FOR NO KEY
 # UPDATE SKIP LOCKED: a replay or purge holding a row is never waited for
@@ -60,15 +77,7 @@ WITH page AS (
     ORDER BY o.published_at, o.id LIMIT %(batch)s
 ), eligible AS (
     SELECT o.id FROM page o WHERE {_NOT_REFUSED}
-), locked AS (
-    SELECT o.id FROM {OUTBOX_TABLE} o JOIN eligible USING (id)
-    WHERE {_WINDOW}
-    FOR NO KEY UPDATE OF o SKIP LOCKED
-), done AS (
-    UPDATE {OUTBOX_TABLE} o SET published_at = NULL,
-        headers = o.headers || jsonb_build_object('platformkit_replay', COALESCE((o.headers->>'platformkit_replay')::int, 0) + 1)
-    FROM locked WHERE o.id = locked.id RETURNING 1
-), last AS (
+), {_take("eligible")}, last AS (
     SELECT published_at, id FROM page ORDER BY published_at DESC, id DESC LIMIT 1
 )
 SELECT (SELECT count(*) FROM page), (SELECT count(*) FROM done),
@@ -84,15 +93,7 @@ SELECT (SELECT count(*) FROM page), (SELECT count(*) FROM done),
 _RETRY_SQL = f"""
 WITH left_ AS (
     SELECT o.id FROM {OUTBOX_TABLE} o WHERE o.id = ANY(%(ids)s::uuid[]) AND {_WINDOW} AND {_NOT_REFUSED}
-), locked AS (
-    SELECT o.id FROM {OUTBOX_TABLE} o JOIN left_ USING (id)
-    WHERE {_WINDOW}
-    FOR NO KEY UPDATE OF o SKIP LOCKED
-), done AS (
-    UPDATE {OUTBOX_TABLE} o SET published_at = NULL,
-        headers = o.headers || jsonb_build_object('platformkit_replay', COALESCE((o.headers->>'platformkit_replay')::int, 0) + 1)
-    FROM locked WHERE o.id = locked.id RETURNING 1
-)
+), {_take("left_")}
 SELECT (SELECT count(*) FROM left_), (SELECT count(*) FROM done)
 """
 _DRY_SQL = f"SELECT count(*) FROM {OUTBOX_TABLE} o WHERE {_WINDOW} AND {_NOT_REFUSED}{{names}}"
