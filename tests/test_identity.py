@@ -124,6 +124,28 @@ def test_the_overview_shows_no_figures_of_a_stream_another_projects_database_own
     assert overview.collect().broker_ok
 
 
+def _stream_refused_by(args: list[str], port: int, url: str, before=None) -> str:
+    """Start ``nats-server args`` (listening on ``port``), connect to
+    ``url``, run ``before(transport)``, then ``ensure_stream``: the text of
+    the ``ConfigurationError`` it must raise."""
+    server = subprocess.Popen([NatsServer.binary(), *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for_port(port, process=server)
+        t = Transport(url=url)
+        t.connect()
+        try:
+            if before is not None:
+                before(t)
+            with pytest.raises(ConfigurationError) as refused:
+                t.ensure_stream(owner=identity.database_identity())
+        finally:
+            t.close()
+    finally:
+        server.terminate()
+        server.wait(10)
+    return str(refused.value)
+
+
 def test_an_account_limit_refusing_the_stream_is_a_clear_error_without_the_overlap_advice(broker, settings, tmp_path):
     # An account allowed one stream, which another stream already uses:
     # NATS refuses ours with 400 / err_code 10027. It was reported as a
@@ -135,23 +157,12 @@ def test_an_account_limit_refusing_the_stream_is_a_clear_error_without_the_overl
         f'jetstream {{ store_dir: "{tmp_path / "js"}" }}\n'
         "accounts { A { jetstream { max_streams: 1, max_mem: 64MB, max_file: 64MB }, users [ {user: a, password: a} ] } }\n"
     )
-    server = subprocess.Popen(
-        [NatsServer.binary(), "-c", str(config)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    text = _stream_refused_by(
+        ["-c", str(config)],
+        port,
+        f"nats://a:a@127.0.0.1:{port}",
+        before=lambda t: t.call(t._js.add_stream(name="SOMEONE_ELSE", subjects=["someone.else.>"]), timeout=10),
     )
-    try:
-        wait_for_port(port, process=server)
-        t = Transport(url=f"nats://a:a@127.0.0.1:{port}")
-        t.connect()
-        try:
-            t.call(t._js.add_stream(name="SOMEONE_ELSE", subjects=["someone.else.>"]), timeout=10)
-            with pytest.raises(ConfigurationError) as refused:
-                t.ensure_stream(owner=identity.database_identity())
-        finally:
-            t.close()
-    finally:
-        server.terminate()
-        server.wait(10)
-    text = str(refused.value)
     assert f"refused to create the stream {broker['STREAM']!r}" in text and "err_code 10027" in text
     assert "account's JetStream limits" in text
     assert "SUBJECT_PREFIX" not in text
@@ -159,23 +170,9 @@ def test_an_account_limit_refusing_the_stream_is_a_clear_error_without_the_overl
 
 def test_a_server_without_jetstream_says_to_start_it_with_js(broker, settings):
     port = free_port()
-    server = subprocess.Popen(
-        [NatsServer.binary(), "-a", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    try:
-        wait_for_port(port, process=server)
-        t = Transport(url=f"nats://127.0.0.1:{port}")
-        t.connect()
-        try:
-            with pytest.raises(ConfigurationError) as refused:
-                t.ensure_stream(owner=identity.database_identity())
-        finally:
-            t.close()
-    finally:
-        server.terminate()
-        server.wait(10)
+    text = _stream_refused_by(["-a", "127.0.0.1", "-p", str(port)], port, f"nats://127.0.0.1:{port}")
     assert (
-        str(refused.value)
+        text
         == f"JetStream is not enabled on nats://127.0.0.1:{port}: start nats-server with -js (or jetstream {{}} in its config)."
     )
 
