@@ -127,6 +127,23 @@ def manage(*args: str, env: dict[str, str], **kwargs) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, str(ROOT / "tests" / "manage.py"), *args], env=env, cwd=ROOT, **kwargs)
 
 
+def url_only_command(broker_config: dict, *args: str) -> str:
+    """Run ``tests/manage.py <args>`` as a real process in which
+    ``testapp.url_only`` is declared only by a module the URLconf imports
+    (``PLATFORMKIT_TEST_URL_ONLY``); assert it exited 0 and return its
+    output (stdout and stderr)."""
+    proc = manage(
+        *args,
+        env=worker_env(broker_config, PLATFORMKIT_TEST_URL_ONLY="1"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, output
+    return output
+
+
 @pytest.fixture
 def run_worker(broker):
     """Run ``runworker --burst`` in this process (threads, real NATS, the

@@ -283,9 +283,8 @@ def test_with_skip_checks_a_subscription_only_the_urlconf_imports_is_known(broke
     """With ``--skip-checks`` nothing imported the URLconf: a subscription
     declared in a views.py read as removed (replay refused it) or unknown
     (a discard by --subscription). The command imports it."""
-    import subprocess
 
-    from tests.conftest import manage, worker_env
+    from tests.conftest import url_only_command
 
     if verb == "replay":
         with transaction.atomic():
@@ -300,16 +299,11 @@ def test_with_skip_checks_a_subscription_only_the_urlconf_imports_is_known(broke
             error="RuntimeError: boom",
             traceback="",
         )
-    proc = manage(
+    output = url_only_command(
+        broker,
         *("deadletters", "--skip-checks", verb, "--subscription", "testapp.url_only"),
         *("--reason", "fixed", "--actor", "ops"),
-        env=worker_env(broker, PLATFORMKIT_TEST_URL_ONLY="1"),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
     )
-    output, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 0, output
     if verb == "replay":
         assert "replayed=1 refused=0 actor=ops" in output
         assert not DeadLetter.objects.filter(subscription="testapp.url_only").exists()

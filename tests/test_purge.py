@@ -321,25 +321,15 @@ def test_purgeoutbox_with_skip_checks_keeps_a_row_only_a_urlconf_subscription_st
     """With ``--skip-checks`` nothing imported the URLconf, so a subscription
     declared in a module only it imports (a views.py) wasn't among the
     guards and its unhandled rows were purged. purgeoutbox imports it."""
-    import subprocess
 
-    from tests.conftest import manage, worker_env
+    from tests.conftest import url_only_command
 
     needed = add_event(published_days_ago=0.75)
     for subscription in subscribers_of("testapp.order_placed"):  # this process: no testapp.url_only
         add_claim(subscription, needed, days_ago=0.7)
 
     def purge_in_a_process() -> str:
-        proc = manage(
-            *("purgeoutbox", "--skip-checks", "--older-than", "12h"),
-            env=worker_env(broker, PLATFORMKIT_TEST_URL_ONLY="1"),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        output, _ = proc.communicate(timeout=120)
-        assert proc.returncode == 0, output
-        return output
+        return url_only_command(broker, "purgeoutbox", "--skip-checks", "--older-than", "12h")
 
     assert "deleted outbox=0 " in purge_in_a_process()
     assert needed in outbox_ids()

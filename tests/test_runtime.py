@@ -18,7 +18,7 @@ import pytest
 from django.db import transaction
 
 from django_platformkit import publish
-from tests.conftest import manage, wait_for, worker_env
+from tests.conftest import manage, url_only_command, wait_for, worker_env
 from tests.testapp.models import Effect
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(240)]
@@ -338,20 +338,7 @@ def test_runworker_with_skip_checks_serves_a_subscription_only_the_urlconf_impor
     runworker imports the URLconf itself."""
     with transaction.atomic():
         event_id = publish("testapp.order_placed", {"n": 1})
-    worker = manage(
-        "runworker",
-        "--skip-checks",
-        "--burst",
-        "--no-jobs",
-        "--subscription",
-        "testapp.url_only",
-        env=worker_env(broker, PLATFORMKIT_TEST_URL_ONLY="1"),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    output, _ = worker.communicate(timeout=120)
-    assert worker.returncode == 0, output
+    url_only_command(broker, "runworker", "--skip-checks", "--burst", "--no-jobs", "--subscription", "testapp.url_only")
     assert list(Effect.objects.filter(subscription="testapp.url_only").values_list("event_id", flat=True)) == [event_id]
 
 
