@@ -20,6 +20,7 @@ from django_platformkit import publish, republish
 from django_platformkit.deadletters import record_dead_letter
 from django_platformkit.models import DeadLetter, HandledEvent, OutboxEvent
 from django_platformkit.relay import RELAY_SUBSCRIPTION, Relay
+from tests.test_deadletters_command import tables
 from tests.testapp.models import Attempt, Effect
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -31,15 +32,6 @@ def run(*args, **kwargs):
     out, err = io.StringIO(), io.StringIO()
     call_command("republish", *args, stdout=out, stderr=err, **kwargs)
     return out.getvalue() + err.getvalue()
-
-
-def tables():
-    with connection.cursor() as cursor:
-        snapshot = {}
-        for table in ("platformkit_outbox", "platformkit_handled", "platformkit_dead_letters"):
-            cursor.execute(f"SELECT * FROM {table} ORDER BY 1, 2")
-            snapshot[table] = cursor.fetchall()
-    return snapshot
 
 
 def add_event(*, published_minutes_ago: float | None, name: str = "testapp.order_placed") -> uuid.UUID:
@@ -193,7 +185,8 @@ def test_an_iso_since_and_until_and_the_event_filter_select_exactly_the_matching
     assert order in pending_ids()
 
 
-def test_a_row_the_relay_dead_lettered_is_left_to_replay():
+def _one_refused_by_the_relay_one_sent():
+    """Two rows published 5 minutes ago; the relay dead-lettered the first (the broker refused it)."""
     refused = add_event(published_minutes_ago=5)
     sent = add_event(published_minutes_ago=5)
     record_dead_letter(
@@ -205,6 +198,11 @@ def test_a_row_the_relay_dead_lettered_is_left_to_replay():
         error="too big",
         traceback="",
     )
+    return refused, sent
+
+
+def test_a_row_the_relay_dead_lettered_is_left_to_replay():
+    refused, sent = _one_refused_by_the_relay_one_sent()
     assert "would republish 1 row(s)" in run("--since", "1h", "--reason", "r", "--dry-run")
     run("--since", "1h", "--reason", "r")
     assert pending_ids() == {sent}
@@ -218,17 +216,7 @@ def test_a_row_the_relay_dead_lettered_stays_left_after_its_dead_letter_is_disca
     one (its terminal claim stayed)."""
     from django_platformkit.deadletters import discard
 
-    refused = add_event(published_minutes_ago=5)
-    sent = add_event(published_minutes_ago=5)
-    record_dead_letter(
-        subscription=RELAY_SUBSCRIPTION,
-        event_id=refused,
-        name="testapp.order_placed",
-        tenant=None,
-        attempts=1,
-        error="too big",
-        traceback="",
-    )
+    refused, sent = _one_refused_by_the_relay_one_sent()
     assert discard(refused, subscription=RELAY_SUBSCRIPTION, actor="ops", reason="too big, accepted")
     assert "would republish 1 row(s)" in run("--since", "1h", "--reason", "r", "--dry-run")
     assert "republished=1 " in run("--since", "1h", "--reason", "r")
