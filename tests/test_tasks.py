@@ -580,6 +580,21 @@ def test_check_errors_for_queues_that_are_not_a_list_and_options_that_are_not_a_
         ]
 
 
+def test_a_task_on_a_backend_whose_queues_is_a_string_is_refused_saying_so_not_queue_not_valid():
+    """`QUEUES: "emails"` is check E107, but `@task(queue_name="emails")` is
+    validated when the module that declares it is imported - for most
+    projects before the checks run (the URLconf imports the views, which
+    import the tasks). The refusal then says what is wrong with QUEUES, not
+    Django's "Queue 'emails' is not valid for backend"."""
+    from django.tasks import task
+
+    from django_platformkit.tasks import BACKEND_PATH
+
+    with override_settings(TASKS={"default": {"BACKEND": BACKEND_PATH, "QUEUES": "emails"}}):
+        with pytest.raises(InvalidTask, match=r"QUEUES'\] is 'emails', not a list of queue names.*\['emails'\]"):
+            task(queue_name="emails")(tasks.record.func)
+
+
 def test_a_settings_options_list_or_queues_string_registers_no_letters_and_does_not_crash():
     from django_platformkit.tasks import BACKEND_PATH, configured_queues, register_task_queues
 
