@@ -235,6 +235,53 @@ def test_a_handler_that_closes_the_connection_fails_its_attempt_saying_so(transp
     assert "the handler closed the database connection inside its transaction" in DeadLetter.objects.get().error
 
 
+def test_a_handler_that_closes_the_connection_in_the_savepoint_redo_fails_its_attempt_not_the_database(
+    transport, settings, broker
+):
+    """After a neighbour's failure the unit is redone with a savepoint per
+    message; a handler that closes the connection there left no savepoint to
+    roll back to, and the "connection is closed" that followed was taken for
+    a database outage: retried forever, never an attempt, the subscription
+    stalled. It must fail its own attempt, as in the first pass."""
+    import threading
+
+    from django.db import connections
+
+    settings.PLATFORMKIT = dict(broker, BACKOFF_SECONDS=[30], MAX_ATTEMPTS=1)
+
+    def handler(event):
+        if event.payload["n"] == 0:
+            raise ValueError("the neighbour fails first")
+        if event.payload["n"] == 1:
+            connection.close()
+            return
+        Effect.objects.create(subscription="closes_in_redo", event_id=event.id)
+
+    sub = Subscription(name="testapp.closes_in_redo", event="testapp.order_placed", handler=handler, batch=True)
+    ids, consumer = publish_and_relay(transport, sub, 3)
+    polled = []
+
+    def poll():
+        try:
+            polled.append(consumer.poll(timeout=2))
+        finally:
+            connections.close_all()  # this thread's own session
+
+    thread = threading.Thread(target=poll, daemon=True)
+    thread.start()
+    thread.join(20)
+    if thread.is_alive():
+        consumer.stop.set()
+        thread.join(20)
+        pytest.fail("the unit was retried as a database outage instead of failing the handler's attempt")
+    assert polled == [3]
+    assert consumer.counts["handled"] == 1 and consumer.counts["dead_lettered"] == 2
+    assert list(Effect.objects.values_list("event_id", flat=True)) == [ids[2]]
+    errors = dict(DeadLetter.objects.values_list("event_id", "error"))
+    assert "the handler closed the database connection inside its transaction" in errors[ids[1]]
+    assert "the neighbour fails first" in errors[ids[0]]
+
+
 @pytest.mark.parametrize("batch", [False, True])
 def test_a_failing_on_commit_callback_is_logged_and_touches_nothing_else(transport, batch):
     """A callback runs after the commit, when the event is handled for good:
