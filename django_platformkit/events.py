@@ -219,6 +219,15 @@ def get_event_type(event: str | EventType) -> EventType:
     try:
         return _catalogue[name]
     except KeyError:
+        from django.apps import apps
+
+        if not apps.is_installed("django_platformkit"):
+            # Then no app's platformkit.py was imported: the declaration may well be there.
+            raise UndeclaredEvent(
+                f"event {name!r} is not declared, and 'django_platformkit' is not in INSTALLED_APPS, so no "
+                "app's platformkit.py was imported: add 'django_platformkit' to INSTALLED_APPS (and run "
+                "migrate)."
+            ) from None
         raise UndeclaredEvent(
             f"event {name!r} is not declared: add declare({name!r}) to your app's platformkit.py."
         ) from None

@@ -128,6 +128,23 @@ def test_undeclared_and_malformed_names_are_refused():
     assert OutboxEvent.objects.count() == 0
 
 
+def test_an_undeclared_event_without_the_app_installed_says_to_install_it_not_to_declare_it():
+    """Forgetting 'django_platformkit' in INSTALLED_APPS means no app's
+    platformkit.py is imported: the declaration is there, and "add
+    declare(...) to your app's platformkit.py" sent a new user to the wrong
+    file. The refusal names the missing app."""
+    from django.test import override_settings
+
+    with override_settings(INSTALLED_APPS=["django.contrib.contenttypes", "django.contrib.auth"]):
+        with transaction.atomic():
+            with pytest.raises(UndeclaredEvent, match="'django_platformkit' is not in INSTALLED_APPS"):
+                publish("testapp.never_declared", {})
+    with transaction.atomic():
+        with pytest.raises(UndeclaredEvent, match=r"add declare\('testapp.never_declared'\)") as caught:
+            publish("testapp.never_declared", {})
+    assert "INSTALLED_APPS" not in str(caught.value)
+
+
 def test_values_encode_the_way_django_json_encoder_does():
     when = datetime.datetime(2026, 1, 2, 3, 4, 5, 600000, tzinfo=datetime.UTC)
     uid = uuid.UUID("12345678-1234-5678-1234-567812345678")
