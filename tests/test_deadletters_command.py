@@ -276,3 +276,28 @@ def test_without_a_name_for_the_os_user_replay_says_to_pass_actor_not_a_tracebac
     # With --actor it works.
     out = run(*args, "--actor", "alice")
     assert ("would replay 1" in out) if dry_run else ("replayed=1 refused=0 actor=alice" in out)
+
+
+def test_list_and_show_print_control_characters_escaped_not_as_terminal_escapes():
+    """A handler's error often quotes input (a payload value in a
+    ValueError): its escape sequences reached the operator's terminal as they
+    were - colours, a cleared screen, a carriage return that overwrites what
+    the line said. They are printed escaped (\\x1b, \\x0d)."""
+    with transaction.atomic():
+        event_id = publish("testapp.flaky", {"n": 1})
+    hostile = "RuntimeError: bad \x1b[2J\x1b[31mred\x07 \x9b6n\rfine"
+    assert record_dead_letter(
+        subscription="testapp.flaky",
+        event_id=event_id,
+        name="testapp.flaky",
+        tenant=None,
+        attempts=3,
+        error=hostile + "\nsecond line",
+        traceback="Traceback (most recent call last):\n  " + hostile,
+    )
+    listed, shown = run("list"), run("show", str(event_id))
+    for out in (listed, shown):
+        assert not any(c in out for c in "\x1b\x07\x9b\r"), out
+    assert "RuntimeError: bad \\x1b[2J\\x1b[31mred\\x07 \\x9b6n\\x0dfine" in listed
+    assert "  error         RuntimeError: bad \\x1b[2J\\x1b[31mred\\x07 \\x9b6n\\x0dfine\nsecond line" in shown
+    assert "    " + "  RuntimeError: bad \\x1b[2J" in shown
