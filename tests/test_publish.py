@@ -145,6 +145,29 @@ def test_an_undeclared_event_without_the_app_installed_says_to_install_it_not_to
     assert "INSTALLED_APPS" not in str(caught.value)
 
 
+def test_an_integer_past_4300_digits_is_refused_even_where_python_may_print_it():
+    """A publisher with sys.set_int_max_str_digits(0) (or
+    PYTHONINTMAXSTRDIGITS=0) could write a 5,000-digit integer; a worker
+    with Python's default limit can't read it back, so the event ended as a
+    "(malformed)" dead letter no replay can send again. The README's rule is
+    the same for every process: up to 4300 digits."""
+    import sys
+
+    limit = sys.get_int_max_str_digits()
+    sys.set_int_max_str_digits(0)
+    try:
+        too_long, longest = 10**4300, 10**4300 - 1  # 4301 and 4300 digits
+        with transaction.atomic():
+            with pytest.raises(InvalidPayload, match=r"integer at \$.n has more than 4300 digits"):
+                publish("testapp.order_placed", {"n": too_long})
+            with pytest.raises(InvalidPayload, match="more than 4300 digits"):
+                publish("testapp.order_placed", {"n": -too_long})
+            publish("testapp.order_placed", {"n": longest})
+    finally:
+        sys.set_int_max_str_digits(limit)
+    assert OutboxEvent.objects.count() == 1
+
+
 def test_values_encode_the_way_django_json_encoder_does():
     when = datetime.datetime(2026, 1, 2, 3, 4, 5, 600000, tzinfo=datetime.UTC)
     uid = uuid.UUID("12345678-1234-5678-1234-567812345678")
