@@ -168,6 +168,22 @@ def test_an_integer_past_4300_digits_is_refused_even_where_python_may_print_it()
     assert OutboxEvent.objects.count() == 1
 
 
+def test_publish_many_says_which_item_is_bad():
+    """One bad payload among hundreds: the error named its JSON path but not
+    which of the events it was in."""
+    items = [("testapp.order_placed", {"n": i}) for i in range(300)]
+    items[217] = ("testapp.order_placed", {"n": float("nan")})
+    with transaction.atomic():
+        with pytest.raises(InvalidPayload, match=r"^publish_many\(\) item 217: nan at \$.n ") as caught:
+            publish_many(items)
+        assert caught.value.path == "$.n"
+        with pytest.raises(UndeclaredEvent, match=r"^publish_many\(\) item 1: event 'testapp.nope'"):
+            publish_many([("testapp.order_placed", {}), ("testapp.nope", {})])
+        with pytest.raises(InvalidEventName, match=r"^publish_many\(\) item 0: tenant"):
+            publish_many([("testapp.order_placed", {}, "a.b")])
+    assert OutboxEvent.objects.count() == 0
+
+
 def test_values_encode_the_way_django_json_encoder_does():
     when = datetime.datetime(2026, 1, 2, 3, 4, 5, 600000, tzinfo=datetime.UTC)
     uid = uuid.UUID("12345678-1234-5678-1234-567812345678")
