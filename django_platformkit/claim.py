@@ -273,7 +273,11 @@ class _Claiming:
                     "failed",
                 )
                 work.event = event
-                if not safe:
+                if not safe or getattr(connection, "closed_in_transaction", False):
+                    # Closed by the handler (connection.close() and the like):
+                    # no savepoint is left to roll back to, and the "connection
+                    # is closed" it would raise reads as a database outage,
+                    # retried forever. The transaction is gone: redo the rest.
                     raise _Redo() from None
                 # An ORM error marks the whole transaction for rollback;
                 # ours is a savepoint's, as in Django's own atomic().

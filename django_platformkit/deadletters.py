@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from django.db import connections, transaction
 
 from . import conf
-from ._tables import ATTEMPTS_TABLE, DEAD_LETTER_TABLE, HANDLED_TABLE, OUTBOX_TABLE
+from ._tables import ATTEMPTS_TABLE, DEAD_LETTER_TABLE, HANDLED_TABLE, OUTBOX_TABLE, TASK_RESULTS_TABLE
 from ._text import storable_text
 from .events import EVENT_REPLAYED, publish
 from .exceptions import ReplayRefused
@@ -227,6 +227,14 @@ def replay(
                     f"nothing to run again. Subscriptions that handled it: {', '.join(handled) or '(none)'}."
                 )
             cleared = [subscription]
+            # A task run again on purpose is no longer the success it was:
+            # its result reads READY until the rerun, then what the rerun
+            # ends as (errors and worker_ids keep the earlier runs).
+            cursor.execute(
+                f"UPDATE {TASK_RESULTS_TABLE} SET status = '', return_value = NULL, finished_at = NULL "
+                "WHERE event_id = %s AND status = 'SUCCESSFUL'",
+                [event_id],
+            )
         if not cleared:
             target = f"subscription {subscription!r}" if subscription else "any subscription"
             raise ReplayRefused(

@@ -26,6 +26,7 @@ from .exceptions import (
     ConfigurationError,
     InvalidEventName,
     InvalidPayload,
+    PlatformKitError,
     TransactionRequired,
     UndeclaredEvent,
 )
@@ -219,6 +220,15 @@ def get_event_type(event: str | EventType) -> EventType:
     try:
         return _catalogue[name]
     except KeyError:
+        from django.apps import apps
+
+        if not apps.is_installed("django_platformkit"):
+            # Then no app's platformkit.py was imported: the declaration may well be there.
+            raise UndeclaredEvent(
+                f"event {name!r} is not declared, and 'django_platformkit' is not in INSTALLED_APPS, so no "
+                "app's platformkit.py was imported: add 'django_platformkit' to INSTALLED_APPS (and run "
+                "migrate)."
+            ) from None
         raise UndeclaredEvent(
             f"event {name!r} is not declared: add declare({name!r}) to your app's platformkit.py."
         ) from None
@@ -350,10 +360,16 @@ def publish_many(
     bad event writes nothing. Returns the ids in order.
     """
     prepared = []
-    for item in events:
+    for index, item in enumerate(events):
         if not isinstance(item, tuple) or len(item) not in (2, 3):
             raise InvalidPayload("publish_many() takes (event, payload) or (event, payload, tenant) tuples.")
-        prepared.append(_prepare(item[0], item[1], item[2] if len(item) == 3 else None))
+        try:
+            prepared.append(_prepare(item[0], item[1], item[2] if len(item) == 3 else None))
+        except PlatformKitError as exc:
+            # Which of the events: the message alone names a path, not an item.
+            if exc.args and isinstance(exc.args[0], str):
+                exc.args = (f"publish_many() item {index}: {exc.args[0]}", *exc.args[1:])
+            raise
     connection = _connection(using)
     if not prepared:
         return []

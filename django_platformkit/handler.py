@@ -30,6 +30,13 @@ from .wire import ReceivedEvent
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
 
+#: Why an attempt failed whose handler closed the connection inside its transaction.
+_CLOSED_BY_HANDLER = (
+    "the handler closed the database connection inside its transaction (connection.close(), "
+    "close_old_connections(), ...), so its work and claim can't commit: don't close the "
+    "connection in a handler; the worker manages it"
+)
+
 
 class HandlerTimeout(Exception):
     """The handler ran past HANDLER_TIMEOUT_SECONDS: counted as a failed attempt."""
@@ -97,11 +104,7 @@ class _Running:
                 # would roll back without a word, claim included, and the event
                 # would be acked as handled: fail the attempt instead.
                 if getattr(wrapper, "closed_in_transaction", False):
-                    raise TransactionManagementError(
-                        "the handler closed the database connection inside its transaction (connection.close(), "
-                        "close_old_connections(), ...), so its work and claim can't commit: don't close the "
-                        "connection in a handler; the worker manages it"
-                    )
+                    raise TransactionManagementError(_CLOSED_BY_HANDLER)
                 raise TransactionManagementError(
                     "the handler caught a database error and returned, so its transaction can only roll back: "
                     "let the error propagate, or wrap the statement that may fail in transaction.atomic()"
@@ -110,6 +113,13 @@ class _Running:
             # A failed attempt's callbacks must never run. Django drops them
             # itself only for savepoints it made; a unit's are ours.
             del wrapper.run_on_commit[on_commit_mark:]
+            if not isinstance(exc, (HandlerTimeout, TransactionManagementError)) and getattr(
+                wrapper, "closed_in_transaction", False
+            ):
+                # Closed by the handler, then a query: its "the connection is
+                # closed" is no database outage (that would retry the event
+                # forever, never an attempt) but the handler's doing.
+                raise TransactionManagementError(_CLOSED_BY_HANDLER) from exc
             if not isinstance(exc, HandlerTimeout) and duration > timeout:
                 # Past its timeout the session is ended by the server
                 # (idle_in_transaction_session_timeout / statement_timeout):

@@ -102,6 +102,10 @@ def _check_text(text: str, path: str, what: str) -> None:
 
 #: Python refuses to print integers past 4300 digits (~14,300 bits).
 _MAX_INT_BITS = 14_000
+#: The smallest integer of 4301 digits. Compared, not printed: a process with
+#: sys.set_int_max_str_digits(0) could write a longer one, which a worker with
+#: Python's default limit can't read back (a "(malformed)" dead letter).
+_TOO_MANY_DIGITS = 10**4300
 
 
 def _normalize(value: Any, at: _At, depth: int, growth: list[int]) -> Any:
@@ -132,14 +136,10 @@ def _normalize(value: Any, at: _At, depth: int, growth: list[int]) -> Any:
     if isinstance(value, str):
         return str(value)
     if isinstance(value, int):
-        if value.bit_length() > _MAX_INT_BITS:
-            try:
-                str(value)
-            except ValueError:  # json can't write it, the consumer couldn't read it
-                path = _render(at)
-                raise InvalidPayload(
-                    f"integer at {path} has more than 4300 digits: send it as a string.", path=path
-                ) from None
+        if value.bit_length() > _MAX_INT_BITS and abs(value) >= _TOO_MANY_DIGITS:
+            # Whatever this process's int_max_str_digits: the consumer's may be Python's default.
+            path = _render(at)
+            raise InvalidPayload(f"integer at {path} has more than 4300 digits: send it as a string.", path=path)
         return int(value)
     if isinstance(value, float):
         if not math.isfinite(value):

@@ -29,6 +29,33 @@ T = TypeVar("T")
 _NO_STALL_BELOW = 3000
 
 
+def jetstream_context(nc: Any, timeout: float) -> Any:
+    """``nc.jetstream(timeout=...)``, with publish_async's error acks delivered.
+
+    nats-py's reply handler for ``publish_async`` builds the stream's error
+    with ``APIError.from_error``, which raises instead of returning: the
+    error goes to the connection's error callback and the ack's future is
+    never resolved, so a 4xx (a message over the stream's ``max_msg_size``,
+    ...) read as "no ack within the timeout" - temporary, the row sent again
+    on every pass, never dead-lettered. The handler installed here sets that
+    error on the future, where ``classify_publish_error`` sees it. It must be
+    in place before the context's first ``publish_async`` subscribes it."""
+    js = nc.jetstream(timeout=timeout)
+    original = js._handle_async_reply
+
+    async def handle_async_reply(msg: Any) -> None:
+        try:
+            await original(msg)
+        except nats.js.errors.APIError as exc:
+            token = msg.subject[len(js._nc._inbox_prefix) + 22 + 2 :]  # as nats-py reads it
+            future = js._publish_async_futures.get(token)
+            if future is not None and not future.done():
+                future.set_exception(exc)
+
+    js._handle_async_reply = handle_async_reply
+    return js
+
+
 def classify_publish_error(exc: BaseException) -> PublishResult:
     """A broker refusal is PERMANENT when the same message can never be
     stored (too big for the server or the stream, a 4xx from the stream);

@@ -375,6 +375,16 @@ class OutboxBackend(BaseTaskBackend):
         self._app_installed: bool | None = None  # looked up at the first enqueue()
 
     def validate_task(self, task: Task[..., Any]) -> None:
+        names = self._queues_setting
+        if not _is_queue_list(names):
+            # Check E107's words, here too: a @task is validated when its
+            # module is imported, usually before the checks could say it,
+            # and Django's own refusal ("Queue 'emails' is not valid")
+            # hides that QUEUES was read as letters.
+            example = names if isinstance(names, str) and QUEUE_NAME.match(names) else "default"
+            message, hint = CHECKS["E107"]
+            values = {"alias": self.alias, "value": names, "example": example}
+            raise InvalidTask(f"{message.format(**values)}: {hint.format(**values)} (platformkit.E107)")
         super().validate_task(task)
         if not QUEUE_NAME.match(task.queue_name):
             raise InvalidTask(

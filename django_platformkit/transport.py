@@ -32,7 +32,7 @@ from . import conf
 # and callers (worker.py, the tests, the benchmarks) import them from here.
 from .acks import _ACKS_IN_FLIGHT, KEEP_ALIVE_TICK_SECONDS, KeepAlive, _Acks  # noqa: F401
 from .exceptions import BrokerUnavailable
-from .publishing import _NO_STALL_BELOW, PendingPublish, _Publishing, classify_publish_error  # noqa: F401
+from .publishing import _NO_STALL_BELOW, PendingPublish, _Publishing, classify_publish_error, jetstream_context  # noqa: F401
 from .pulling import (  # noqa: F401
     PullLane,
     PullLost,
@@ -245,7 +245,7 @@ class Transport(_Streams, _Publishing, _Acks):
         # A fresh JetStream context: nats-py registers a publish's ack future
         # before it writes, so a publish that failed in the outage can leave a
         # future (and an in-flight permit) that never completes.
-        self._js = self._nc.jetstream(timeout=self.request_timeout_seconds)
+        self._js = jetstream_context(self._nc, self.request_timeout_seconds)
         self.connected.set()
         self._error_logged = False
         # netloc carries the user info: never log it as it is.
@@ -262,7 +262,7 @@ class Transport(_Streams, _Publishing, _Acks):
         kwargs["max_reconnect_attempts"] = 2
         self._nc = await nats.connect(**kwargs)
         self._nc.options["max_reconnect_attempts"] = -1  # from now on, ride out any outage
-        self._js = self._nc.jetstream(timeout=self.request_timeout_seconds)
+        self._js = jetstream_context(self._nc, self.request_timeout_seconds)
         self._pulls.clear()
         self.connected.set()
 

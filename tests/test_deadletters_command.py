@@ -392,3 +392,28 @@ def test_an_actor_that_is_no_user_still_acts_and_writes_no_admin_history(dead):
     assert _history() == {}
     audit = OutboxEvent.objects.filter(name="platformkit.event_replayed").get()
     assert audit.payload["actor"] == "pager-bot"
+
+
+def test_list_and_show_print_control_characters_escaped_not_as_terminal_escapes():
+    """A handler's error often quotes input (a payload value in a
+    ValueError): its escape sequences reached the operator's terminal as they
+    were - colours, a cleared screen, a carriage return that overwrites what
+    the line said. They are printed escaped (\\x1b, \\x0d)."""
+    with transaction.atomic():
+        event_id = publish("testapp.flaky", {"n": 1})
+    hostile = "RuntimeError: bad \x1b[2J\x1b[31mred\x07 \x9b6n\rfine"
+    assert record_dead_letter(
+        subscription="testapp.flaky",
+        event_id=event_id,
+        name="testapp.flaky",
+        tenant=None,
+        attempts=3,
+        error=hostile + "\nsecond line",
+        traceback="Traceback (most recent call last):\n  " + hostile,
+    )
+    listed, shown = run("list"), run("show", str(event_id))
+    for out in (listed, shown):
+        assert not any(c in out for c in "\x1b\x07\x9b\r"), out
+    assert "RuntimeError: bad \\x1b[2J\\x1b[31mred\\x07 \\x9b6n\\x0dfine" in listed
+    assert "  error         RuntimeError: bad \\x1b[2J\\x1b[31mred\\x07 \\x9b6n\\x0dfine\nsecond line" in shown
+    assert "    " + "  RuntimeError: bad \\x1b[2J" in shown

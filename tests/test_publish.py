@@ -128,6 +128,62 @@ def test_undeclared_and_malformed_names_are_refused():
     assert OutboxEvent.objects.count() == 0
 
 
+def test_an_undeclared_event_without_the_app_installed_says_to_install_it_not_to_declare_it():
+    """Forgetting 'django_platformkit' in INSTALLED_APPS means no app's
+    platformkit.py is imported: the declaration is there, and "add
+    declare(...) to your app's platformkit.py" sent a new user to the wrong
+    file. The refusal names the missing app."""
+    from django.test import override_settings
+
+    with override_settings(INSTALLED_APPS=["django.contrib.contenttypes", "django.contrib.auth"]):
+        with transaction.atomic():
+            with pytest.raises(UndeclaredEvent, match="'django_platformkit' is not in INSTALLED_APPS"):
+                publish("testapp.never_declared", {})
+    with transaction.atomic():
+        with pytest.raises(UndeclaredEvent, match=r"add declare\('testapp.never_declared'\)") as caught:
+            publish("testapp.never_declared", {})
+    assert "INSTALLED_APPS" not in str(caught.value)
+
+
+def test_an_integer_past_4300_digits_is_refused_even_where_python_may_print_it():
+    """A publisher with sys.set_int_max_str_digits(0) (or
+    PYTHONINTMAXSTRDIGITS=0) could write a 5,000-digit integer; a worker
+    with Python's default limit can't read it back, so the event ended as a
+    "(malformed)" dead letter no replay can send again. The README's rule is
+    the same for every process: up to 4300 digits."""
+    import sys
+
+    limit = sys.get_int_max_str_digits()
+    sys.set_int_max_str_digits(0)
+    try:
+        too_long, longest = 10**4300, 10**4300 - 1  # 4301 and 4300 digits
+        with transaction.atomic():
+            with pytest.raises(InvalidPayload, match=r"integer at \$.n has more than 4300 digits"):
+                publish("testapp.order_placed", {"n": too_long})
+            with pytest.raises(InvalidPayload, match="more than 4300 digits"):
+                publish("testapp.order_placed", {"n": -too_long})
+            publish("testapp.order_placed", {"n": longest})
+    finally:
+        sys.set_int_max_str_digits(limit)
+    assert OutboxEvent.objects.count() == 1
+
+
+def test_publish_many_says_which_item_is_bad():
+    """One bad payload among hundreds: the error named its JSON path but not
+    which of the events it was in."""
+    items = [("testapp.order_placed", {"n": i}) for i in range(300)]
+    items[217] = ("testapp.order_placed", {"n": float("nan")})
+    with transaction.atomic():
+        with pytest.raises(InvalidPayload, match=r"^publish_many\(\) item 217: nan at \$.n ") as caught:
+            publish_many(items)
+        assert caught.value.path == "$.n"
+        with pytest.raises(UndeclaredEvent, match=r"^publish_many\(\) item 1: event 'testapp.nope'"):
+            publish_many([("testapp.order_placed", {}), ("testapp.nope", {})])
+        with pytest.raises(InvalidEventName, match=r"^publish_many\(\) item 0: tenant"):
+            publish_many([("testapp.order_placed", {}, "a.b")])
+    assert OutboxEvent.objects.count() == 0
+
+
 def test_values_encode_the_way_django_json_encoder_does():
     when = datetime.datetime(2026, 1, 2, 3, 4, 5, 600000, tzinfo=datetime.UTC)
     uid = uuid.UUID("12345678-1234-5678-1234-567812345678")

@@ -73,6 +73,38 @@ def test_lanes_drain_a_backlog_in_relay_order_and_close_their_connections(transp
     assert backend_connections() == before
 
 
+def test_a_row_the_stream_refuses_with_a_4xx_is_dead_lettered_at_once_and_the_rows_behind_it_go_on(transport, broker):
+    """README "The broker goes away": a row the broker refuses for good (a 4xx
+    from the stream) is dead-lettered as platformkit.relay. Against a real
+    server the stream's 400 never reached the relay: nats-py's publish_async
+    reply handler raises the APIError instead of setting it on the ack's
+    future, so the relay waited its whole timeout for an ack, called the
+    row "not accepted for now" and sent it again on every pass, forever."""
+    import time
+
+    from django_platformkit import publish
+    from django_platformkit.models import DeadLetter
+
+    async def limit():
+        config = (await transport._js.stream_info(broker["STREAM"])).config
+        config.max_msg_size = 2000
+        await transport._js.update_stream(config)
+
+    transport.call(limit(), timeout=10)
+    with transaction.atomic():
+        publish("testapp.order_placed", {"n": 1})
+        big = publish("testapp.order_placed", {"n": 2, "pad": "x" * 5000})
+        publish("testapp.order_placed", {"n": 3})
+    started = time.monotonic()
+    stats = Relay(transport, publish_timeout_seconds=5).drain()
+    assert time.monotonic() - started < 4, "the relay waited for an ack that never came"
+    assert (stats.stored, stats.dead_lettered, stats.temporary) == (2, 1, 0)
+    assert not OutboxEvent.objects.pending().exists()
+    dead = DeadLetter.objects.get()
+    assert (dead.subscription, dead.event_id) == ("platformkit.relay", big)
+    assert "message size exceeds maximum allowed" in dead.error
+
+
 def test_a_short_first_batch_ends_the_drain_in_one_transaction(transport, django_assert_num_queries):
     fill(5)
     relay = Relay(transport, batch_size=200, lanes=3)

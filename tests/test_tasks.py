@@ -259,6 +259,32 @@ def test_a_replayed_task_that_fails_again_gets_max_attempts_afresh_and_its_resul
     assert len(result.errors) == len(result.worker_ids) == 2 * max_attempts
 
 
+def test_a_successful_task_replayed_with_include_handled_reads_ready_then_failed_when_the_rerun_fails(
+    outbox_tasks, run_worker
+):
+    """README "Results": FAILED means dead-lettered, READY waiting for a run.
+    A task run again on purpose (include_handled=True) is no longer the
+    success it was: until the rerun it reads READY, and a rerun that ends as
+    a dead letter reads FAILED - not the old SUCCESSFUL and return value."""
+    from django_platformkit import replay
+
+    marker = Effect.objects.create(subscription="rerun.fixed", event_id=uuid.uuid4())
+    result = tasks.fails_until_fixed.enqueue("rerun")
+    run_worker(subscriptions=task_subscriptions())
+    result.refresh()
+    assert (result.status, result.return_value) == (TaskResultStatus.SUCCESSFUL, "fixed")
+
+    marker.delete()  # the rerun fails every time now
+    replay(result.id, subscription="platformkit.task_default", include_handled=True, actor="ops", reason="rerun")
+    assert outbox_tasks.get_result(result.id).status == TaskResultStatus.READY
+    run_worker(subscriptions=task_subscriptions())
+    assert DeadLetter.objects.filter(event_id=result.id).exists()
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED
+    with pytest.raises(ValueError, match="Task failed"):
+        result.return_value
+
+
 def test_a_return_value_json_cant_carry_fails_once_with_its_path_and_is_dead_lettered_without_retries(
     outbox_tasks, run_worker, settings
 ):
@@ -552,6 +578,21 @@ def test_check_errors_for_queues_that_are_not_a_list_and_options_that_are_not_a_
         assert [(e.id, e.msg) for e in errors] == [
             ("platformkit.E108", f"TASKS['default']['OPTIONS'] is {bad!r}, not a dict")
         ]
+
+
+def test_a_task_on_a_backend_whose_queues_is_a_string_is_refused_saying_so_not_queue_not_valid():
+    """`QUEUES: "emails"` is check E107, but `@task(queue_name="emails")` is
+    validated when the module that declares it is imported - for most
+    projects before the checks run (the URLconf imports the views, which
+    import the tasks). The refusal then says what is wrong with QUEUES, not
+    Django's "Queue 'emails' is not valid for backend"."""
+    from django.tasks import task
+
+    from django_platformkit.tasks import BACKEND_PATH
+
+    with override_settings(TASKS={"default": {"BACKEND": BACKEND_PATH, "QUEUES": "emails"}}):
+        with pytest.raises(InvalidTask, match=r"QUEUES'\] is 'emails', not a list of queue names.*\['emails'\]"):
+            task(queue_name="emails")(tasks.record.func)
 
 
 def test_a_settings_options_list_or_queues_string_registers_no_letters_and_does_not_crash():

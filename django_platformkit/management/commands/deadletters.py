@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import getpass
 import json
+import re
 import uuid
 from datetime import UTC
 from typing import Any
@@ -83,8 +84,21 @@ def _when(moment: Any) -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S") if moment else "-"
 
 
+#: C0 and C1 control characters but newline and tab: what a terminal acts on.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def _printable(text: str) -> str:
+    """``text`` with control characters written as ``\\x1b``: an error often
+    quotes input, and its escape sequences must not reach the operator's
+    terminal (colours, a cleared screen, a ``\\r`` that overwrites the line)."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text or "")
+
+
 def _first_line(text: str, width: int) -> str:
-    line = (text or "").strip().splitlines()[0] if (text or "").strip() else ""
+    stripped = (text or "").strip()
+    # Lines end at newlines only: a \r is shown escaped, not taken as an end of line.
+    line = _printable(stripped.split("\n", 1)[0].rstrip("\r")) if stripped else ""
     return line if len(line) <= width else line[: width - 1] + "…"
 
 
@@ -275,7 +289,7 @@ class Command(BaseCommand):
             w(f"  subscription  {d.subscription}")
             w(f"  event         {d.name} {d.event_id}" + (f" tenant={d.tenant}" if d.tenant else ""))
             w(f"  failed at     {_when(d.failed_at)} UTC after {d.attempts} attempt(s)")
-            w(f"  error         {d.error}")
+            w(f"  error         {_printable(d.error)}")
             attempts = list(Attempt.objects.for_event(d.event_id, d.subscription).order_by("attempt"))
             if attempts:
                 w("  attempts")
@@ -285,7 +299,7 @@ class Command(BaseCommand):
                     )
             if d.traceback:
                 w("  traceback")
-                for line in d.traceback.rstrip().splitlines():
+                for line in _printable(d.traceback.rstrip()).split("\n"):
                     w(f"    {line}")
         if outbox is not None:
             self.stdout.write(f"payload (outbox row, created {_when(outbox.created_at)} UTC)")
