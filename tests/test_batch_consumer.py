@@ -235,27 +235,14 @@ def test_a_handler_that_closes_the_connection_fails_its_attempt_saying_so(transp
     assert "the handler closed the database connection inside its transaction" in DeadLetter.objects.get().error
 
 
-@pytest.mark.parametrize("batch", [False, True])
-def test_a_handler_that_closes_the_connection_and_queries_on_fails_its_attempt_not_the_database(
-    transport, settings, broker, batch
-):
-    """connection.close() or close_old_connections() (which closes a
-    connection inside a transaction) in a handler, then a query: the query's
-    "the connection is closed" read as a database outage, so the event was
-    retried forever, never an attempt, and the subscription stalled."""
+def _poll_or_fail(consumer, stalled: str) -> int:
+    """``consumer.poll(timeout=2)`` in a thread of its own (with its own
+    session, closed after): its result, or the test fails with ``stalled``
+    if the poll is still running after 20 s (a unit retried as an outage)."""
     import threading
 
-    from django.db import close_old_connections, connections
+    from django.db import connections
 
-    settings.PLATFORMKIT = dict(broker, BACKOFF_SECONDS=[30], MAX_ATTEMPTS=1)
-
-    def handler(event):
-        if event.payload["n"] == 1:
-            close_old_connections()  # what code written for the request cycle calls
-        Effect.objects.create(subscription="closes_and_queries", event_id=event.id)
-
-    sub = Subscription(name="testapp.closes_and_queries", event="testapp.order_placed", handler=handler, batch=batch)
-    ids, consumer = publish_and_relay(transport, sub, 3)
     polled = []
 
     def poll():
@@ -270,8 +257,33 @@ def test_a_handler_that_closes_the_connection_and_queries_on_fails_its_attempt_n
     if thread.is_alive():
         consumer.stop.set()
         thread.join(20)
-        pytest.fail("the event was retried as a database outage instead of failing the handler's attempt")
-    assert polled == [3]
+        pytest.fail(stalled)
+    return polled[0]
+
+
+@pytest.mark.parametrize("batch", [False, True])
+def test_a_handler_that_closes_the_connection_and_queries_on_fails_its_attempt_not_the_database(
+    transport, settings, broker, batch
+):
+    """connection.close() or close_old_connections() (which closes a
+    connection inside a transaction) in a handler, then a query: the query's
+    "the connection is closed" read as a database outage, so the event was
+    retried forever, never an attempt, and the subscription stalled."""
+    from django.db import close_old_connections
+
+    settings.PLATFORMKIT = dict(broker, BACKOFF_SECONDS=[30], MAX_ATTEMPTS=1)
+
+    def handler(event):
+        if event.payload["n"] == 1:
+            close_old_connections()  # what code written for the request cycle calls
+        Effect.objects.create(subscription="closes_and_queries", event_id=event.id)
+
+    sub = Subscription(name="testapp.closes_and_queries", event="testapp.order_placed", handler=handler, batch=batch)
+    ids, consumer = publish_and_relay(transport, sub, 3)
+    assert (
+        _poll_or_fail(consumer, "the event was retried as a database outage instead of failing the handler's attempt")
+        == 3
+    )
     assert consumer.counts["handled"] == 2 and consumer.counts["dead_lettered"] == 1
     assert sorted(Effect.objects.values_list("event_id", flat=True)) == sorted([ids[0], ids[2]])
     dead = DeadLetter.objects.get()
@@ -287,10 +299,6 @@ def test_a_handler_that_closes_the_connection_in_the_savepoint_redo_fails_its_at
     roll back to, and the "connection is closed" that followed was taken for
     a database outage: retried forever, never an attempt, the subscription
     stalled. It must fail its own attempt, as in the first pass."""
-    import threading
-
-    from django.db import connections
-
     settings.PLATFORMKIT = dict(broker, BACKOFF_SECONDS=[30], MAX_ATTEMPTS=1)
 
     def handler(event):
@@ -303,22 +311,10 @@ def test_a_handler_that_closes_the_connection_in_the_savepoint_redo_fails_its_at
 
     sub = Subscription(name="testapp.closes_in_redo", event="testapp.order_placed", handler=handler, batch=True)
     ids, consumer = publish_and_relay(transport, sub, 3)
-    polled = []
-
-    def poll():
-        try:
-            polled.append(consumer.poll(timeout=2))
-        finally:
-            connections.close_all()  # this thread's own session
-
-    thread = threading.Thread(target=poll, daemon=True)
-    thread.start()
-    thread.join(20)
-    if thread.is_alive():
-        consumer.stop.set()
-        thread.join(20)
-        pytest.fail("the unit was retried as a database outage instead of failing the handler's attempt")
-    assert polled == [3]
+    assert (
+        _poll_or_fail(consumer, "the unit was retried as a database outage instead of failing the handler's attempt")
+        == 3
+    )
     assert consumer.counts["handled"] == 1 and consumer.counts["dead_lettered"] == 2
     assert list(Effect.objects.values_list("event_id", flat=True)) == [ids[2]]
     errors = dict(DeadLetter.objects.values_list("event_id", "error"))
