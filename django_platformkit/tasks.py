@@ -375,16 +375,13 @@ class OutboxBackend(BaseTaskBackend):
         self._app_installed: bool | None = None  # looked up at the first enqueue()
 
     def validate_task(self, task: Task[..., Any]) -> None:
-        names = self._queues_setting
-        if not _is_queue_list(names):
+        refusal = self._queues_refusal()
+        if refusal is not None:
             # Check E107's words, here too: a @task is validated when its
             # module is imported, usually before the checks could say it,
             # and Django's own refusal ("Queue 'emails' is not valid")
             # hides that QUEUES was read as letters.
-            example = names if isinstance(names, str) and QUEUE_NAME.match(names) else "default"
-            message, hint = CHECKS["E107"]
-            values = {"alias": self.alias, "value": names, "example": example}
-            raise InvalidTask(f"{message.format(**values)}: {hint.format(**values)} (platformkit.E107)")
+            raise InvalidTask(f"{refusal.msg}: {refusal.hint} ({refusal.id})")
         super().validate_task(task)
         if not QUEUE_NAME.match(task.queue_name):
             raise InvalidTask(
@@ -516,10 +513,9 @@ class OutboxBackend(BaseTaskBackend):
         where = "settings.TASKS"
         if not apps.is_installed("django_platformkit"):
             errors.append(_check("E101", where, alias=self.alias, backend=BACKEND_PATH))
-        names = self._queues_setting
-        if not _is_queue_list(names):
-            example = names if isinstance(names, str) and QUEUE_NAME.match(names) else "default"
-            errors.append(_check("E107", where, alias=self.alias, value=names, example=example))
+        refusal = self._queues_refusal(where)
+        if refusal is not None:
+            errors.append(refusal)
         elif not self.queues:
             errors.append(_check("E103", where, alias=self.alias))
         else:
@@ -541,6 +537,15 @@ class OutboxBackend(BaseTaskBackend):
             did_you_mean = f" (did you mean {close[0]!r}?)" if close else ""
             errors.append(_check("E105", where, alias=self.alias, key=key, did_you_mean=did_you_mean))
         return errors
+
+    def _queues_refusal(self, where: str = "settings.TASKS") -> checks.Error | None:
+        """Check ``E107`` when ``QUEUES`` as written isn't a list of names
+        (a string, read by Django as its letters), else None."""
+        names = self._queues_setting
+        if _is_queue_list(names):
+            return None
+        example = names if isinstance(names, str) and QUEUE_NAME.match(names) else "default"
+        return _check("E107", where, alias=self.alias, value=names, example=example)
 
     def _check_shared_queues(self, where: str) -> list[checks.CheckMessage]:
         """``E109`` for each queue this backend shares with a later one (by
