@@ -129,6 +129,26 @@ boolean = _boolean
 backoff_seconds = _backoff
 
 
+#: ``EVENT_LOOP`` values: the transport's event loop (see ``event_loop_kind``).
+EVENT_LOOPS = ("auto", "uvloop", "asyncio")
+
+
+def _event_loop(key: str, value: object) -> str:
+    if value not in EVENT_LOOPS:
+        raise ConfigurationError(
+            f"PLATFORMKIT[{key!r}] must be one of {', '.join(repr(v) for v in EVENT_LOOPS)}, got {value!r}."
+        )
+    if value == "uvloop":
+        try:
+            import uvloop  # noqa: F401
+        except ImportError:
+            raise ConfigurationError(
+                f"PLATFORMKIT[{key!r}] is 'uvloop', but uvloop is not installed: pip install uvloop "
+                "(it comes with django-platformkit on Linux and macOS), or set 'auto'."
+            ) from None
+    return str(value)
+
+
 def _nats_options(key: str, value: object) -> dict[str, Any]:
     if not isinstance(value, Mapping):
         raise ConfigurationError(f"PLATFORMKIT[{key!r}] must be a dict, got {value!r}.")
@@ -225,6 +245,7 @@ class Settings:
     DUPLICATE_WINDOW_SECONDS = _Setting(120, _positive_number)
     STREAM_REPLICAS = _Setting(1, _replicas)
     TENANT_CONTEXT = _Setting("django_platformkit.subscriptions.set_config_tenant", _string)
+    EVENT_LOOP = _Setting("auto", _event_loop)
 
     @property
     def user_settings(self) -> Mapping[str, Any]:

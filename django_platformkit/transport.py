@@ -93,8 +93,10 @@ __all__ = [
     "consumer_config",
     "consumer_differences",
     "durable_name",
+    "event_loop_kind",
     "filter_subject_for",
     "max_ack_pending_for",
+    "new_event_loop",
     "parse_subject",
     "stream_config",
     "subject_for",
@@ -111,6 +113,32 @@ PULL_LINGER_SECONDS = 30.0
 #: Idle heartbeats of a waiting pull: two missed mean the request is gone
 #: (a reconnect, a durable deleted under us) and a new one is sent.
 PULL_HEARTBEAT_SECONDS = 5.0
+
+
+def event_loop_kind() -> str:
+    """Which event loop the transport runs, from ``EVENT_LOOP``: ``"uvloop"``
+    (``"auto"`` with uvloop installed, as it is with the package on Linux and
+    macOS) or ``"asyncio"`` (the standard library's). uvloop's loop, its
+    transports and its thread-safe wake-ups are C: in the topology drain it
+    cut the worker's CPU per handling by 5-13 % and raised the rate by
+    10-15 % (three interleaved pairs, 3 December 2026)."""
+    kind = conf.settings.EVENT_LOOP
+    if kind != "auto":
+        return kind
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:
+        return "asyncio"
+    return "uvloop"
+
+
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    """A new event loop of ``event_loop_kind()``."""
+    if event_loop_kind() == "uvloop":
+        import uvloop
+
+        return uvloop.new_event_loop()
+    return asyncio.new_event_loop()
 
 
 class Transport(_Streams, _Publishing, _Acks):
@@ -154,7 +182,7 @@ class Transport(_Streams, _Publishing, _Acks):
     # -- the bridge --
     def _ensure_loop(self) -> asyncio.AbstractEventLoop:
         if self._loop is None:
-            loop = asyncio.new_event_loop()
+            loop = new_event_loop()
             ready = threading.Event()
 
             def run() -> None:

@@ -49,7 +49,7 @@ from .pool import desired_consumer_config as desired_consumer_config
 from .relay import Relay, RelayStats
 from .subscriptions import Subscription
 from .subscriptions import subscriptions as registered_subscriptions
-from .transport import Transport
+from .transport import Transport, event_loop_kind
 
 if TYPE_CHECKING:
     from nats.js import api
@@ -195,7 +195,7 @@ class Worker(ConsumerPool):
             [s.name for s in self.subscriptions] if self.want_consumers else [], using=self.using
         )  # the admin overview's "workers seen"
         logger.info(
-            "worker started pid=%s relay=%s subscriptions=%s threads=%s batch_size=%s scheduler=%s burst=%s",
+            "worker started pid=%s relay=%s subscriptions=%s threads=%s batch_size=%s scheduler=%s burst=%s loop=%s",
             os.getpid(),
             self.want_relay,
             len(self._lanes) if self.want_consumers else "-",
@@ -203,6 +203,7 @@ class Worker(ConsumerPool):
             conf.settings.CONSUMER_BATCH_SIZE,
             self.want_scheduler,
             self.burst,
+            event_loop_kind(),
         )
         try:
             if self.burst:

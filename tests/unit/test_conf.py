@@ -64,3 +64,50 @@ def test_validators_return_what_their_type_says(settings):
         settings.PLATFORMKIT = {key: value}
         with pytest.raises(ConfigurationError, match=error):
             getattr(conf.settings, key)
+
+
+def test_event_loop_auto_takes_uvloop_when_installed_and_asyncio_when_asked(settings, monkeypatch):
+    import asyncio
+    import builtins
+    import sys
+
+    import uvloop
+
+    from django_platformkit.transport import event_loop_kind, new_event_loop
+
+    assert conf.settings.EVENT_LOOP == "auto"
+    loop = new_event_loop()
+    try:
+        assert (event_loop_kind(), isinstance(loop, uvloop.Loop)) == ("uvloop", True)
+    finally:
+        loop.close()
+
+    settings.PLATFORMKIT = {"EVENT_LOOP": "asyncio"}
+    loop = new_event_loop()
+    try:
+        assert event_loop_kind() == "asyncio"
+        assert isinstance(loop, asyncio.BaseEventLoop) and not isinstance(loop, uvloop.Loop)
+    finally:
+        loop.close()
+
+    settings.PLATFORMKIT = {"EVENT_LOOP": "trio"}
+    with pytest.raises(
+        ConfigurationError, match=r"PLATFORMKIT\['EVENT_LOOP'\] must be one of 'auto', 'uvloop', 'asyncio', got 'trio'"
+    ):
+        conf.settings.EVENT_LOOP
+
+    # Without uvloop installed: "auto" falls back to asyncio, "uvloop" says what to install.
+    real_import = builtins.__import__
+
+    def no_uvloop(name, *args, **kwargs):
+        if name == "uvloop":
+            raise ImportError("No module named 'uvloop'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.delitem(sys.modules, "uvloop")
+    monkeypatch.setattr(builtins, "__import__", no_uvloop)
+    settings.PLATFORMKIT = {}
+    assert event_loop_kind() == "asyncio"
+    settings.PLATFORMKIT = {"EVENT_LOOP": "uvloop"}
+    with pytest.raises(ConfigurationError, match="uvloop is not installed: pip install uvloop"):
+        conf.settings.EVENT_LOOP
