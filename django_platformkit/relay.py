@@ -81,6 +81,13 @@ _SELECT_SQL = (
     f"UNION ALL SELECT * FROM ({_COLUMNS_SQL}WHERE o.published_at IS NULL AND o.not_before IS NULL "
     "ORDER BY o.created_at, o.id LIMIT lim.n FOR UPDATE SKIP LOCKED) plain LIMIT lim.n) b"
 )
+# The plan settings and the batch in one round trip, for a cursor that sends
+# a statement with its parameters merged in (psycopg's ClientCursor, Django's
+# default). In one simple query PostgreSQL plans each statement after the one
+# before it ran, so the SELECT is planned with the settings in force. Under
+# server-side binding (OPTIONS "server_side_binding") a statement can't carry
+# another: there the two go one after the other (_merges_statements).
+_PLAN_AND_SELECT_SQL = f"{_PLAN_SQL}; {_SELECT_SQL}"
 # How long until the next deferred row is due (NULL: none), off the deferred
 # index's first entry: the relay sleeps no longer than that.
 _NEXT_DUE_SQL = (
@@ -97,6 +104,16 @@ _STAMP_SQL = f"UPDATE {OUTBOX_TABLE} SET published_at = clock_timestamp() WHERE 
 _STAMP_BY_ID_SQL = (
     f"UPDATE {OUTBOX_TABLE} SET published_at = clock_timestamp() WHERE id = ANY(%s::uuid[]) AND published_at IS NULL"
 )
+
+
+def _merges_statements(cursor: Any) -> bool:
+    """Whether ``cursor`` (a Django cursor) binds parameters on the client,
+    psycopg's ``ClientCursor``: then one ``execute`` may carry several
+    statements, sent as one simple query (one round trip). Server-side
+    binding sends one statement per ``execute``."""
+    import psycopg
+
+    return isinstance(getattr(cursor, "cursor", cursor), psycopg.ClientCursor)
 
 
 @dataclass
@@ -205,8 +222,12 @@ class Relay:
             connections[self.using].cursor() as cursor,
         ):
             with self._turn:
-                cursor.execute(_PLAN_SQL)
-                cursor.execute(_SELECT_SQL, [self.batch_size])
+                if _merges_statements(cursor):
+                    cursor.execute(_PLAN_AND_SELECT_SQL, [self.batch_size])
+                    cursor.nextset()  # past the plan settings' row, to the batch
+                else:
+                    cursor.execute(_PLAN_SQL)
+                    cursor.execute(_SELECT_SQL, [self.batch_size])
                 rows = cursor.fetchall()
                 stats.selected = len(rows)
                 if not rows:

@@ -108,8 +108,8 @@ def test_a_row_the_stream_refuses_with_a_4xx_is_dead_lettered_at_once_and_the_ro
 def test_a_short_first_batch_ends_the_drain_in_one_transaction(transport, django_assert_num_queries):
     fill(5)
     relay = Relay(transport, batch_size=200, lanes=3)
-    # BEGIN, plan, select, stamp, COMMIT: no second batch, so no lane beyond the first.
-    with django_assert_num_queries(5):
+    # BEGIN, plan + select (one simple query), stamp, COMMIT: no second batch, so no lane beyond the first.
+    with django_assert_num_queries(4):
         assert relay.drain().stored == 5
 
 
@@ -136,6 +136,34 @@ def test_the_batch_query_walks_the_pending_index_and_stamps_by_tid_even_with_sta
     assert "Sort" not in select_plan and "Seq Scan" not in select_plan, select_plan
     # The stamp visits exactly the locked rows, not the table.
     assert "Tid Scan" in stamp_plan and "Seq Scan" not in stamp_plan, stamp_plan
+    # Sent as the relay sends them, in one simple query: the SELECT is planned
+    # after the settings before it took effect.
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(f"{_PLAN_SQL}; EXPLAIN {_SELECT_SQL}", [1000])
+        assert cursor.nextset()
+        merged_plan = "\n".join(row[0] for row in cursor.fetchall())
+        transaction.set_rollback(True)
+    assert "Index Scan using platformkit_outbox_pending" in merged_plan, merged_plan
+    assert "Sort" not in merged_plan and "Seq Scan" not in merged_plan, merged_plan
+
+
+def test_under_server_side_binding_the_relay_sends_its_statements_one_by_one(
+    transport, settings, django_assert_num_queries
+):
+    """A statement can't carry another under server-side binding (and
+    prepared statements): the plan settings and the batch go apart there."""
+    config = connection.settings_dict
+    saved = dict(config.get("OPTIONS") or {})
+    connection.close()
+    config["OPTIONS"] = dict(saved, server_side_binding=True, prepare_threshold=0)
+    try:
+        fill(5)
+        with django_assert_num_queries(5):  # BEGIN, plan, select, stamp, COMMIT
+            assert Relay(transport, batch_size=200).drain().stored == 5
+        assert not OutboxEvent.objects.pending().exists()
+    finally:
+        connection.close()
+        config["OPTIONS"] = saved
 
 
 @pytest.fixture
