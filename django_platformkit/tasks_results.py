@@ -226,6 +226,9 @@ def run_task(event: ReceivedEvent) -> None:
         worker_ids=workers,
     )
     dj.task_started.send(type(backend), task_result=result)
+    # No signature check here (enqueue() did it): arguments the function
+    # can't take now - renamed or changed by a rolling deploy since - are a
+    # TypeError of this attempt and retried, so a newer worker may run them.
     if task.takes_context:
         value = task.call(dj.TaskContext(task_result=result), *args, **kwargs)
     else:

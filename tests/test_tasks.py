@@ -142,6 +142,96 @@ def test_arguments_follow_djangos_own_rule_so_a_task_runs_the_same_on_any_backen
     assert (stored["args"], stored["kwargs"]) == (["label"], {"n": [1, 2]})
 
 
+@pytest.mark.parametrize(
+    ("args", "kwargs", "reason"),
+    [
+        ((), {}, "missing a required argument: 'label'"),
+        (("x",), {"m": 1}, "got an unexpected keyword argument 'm'"),
+        (("x", 1, 2), {}, "too many positional arguments"),
+        (("x",), {"label": "y"}, "multiple values for argument 'label'"),
+    ],
+)
+def test_arguments_the_function_cant_take_raise_type_error_at_enqueue_before_sql_and_the_transaction_stays_usable(
+    outbox_tasks, django_assert_num_queries, args, kwargs, reason
+):
+    """As Celery's Task.typing does: the mistake surfaces at the call, not as
+    MAX_ATTEMPTS failed runs on the worker and a dead letter."""
+    with transaction.atomic():
+        Effect.objects.create(subscription="caller", event_id=uuid.uuid4())
+        with django_assert_num_queries(0), pytest.raises(TypeError) as refused:
+            tasks.record.enqueue(*args, **kwargs)
+        Effect.objects.create(subscription="caller", event_id=uuid.uuid4())  # the transaction is still usable
+    assert str(refused.value) == (
+        f"task tests.testapp.tasks.record(label, n=1) can't be called with these arguments: {reason}. "
+        "Nothing was enqueued: pass enqueue() the arguments the function takes, or change the function "
+        "(a task enqueued like this would fail on every attempt)."
+    )
+    assert not OutboxEvent.objects.exists()
+    assert effects("caller") == 2
+
+
+def test_a_call_the_function_cant_take_is_refused_before_its_values_are_looked_at(outbox_tasks):
+    """Both wrong: the shape of the call is reported, as calling the function would."""
+    with pytest.raises(TypeError, match="unexpected keyword argument 'm'"):
+        tasks.record.enqueue(object(), m=float("nan"))
+    assert not OutboxEvent.objects.exists()
+
+
+def test_a_context_task_binds_its_arguments_without_the_context_django_passes(outbox_tasks):
+    after_context = r"the arguments the function takes after the context \(Django passes the TaskContext\)"
+    with pytest.raises(TypeError, match=r"record_with_context\(context, label\) can't be called") as refused:
+        tasks.record_with_context.enqueue()
+    assert "missing a required argument: 'label'" in str(refused.value)
+    with pytest.raises(TypeError, match=rf"too many positional arguments\. Nothing was enqueued: .*{after_context}"):
+        tasks.record_with_context.enqueue("ctx", "extra")
+    with pytest.raises(TypeError, match="multiple values for argument 'context'"):
+        tasks.record_with_context.enqueue("ctx", context="mine")
+    assert not OutboxEvent.objects.exists()
+    result = tasks.record_with_context.enqueue("ctx_binds")
+    assert OutboxEvent.objects.get().payload["args"] == ["ctx_binds"]
+    assert result.args == ["ctx_binds"]
+
+
+def test_a_task_taking_args_and_kwargs_accepts_any_arguments_and_runs(outbox_tasks, run_worker):
+    results = [
+        tasks.takes_anything.enqueue(),
+        tasks.takes_anything.enqueue(1, 2, 3),
+        tasks.takes_anything.enqueue("a", label="b", n=1),
+    ]
+    run_worker(subscriptions=task_subscriptions())
+    assert [outbox_tasks.get_result(r.id).return_value for r in results] == [0, 3, 3]
+    assert effects("anything") == 3
+
+
+def test_a_decorated_task_is_checked_against_the_wrapper_not_the_function_it_wraps(outbox_tasks, run_worker):
+    """functools.wraps sets __wrapped__; the wrapper here passes the wrapped
+    function's first argument itself, so the inner signature would refuse
+    every correct call."""
+    result = tasks.decorated.enqueue("wrapped")
+    run_worker(subscriptions=task_subscriptions())
+    assert outbox_tasks.get_result(result.id).return_value == "unit"
+    assert effects("wrapped") == 1
+
+
+def test_a_function_without_a_readable_signature_is_not_checked():
+    """Django refuses builtins as tasks; a Task built around one anyway
+    (a builtin has no signature to bind to) is let through, not refused."""
+    from types import SimpleNamespace
+
+    from django_platformkit.tasks import _refuse_arguments_it_cant_take
+
+    stand_in = SimpleNamespace(func=max, takes_context=False, module_path="builtins.max")
+    _refuse_arguments_it_cant_take(stand_in, ["any", "thing"], {"whatever": 1})
+
+
+def test_aenqueue_refuses_arguments_the_function_cant_take_too(outbox_tasks):
+    import asyncio
+
+    with pytest.raises(TypeError, match=r"tests\.testapp\.tasks\.record\(label, n=1\) can't be called"):
+        asyncio.run(tasks.record.aenqueue(m=1))
+    assert not OutboxEvent.objects.exists()
+
+
 def test_a_queue_not_in_QUEUES_is_refused_at_enqueue(outbox_tasks):
     with pytest.raises(InvalidTask, match="Queue 'other' is not valid"):
         tasks.record.using(queue_name="other").enqueue("x")

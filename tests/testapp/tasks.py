@@ -1,6 +1,7 @@
 """django.tasks tasks of the test app (run through OutboxBackend in tests/test_tasks.py).
 Each writes an Effect row, so a duplicate run shows up as an extra row."""
 
+import functools
 import uuid
 
 from django.tasks import task
@@ -60,3 +61,28 @@ def waits_for_release(label):
         time.sleep(0.05)
     Effect.objects.create(subscription=label, event_id=uuid.uuid4(), payload={})
     return "released"
+
+
+@task
+def takes_anything(*args, **kwargs):
+    """Any arguments bind: the function decides what it accepts."""
+    Effect.objects.create(subscription="anything", event_id=uuid.uuid4(), payload={"args": args, "kwargs": kwargs})
+    return len(args) + len(kwargs)
+
+
+def with_unit(func):
+    """A decorator that gives the function its first argument itself (as one
+    passing a session or a lock would): callers don't pass it."""
+
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        return func("unit", *args, **kwargs)
+
+    return wrapper
+
+
+@task
+@with_unit
+def decorated(unit, label):
+    Effect.objects.create(subscription=label, event_id=uuid.uuid4(), payload={"unit": unit})
+    return unit
