@@ -2,9 +2,12 @@
 
 Channels are the subjects (``<SUBJECT_PREFIX>.{tenant}.<module>.<event>``),
 messages the CloudEvents envelope around each event's JSON Schema, operations
-``publish()`` (send) and the subscriptions (receive). The output depends only
-on the catalogue, the subscriptions and the settings, never on the clock or
-dict order, so it can be committed and diffed in CI.
+``publish()`` (send) and the subscriptions (receive). The django.tasks queues
+of ``OutboxBackend`` are channels too (``platformkit.task_<queue>``, whose data
+is the task ``enqueue()`` wrote), so the document names every subject the
+worker consumes. The output depends only on the catalogue, the subscriptions
+and the settings, never on the clock or dict order, so it can be committed
+and diffed in CI.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import Any
 
 from . import conf
 from .events import TENANT, EventType, catalogue
+from .tasks import configured_queues, queue_of
 from .wire import NO_TENANT, subject_for
 
 #: AsyncAPI 3.0.0, https://www.asyncapi.com/docs/reference/specification/v3.0.0
@@ -22,6 +26,8 @@ ASYNCAPI_VERSION = "3.0.0"
 #: CloudEvents 1.0 structured content mode, JSON event format (spec section 3.1).
 CONTENT_TYPE = "application/cloudevents+json"
 ENVELOPE_SCHEMA = "CloudEvent"
+#: The ``data`` of a django.tasks queue's events, shared by every queue.
+TASK_SCHEMA = "DjangoTask"
 
 _ENVELOPE: dict[str, Any] = {
     "type": "object",
@@ -55,6 +61,24 @@ _HEADERS: dict[str, Any] = {
     },
 }
 
+#: What ``OutboxBackend.enqueue()`` writes as the payload (tasks.py), and
+#: ``tasks_results.run_task`` reads.
+_TASK: dict[str, Any] = {
+    "type": "object",
+    "description": "A django.tasks task as OutboxBackend.enqueue() wrote it; its queue's subscription runs it.",
+    "required": ["task", "args", "kwargs", "backend"],
+    "additionalProperties": False,
+    "properties": {
+        "task": {"type": "string", "description": "The task function's dotted path (Task.module_path)."},
+        "args": {
+            "type": "array",
+            "description": "Positional arguments, JSON as django.utils.json.normalize_json leaves them.",
+        },
+        "kwargs": {"type": "object", "description": "Keyword arguments, JSON as for args."},
+        "backend": {"type": "string", "description": "The TASKS alias that enqueued it (its results are read there)."},
+    },
+}
+
 
 def _rewrite_refs(schema: Any, base: str) -> Any:
     """Point local ``$ref``s (``#/$defs/x``) at the schema's new home under
@@ -85,16 +109,21 @@ def _data_schema(event: EventType) -> dict[str, Any]:
 
 def document(*, title: str = "Event catalogue", version: str = "1.0.0") -> dict[str, Any]:
     """The AsyncAPI 3.0 document of every declared event and subscription,
-    as a dict. A subscription to an undeclared event (``platformkit.E001``)
-    is left out: it has no channel to point at."""
+    as a dict, and of every django.tasks queue an ``OutboxBackend`` in
+    ``TASKS`` serves (none on Django 5.2, which has no ``django.tasks``). A
+    subscription to an undeclared event (``platformkit.E001``) is left out:
+    it has no channel to point at."""
     settings = conf.settings
-    # django.tasks queues (platformkit.task_*, tasks.py) are this project's own work, not a contract for other services.
-    events = {name: event for name, event in catalogue().items() if not name.startswith("platformkit.task_")}
+    # A task event is described while TASKS configures its queue: one left
+    # in the catalogue by an earlier TASKS setting is no channel any more.
+    queues = configured_queues()
+    events = {name: event for name, event in catalogue().items() if queue_of(name) in (None, *queues)}
     channels: dict[str, Any] = {}
     operations: dict[str, Any] = {}
     messages: dict[str, Any] = {}
     schemas: dict[str, Any] = {ENVELOPE_SCHEMA: _ENVELOPE}
     for name, event in sorted(events.items()):
+        queue = queue_of(name)
         message_ref = {"$ref": f"#/channels/{name}/messages/{name}"}
         channel: dict[str, Any] = {
             "address": subject_for(name, "{tenant}"),
@@ -103,6 +132,28 @@ def document(*, title: str = "Event catalogue", version: str = "1.0.0") -> dict[
                 "tenant": {"description": f"The tenant token ([A-Za-z0-9_-]{{1,64}}), or '{NO_TENANT}' for none."},
             },
         }
+        if queue is None:
+            data_ref = f"#/components/schemas/{name}"
+            schemas[name] = _data_schema(event)
+            about = event.description
+            send = "publish() writes it to the outbox in the caller's transaction; the relay sends it."
+        else:
+            # One schema for every queue: enqueue() writes the same shape to each.
+            data_ref = f"#/components/schemas/{TASK_SCHEMA}"
+            schemas[TASK_SCHEMA] = _TASK
+            backends = ", ".join(repr(alias) for alias in sorted(queues[queue]))
+            # The trust model, said where another team reads it: the worker
+            # runs only tasks its own outbox holds (tasks aren't `external`).
+            about = (
+                f"The django.tasks queue {queue!r} of TASKS {backends} (OutboxBackend): this project's own "
+                f"work, run by its worker (runworker --queue {queue}). Not for other services: a message "
+                "that this project's outbox doesn't hold is recorded as malformed and never run."
+            )
+            send = (
+                "Task.enqueue() on OutboxBackend writes it to the outbox in the caller's transaction "
+                "(outside atomic(): on its own); the relay sends it, not before its run_after."
+            )
+            channel["x-platformkit-task-queue"] = queue
         message: dict[str, Any] = {
             "name": name,
             "title": name,
@@ -116,25 +167,25 @@ def document(*, title: str = "Event catalogue", version: str = "1.0.0") -> dict[
                         "properties": {
                             "type": {"const": name},
                             "source": {"const": f"/{event.module}"},
-                            "data": {"$ref": f"#/components/schemas/{name}"},
+                            "data": {"$ref": data_ref},
                         },
                     },
                 ],
             },
         }
+        if about:
+            channel["description"] = about
         if event.description:
-            channel["description"] = event.description
             message["summary"] = event.description
         if event.declared_in:
             message["x-platformkit-declared-in"] = event.declared_in
         channels[name] = channel
         messages[name] = message
-        schemas[name] = _data_schema(event)
         operations[f"send.{name}"] = {
             "action": "send",
             "channel": {"$ref": f"#/channels/{name}"},
             "messages": [message_ref],
-            "summary": "publish() writes it to the outbox in the caller's transaction; the relay sends it.",
+            "summary": send,
         }
     from .subscriptions import subscriptions
 

@@ -26,6 +26,9 @@ logger = logging.getLogger(__name__)
 
 #: The ``name`` of a dead letter recording a message that isn't an event of ours.
 MALFORMED_NAME = "(malformed)"
+#: How much of a malformed message's body its dead letter keeps (in
+#: ``traceback``): a body can be as large as the server's ``max_payload``.
+MALFORMED_BODY_BYTES = 4000
 _NAMESPACE_MALFORMED = uuid.UUID("8a1d6c61-3f5e-4c2c-9a59-1f0a3d6b7e21")
 
 _TERMINAL_CLAIM_SQL = (
@@ -91,8 +94,9 @@ def record_malformed(
 ) -> None:
     """Write the dead letter (name ``(malformed)``, no tenant) of a message on
     our subjects that isn't a well-formed event of ours: ``event_id`` from
-    ``malformed_id()``, ``error`` what is wrong, the first 4000 bytes of
-    ``body`` as its traceback. Idempotent (``ON CONFLICT DO NOTHING``).
+    ``malformed_id()``, ``error`` what is wrong, the first
+    ``MALFORMED_BODY_BYTES`` of ``body`` (as UTF-8, undecodable bytes as
+    U+FFFD) as its traceback. Idempotent (``ON CONFLICT DO NOTHING``).
     Raises Django's ``DatabaseError`` when the database can't take it."""
     alias = using or conf.settings.DATABASE_ALIAS
     with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
@@ -107,7 +111,7 @@ def record_malformed(
                 None,
                 attempts,
                 storable_text(error, max_chars=10000),
-                storable_text(body[:4000].decode("utf-8", "replace")),
+                storable_text(body[:MALFORMED_BODY_BYTES].decode("utf-8", "replace")),
             ],
         )
 

@@ -15,11 +15,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jsonschema
 import pytest
 from django.core.management import CommandError, call_command
+from django.db import transaction
+from django.test import override_settings
+from referencing import Registry, Resource
+from referencing.jsonschema import DRAFT202012
 
 from django_platformkit import consumer, declare, subscribe
-from django_platformkit.asyncapi import document
+from django_platformkit.asyncapi import TASK_SCHEMA, document
+from django_platformkit.tasks import HAVE_DJANGO_TASKS, register_task_queues
 from tests.test_checks import registries  # noqa: F401 - fixture
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -79,7 +85,23 @@ def test_the_example_projects_catalogue_matches_its_committed_snapshot():
         NATS_URL="nats://127.0.0.1:4222",
     )
     text = _command_output(ROOT / "example_project" / "manage.py", env)
-    _matches_snapshot("asyncapi_example_project.json", text)
+    if HAVE_DJANGO_TASKS:
+        _matches_snapshot("asyncapi_example_project.json", text)
+    else:
+        # Django 5.2 has no django.tasks: the example's TASKS serves no queue,
+        # and the document is the committed one without its queues.
+        snapshot = json.loads((SNAPSHOTS / "asyncapi_example_project.json").read_text(encoding="utf-8"))
+        assert json.loads(text) == _without_task_queues(snapshot)
+
+
+def _without_task_queues(doc: dict) -> dict:
+    """``doc`` less every channel, message, operation and schema of a django.tasks queue."""
+
+    def kept(entries: dict) -> dict:
+        return {key: value for key, value in entries.items() if "platformkit.task_" not in key and key != TASK_SCHEMA}
+
+    components = {part: kept(entries) for part, entries in doc["components"].items()}
+    return {**doc, "channels": kept(doc["channels"]), "operations": kept(doc["operations"]), "components": components}
 
 
 def _render(**options) -> str:
@@ -183,3 +205,95 @@ def test_the_document_has_a_subscription_only_the_urlconf_imports():
     env = _clean_env(PYTHONPATH=str(ROOT), PLATFORMKIT_TEST_URL_ONLY="1")
     doc = json.loads(_command_output(ROOT / "tests" / "manage.py", env))
     assert doc["operations"]["receive.testapp.url_only"]["channel"] == {"$ref": "#/channels/testapp.order_placed"}
+
+
+# --- django.tasks queues -------------------------------------------------------
+
+OUTBOX_TASKS = {"default": {"BACKEND": "django_platformkit.tasks.OutboxBackend", "QUEUES": ["default", "emails"]}}
+needs_django_tasks = pytest.mark.skipif(not HAVE_DJANGO_TASKS, reason="django.tasks is Django 6.0+")
+
+
+@pytest.fixture
+def outbox_queues(registries):  # noqa: F811
+    """TASKS -> OutboxBackend with two queues, registered as AppConfig.ready() does."""
+    with override_settings(TASKS=OUTBOX_TASKS):
+        assert register_task_queues() == ["platformkit.task_default", "platformkit.task_emails"]
+        yield
+
+
+def _task_names(doc) -> set[str]:
+    parts = [doc["channels"], doc["operations"], doc["components"]["messages"], doc["components"]["schemas"]]
+    return {key for part in parts for key in part if "platformkit.task_" in key or key == TASK_SCHEMA}
+
+
+def _message_validator(doc, message: str) -> jsonschema.Draft202012Validator:
+    """A validator of ``message``'s payload whose refs resolve inside ``doc``."""
+    registry = Registry().with_resource("urn:asyncapi", Resource(contents=doc, specification=DRAFT202012))
+    return jsonschema.Draft202012Validator(
+        {"$ref": f"urn:asyncapi#/components/messages/{message}/payload"}, registry=registry
+    )
+
+
+@needs_django_tasks
+def test_each_outbox_backend_queue_is_a_channel_its_worker_receives_on(outbox_queues, settings):
+    doc = document()
+    prefix = settings.PLATFORMKIT["SUBJECT_PREFIX"]
+    for queue in ("default", "emails"):
+        name = f"platformkit.task_{queue}"
+        channel = doc["channels"][name]
+        assert channel["address"] == f"{prefix}.{{tenant}}.platformkit.task_{queue}"
+        assert channel["x-platformkit-task-queue"] == queue
+        assert f"runworker --queue {queue}" in channel["description"]
+        assert "Not for other services" in channel["description"]
+        receive = doc["operations"][f"receive.{name}"]
+        assert receive["channel"] == {"$ref": f"#/channels/{name}"}
+        assert receive["x-platformkit-durable"] == f"platformkit-task_{queue}"
+        assert receive["x-platformkit-filter-subject"] == f"{prefix}.*.platformkit.task_{queue}"
+        assert doc["operations"][f"send.{name}"]["summary"].startswith("Task.enqueue() on OutboxBackend")
+        data = doc["components"]["messages"][name]["payload"]["allOf"][1]["properties"]["data"]
+        assert data == {"$ref": f"#/components/schemas/{TASK_SCHEMA}"}
+    assert doc["components"]["schemas"][TASK_SCHEMA]["required"] == ["task", "args", "kwargs", "backend"]
+    for ref in _refs(doc):
+        _pointer(doc, ref)  # KeyError if it dangles
+
+
+@needs_django_tasks
+@pytest.mark.django_db
+def test_a_queues_message_describes_the_message_the_relay_sends_for_an_enqueued_task(outbox_queues):
+    """The document is checked against the wire, not against itself: the
+    CloudEvents body the relay would send for a row enqueue() wrote is valid
+    against the queue's message, and a payload of another shape is not."""
+    from django_platformkit.models import OutboxEvent
+    from django_platformkit.wire import envelope
+    from tests.testapp import tasks
+
+    with transaction.atomic():
+        tasks.send_email.enqueue("ada@example.com")
+        tasks.record.enqueue("label", n=[1, {"two": 2}])
+    doc = document()
+    for row in OutboxEvent.objects.order_by("created_at"):
+        message = envelope(row.id, row.name, row.tenant, json.dumps(row.payload), row.headers, row.created_at)
+        body = json.loads(message.body)
+        _message_validator(doc, row.name).validate(body)
+        assert message.subject == doc["channels"][row.name]["address"].replace("{tenant}", "_")
+    body["data"]["priority"] = 1
+    assert not _message_validator(doc, row.name).is_valid(body)
+
+
+def test_without_an_outbox_backend_in_tasks_no_queue_is_in_the_document():
+    # The test settings' TASKS use Django's ImmediateBackend (tests/settings.py).
+    assert _task_names(document()) == set()
+
+
+@needs_django_tasks
+def test_a_queue_tasks_no_longer_configures_is_left_out(outbox_queues):
+    with override_settings(TASKS={"default": {**OUTBOX_TASKS["default"], "QUEUES": ["default"]}}):
+        names = _task_names(document())
+    assert "platformkit.task_default" in names and not any("task_emails" in name for name in names)
+
+
+@pytest.mark.skipif(HAVE_DJANGO_TASKS, reason="Django 6+: the queues are documented (tests above)")
+def test_on_django_52_the_document_builds_with_the_backend_configured_and_no_queues(settings):
+    settings.TASKS = OUTBOX_TASKS
+    assert _task_names(document()) == set()
+    assert json.loads(_render())["asyncapi"] == "3.0.0"

@@ -417,3 +417,75 @@ def test_list_and_show_print_control_characters_escaped_not_as_terminal_escapes(
     assert "RuntimeError: bad \\x1b[2J\\x1b[31mred\\x07 \\x9b6n\\x0dfine" in listed
     assert "  error         RuntimeError: bad \\x1b[2J\\x1b[31mred\\x07 \\x9b6n\\x0dfine\nsecond line" in shown
     assert "    " + "  RuntimeError: bad \\x1b[2J" in shown
+
+
+def _malformed_dead_letter(body: bytes) -> tuple[DeadLetter, int]:
+    """``body`` published on testapp.flaky's subject as another service
+    would, and recorded by the real consumer as a ``(malformed)`` dead
+    letter (over the in-memory broker): the letter and its stream sequence."""
+    from django_platformkit.subscriptions import get_subscription
+    from django_platformkit.testing import InMemoryTransport, consumer_spec, run_worker_burst
+    from django_platformkit.wire import subject_for
+
+    sub = get_subscription("testapp.flaky")
+    assert sub is not None
+    transport = InMemoryTransport()
+    transport.ensure_stream()
+    transport.ensure_consumer(consumer_spec(sub))
+    ack = transport.publish_raw(subject_for("testapp.flaky", None), body)
+    assert run_worker_burst(transport, subscriptions=[sub]).malformed == 1
+    return DeadLetter.objects.get(name="(malformed)"), ack.seq
+
+
+#: 40,000 lines of 22 bytes (~880 KB, under NATS's default max_payload),
+#: each with a terminal escape sequence: the record keeps its first 4000 bytes.
+BIG_BODY = b"".join(b"line %06d \x1b[31mred\x07\n" % n for n in range(40_000))
+
+
+def test_a_large_malformed_body_is_shown_as_an_excerpt_saying_what_is_left_out_and_how_to_see_it():
+    """A malformed message's body can be up to the server's max_payload, and
+    any bytes: ``show`` printed the whole record, and a body of short lines
+    scrolled thousands of lines past the operator. It prints the first 20
+    lines (or 1000 characters), how much of the record it left out, the
+    option that prints it all, and where the whole message is."""
+    from django_platformkit import conf
+
+    letter, seq = _malformed_dead_letter(BIG_BODY)
+    assert len(letter.traceback) == 4000  # ASCII: a character per byte
+    out = run("show", str(letter.id))
+    assert "line 000000 \\x1b[31mred\\x07" in out and "line 000019 " in out
+    assert "line 000020 " not in out
+    # 20 lines of 22 characters, less the 20th's newline: 439 shown.
+    assert (
+        f"... 3561 more characters of the record not shown (`deadletters show {letter.id} --full` prints all 4000)"
+        in out
+    )
+    assert f"whole message `nats stream get {conf.settings.STREAM} {seq}`" in out
+    assert not any(c in out for c in "\x1b\x07\r")
+    assert len(out.splitlines()) < 40, out
+
+    one_line = b"x" * 500_000  # no newline at all: the character bound
+    DeadLetter.objects.all().delete()
+    letter, _ = _malformed_dead_letter(one_line)
+    out = run("show", str(letter.id))
+    assert "    " + "x" * 1000 + "\n" in out and "x" * 1001 not in out
+    assert "... 3000 more characters of the record not shown" in out
+
+
+def test_show_full_prints_a_malformed_messages_whole_record_still_escaped():
+    letter, _ = _malformed_dead_letter(BIG_BODY)
+    out = run("show", str(letter.id), "--full")
+    assert "line 000180 \\x1b[31mred\\x07" in out  # the last whole line of 4000 bytes (181 x 22 = 3982)
+    assert "    line 000181 \\x1b[31mr\n" in out  # and the cut one
+    assert "not shown" not in out
+    assert not any(c in out for c in "\x1b\x07\r")
+    assert run("show", str(letter.event_id), full=True) == out  # by event id, and through call_command's keyword
+
+
+def test_a_binary_malformed_body_reaches_the_terminal_escaped_and_bounded():
+    letter, _ = _malformed_dead_letter(bytes(range(256)) * 4096)  # 1 MiB of every byte value
+    for args in ((), ("--full",)):
+        out = run("show", str(letter.id), *args)
+        # Newline and tab are all it prints as they are (as for errors and tracebacks).
+        assert not any((ord(c) < 0x20 and c not in "\n\t") or 0x7F <= ord(c) <= 0x9F for c in out), args
+    assert len(run("show", str(letter.id)).splitlines()) < 40

@@ -4,7 +4,7 @@ show, replay, discard. A thin adapter over ``relay.replay()`` and
 one-transaction-per-event guarantee as the admin's actions.
 
     manage.py deadletters list [--subscription S] [--since 1h] [--format table|json]
-    manage.py deadletters show ID
+    manage.py deadletters show ID [--full]
     manage.py deadletters replay ID... --reason "..." [--dry-run]
     manage.py deadletters replay --subscription S --since 1h --reason "..."   (every match)
     manage.py deadletters discard ID... --reason "..."
@@ -26,8 +26,9 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
+from ... import conf
 from ...admin_history import log_dead_letter_action, user_id_for
-from ...deadletters import discard, replay, replay_blocker
+from ...deadletters import MALFORMED_BODY_BYTES, MALFORMED_NAME, discard, replay, replay_blocker
 from ...exceptions import ReplayRefused
 from ...models import Attempt, DeadLetter, OutboxEvent
 from ._base import age, configure_logging, import_urlconf, parsed, tables_migrated
@@ -35,6 +36,11 @@ from ._base import age, configure_logging, import_urlconf, parsed, tables_migrat
 #: Past this many rows a long replay/discard reports its progress every PROGRESS_EVERY rows.
 PROGRESS_EVERY = 100
 ERROR_WIDTH = 60
+#: ``show`` prints this much of a malformed message's recorded body unless
+#: ``--full``: whichever bound comes first. Escaped, a control character
+#: takes four columns, so the excerpt stays within a screen or two.
+BODY_EXCERPT_CHARS = 1000
+BODY_EXCERPT_LINES = 20
 
 
 def _limit(text: str | int) -> int:
@@ -95,6 +101,18 @@ def _printable(text: str) -> str:
     return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text or "")
 
 
+def _excerpt(text: str, *, chars: int, lines: int) -> str:
+    """The start of ``text``: at most ``chars`` characters and ``lines`` lines."""
+    head = text[:chars]
+    if head.count("\n") >= lines:
+        head = "\n".join(head.split("\n")[:lines])
+    return head
+
+
+#: Where settling writes a malformed message's place in the stream into its error.
+_STREAM_SEQ = re.compile(r" stream_seq=(\d+)")
+
+
 def _first_line(text: str, width: int) -> str:
     stripped = (text or "").strip()
     # Lines end at newlines only: a \r is shown escaped, not taken as an end of line.
@@ -144,8 +162,21 @@ class Command(BaseCommand):
             "--limit", type=_limit, default=200, metavar="N", help="At most N rows (default 200; 0 = all)."
         )
 
-        show = commands.add_parser("show", help="One dead letter: error, traceback, attempts, payload.")
-        show.add_argument("id", type=_dead_letter_ids, metavar="ID")
+        show = commands.add_parser(
+            "show",
+            help="One dead letter: error, traceback, attempts, payload; a malformed message's body as an excerpt.",
+        )
+        show.add_argument(
+            "id", type=_dead_letter_ids, metavar="ID", help="Dead letter id (as `list` shows) or event id (UUID)."
+        )
+        show.add_argument(
+            "--full",
+            action="store_true",
+            help=f"Print a malformed message's whole recorded body (at most its first {MALFORMED_BODY_BYTES} "
+            f"bytes), not just its first {BODY_EXCERPT_CHARS} characters or {BODY_EXCERPT_LINES} lines. The "
+            "whole message stays in the stream until it ages out: `show` prints the `nats stream get` that "
+            "fetches it.",
+        )
 
         for verb, what in (
             ("replay", "Send the events again to the subscriptions that gave up on them."),
@@ -297,7 +328,11 @@ class Command(BaseCommand):
                     w(
                         f"    #{a.attempt} {a.outcome:<11} started {_when(a.started_at)} finished {_when(a.finished_at)} {a.worker} {_first_line(a.error, 80)}"
                     )
-            if d.traceback:
+            if d.name == MALFORMED_NAME:
+                # Its "traceback" is the body as received: any bytes, so a
+                # bounded excerpt unless asked for all of it.
+                self._show_body(d, full=options.get("full", False))
+            elif d.traceback:
                 w("  traceback")
                 for line in _printable(d.traceback.rstrip()).split("\n"):
                     w(f"    {line}")
@@ -306,6 +341,31 @@ class Command(BaseCommand):
             self.stdout.write(json.dumps(outbox.payload, indent=2, sort_keys=True))
         else:
             self.stdout.write("payload: no outbox row (malformed message, or purged) - nothing to replay")
+
+    def _show_body(self, d: DeadLetter, *, full: bool) -> None:
+        """A malformed message's recorded body, escaped: the first
+        ``BODY_EXCERPT_CHARS`` characters or ``BODY_EXCERPT_LINES`` lines and
+        how many characters are left out, or with ``full`` the whole record;
+        then where the whole message is, when the error says its place."""
+        w = self.stdout.write
+        record = d.traceback
+        if not record:
+            w("  body          (empty)")
+            return
+        shown = record if full else _excerpt(record, chars=BODY_EXCERPT_CHARS, lines=BODY_EXCERPT_LINES)
+        w(f"  body          as received (the record keeps at most its first {MALFORMED_BODY_BYTES} bytes)")
+        for line in _printable(shown.rstrip("\n")).split("\n"):
+            w(f"    {line}")
+        left_out = len(record) - len(shown)
+        if left_out:
+            w(
+                f"    ... {left_out} more characters of the record not shown "
+                f"(`deadletters show {d.id} --full` prints all {len(record)})"
+            )
+        seq = _STREAM_SEQ.search(d.error)
+        if seq:
+            stream = conf.settings.STREAM
+            w(f"  whole message `nats stream get {stream} {seq[1]}` (until it ages out of the stream)")
 
     # -- replay / discard --
     def _replay(self, options: dict[str, Any]) -> None:
