@@ -21,6 +21,7 @@ from django.utils.html import format_html, format_html_join
 
 from .admin_display import ReadOnlyAdmin, _duration, _first_line, _pre, _pretty_json, _truncated
 from .admin_history import log_dead_letter_action
+from .deadletters import MALFORMED_NAME as MALFORMED_NAME  # re-exported: admin.py imports it from here
 from .deadletters import replay_blocker as _replay_blocker
 from .models import Attempt, DeadLetter, OutboxEvent
 from .templatetags.platformkit_admin import when_html
@@ -32,9 +33,6 @@ if TYPE_CHECKING:
 REPLAY_PERMISSION = "django_platformkit.replay_deadletter"
 #: Rows one Replay/Discard confirmation lists by name; the rest are counted.
 CONFIRMATION_LIST_LIMIT = 100
-
-#: The name the consumer gives a message it could not read as an event.
-MALFORMED_NAME = "(malformed)"
 
 
 @admin.register(DeadLetter)
