@@ -256,6 +256,14 @@ class _Claiming:
                 work.running = True
                 watch(work, sub.name, self.using)
             runs_now[ident] = work
+            # Django sets errors_occurred on the connection whose statement
+            # failed, even when a handler's own atomic() rolled the failure
+            # back to its savepoint (the transaction is then not aborted, so
+            # its status can't tell): cleared for the run, it says whether an
+            # error came from the unit's connection or from another alias's.
+            # An error the run caught on the unit's connection makes it err
+            # towards an outage, as before.
+            errors_before, connection.errors_occurred = connection.errors_occurred, False
             try:
                 try:
                     self._call_handler(event, timeout, connection)
@@ -265,7 +273,7 @@ class _Claiming:
                         with work.lock:  # waits for a row being written now
                             work.running = False
             except BaseException as exc:
-                if not_the_handlers_fault(exc, self.using):
+                if not_the_handlers_fault(exc, self.using, own_connection=connection.errors_occurred):
                     raise
                 work.error, work.tb, work.outcome = (
                     exc,
@@ -289,6 +297,7 @@ class _Claiming:
                 tenant = None  # unknown after the rollback: set it again
                 continue
             finally:
+                connection.errors_occurred = connection.errors_occurred or errors_before
                 started.pop(ident, None)
                 runs_now.pop(ident, None)
             if safe:

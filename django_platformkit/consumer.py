@@ -63,6 +63,7 @@ from .handler import HandlerTimeout, _Running
 from .outage import (  # noqa: F401 - NOT_THE_HANDLERS_FAULT, _connection_lost: imported from here before
     NOT_THE_HANDLERS_FAULT,
     _connection_lost,
+    close_broken_connections,
     close_old_connections_for,
     not_the_handlers_fault,
 )
@@ -453,6 +454,8 @@ class Consumer(_Claiming, _Running, _Settling):
                 retries += 1
                 with contextlib.suppress(Exception):
                     connections[self.using].close()
+                with contextlib.suppress(Exception):
+                    close_broken_connections()  # another alias the handler lost: reconnected by the retry
                 if keep is not None:
                     for work in unit:
                         # The ack stays alive through the outage (+ one handler run).

@@ -9,7 +9,8 @@ otherwise. Errors reach them wrapped by Django (``django.db.utils``) or raw
 from psycopg (the listener and the job connections use psycopg directly):
 both count. For a consumer's unit of work, ``not_the_handlers_fault()``
 decides the same question for a handler's failure: the database's state is
-waited out and never counted as an attempt.
+waited out and never counted as an attempt - a read-only refusal only when
+the unit's own connection met it, not a write through a read-only alias.
 """
 
 from __future__ import annotations
@@ -152,21 +153,45 @@ class Outage:
 #: unit waits and is retried, nothing counted. 08 = connection exception,
 #: 57P01-57P03 = admin/crash shutdown, cannot connect now; 53300 = too many
 #: connections; 25006 = read-only transaction (a failover, a replica promoted
-#: late); 40001/40P01 = serialization failure / deadlock (retry is the cure).
+#: late; on the unit's own connection only, see ``ONLY_ON_THE_UNITS_CONNECTION``);
+#: 40001/40P01 = serialization failure / deadlock (retry is the cure).
 #: (57014, a statement timeout, stays the handler's failure.)
 NOT_THE_HANDLERS_FAULT = frozenset({"57P01", "57P02", "57P03", "53300", "25006", "40001", "40P01"})
 
+#: The codes of ``NOT_THE_HANDLERS_FAULT`` that are an outage only when the
+#: unit's own connection (the outbox's alias) raised them. 25006 there means a
+#: failover left the worker on a read-only node, which waiting cures; raised
+#: by another alias's connection it means the handler wrote through a
+#: read-only alias (``.using("replica")``), which no wait cures: counted as a
+#: failed attempt, so it retries with backoff and ends as a dead letter
+#: instead of stalling the subscription forever. (A second read-write
+#: database caught mid-failover counts attempts too: its events retry with
+#: backoff and dead-letter if it outlasts them, and replay brings them back.)
+#: The other codes stay outages whichever alias raised them: a deadlock or
+#: a serialization failure (40P01, 40001) is contention that a rerun cures
+#: wherever it happened, and a database that is restarting, full (53300) or
+#: gone (08, a lost connection) is waited out as the unit's own would be;
+#: counting those would dead-letter healthy events while it is away.
+ONLY_ON_THE_UNITS_CONNECTION = frozenset({"25006"})
 
-def not_the_handlers_fault(exc: BaseException, alias: str | None = None) -> bool:
+
+def not_the_handlers_fault(exc: BaseException, alias: str | None = None, *, own_connection: bool = True) -> bool:
     """True when ``exc`` is the database's state (lost session, cannot
     connect, shutdown, too many connections, read-only, serialization or
     deadlock), not the handler's logic: then nothing is counted against the
-    event. Django wraps psycopg's errors; the SQLSTATE is on ``__cause__``."""
+    event. Django wraps psycopg's errors; the SQLSTATE is on ``__cause__``.
+
+    ``alias``: the unit's database alias. ``own_connection``: whether ``exc``
+    came from the unit's own connection; False when the handler met it on
+    another alias's, where a read-only refusal (25006) is the handler's fault
+    (``ONLY_ON_THE_UNITS_CONNECTION``)."""
     if not isinstance(exc, DatabaseError):
         return False
     cause = exc.__cause__
     code = getattr(cause, "sqlstate", None)
     if code is not None:
+        if not own_connection and code in ONLY_ON_THE_UNITS_CONNECTION:
+            return False  # a write through a read-only alias: no wait cures it, the attempt counts
         return code[:2] == "08" or code in NOT_THE_HANDLERS_FAULT
     if not isinstance(exc, (OperationalError, InterfaceError)):
         return False
@@ -175,6 +200,9 @@ def not_the_handlers_fault(exc: BaseException, alias: str | None = None) -> bool
     # No SQLSTATE = libpq lost the socket. Leaving the failed atomic block
     # makes Django reconnect, so after pg_terminate_backend the connection
     # looks healthy again: judge by the error first, then by the connection.
+    # Another alias's lost socket is an outage too (waited out, see
+    # ONLY_ON_THE_UNITS_CONNECTION); close_broken_connections() lets the
+    # retry reconnect it.
     if isinstance(cause, (psycopg.OperationalError, psycopg.InterfaceError)):
         return True
     if alias is None:
@@ -205,3 +233,15 @@ def close_old_connections_for(alias: str) -> None:
     max_age = connection.settings_dict.get("CONN_MAX_AGE") or 0
     if max_age > 0 and connection.close_at is not None and time.monotonic() >= connection.close_at:
         connection.close()
+
+
+def close_broken_connections() -> None:
+    """After an outage a unit waited out: close this thread's connection of
+    every alias that an error left unusable (``close_old_connections_for``
+    each), so the retry reconnects. Without it, a handler whose other
+    database (a replica, a second alias) went away would meet "the
+    connection is closed" on every retry after that database came back:
+    Django reconnects an alias only at a request's boundaries, and a
+    worker thread is one long request."""
+    for connection in connections.all(initialized_only=True):
+        close_old_connections_for(connection.alias)

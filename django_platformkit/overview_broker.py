@@ -26,12 +26,20 @@ BROKER_TIMEOUT_SECONDS = 2.0
 
 
 async def _broker_figures(
-    url: str, options: dict[str, Any], stream: str, subs: list[tuple[str, str]], timeout: float, owner: str | None
+    url: str,
+    options: dict[str, Any],
+    stream: str,
+    subs: list[tuple[str, str]],
+    timeout: float,
+    owner: str | None,
+    connect_errors: list[BaseException],
 ) -> dict[str, dict[str, Any]]:
     """Per durable: pending, ack pending, redelivered and the oldest
     unacknowledged message's age in seconds (or None). ``owner``: this
     project's database identity; a stream recorded as another database's
-    raises ``ConfigurationError`` (its figures are that project's)."""
+    raises ``ConfigurationError`` (its figures are that project's).
+    ``connect_errors``: each failed connect attempt is appended (why nats-py's
+    "no servers available" came, and what a timeout met on the way)."""
     import nats
     import nats.js.errors
     from nats.aio.client import Client
@@ -43,13 +51,21 @@ async def _broker_figures(
     async def quiet(*_: Any) -> None:  # one page view, no reconnect chatter in the worker's log
         return None
 
+    async def record(exc: Exception) -> None:
+        connect_errors.append(exc)
+
     # nats-py's own connect timeout ends first, so it closes its socket itself;
-    # the caller's deadline is the backstop.
+    # the caller's deadline is the backstop. Each server is tried twice with
+    # no wait, then nats-py gives up: with max_reconnect_attempts=0 (no limit
+    # to nats-py) its first connect retried a refused server every
+    # reconnect_time_wait until the deadline, and NATS being down read as
+    # "did not answer".
     kwargs.update(
         allow_reconnect=False,
-        max_reconnect_attempts=0,
+        max_reconnect_attempts=1,
+        reconnect_time_wait=0,
         connect_timeout=timeout * 0.75,
-        error_cb=quiet,
+        error_cb=record,
         disconnected_cb=quiet,
         reconnected_cb=quiet,
     )
@@ -110,14 +126,20 @@ def broker_figures(
     subs: list[tuple[str, str]], *, timeout: float = BROKER_TIMEOUT_SECONDS, owner: str | None = None
 ) -> dict[str, dict[str, Any]]:
     """``subs``: (durable, filter subject) pairs. Returns figures per durable.
-    Raises ``BrokerUnavailable`` (message redacted) when NATS doesn't answer
+    Raises ``BrokerUnavailable`` (message redacted) when NATS refuses the
+    connection or can't be reached (at once, saying so) or doesn't answer
     within ``timeout`` seconds in total, ``ConfigurationError`` when
     ``owner`` (this project's ``identity.database_identity()``) is given and
     the stream is recorded as another database's."""
     from .exceptions import BrokerUnavailable
+    from .transport import Transport
 
     settings = conf.settings
-    coro_args = (settings.NATS_URL, dict(settings.NATS_OPTIONS), settings.STREAM, subs, timeout, owner)
+    connect_errors: list[BaseException] = []
+    coro_args = (settings.NATS_URL, dict(settings.NATS_OPTIONS), settings.STREAM, subs, timeout, owner, connect_errors)
+    # URLs without user info, and NATS_OPTIONS' password, token and seed hidden.
+    redact = Transport(settings.NATS_URL, dict(settings.NATS_OPTIONS)).redact
+    where = conf.redact_url(settings.NATS_URL)
     # A thread of its own: the admin may run under ASGI with a loop in this
     # thread, and the deadline must hold however nats-py behaves.
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="platformkit-overview")
@@ -127,14 +149,30 @@ def broker_figures(
     except ConfigurationError:
         raise
     except (concurrent.futures.TimeoutError, TimeoutError):
-        raise BrokerUnavailable(
-            f"NATS at {conf.redact_url(settings.NATS_URL)} did not answer within {timeout:g} s"
-        ) from None
+        # Connected and silent, or a host that drops packets: no answer at
+        # all. A server of the URL list that refused on the way is named.
+        refusals = [e for e in connect_errors if not isinstance(e, TimeoutError)]
+        met = f" (on the way: {_text(refusals[-1])})" if refusals else ""
+        raise BrokerUnavailable(redact(f"NATS at {where} did not answer within {timeout:g} s{met}")) from None
     except Exception as exc:
-        text = conf.redact_url(str(exc) or type(exc).__name__).replace(
-            settings.NATS_URL, conf.redact_url(settings.NATS_URL)
-        )
-        raise BrokerUnavailable(f"NATS at {conf.redact_url(settings.NATS_URL)} is unreachable: {text}") from None
+        raise BrokerUnavailable(redact(_unreachable_text(where, exc, connect_errors))) from None
     finally:
         # Don't wait for a thread stuck past the deadline: the page goes on, the thread ends on its own.
         pool.shutdown(wait=False)
+
+
+def _text(exc: BaseException) -> str:
+    return str(exc) or type(exc).__name__
+
+
+def _unreachable_text(where: str, exc: BaseException, connect_errors: list[BaseException]) -> str:
+    """What the page says when the connect failed before the deadline
+    (``where``: the redacted URL). nats-py ends every server's failed connect
+    with "no servers available"; its reasons came to the error callback."""
+    import nats.errors
+
+    reasons = connect_errors if isinstance(exc, nats.errors.NoServersError) and connect_errors else [exc]
+    if all(isinstance(r, ConnectionRefusedError) for r in reasons):
+        # Nothing listens there: NATS is down, or the URL names the wrong port.
+        return f"NATS at {where} refused the connection: {_text(reasons[-1])}"
+    return f"NATS at {where} is unreachable: {_text(reasons[-1])}"

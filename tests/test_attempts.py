@@ -1,8 +1,10 @@
 """Attempts count handler runs (DESIGN.md "Attempts"): the numbers a handler
 sees, the Attempt rows behind them, dead letters that carry the last real
-error, failures that are the database's and not the handler's, and the
-batched path under psycopg server-side binding."""
+error, failures that are the database's and not the handler's (on the unit's
+own connection or another alias's; a write through a read-only alias is the
+handler's), and the batched path under psycopg server-side binding."""
 
+import contextlib
 import copy
 import logging
 import signal
@@ -16,6 +18,7 @@ from django_platformkit.consumer import Consumer, Subscription
 from django_platformkit.models import Attempt, DeadLetter, HandledEvent
 from django_platformkit.relay import Relay
 from tests.conftest import manage, wait_for, worker_env
+from tests.testapp.models import Effect
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -179,6 +182,135 @@ def test_a_read_only_database_window_counts_no_attempt_and_everything_is_handled
     assert not Attempt.objects.exists()
     assert not DeadLetter.objects.exists()
     assert "not an attempt" in caplog.text
+
+
+#: A second alias on the test database whose sessions are read-only, as a
+#: replica's are: ``.using(READ_ONLY)`` writes fail with SQLSTATE 25006.
+READ_ONLY = "read_only"
+
+
+@pytest.fixture(scope="module")
+def read_only_alias(django_db_setup):
+    """Registers ``READ_ONLY`` for this module's tests. Module-scoped so it
+    exists before a test's ``django_db(databases=[..., READ_ONLY])`` is
+    checked; a mirror of ``default``, so the test database is neither
+    created for it nor flushed through it (a flush can't write there)."""
+    config = copy.deepcopy(connections.settings["default"])
+    config["OPTIONS"] = dict(config.get("OPTIONS") or {}, options="-c default_transaction_read_only=on")
+    config["TEST"] = dict(config.get("TEST") or {}, MIRROR="default")
+    connections.settings[READ_ONLY] = config
+    try:
+        yield READ_ONLY
+    finally:
+        connections[READ_ONLY].close()
+        del connections[READ_ONLY]
+        del connections.settings[READ_ONLY]
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", READ_ONLY])
+@pytest.mark.parametrize("batch", [True, False])
+def test_a_handler_writing_through_a_read_only_alias_fails_its_attempts_and_becomes_a_dead_letter(
+    transport, settings, broker, caplog, read_only_alias, batch
+):
+    """25006 from another alias than the unit's is the handler's mistake (a
+    write sent to a replica): no wait cures it, so it fails each attempt,
+    retries with backoff and ends as a dead letter carrying the error -
+    never "database unavailable" forever. Its neighbours are handled."""
+    seen = []
+
+    def handler(event):
+        seen.append((event.payload["n"], event.attempt))
+        if event.payload["n"] == 0:
+            Effect.objects.using(read_only_alias).create(subscription="replica", event_id=event.id)
+
+    sub = Subscription(
+        name="testapp.writes_to_replica",
+        event="testapp.flaky",
+        handler=handler,
+        batch=batch,
+        max_attempts_override=2,
+        backoff_seconds_override=(0.1,),
+    )
+    with caplog.at_level(logging.WARNING, logger="django_platformkit"):
+        ids, consumer = publish_and_relay(transport, sub, [{"n": 0}, {"n": 1}])
+        drain(
+            consumer,
+            lambda: DeadLetter.objects.exists() and HandledEvent.objects.filter(subscription=sub.name).count() == 2,
+        )
+    dead = DeadLetter.objects.get()
+    assert (dead.event_id, dead.attempts) == (ids[0], 2)
+    assert dead.error == "InternalError: cannot execute INSERT in a read-only transaction"
+    assert "read-only" in dead.traceback
+    assert rows(ids[0], sub.name) == [(1, "failed"), (2, "failed")]
+    assert [a for n, a in seen if n == 0] == [1, 2]
+    assert {a for n, a in seen if n == 1} == {1} and rows(ids[1], sub.name) == []
+    assert not Effect.objects.exists()
+    assert "database unavailable" not in caplog.text and "not an attempt" not in caplog.text
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", READ_ONLY])
+@pytest.mark.parametrize(
+    ("alias", "errcode", "inner_atomic"),
+    [
+        pytest.param(READ_ONLY, "deadlock_detected", False, id="40P01-on-another-alias"),
+        pytest.param("default", "read_only_sql_transaction", False, id="25006-on-the-units-connection"),
+        pytest.param("default", "read_only_sql_transaction", True, id="25006-on-the-units-connection-in-atomic"),
+    ],
+)
+def test_a_deadlock_anywhere_and_a_read_only_refusal_on_the_units_own_connection_are_waited_out_not_counted(
+    transport, settings, broker, caplog, read_only_alias, alias, errcode, inner_atomic
+):
+    """What stays an outage: a deadlock is contention a rerun cures on any
+    alias, and 25006 on the unit's own connection is a failover's read-only
+    node - also when the handler's own ``atomic()`` rolled the statement
+    back to its savepoint, which leaves the unit's transaction usable. The
+    first run meets the error, the rerun succeeds: attempt 1 both times,
+    no attempt row, no dead letter, even with max_attempts=1."""
+    seen = []
+
+    def handler(event):
+        seen.append(event.attempt)
+        if len(seen) == 1:
+            with transaction.atomic(using=alias) if inner_atomic else contextlib.nullcontext():
+                with connections[alias].cursor() as cursor:
+                    cursor.execute(
+                        f"DO $$ BEGIN RAISE EXCEPTION 'test: %', '{errcode}' USING ERRCODE = '{errcode}'; END $$"
+                    )
+
+    sub = Subscription(name="testapp.waits_out", event="testapp.flaky", handler=handler, max_attempts_override=1)
+    with caplog.at_level(logging.WARNING, logger="django_platformkit"):
+        (event_id,), consumer = publish_and_relay(transport, sub, [{}])
+        drain(consumer, lambda: HandledEvent.objects.filter(subscription=sub.name).exists())
+    assert seen == [1, 1]
+    assert not Attempt.objects.exists() and not DeadLetter.objects.exists()
+    assert f"test: {errcode}" in caplog.text and "not an attempt" in caplog.text
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", READ_ONLY])
+def test_a_lost_connection_to_another_alias_is_waited_out_and_the_retry_reconnects(
+    transport, settings, broker, caplog, read_only_alias
+):
+    """The handler's other database goes away (its session killed): an
+    outage, not the handler's fault, and the rerun gets a new connection
+    rather than "the connection is closed" on every retry for ever."""
+    backends = []
+
+    def handler(event):
+        with connections[read_only_alias].cursor() as cursor:
+            cursor.execute("SELECT pg_backend_pid()")
+            backends.append(cursor.fetchone()[0])
+            if len(backends) == 1:
+                with connections["default"].cursor() as killer:
+                    killer.execute("SELECT pg_terminate_backend(%s, 5000)", [backends[0]])
+                cursor.execute("SELECT 1")
+
+    sub = Subscription(name="testapp.loses_replica", event="testapp.flaky", handler=handler, max_attempts_override=1)
+    with caplog.at_level(logging.WARNING, logger="django_platformkit"):
+        (event_id,), consumer = publish_and_relay(transport, sub, [{}])
+        drain(consumer, lambda: HandledEvent.objects.filter(subscription=sub.name).exists())
+    assert len(backends) == 2 and backends[0] != backends[1]
+    assert not Attempt.objects.exists() and not DeadLetter.objects.exists()
+    assert "database unavailable" in caplog.text and "not an attempt" in caplog.text
 
 
 @pytest.fixture

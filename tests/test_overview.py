@@ -22,8 +22,10 @@ from django.utils import timezone
 from django_platformkit import overview, publish
 from django_platformkit.consumer import Consumer
 from django_platformkit.deadletters import record_dead_letter
+from django_platformkit.exceptions import BrokerUnavailable
 from django_platformkit.heartbeat import Heartbeat, worker_id
 from django_platformkit.models import Attempt, DeadLetter, HandledEvent, JobState, OutboxEvent, WorkerHeartbeat
+from django_platformkit.overview_broker import broker_figures
 from django_platformkit.relay import Relay
 from django_platformkit.subscriptions import subscriptions
 from tests.test_checks import registries  # noqa: F401 - fixture
@@ -295,6 +297,7 @@ def test_with_nats_unreachable_the_database_figures_render_and_the_page_says_so_
             and "s3cret" not in result.broker_error
             and "nats://***@127.0.0.1" in result.broker_error
         )
+        assert "refused the connection" in result.broker_error and "did not answer" not in result.broker_error
         assert result.outbox.pending == 2
         slow = _figures(result, "testapp.slow")
         assert (
@@ -343,6 +346,25 @@ def test_a_nats_that_accepts_and_never_answers_costs_the_page_the_deadline_not_m
         server.close()
     assert not result.broker_ok
     assert took < overview.BROKER_TIMEOUT_SECONDS + 1.0, took
+    assert result.broker_error.startswith(f"NATS at {url} did not answer within {overview.BROKER_TIMEOUT_SECONDS:g} s")
+    assert "refused" not in result.broker_error
+
+
+def test_a_refused_connection_is_reported_as_refused_at_once_not_after_the_deadline(settings):
+    """NATS down (nothing listens on the port): the page says the connection
+    was refused, with the URL's user info hidden, without waiting for the
+    deadline; it used to wait it out and say "did not answer within 2 s"."""
+    port = _closed_port()
+    url = f"nats://worker:s3cret@127.0.0.1:{port}"
+    with override_settings(PLATFORMKIT=dict(settings.PLATFORMKIT, NATS_URL=url)):
+        started = time.monotonic()
+        with pytest.raises(BrokerUnavailable) as refused:
+            broker_figures([("d", "s.>")], timeout=10)
+        took = time.monotonic() - started
+    assert took < 3, took
+    text = str(refused.value)
+    assert text.startswith(f"NATS at nats://***@127.0.0.1:{port} refused the connection: "), text
+    assert "s3cret" not in text and "did not answer" not in text
 
 
 # --- heartbeats ------------------------------------------------------------------------------
