@@ -7,6 +7,7 @@ Units are in the names: a number without one is a count.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, overload
@@ -23,9 +24,45 @@ _STREAM_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 def _positive_number(key: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ConfigurationError(f"PLATFORMKIT[{key!r}] must be a number > 0, got {value!r}.")
+    # NaN passed "> 0" checks written the other way round, and infinity
+    # passed this one: neither is a duration a server or a sleep can take.
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not value > 0:
+        raise ConfigurationError(f"PLATFORMKIT[{key!r}] must be a finite number > 0, got {value!r}.")
     return value
+
+
+#: JetStream takes its durations (ack wait, duplicate window, max age, a
+#: NAK's delay) as int64 nanoseconds: past this many seconds (about 292
+#: years) nats-py can't encode one, or the server refuses the request as
+#: "invalid JSON".
+NATS_MAX_SECONDS = (2**63 - 1) // 10**9
+#: PostgreSQL's statement_timeout and idle_in_transaction_session_timeout
+#: (the handler's transaction gets both) are int32 milliseconds: at most
+#: this many seconds (about 24.8 days), or PostgreSQL refuses the SET and
+#: every handler run fails.
+POSTGRES_MAX_TIMEOUT_SECONDS = (2**31 - 1) // 1000
+
+
+def _at_most(key: str, value: object, limit: int, why: str) -> float:
+    """``value`` as ``_positive_number`` validates it, refused above ``limit`` saying ``why``."""
+    number = _positive_number(key, value)
+    if number > limit:
+        raise ConfigurationError(f"PLATFORMKIT[{key!r}] must be at most {limit:,} ({why}), got {value!r}.")
+    return number
+
+
+def _nats_seconds(key: str, value: object) -> float:
+    return _at_most(key, value, NATS_MAX_SECONDS, "JetStream's limit: int64 nanoseconds")
+
+
+def _nats_days(key: str, value: object) -> float:
+    return _at_most(
+        key, value, NATS_MAX_SECONDS // 86400, "JetStream's limit on the stream's max age: int64 nanoseconds"
+    )
+
+
+def _handler_timeout(key: str, value: object) -> float:
+    return _at_most(key, value, POSTGRES_MAX_TIMEOUT_SECONDS, "PostgreSQL's statement_timeout: int32 milliseconds")
 
 
 def _positive_int(key: str, value: object) -> int:
@@ -87,8 +124,14 @@ def _backoff(key: str, value: object) -> tuple[float, ...]:
         raise ConfigurationError(f"PLATFORMKIT[{key!r}] must be a list of seconds, got {value!r}.")
     delays: list[float] = []
     for delay in value:
-        if isinstance(delay, bool) or not isinstance(delay, (int, float)) or delay < 0:
-            raise ConfigurationError(f"PLATFORMKIT[{key!r}] delays must be numbers >= 0, got {delay!r}.")
+        if isinstance(delay, bool) or not isinstance(delay, (int, float)) or not math.isfinite(delay) or delay < 0:
+            # NaN and infinity: every retry's NAK failed to encode, so the event waited out the ack wait.
+            raise ConfigurationError(f"PLATFORMKIT[{key!r}] delays must be finite numbers >= 0, got {delay!r}.")
+        if delay > NATS_MAX_SECONDS:
+            raise ConfigurationError(
+                f"PLATFORMKIT[{key!r}] delays must be at most {NATS_MAX_SECONDS:,} seconds "
+                f"(JetStream's limit on a NAK's delay: int64 nanoseconds), got {delay!r}."
+            )
         delays.append(delay)
     if not delays:
         raise ConfigurationError(f"PLATFORMKIT[{key!r}] must hold at least one delay in seconds.")
@@ -232,8 +275,8 @@ class Settings:
     RELAY_LISTEN = _Setting(True, _boolean)
     MAX_ATTEMPTS = _Setting(5, _positive_int)
     BACKOFF_SECONDS = _Setting((1, 5, 15, 30), _backoff)
-    ACK_WAIT_SECONDS = _Setting(30, _positive_number)
-    HANDLER_TIMEOUT_SECONDS = _Setting(25, _positive_number)
+    ACK_WAIT_SECONDS = _Setting(30, _nats_seconds)
+    HANDLER_TIMEOUT_SECONDS = _Setting(25, _handler_timeout)
     HANDLER_STUCK_GRACE_SECONDS = _Setting(60, _positive_number)
     CONSUMER_BATCH_SIZE = _Setting(100, _positive_int)
     CONSUMER_THREADS = _Setting(4, _positive_int)
@@ -241,8 +284,8 @@ class Settings:
     # credit twice over plus room for 20,000 events parked for retry.
     MAX_ACK_PENDING = _Setting(None, _optional_positive_int)
     MAX_PAYLOAD_BYTES = _Setting(512 * 1024, _positive_int)
-    RETENTION_DAYS = _Setting(7, _positive_number)
-    DUPLICATE_WINDOW_SECONDS = _Setting(120, _positive_number)
+    RETENTION_DAYS = _Setting(7, _nats_days)
+    DUPLICATE_WINDOW_SECONDS = _Setting(120, _nats_seconds)
     STREAM_REPLICAS = _Setting(1, _replicas)
     TENANT_CONTEXT = _Setting("django_platformkit.subscriptions.set_config_tenant", _string)
     EVENT_LOOP = _Setting("auto", _event_loop)

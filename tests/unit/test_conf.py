@@ -56,7 +56,7 @@ def test_validators_return_what_their_type_says(settings):
     for key, value, error in [
         ("BACKOFF_SECONDS", "15", "must be a list of seconds"),
         ("BACKOFF_SECONDS", [], "at least one delay"),
-        ("BACKOFF_SECONDS", [1, -1], "delays must be numbers >= 0, got -1"),
+        ("BACKOFF_SECONDS", [1, -1], "delays must be finite numbers >= 0, got -1"),
         ("RELAY_LANES", 17, "must be 1 to 16"),
         ("STREAM_REPLICAS", True, "must be an integer >= 1"),
         ("NATS_URL", "http://x", "must start with nats://"),
@@ -111,3 +111,58 @@ def test_event_loop_auto_takes_uvloop_when_installed_and_asyncio_when_asked(sett
     settings.PLATFORMKIT = {"EVENT_LOOP": "uvloop"}
     with pytest.raises(ConfigurationError, match="uvloop is not installed: pip install uvloop"):
         conf.settings.EVENT_LOOP
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "error"),
+    [
+        # NaN and infinity passed "> 0" / ">= 0": NaN compares False both ways.
+        ("BACKOFF_SECONDS", [1, float("nan")], r"delays must be finite numbers >= 0, got nan"),
+        ("BACKOFF_SECONDS", [float("inf")], r"delays must be finite numbers >= 0, got inf"),
+        ("ACK_WAIT_SECONDS", float("inf"), r"must be a finite number > 0, got inf"),
+        ("RELAY_INTERVAL_SECONDS", float("inf"), r"must be a finite number > 0, got inf"),
+        ("HANDLER_STUCK_GRACE_SECONDS", float("inf"), r"must be a finite number > 0, got inf"),
+        ("RETENTION_DAYS", float("nan"), r"must be a finite number > 0, got nan"),
+        # JetStream takes durations as int64 nanoseconds (about 292 years).
+        ("ACK_WAIT_SECONDS", 10**10, r"at most 9,223,372,036 \(JetStream"),
+        ("DUPLICATE_WINDOW_SECONDS", 10**10, r"at most 9,223,372,036 \(JetStream"),
+        ("RETENTION_DAYS", 10**9, r"at most 106,751 \(JetStream"),
+        ("BACKOFF_SECONDS", [1, 10**10], r"at most 9,223,372,036 seconds \(JetStream"),
+        # PostgreSQL's statement_timeout is int32 milliseconds (about 24.8 days).
+        ("HANDLER_TIMEOUT_SECONDS", 3 * 10**6, r"at most 2,147,483 \(PostgreSQL's statement_timeout"),
+    ],
+)
+def test_a_number_the_broker_or_the_database_can_not_take_is_refused_when_read(settings, key, value, error):
+    """Each of these passed validation and `manage.py check`, then: every
+    retry's NAK failed ("cannot convert float NaN to integer", so a failing
+    event waited out the ack wait instead of its backoff), the worker died at
+    start-up in an OverflowError traceback (ACK_WAIT_SECONDS inf), NATS
+    refused the stream as "invalid JSON" with advice about account limits
+    (RETENTION_DAYS past int64 nanoseconds), or PostgreSQL refused the
+    handler's statement_timeout, so every event was dead-lettered
+    (HANDLER_TIMEOUT_SECONDS past int32 milliseconds)."""
+    settings.PLATFORMKIT = {key: value}
+    with pytest.raises(ConfigurationError, match=rf"PLATFORMKIT\['{key}'\].*{error}"):
+        getattr(conf.settings, key)
+
+
+def test_the_largest_numbers_the_broker_and_the_database_take_are_accepted(settings):
+    settings.PLATFORMKIT = {
+        "ACK_WAIT_SECONDS": 9_223_372_036,
+        "DUPLICATE_WINDOW_SECONDS": 9_223_372_036,
+        "RETENTION_DAYS": 106_751,
+        "BACKOFF_SECONDS": [0, 9_223_372_036],
+        "HANDLER_TIMEOUT_SECONDS": 2_147_483,
+    }
+    assert conf.settings.ACK_WAIT_SECONDS == 9_223_372_036
+    assert conf.settings.DUPLICATE_WINDOW_SECONDS == 9_223_372_036
+    assert conf.settings.RETENTION_DAYS == 106_751
+    assert conf.settings.BACKOFF_SECONDS == (0, 9_223_372_036)
+    assert conf.settings.HANDLER_TIMEOUT_SECONDS == 2_147_483
+
+
+def test_subscribe_refuses_a_backoff_the_broker_can_not_take():
+    from django_platformkit import subscribe
+
+    with pytest.raises(ConfigurationError, match=r"finite numbers >= 0, got nan"):
+        subscribe("testapp.order_placed", name="testapp.nan_backoff", backoff_seconds=[float("nan")])(lambda e: None)
