@@ -10,7 +10,10 @@ forwards one SIGTERM/SIGINT to every child and waits for them to finish
 their in-flight handlers, and restarts a child that dies, with backoff:
 1 s, doubling to 30 s; a child that died ``GIVE_UP_AFTER_DEATHS`` times
 within ``GIVE_UP_WINDOW_SECONDS`` makes the supervisor stop the others and
-exit 1, so its own supervisor (systemd, Kubernetes) sees the failure.
+exit 1, so its own supervisor (systemd, Kubernetes) sees the failure. A
+child refused by its configuration (a connection pool too small for it, a
+durable that drifted, a stream another project owns) is not restarted: no
+restart can fix it, so the supervisor stops the others and exits 1 at once.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from typing import Any
 from django.db import connections
 
 from ._retry import Backoff
+from .exceptions import ConfigurationError, ConsumerDrift
 from .health import HealthFile
 
 logger = logging.getLogger(__name__)
@@ -43,6 +47,9 @@ GIVE_UP_AFTER_DEATHS = 5
 GIVE_UP_WINDOW_SECONDS = 120.0
 #: Exit status of the supervisor when it gave up on a child.
 EXIT_GAVE_UP = 1
+#: Exit status of a child its configuration refused (sysexits.h's EX_CONFIG):
+#: restarting it would only repeat the refusal, with a traceback each time.
+EXIT_CONFIGURATION = 78
 
 
 class _Child:
@@ -131,6 +138,16 @@ class Supervisor:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(child.pid, signum)
 
+    def refuse_what_no_child_could_run(self) -> None:
+        """Raise ``ConfigurationError`` for what every start of a child would
+        refuse and the parent can tell without the broker: a connection pool
+        smaller than a child keeps (each child checks it again). Call before
+        ``run()``, so the refusal is one message, not children dying."""
+        from .worker import Worker
+
+        for child in self.children:
+            Worker(**child.kwargs)._refuse_a_small_connection_pool()
+
     def run(self) -> int:
         # Nothing of ours may be shared with the children: no connection, no loop thread.
         connections.close_all()
@@ -164,6 +181,10 @@ class Supervisor:
                 code = _child_main(child, self.health_file)
             except SystemExit as exc:
                 code = exc.code if isinstance(exc.code, int) else 1
+            except (ConfigurationError, ConsumerDrift) as exc:
+                # What the single-process command prints as its CommandError: no traceback.
+                logger.critical("worker child refused to run role=%s: %s", child.role, exc)
+                code = EXIT_CONFIGURATION
             except BaseException:
                 logger.exception("worker child crashed role=%s", child.role)
                 code = 1
@@ -192,6 +213,17 @@ class Supervisor:
                 continue
             now = time.monotonic()
             delay = child.died(now)
+            if code == EXIT_CONFIGURATION:
+                logger.critical(
+                    "child refused to run role=%s (see above): a restart can't fix its configuration; "
+                    "stopping every child, supervisor exit=%s",
+                    child.role,
+                    EXIT_GAVE_UP,
+                )
+                self.exit_code = EXIT_GAVE_UP
+                self.stopping = True
+                self._signal_children(signal.SIGTERM)
+                continue
             if len(child.deaths) >= GIVE_UP_AFTER_DEATHS:
                 logger.critical(
                     "child keeps dying role=%s exit=%s deaths=%s within=%.0fs: stopping every child, supervisor exit=%s",

@@ -370,6 +370,77 @@ def test_a_django_connection_pool_smaller_than_the_worker_keeps_is_refused_and_a
     assert Effect.objects.filter(subscription="testapp.record_order", event_id__in=ids).count() == 50
 
 
+def test_processes_with_a_connection_pool_too_small_for_a_child_is_refused_at_once_not_restarted(broker):
+    """``runworker --processes 2`` with Django's default pool (4): each
+    consumer child needs 5 (4 handler threads + the heartbeat). The children
+    died at start-up with a traceback, were restarted 1, 2, 4 and 8 s later,
+    and the supervisor gave up after five deaths: 15 s of tracebacks for what
+    the single process says in one line. Now the command says it before
+    forking, as the single process does."""
+    env = worker_env(broker, PLATFORMKIT_TEST_DB_POOL=json.dumps({"max_size": 4, "timeout": 5}))
+    started = time.monotonic()
+    proc = manage(
+        "runworker",
+        "--processes",
+        "2",
+        "--no-jobs",
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        output, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, output
+    assert "CommandError: DATABASES['default']['OPTIONS']['pool'] allows 4 connections" in output, output
+    assert "max_size >= 5" in output
+    assert "child started" not in output and "Traceback" not in output, output
+    assert time.monotonic() - started < 20
+
+
+def test_processes_stops_at_once_when_a_child_is_refused_by_its_configuration(broker, transport):
+    """A durable that drifted (another filter subject: the worker refuses to
+    touch it, ConsumerDrift) made the consumer child die, be restarted with
+    backoff and die again five times, each with a traceback, before the
+    supervisor gave up. No restart can fix a configuration: the supervisor
+    now stops at the first such exit, exit 1, the refusal logged once."""
+    from django_platformkit import conf
+    from django_platformkit.streams import consumer_config
+
+    transport.ensure_consumer(consumer_config("testapp.record_order", "testapp.slow"))
+    try:
+        started = time.monotonic()
+        proc = manage(
+            "runworker",
+            "--processes",
+            "1",
+            "--no-jobs",
+            "--no-relay",
+            "--subscription",
+            "testapp.record_order",
+            env=worker_env(broker),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        try:
+            output, _ = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    finally:
+        transport.call(transport._js.delete_consumer(conf.settings.STREAM, "testapp-record_order"), timeout=10)
+    assert proc.returncode == 1, output
+    assert output.count("worker child refused to run role=consumer0") == 1, output
+    assert "filter_subject" in output
+    assert "a restart can't fix its configuration" in output
+    assert "restarting in" not in output and "Traceback" not in output, output
+    assert time.monotonic() - started < 20
+
+
 def test_a_stopping_worker_hands_back_its_early_fetched_unit_at_once_not_after_the_running_one(
     broker, background_worker
 ):

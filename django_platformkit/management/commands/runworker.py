@@ -164,6 +164,10 @@ class Command(BaseCommand):
                 jobs=options["job"],
                 health_file=options["health_file"],
             )
+            try:
+                supervisor.refuse_what_no_child_could_run()
+            except ConfigurationError as exc:
+                raise CommandError(str(exc)) from None
             supervisor.install_signal_handlers()
             code = supervisor.run()
             if code:
