@@ -307,6 +307,16 @@ def explain_unmigrated(exc: ProgrammingError, alias: str) -> None:
     return otherwise (the caller re-raises ``exc``). The caller's
     transaction is aborted either way: the statement failed in it."""
     if getattr(exc.__cause__, "sqlstate", None) == "42P01" and OUTBOX_TABLE in str(exc):
+        outbox = conf.settings.DATABASE_ALIAS
+        if alias != outbox:
+            # Migrating there would make publish() work and its rows be lost:
+            # the relay reads DATABASE_ALIAS's outbox and no other.
+            raise ProgrammingError(
+                f"the outbox table {OUTBOX_TABLE} does not exist in database {alias!r}, and it shouldn't: the relay "
+                f"sends the rows of one outbox, on PLATFORMKIT['DATABASE_ALIAS'] ({outbox!r}), so a row written to "
+                f"{alias!r} would never be sent. Publish inside transaction.atomic(using={outbox!r}) without "
+                f"using=, or point DATABASE_ALIAS at {alias!r} and migrate it ({str(exc).splitlines()[0]})"
+            ) from exc
         raise ProgrammingError(
             f"the outbox table {OUTBOX_TABLE} does not exist in database {alias!r}: run "
             f"`python manage.py migrate django_platformkit --database {alias}` ({str(exc).splitlines()[0]})"

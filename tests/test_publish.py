@@ -312,6 +312,54 @@ def test_an_unmigrated_outbox_is_an_error_that_says_to_migrate(how):
     assert OutboxEvent.objects.count() == 1
 
 
+#: A second alias on the test database (the project's other database, say).
+ELSEWHERE = "elsewhere"
+
+
+@pytest.fixture(scope="module")
+def elsewhere_alias(django_db_setup):
+    """Registers ``ELSEWHERE`` as a mirror of ``default`` (neither created nor
+    flushed for the tests), module-scoped so it exists before the marker's
+    ``databases`` is checked."""
+    import copy
+
+    from django.db import connections
+
+    config = copy.deepcopy(connections.settings["default"])
+    config["TEST"] = dict(config.get("TEST") or {}, MIRROR="default")
+    connections.settings[ELSEWHERE] = config
+    try:
+        yield ELSEWHERE
+    finally:
+        connections[ELSEWHERE].close()
+        del connections[ELSEWHERE]
+        del connections.settings[ELSEWHERE]
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", ELSEWHERE])
+def test_an_outbox_missing_on_another_alias_says_the_relay_reads_database_alias_not_to_migrate_there(
+    elsewhere_alias,
+):
+    """publish(using=X) where X lacks the tables said "run `manage.py
+    migrate django_platformkit --database X`": done, publish() worked and
+    every event it wrote there stayed pending for ever, since the relay and
+    the worker read DATABASE_ALIAS's outbox only (nothing said so, and the
+    overview counts that outbox only). The error now says where the outbox
+    is and not to migrate another database for it."""
+    from django.db import ProgrammingError, connections
+
+    with pytest.raises(ProgrammingError) as refused:
+        # The rename is rolled back with the failed statement's transaction.
+        with transaction.atomic(using=elsewhere_alias), connections[elsewhere_alias].cursor() as cursor:
+            cursor.execute("ALTER TABLE platformkit_outbox RENAME TO platformkit_outbox_away")
+            publish("testapp.order_placed", {"order": 1}, using=elsewhere_alias)
+    text = str(refused.value)
+    assert "migrate django_platformkit --database elsewhere" not in text, text
+    assert "does not exist in database 'elsewhere', and it shouldn't" in text, text
+    assert "PLATFORMKIT['DATABASE_ALIAS'] ('default')" in text and "would never be sent" in text, text
+    assert "transaction.atomic(using='default')" in text, text
+
+
 def test_another_programming_error_is_raised_as_it_was():
     from django.db import ProgrammingError
 
