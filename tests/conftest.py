@@ -127,20 +127,27 @@ def manage(*args: str, env: dict[str, str], **kwargs) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, str(ROOT / "tests" / "manage.py"), *args], env=env, cwd=ROOT, **kwargs)
 
 
+def run_to_exit(*args: str, env: dict[str, str], timeout: float = 60) -> tuple[int, str]:
+    """Run ``tests/manage.py <args>`` as a real process until it exits:
+    ``(exit status, stdout and stderr together)``. Killed if it runs past
+    ``timeout`` seconds (``subprocess.TimeoutExpired`` is raised then)."""
+    proc = manage(*args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return proc.returncode, output
+
+
 def url_only_command(broker_config: dict, *args: str) -> str:
     """Run ``tests/manage.py <args>`` as a real process in which
     ``testapp.url_only`` is declared only by a module the URLconf imports
     (``PLATFORMKIT_TEST_URL_ONLY``); assert it exited 0 and return its
     output (stdout and stderr)."""
-    proc = manage(
-        *args,
-        env=worker_env(broker_config, PLATFORMKIT_TEST_URL_ONLY="1"),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    output, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 0, output
+    code, output = run_to_exit(*args, env=worker_env(broker_config, PLATFORMKIT_TEST_URL_ONLY="1"), timeout=120)
+    assert code == 0, output
     return output
 
 

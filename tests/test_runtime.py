@@ -18,7 +18,7 @@ import pytest
 from django.db import transaction
 
 from django_platformkit import publish
-from tests.conftest import manage, url_only_command, wait_for, worker_env
+from tests.conftest import manage, run_to_exit, url_only_command, wait_for, worker_env
 from tests.testapp.models import Effect
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(240)]
@@ -379,22 +379,8 @@ def test_processes_with_a_connection_pool_too_small_for_a_child_is_refused_at_on
     forking, as the single process does."""
     env = worker_env(broker, PLATFORMKIT_TEST_DB_POOL=json.dumps({"max_size": 4, "timeout": 5}))
     started = time.monotonic()
-    proc = manage(
-        "runworker",
-        "--processes",
-        "2",
-        "--no-jobs",
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
-        output, _ = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 1, output
+    code, output = run_to_exit("runworker", "--processes", "2", "--no-jobs", env=env)
+    assert code == 1, output
     assert "CommandError: DATABASES['default']['OPTIONS']['pool'] allows 4 connections" in output, output
     assert "max_size >= 5" in output
     assert "child started" not in output and "Traceback" not in output, output
@@ -413,7 +399,7 @@ def test_processes_stops_at_once_when_a_child_is_refused_by_its_configuration(br
     transport.ensure_consumer(consumer_config("testapp.record_order", "testapp.slow"))
     try:
         started = time.monotonic()
-        proc = manage(
+        code, output = run_to_exit(
             "runworker",
             "--processes",
             "1",
@@ -422,18 +408,10 @@ def test_processes_stops_at_once_when_a_child_is_refused_by_its_configuration(br
             "--subscription",
             "testapp.record_order",
             env=worker_env(broker),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
         )
-        try:
-            output, _ = proc.communicate(timeout=60)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
     finally:
         transport.call(transport._js.delete_consumer(conf.settings.STREAM, "testapp-record_order"), timeout=10)
-    assert proc.returncode == 1, output
+    assert code == 1, output
     assert output.count("worker child refused to run role=consumer0") == 1, output
     assert "filter_subject" in output
     assert "a restart can't fix its configuration" in output
