@@ -11,10 +11,13 @@ live here; test modules never import fixtures from one another.
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import os
 import subprocess
 import sys
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -125,6 +128,27 @@ def worker_env(broker_config: dict, **extra: str) -> dict[str, str]:
 def manage(*args: str, env: dict[str, str], **kwargs) -> subprocess.Popen:
     """Start ``tests/manage.py <args>`` as a real process."""
     return subprocess.Popen([sys.executable, str(ROOT / "tests" / "manage.py"), *args], env=env, cwd=ROOT, **kwargs)
+
+
+@contextlib.contextmanager
+def mirror_of_default(alias: str, **options: str) -> Iterator[str]:
+    """Register ``alias`` as a second connection to the test database,
+    ``options`` added to its ``OPTIONS`` (``options="-c ..."`` for the
+    session), for a module-scoped fixture: it must exist before a test's
+    ``django_db(databases=[...])`` is checked. A mirror of ``default``, so the
+    test database is neither created for it nor flushed through it."""
+    from django.db import connections
+
+    config = copy.deepcopy(connections.settings["default"])
+    config["OPTIONS"] = dict(config.get("OPTIONS") or {}, **options)
+    config["TEST"] = dict(config.get("TEST") or {}, MIRROR="default")
+    connections.settings[alias] = config
+    try:
+        yield alias
+    finally:
+        connections[alias].close()
+        del connections[alias]
+        del connections.settings[alias]
 
 
 def run_to_exit(*args: str, env: dict[str, str], timeout: float = 60) -> tuple[int, str]:

@@ -17,7 +17,7 @@ from django_platformkit import publish
 from django_platformkit.consumer import Consumer, Subscription
 from django_platformkit.models import Attempt, DeadLetter, HandledEvent
 from django_platformkit.relay import Relay
-from tests.conftest import manage, wait_for, worker_env
+from tests.conftest import manage, mirror_of_default, wait_for, worker_env
 from tests.testapp.models import Effect
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -191,20 +191,9 @@ READ_ONLY = "read_only"
 
 @pytest.fixture(scope="module")
 def read_only_alias(django_db_setup):
-    """Registers ``READ_ONLY`` for this module's tests. Module-scoped so it
-    exists before a test's ``django_db(databases=[..., READ_ONLY])`` is
-    checked; a mirror of ``default``, so the test database is neither
-    created for it nor flushed through it (a flush can't write there)."""
-    config = copy.deepcopy(connections.settings["default"])
-    config["OPTIONS"] = dict(config.get("OPTIONS") or {}, options="-c default_transaction_read_only=on")
-    config["TEST"] = dict(config.get("TEST") or {}, MIRROR="default")
-    connections.settings[READ_ONLY] = config
-    try:
-        yield READ_ONLY
-    finally:
-        connections[READ_ONLY].close()
-        del connections[READ_ONLY]
-        del connections.settings[READ_ONLY]
+    """Registers ``READ_ONLY`` for this module's tests (a flush can't write through it either)."""
+    with mirror_of_default(READ_ONLY, options="-c default_transaction_read_only=on") as alias:
+        yield alias
 
 
 @pytest.mark.django_db(transaction=True, databases=["default", READ_ONLY])

@@ -17,6 +17,7 @@ from django_platformkit.exceptions import (
     UndeclaredEvent,
 )
 from django_platformkit.models import OutboxEvent
+from tests.conftest import mirror_of_default
 from tests.testapp.models import Order
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -318,22 +319,9 @@ ELSEWHERE = "elsewhere"
 
 @pytest.fixture(scope="module")
 def elsewhere_alias(django_db_setup):
-    """Registers ``ELSEWHERE`` as a mirror of ``default`` (neither created nor
-    flushed for the tests), module-scoped so it exists before the marker's
-    ``databases`` is checked."""
-    import copy
-
-    from django.db import connections
-
-    config = copy.deepcopy(connections.settings["default"])
-    config["TEST"] = dict(config.get("TEST") or {}, MIRROR="default")
-    connections.settings[ELSEWHERE] = config
-    try:
-        yield ELSEWHERE
-    finally:
-        connections[ELSEWHERE].close()
-        del connections[ELSEWHERE]
-        del connections.settings[ELSEWHERE]
+    """Registers ``ELSEWHERE`` for this module's tests."""
+    with mirror_of_default(ELSEWHERE) as alias:
+        yield alias
 
 
 @pytest.mark.django_db(transaction=True, databases=["default", ELSEWHERE])
