@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
-import socket
 import threading
 import time
 import uuid
@@ -23,12 +21,15 @@ from typing import Any, Protocol
 from django.db import connections
 from django.utils import timezone
 
+from ._process import worker_id
 from ._tables import ATTEMPTS_TABLE, HANDLED_TABLE
 
 logger = logging.getLogger(__name__)
 
-#: Who ran an attempt, on its row: ``<host>:<pid>``.
-WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"
+#: ``<host>:<pid>`` of the process when this module was imported; kept for
+#: callers of the old name. The rows take ``worker_id()``, which a forked
+#: child (``runworker --processes``) computes again.
+WORKER_ID = worker_id()
 
 #: A redelivery's history, and whether it was handled meanwhile (a lost ack), in one round trip.
 HISTORY_SQL = (
@@ -66,7 +67,7 @@ def start_run(subscription: str, event_id: uuid.UUID, attempt: int, *, using: st
     the handler starts, so a run that kills its worker counts); return its
     id, or None when another worker already wrote that number."""
     with connections[using].cursor() as cursor:
-        cursor.execute(START_SQL, [subscription, event_id, attempt, WORKER_ID])
+        cursor.execute(START_SQL, [subscription, event_id, attempt, worker_id()])
         row = cursor.fetchone()
     return row[0] if row is not None else None
 
@@ -96,7 +97,7 @@ def record_failed_run(
                     started_at or timezone.now(),
                     error[:10000],
                     traceback[:50000],
-                    WORKER_ID,
+                    worker_id(),
                     subscription,
                     event_id,
                 ],
@@ -183,7 +184,7 @@ class SlowRunRecorder:
                                     subscription,
                                     work.event.id,
                                     work.started_at or timezone.now(),
-                                    WORKER_ID,
+                                    worker_id(),
                                     subscription,
                                     work.event.id,
                                 ],

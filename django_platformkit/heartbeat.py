@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import socket
 import time
 from collections.abc import Sequence
 from datetime import datetime, timedelta
@@ -22,6 +20,7 @@ from django.db import DatabaseError, connections
 from django.utils import timezone
 
 from . import conf
+from ._process import worker_id as worker_id  # the overview's workers: the text Attempt.worker holds
 from ._tables import WORKERS_TABLE
 
 logger = logging.getLogger(__name__)
@@ -47,11 +46,6 @@ _STOP_SQL = (
     "ON CONFLICT (worker) DO UPDATE SET last_seen = now(), stopped_at = now()"
 )
 _FORGET_SQL = f"DELETE FROM {WORKERS_TABLE} WHERE last_seen < now() - make_interval(secs => %s)"
-
-
-def worker_id() -> str:
-    """``host:pid`` of this process (the same text ``Attempt.worker`` holds)."""
-    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 def _version() -> str:

@@ -26,9 +26,7 @@ import difflib
 import functools
 import inspect
 import logging
-import os
 import re
-import socket
 import sys
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -40,6 +38,7 @@ from django.db import ProgrammingError, connections, transaction
 from django.utils.module_loading import import_string
 
 from . import conf
+from ._process import worker_id as worker_id  # a task result's worker_ids: the text Attempt.worker holds
 from .exceptions import ConfigurationError, InvalidPayload
 
 try:  # Django 6.0+
@@ -129,19 +128,6 @@ def event_name(queue: str) -> str:
 def queue_of(name: str) -> str | None:
     """The queue of a task event or subscription name, or None for any other name."""
     return name[len(TASK_EVENT_PREFIX) :] if name.startswith(TASK_EVENT_PREFIX) else None
-
-
-_worker_id: tuple[int, str] = (0, "")
-
-
-def worker_id() -> str:
-    """``host:pid``, as ``Attempt.worker`` records it (computed once per process:
-    a forked worker gets its own pid)."""
-    global _worker_id
-    pid = os.getpid()
-    if _worker_id[0] != pid:
-        _worker_id = (pid, f"{socket.gethostname()}:{pid}")
-    return _worker_id[1]
 
 
 def configured_queues() -> dict[str, list[str]]:

@@ -88,3 +88,28 @@ def test_cron_grammar_refuses_what_crons_read_differently():
     assert cron_problems("0 0 L * *")  # L means different things in different crons
     assert cron_problems("0 0 */2 * mon")  # day-of-month AND/OR day-of-week
     assert cron_problems("0 0 30 2 *")  # never fires
+
+
+def test_worker_id_is_host_and_pid_and_a_forked_child_names_itself():
+    """runworker --processes forks its children after the imports: each
+    child's rows must name the child, not the supervisor. Forked in a
+    process of its own (one thread: a fork beside this run's threads warns)."""
+    import subprocess
+    import sys
+
+    program = """
+import os, socket
+from django_platformkit._process import worker_id
+host = socket.gethostname()
+assert worker_id() == f"{host}:{os.getpid()}" and worker_id() is worker_id()
+pid = os.fork()
+if pid == 0:
+    assert worker_id() == f"{host}:{os.getpid()}", worker_id()
+    os._exit(0)
+_, status = os.waitpid(pid, 0)
+assert status == 0, "the child named the parent"
+assert worker_id() == f"{host}:{os.getpid()}"
+print("ok")
+"""
+    out = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "ok", out.stderr
