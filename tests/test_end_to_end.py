@@ -25,11 +25,25 @@ def order_subscriptions():
     return [s for s in subscriptions() if s.name in SUBS]
 
 
-def test_n_events_are_handled_exactly_once_by_every_subscription(run_worker):
+@pytest.mark.parametrize("event_loop", ["auto", "asyncio"])
+def test_n_events_are_handled_exactly_once_by_every_subscription(run_worker, settings, event_loop):
+    """On either event loop: uvloop ("auto", installed with the package) and
+    the standard library's, which EVENT_LOOP "asyncio" keeps."""
+    import asyncio
+
+    import uvloop
+
+    from django_platformkit.transport import Transport
+
+    settings.PLATFORMKIT = dict(settings.PLATFORMKIT, EVENT_LOOP=event_loop)
+    transport = Transport()
+    loop = transport._ensure_loop()  # the loop the worker's NATS connection will run on
+    assert isinstance(loop, uvloop.Loop) == (event_loop == "auto")
+    assert isinstance(loop, asyncio.AbstractEventLoop)
     n = 300
     with transaction.atomic():
         ids = {publish("testapp.order_placed", {"n": i}, tenant="acme" if i % 2 else None) for i in range(n)}
-    worker = run_worker(subscriptions=order_subscriptions())
+    worker = run_worker(subscriptions=order_subscriptions(), transport=transport)
     assert OutboxEvent.objects.pending().count() == 0
     for sub in SUBS:
         effects = Effect.objects.filter(subscription=sub)
