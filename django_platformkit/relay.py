@@ -18,6 +18,7 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import psycopg
 from django.db import connections, transaction
 
 from . import conf, signals, tracing
@@ -111,8 +112,6 @@ def _merges_statements(cursor: Any) -> bool:
     psycopg's ``ClientCursor``: then one ``execute`` may carry several
     statements, sent as one simple query (one round trip). Server-side
     binding sends one statement per ``execute``."""
-    import psycopg
-
     return isinstance(getattr(cursor, "cursor", cursor), psycopg.ClientCursor)
 
 
@@ -462,8 +461,6 @@ class _Listener:
         params.pop("cursor_factory", None)
         params.pop("context", None)
         params.pop("prepare_threshold", None)
-        import psycopg
-
         # A server that doesn't answer must not pin the relay's thread.
         params.setdefault("connect_timeout", 10)
         self.connection = psycopg.connect(**params, autocommit=True)
