@@ -13,8 +13,8 @@ from pathlib import Path
 
 from django.db import connection, transaction
 
-from django_platformkit.relay import _PLAN_SQL, _SELECT_SQL, Relay
-from django_platformkit.transport import durable_name
+from django_platformkit.outbox.relay import _PLAN_SQL, _SELECT_SQL, Relay
+from django_platformkit.wire import durable_name
 
 from .benchapp.platformkit import BACKLOG
 from .harness import Result, Sizes, fill_outbox, log, manage, pending, reset_broker, reset_tables, rss_kib, scalar

@@ -16,10 +16,12 @@ from datetime import timedelta
 
 from django.db import connection
 
-from django_platformkit.consumer import Consumer, subscriptions
-from django_platformkit.relay import Relay
-from django_platformkit.transport import Transport, durable_name
-from django_platformkit.worker import Worker
+from django_platformkit.broker.transport import Transport
+from django_platformkit.consume.consumer import Consumer
+from django_platformkit.consume.subscriptions import subscriptions
+from django_platformkit.outbox.relay import Relay
+from django_platformkit.runtime.worker import Worker
+from django_platformkit.wire import durable_name
 
 from .benchapp.platformkit import (
     BATCH_SUPPORTED,

@@ -18,7 +18,7 @@ from pathlib import Path
 from django.db import transaction
 
 from django_platformkit import publish
-from django_platformkit.transport import durable_name
+from django_platformkit.wire import durable_name
 
 from .benchapp.platformkit import LATENCY
 from .harness import Result, Sizes, log, manage, reset_broker, reset_tables, scalar, sql

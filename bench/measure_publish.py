@@ -10,7 +10,7 @@ from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 
 from django_platformkit import conf, publish
-from django_platformkit.events import publish_many
+from django_platformkit.outbox.events import publish_many
 
 from .benchapp.models import Row
 from .benchapp.platformkit import PUBLISH

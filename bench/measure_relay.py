@@ -13,7 +13,8 @@ import uuid
 from datetime import UTC, datetime
 
 from django_platformkit import conf
-from django_platformkit.relay import Relay, envelope
+from django_platformkit.outbox.relay import Relay
+from django_platformkit.wire import envelope
 
 from .benchapp.platformkit import RELAY
 from .harness import ROOT, Result, Sizes, child_env, fill_outbox, log, pending, ratio_result, reset_broker, reset_tables

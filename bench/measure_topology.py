@@ -35,7 +35,7 @@ import time
 from django.db import transaction
 
 from django_platformkit import publish, publish_many
-from django_platformkit.transport import durable_name, filter_subject_for
+from django_platformkit.wire import durable_name, filter_subject_for
 
 from .benchapp.platformkit import (
     TOPO_HOT,

@@ -23,8 +23,8 @@ def main() -> None:
     django.setup()
     from django.db import connection
 
-    from django_platformkit.relay import Relay
-    from django_platformkit.transport import Transport
+    from django_platformkit.broker.transport import Transport
+    from django_platformkit.outbox.relay import Relay
 
     transport = Transport(name="bench relay")
     transport.connect()

@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         from django.core.management import call_command
 
         call_command("migrate", verbosity=0)
-        from django_platformkit.transport import Transport
+        from django_platformkit.broker.transport import Transport
 
         from .harness import scalar
 

@@ -1,12 +1,15 @@
 """django_platformkit: events are the job queue.
 
-The public API only; importing this module touches no models (the functions
-import their modules on first use), so it is safe in settings and AppConfigs.
+The public API. Importing it loads neither the broker client (``nats``) nor
+the models, so it is safe in settings modules and AppConfigs.
 """
 
-from __future__ import annotations
-
-from typing import TYPE_CHECKING, Any
+from django_platformkit.consume.subscriptions import subscribe
+from django_platformkit.jobs.specs import job
+from django_platformkit.operate.deadletters import discard, replay
+from django_platformkit.operate.republish import republish
+from django_platformkit.outbox.events import EventType, declare, publish, publish_many
+from django_platformkit.wire import ReceivedEvent
 
 #: The release, written here only: pyproject.toml reads it (setuptools
 #: dynamic version), so the wheel's metadata and this never disagree.
@@ -16,6 +19,7 @@ __all__ = [
     "EventType",
     "ReceivedEvent",
     "declare",
+    "discard",
     "job",
     "publish",
     "publish_many",
@@ -23,38 +27,3 @@ __all__ = [
     "republish",
     "subscribe",
 ]
-
-_WHERE = {
-    "EventType": "events",
-    "ReceivedEvent": "wire",
-    "declare": "events",
-    "job": "jobs",
-    "publish": "events",
-    "publish_many": "events",
-    "replay": "deadletters",
-    "republish": "recovery",
-    "subscribe": "subscriptions",
-}
-
-if TYPE_CHECKING:
-    from .deadletters import replay
-    from .events import EventType, declare, publish, publish_many
-    from .jobs import job
-    from .recovery import republish
-    from .subscriptions import subscribe
-    from .wire import ReceivedEvent
-
-
-def __getattr__(name: str) -> Any:
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module 'django_platformkit' has no attribute {name!r}")
-    from importlib import import_module
-
-    value = getattr(import_module(f".{module}", __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(list(globals()) + __all__)

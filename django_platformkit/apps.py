@@ -14,7 +14,7 @@ from typing import Any
 from django.apps import AppConfig, apps
 from django.utils.module_loading import module_has_submodule
 
-from .exceptions import ConfigurationError
+from django_platformkit.exceptions import ConfigurationError
 
 
 class PlatformKitConfig(AppConfig):
@@ -24,13 +24,9 @@ class PlatformKitConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from . import (
-            checks,  # noqa: F401 - registers the system checks
-            events,  # noqa: F401 - declares the built-in events
-        )
 
         discover()
-        from .tasks import register_task_queues
+        from django_platformkit.tasks.backend import register_task_queues
 
         register_task_queues()  # django.tasks: one subscription per TASKS queue
         validate_declarations()
@@ -88,8 +84,8 @@ def validate_declarations() -> None:
     handlers that can't take one event, jobs that can't be called with no
     arguments or have neither or both of ``every``/``cron``. Raises
     ``ConfigurationError`` (an ``ImproperlyConfigured``)."""
-    from . import jobs
-    from .subscriptions import subscriptions
+    from django_platformkit.consume.subscriptions import subscriptions
+    from django_platformkit.jobs import specs as jobs
 
     for sub in subscriptions():
         _refuse_no_parameter(sub.handler, sub.declared_in)

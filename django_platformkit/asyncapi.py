@@ -16,10 +16,11 @@ import copy
 import json
 from typing import Any
 
-from . import conf
-from .events import TENANT, EventType, catalogue
-from .tasks import configured_queues, queue_of
-from .wire import NO_TENANT, subject_for
+from django_platformkit import conf
+from django_platformkit.names import TENANT
+from django_platformkit.outbox.events import EventType, catalogue
+from django_platformkit.tasks.backend import configured_queues, queue_of
+from django_platformkit.wire import NO_TENANT, subject_for
 
 #: AsyncAPI 3.0.0, https://www.asyncapi.com/docs/reference/specification/v3.0.0
 ASYNCAPI_VERSION = "3.0.0"
@@ -187,7 +188,7 @@ def document(*, title: str = "Event catalogue", version: str = "1.0.0") -> dict[
             "messages": [message_ref],
             "summary": send,
         }
-    from .subscriptions import subscriptions
+    from django_platformkit.consume.subscriptions import subscriptions
 
     for sub in subscriptions():
         if sub.event not in events:

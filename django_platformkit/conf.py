@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, overload
 from django.conf import settings as django_settings
 from django.core.signals import setting_changed
 
-from .exceptions import ConfigurationError
+from django_platformkit.exceptions import ConfigurationError
 
 # Used with fullmatch only: ``re.match`` with ``$`` accepts a trailing
 # newline, which passes ``check`` and then fails at run time on the broker.
@@ -155,6 +155,10 @@ def _lanes(key: str, value: object) -> int:
     return count
 
 
+def _optional_string(key: str, value: object) -> str | None:
+    return None if value is None else _string(key, value)
+
+
 def _optional_positive_int(key: str, value: object) -> int | None:
     return None if value is None else _positive_int(key, value)
 
@@ -287,7 +291,8 @@ class Settings:
     RETENTION_DAYS = _Setting(7, _nats_days)
     DUPLICATE_WINDOW_SECONDS = _Setting(120, _nats_seconds)
     STREAM_REPLICAS = _Setting(1, _replicas)
-    TENANT_CONTEXT = _Setting("django_platformkit.subscriptions.set_config_tenant", _string)
+    #: None: the built-in context, ``set_config('platformkit.tenant', tenant, true)``.
+    TENANT_CONTEXT = _Setting(None, _optional_string)
     EVENT_LOOP = _Setting("auto", _event_loop)
 
     @property

@@ -21,10 +21,10 @@ from collections.abc import Mapping
 
 from django.db import connections
 
-from . import conf
-from ._tables import IDENTITY_TABLE
-from .exceptions import ConfigurationError, DatabaseUnavailable
-from .outage import database_unavailable, is_database_error, sqlstate
+from django_platformkit import conf
+from django_platformkit._tables import IDENTITY_TABLE
+from django_platformkit.exceptions import ConfigurationError, DatabaseUnavailable
+from django_platformkit.outage import database_unavailable, is_database_error, sqlstate
 
 #: The stream's metadata key (NATS 2.10+).
 METADATA_KEY = "platformkit_database"

@@ -13,8 +13,8 @@ from uuid import UUID
 from django.db import models
 from django.db.models.functions import Now
 
-from ._ids import uuid7
-from ._tables import (
+from django_platformkit._ids import uuid7
+from django_platformkit._tables import (
     ATTEMPTS_TABLE,
     DEAD_LETTER_TABLE,
     HANDLED_TABLE,

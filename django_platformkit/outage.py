@@ -211,11 +211,6 @@ def not_the_handlers_fault(exc: BaseException, alias: str | None = None, *, own_
     return connection.connection is None or not connection.is_usable()
 
 
-def _connection_lost(exc: BaseException, alias: str) -> bool:
-    """Kept for callers of the old name: ``not_the_handlers_fault``."""
-    return not_the_handlers_fault(exc, alias)
-
-
 def close_old_connections_for(alias: str) -> None:
     """Before a unit of work in a worker thread: drop this thread's
     connection if it broke, or if it outlived a positive ``CONN_MAX_AGE``, so

@@ -11,7 +11,7 @@ the ``EventType`` (published), the ``Relay`` (events_relayed) or the
 
 Receivers run in the thread that did the work (a handler's consumer thread,
 the relay's thread, a job's thread): keep them short and thread-safe, as
-``django_platformkit.metrics`` does.
+``django_platformkit.runtime.metrics`` does.
 """
 
 from __future__ import annotations

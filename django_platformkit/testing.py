@@ -28,18 +28,19 @@ from typing import TYPE_CHECKING, Any, cast
 
 from django.db import connections, transaction
 
-from . import conf, signals
-from ._tables import OUTBOX_TABLE
-from .consumer import Consumer
-from .identity import database_identity
-from .relay import Relay
-from .subscriptions import Subscription
-from .subscriptions import subscriptions as registered_subscriptions
-from .testing_transport import ConsumerSpec, InMemoryTransport, ManualClock
-from .wire import ReceivedEvent
+from django_platformkit import conf, signals
+from django_platformkit._tables import OUTBOX_TABLE
+from django_platformkit.broker.memory import InMemoryTransport
+from django_platformkit.broker.memory_stream import ConsumerSpec, ManualClock
+from django_platformkit.consume.consumer import Consumer
+from django_platformkit.consume.subscriptions import Subscription
+from django_platformkit.consume.subscriptions import subscriptions as registered_subscriptions
+from django_platformkit.identity import database_identity
+from django_platformkit.outbox.relay import Relay
+from django_platformkit.wire import ReceivedEvent
 
 if TYPE_CHECKING:
-    from .transport import Transport
+    from django_platformkit.broker.transport import Transport
 
 __all__ = [
     "BurstResult",

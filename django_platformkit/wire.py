@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from . import conf
-from .events import check_event_name, check_tenant
-from .exceptions import InvalidEventName
+from django_platformkit import conf
+from django_platformkit.exceptions import InvalidEventName
+from django_platformkit.names import check_event_name, check_tenant
 
 #: Bytes the CloudEvents envelope and headers add around a payload, at most.
 ENVELOPE_OVERHEAD_BYTES = 4096

@@ -47,7 +47,7 @@ def _settings_table() -> str:
 
 
 def _checks_table() -> str:
-    from django_platformkit import checks
+    from django_platformkit.checks import messages as checks
 
     rows = ["| Id | Message | Hint |", "| --- | --- | --- |"]
     for code, (message, hint) in sorted(checks.MESSAGES.items()):

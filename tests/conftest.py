@@ -77,7 +77,7 @@ def _services_unless_unit(request):
 def broker(settings, platformkit_services):
     """A fresh stream and subject prefix for this test; deleted afterwards.
     Yields the PLATFORMKIT dict in force."""
-    from django_platformkit.transport import Transport
+    from django_platformkit.broker.transport import Transport
 
     token = uuid.uuid4().hex[:10]
     config = dict(settings.PLATFORMKIT, STREAM=f"T{token}", SUBJECT_PREFIX=f"t{token}")
@@ -103,7 +103,7 @@ def broker(settings, platformkit_services):
 
 @pytest.fixture
 def transport(broker):
-    from django_platformkit.transport import Transport
+    from django_platformkit.broker.transport import Transport
 
     t = Transport()
     t.connect()
@@ -179,7 +179,7 @@ def url_only_command(broker_config: dict, *args: str) -> str:
 def run_worker(broker):
     """Run ``runworker --burst`` in this process (threads, real NATS, the
     test database) and return the Worker."""
-    from django_platformkit.worker import Worker
+    from django_platformkit.runtime.worker import Worker
 
     def run(timeout: float = 60, **kwargs):
         worker = Worker(burst=True, burst_timeout_seconds=timeout, **kwargs)
@@ -209,7 +209,7 @@ def background_worker(broker):
     """Start a non-burst Worker in a thread of this process; stopped at teardown."""
     import threading
 
-    from django_platformkit.worker import Worker
+    from django_platformkit.runtime.worker import Worker
 
     started = []
 

@@ -23,9 +23,10 @@ from django.test import override_settings
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
-from django_platformkit import consumer, declare, subscribe
+from django_platformkit import declare, subscribe
 from django_platformkit.asyncapi import TASK_SCHEMA, document
-from django_platformkit.tasks import HAVE_DJANGO_TASKS, register_task_queues
+from django_platformkit.consume import subscriptions as subscription_registry
+from django_platformkit.tasks.backend import HAVE_DJANGO_TASKS, register_task_queues
 from tests.test_checks import registries  # noqa: F401 - fixture
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -155,7 +156,7 @@ def test_channels_are_subjects_messages_carry_schemas_operations_are_subscriptio
     assert receive["x-platformkit-max-attempts"] == 3
     assert doc["operations"]["send.testapp.flaky"]["action"] == "send"
     assert {op.removeprefix("receive.") for op in doc["operations"] if op.startswith("receive.")} == {
-        s.name for s in consumer.subscriptions()
+        s.name for s in subscription_registry.subscriptions()
     }
 
 

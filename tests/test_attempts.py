@@ -14,9 +14,10 @@ import pytest
 from django.db import connections, transaction
 
 from django_platformkit import publish
-from django_platformkit.consumer import Consumer, Subscription
+from django_platformkit.consume.consumer import Consumer
+from django_platformkit.consume.subscriptions import Subscription
 from django_platformkit.models import Attempt, DeadLetter, HandledEvent
-from django_platformkit.relay import Relay
+from django_platformkit.outbox.relay import Relay
 from tests.conftest import manage, mirror_of_default, wait_for, worker_env
 from tests.testapp.models import Effect
 

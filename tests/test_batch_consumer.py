@@ -6,9 +6,10 @@ import pytest
 from django.db import connection, transaction
 
 from django_platformkit import publish
-from django_platformkit.consumer import Consumer, Subscription
+from django_platformkit.consume.consumer import Consumer
+from django_platformkit.consume.subscriptions import Subscription
 from django_platformkit.models import DeadLetter, HandledEvent
-from django_platformkit.relay import Relay
+from django_platformkit.outbox.relay import Relay
 from tests.conftest import wait_for
 from tests.testapp.models import Effect
 
@@ -405,7 +406,7 @@ def test_a_full_unit_redone_after_a_failure_commits_at_most_50_savepoints_per_tr
     """A unit is a whole fetched batch (CONSUMER_BATCH_SIZE, 100 here); its
     redo with a savepoint per message commits in chunks of
     MAX_SAVEPOINTS_PER_TRANSACTION, so no transaction overflows the subxid cache."""
-    from django_platformkit.units import MAX_SAVEPOINTS_PER_TRANSACTION
+    from django_platformkit.consume.units import MAX_SAVEPOINTS_PER_TRANSACTION
 
     settings.PLATFORMKIT = dict(broker, CONSUMER_BATCH_SIZE=100, BACKOFF_SECONDS=[60])
 

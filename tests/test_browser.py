@@ -14,8 +14,8 @@ from django.db import transaction
 from django.utils import timezone
 
 from django_platformkit import publish
-from django_platformkit.deadletters import record_dead_letter
 from django_platformkit.models import DeadLetter, OutboxEvent
+from django_platformkit.operate.deadletters import record_dead_letter
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -178,11 +178,12 @@ def test_the_overview_shows_a_backlog_and_a_dead_letter_and_still_renders_with_n
     monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
     from playwright.sync_api import expect, sync_playwright
 
-    from django_platformkit.consumer import Consumer, subscriptions
-    from django_platformkit.heartbeat import Heartbeat
-    from django_platformkit.relay import Relay
-    from django_platformkit.transport import Transport
-    from django_platformkit.worker import Worker
+    from django_platformkit.broker.transport import Transport
+    from django_platformkit.consume.consumer import Consumer
+    from django_platformkit.consume.subscriptions import subscriptions
+    from django_platformkit.outbox.relay import Relay
+    from django_platformkit.runtime.heartbeat import Heartbeat
+    from django_platformkit.runtime.worker import Worker
 
     subs = {s.name: s for s in subscriptions()}
     # A dead letter on testapp.flaky from a real failing handler run...

@@ -25,10 +25,14 @@ from django.db import connection
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 
-from django_platformkit import checks, consumer, events, jobs
-from django_platformkit.checks import MESSAGES
+from django_platformkit.checks import declarations, services
+from django_platformkit.checks import settings as settings_checks
+from django_platformkit.checks.messages import MESSAGES
+from django_platformkit.consume import subscriptions as subscription_registry
 from django_platformkit.devservices import free_port
 from django_platformkit.exceptions import ConfigurationError
+from django_platformkit.jobs import specs as jobs
+from django_platformkit.outbox import events
 
 ROOT = Path(__file__).resolve().parent.parent
 BASE_APPS = list(django_settings.INSTALLED_APPS)
@@ -37,7 +41,7 @@ BASE_APPS = list(django_settings.INSTALLED_APPS)
 @pytest.fixture
 def registries():
     """Whatever a test declares or subscribes is forgotten afterwards."""
-    kept = (events._catalogue, events._validators, consumer._subscriptions, jobs._jobs)
+    kept = (events._catalogue, events._validators, subscription_registry._subscriptions, jobs._jobs)
     saved = [dict(registry) for registry in kept]
     yield
     for registry, before in zip(kept, saved):
@@ -101,8 +105,8 @@ def test_e001_a_subscription_to_a_near_miss_event_suggests_the_declared_one(regi
     def on_typo(event):
         pass
 
-    consumer.subscribe("testapp.order_placd", name="testapp.on_typo")(on_typo)
-    message = only(checks.check_subscriptions(), "E001")
+    subscription_registry.subscribe("testapp.order_placd", name="testapp.on_typo")(on_typo)
+    message = only(declarations.check_subscriptions(), "E001")
     assert isinstance(message, django_checks.Error)
     assert message.msg == "subscription 'testapp.on_typo': event 'testapp.order_placd' is not declared"
     assert (
@@ -116,8 +120,8 @@ def test_e001_without_a_near_miss_says_to_declare_it(registries):
     def on_unknown(event):
         pass
 
-    consumer.subscribe("billing.invoice_paid", name="testapp.on_unknown")(on_unknown)
-    message = only(checks.check_subscriptions(), "E001")
+    subscription_registry.subscribe("billing.invoice_paid", name="testapp.on_unknown")(on_unknown)
+    message = only(declarations.check_subscriptions(), "E001")
     assert message.msg == "subscription 'testapp.on_unknown': event 'billing.invoice_paid' is not declared"
     assert message.hint == "Add declare('billing.invoice_paid') to an app's platformkit.py."
 
@@ -126,8 +130,10 @@ def test_w002_a_subscription_backoff_longer_than_its_retries_warns(registries):
     def overlong(event):
         pass
 
-    consumer.subscribe("testapp.flaky", name="testapp.overlong", max_attempts=2, backoff_seconds=[1, 2, 3])(overlong)
-    message = only(checks.check_subscriptions(), "W002")
+    subscription_registry.subscribe(
+        "testapp.flaky", name="testapp.overlong", max_attempts=2, backoff_seconds=[1, 2, 3]
+    )(overlong)
+    message = only(declarations.check_subscriptions(), "W002")
     assert isinstance(message, django_checks.Warning)
     assert message.msg == "subscription 'testapp.overlong': 3 delays; max_attempts=2 uses 1"
     assert message.hint == "One delay per retry, so the extra delays never run: drop them or raise max_attempts."
@@ -140,16 +146,18 @@ def test_subscribe_refuses_a_concurrency_that_is_not_a_positive_integer(registri
         pass
 
     with pytest.raises(ConfigurationError, match=r"concurrency must be an integer >= 1, got "):
-        consumer.subscribe("testapp.flaky", name="testapp.concurrent_bad", concurrency=bad)(handler)
-    assert "testapp.concurrent_bad" not in {s.name for s in consumer.subscriptions()}
+        subscription_registry.subscribe("testapp.flaky", name="testapp.concurrent_bad", concurrency=bad)(handler)
+    assert "testapp.concurrent_bad" not in {s.name for s in subscription_registry.subscriptions()}
 
 
 def test_a_subscription_backoff_shorter_than_its_retries_is_fine_the_last_delay_repeats(registries):
     def constant(event):
         pass
 
-    consumer.subscribe("testapp.flaky", name="testapp.constant", max_attempts=10, backoff_seconds=[5])(constant)
-    assert checks.check_subscriptions() == []
+    subscription_registry.subscribe("testapp.flaky", name="testapp.constant", max_attempts=10, backoff_seconds=[5])(
+        constant
+    )
+    assert declarations.check_subscriptions() == []
 
 
 # --- E002: literal event names in the project's own source -------------------
@@ -176,7 +184,7 @@ VIEWS = """
 def test_e002_reports_undeclared_literal_names_with_file_line_and_did_you_mean(make_app):
     make_app("pkchecks_shop", {"views.py": VIEWS})
     with override_settings(INSTALLED_APPS=[*BASE_APPS, "pkchecks_shop"]):
-        messages = checks.check_publish_calls()
+        messages = declarations.check_publish_calls()
     assert [(m.id, m.obj, m.msg, m.hint) for m in messages] == [
         (
             "platformkit.E002",
@@ -204,7 +212,7 @@ def test_e002_reports_undeclared_literal_names_with_file_line_and_did_you_mean(m
 
 
 def test_e002_reads_only_the_projects_own_apps_not_site_packages_or_this_package():
-    sources = [path for path, _ in checks.project_sources(apps.get_app_configs())]
+    sources = [path for path, _ in declarations.project_sources(apps.get_app_configs())]
     assert sources, "the test app's files are scanned"
     testapp = ROOT / "tests" / "testapp"
     assert all(testapp in path.parents for path in sources), sources
@@ -221,7 +229,7 @@ def test_e002_skips_virtualenvs_and_hidden_directories_inside_an_app(make_app):
     )
     (app / "venv" / "pyvenv.cfg").write_text("home = /usr\n")
     with override_settings(INSTALLED_APPS=[*BASE_APPS, "pkchecks_vendored"]):
-        assert checks.check_publish_calls() == []
+        assert declarations.check_publish_calls() == []
 
 
 # --- E003 / E004: the outbox's database --------------------------------------
@@ -232,7 +240,7 @@ def test_e003_an_outbox_database_that_is_not_postgresql_is_an_error(settings, mo
         django_settings.DATABASES, "legacy", {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}
     )
     settings.PLATFORMKIT = {**settings.PLATFORMKIT, "DATABASE_ALIAS": "legacy"}
-    message = only(checks.check_database(), "E003")
+    message = only(services.check_database(), "E003")
     assert message.msg == "database 'legacy' behind the outbox is sqlite, not PostgreSQL"
     assert message.hint == "Point PLATFORMKIT['DATABASE_ALIAS'] at a PostgreSQL database (SKIP LOCKED, advisory locks)."
     assert message.obj == "settings.DATABASES"
@@ -240,7 +248,7 @@ def test_e003_an_outbox_database_that_is_not_postgresql_is_an_error(settings, mo
 
 def test_e004_a_database_alias_not_in_databases_is_an_error(settings):
     settings.PLATFORMKIT = {**settings.PLATFORMKIT, "DATABASE_ALIAS": "outbox"}
-    message = only(checks.check_database(), "E004")
+    message = only(services.check_database(), "E004")
     assert message.msg == "PLATFORMKIT['DATABASE_ALIAS'] = 'outbox' is not in DATABASES"
     assert message.hint == "Set it to one of ['default']."
 
@@ -250,14 +258,14 @@ def test_e004_a_database_alias_not_in_databases_is_an_error(settings):
 
 def test_e005_a_platformkit_setting_that_is_not_a_dict_is_an_error(settings):
     settings.PLATFORMKIT = [("NATS_URL", "nats://x")]
-    message = only(checks.check_settings(), "E005")
+    message = only(settings_checks.check_settings(), "E005")
     assert message.msg == "settings.PLATFORMKIT is a list, not a dict"
     assert message.hint == "Make PLATFORMKIT a dict of settings, e.g. {'NATS_URL': 'nats://...'}."
 
 
 def test_e006_unknown_keys_are_errors_with_a_did_you_mean(settings):
     settings.PLATFORMKIT = {**settings.PLATFORMKIT, "MAX_ATTEMPT": 3, "COLOUR": "blue"}
-    messages = [m for m in checks.check_settings() if m.id == "platformkit.E006"]
+    messages = [m for m in settings_checks.check_settings() if m.id == "platformkit.E006"]
     assert [(m.msg, m.hint) for m in messages] == [
         ("unknown PLATFORMKIT key 'COLOUR'", "Remove it; the known keys are in django_platformkit.conf.DEFAULTS."),
         ("unknown PLATFORMKIT key 'MAX_ATTEMPT'", "Did you mean 'MAX_ATTEMPTS'? Else remove it."),
@@ -266,7 +274,7 @@ def test_e006_unknown_keys_are_errors_with_a_did_you_mean(settings):
 
 def test_e007_invalid_values_are_errors_naming_the_key(settings):
     settings.PLATFORMKIT = {**settings.PLATFORMKIT, "MAX_ATTEMPTS": 0, "TENANT_CONTEXT": "nowhere.tenant_context"}
-    messages = [m for m in checks.check_settings() if m.id == "platformkit.E007"]
+    messages = [m for m in settings_checks.check_settings() if m.id == "platformkit.E007"]
     assert [(m.msg, m.hint) for m in messages] == [
         ("PLATFORMKIT['MAX_ATTEMPTS'] is invalid", "PLATFORMKIT['MAX_ATTEMPTS'] must be an integer >= 1, got 0."),
         (
@@ -278,7 +286,7 @@ def test_e007_invalid_values_are_errors_naming_the_key(settings):
 
 def test_e007_relay_lanes_past_16_is_an_error_saying_what_to_do_instead(settings):
     settings.PLATFORMKIT = {**settings.PLATFORMKIT, "RELAY_LANES": 150}
-    (message,) = [m for m in checks.check_settings() if m.id == "platformkit.E007"]
+    (message,) = [m for m in settings_checks.check_settings() if m.id == "platformkit.E007"]
     assert message.msg == "PLATFORMKIT['RELAY_LANES'] is invalid"
     assert message.hint.startswith(
         "PLATFORMKIT['RELAY_LANES'] must be 1 to 16, got 150: each lane holds a database connection"
@@ -288,7 +296,7 @@ def test_e007_relay_lanes_past_16_is_an_error_saying_what_to_do_instead(settings
 
 def test_e008_a_handler_timeout_not_below_the_ack_wait_is_an_error(settings):
     settings.PLATFORMKIT = {**settings.PLATFORMKIT, "HANDLER_TIMEOUT_SECONDS": 30, "ACK_WAIT_SECONDS": 30}
-    message = only(checks.check_settings(), "E008")
+    message = only(settings_checks.check_settings(), "E008")
     assert message.msg == "HANDLER_TIMEOUT_SECONDS (30) is not below ACK_WAIT_SECONDS (30)"
     assert (
         message.hint
@@ -300,16 +308,16 @@ def test_e010_a_duplicate_window_longer_than_the_retention_is_an_error(settings)
     # NATS refuses such a stream (err_code 10052): check said nothing and
     # every relay and worker then failed at start.
     settings.PLATFORMKIT = {**settings.PLATFORMKIT, "RETENTION_DAYS": 0.001}
-    message = only(checks.check_settings(), "E010")
+    message = only(settings_checks.check_settings(), "E010")
     assert message.msg == "DUPLICATE_WINDOW_SECONDS (120) exceeds RETENTION_DAYS (86.4 s)"
     assert message.hint.endswith("lower DUPLICATE_WINDOW_SECONDS or raise RETENTION_DAYS.")
     settings.PLATFORMKIT = {**settings.PLATFORMKIT, "RETENTION_DAYS": 7, "DUPLICATE_WINDOW_SECONDS": 7 * 86400}
-    assert not [m for m in checks.check_settings() if m.id == "platformkit.E010"]
+    assert not [m for m in settings_checks.check_settings() if m.id == "platformkit.E010"]
 
 
 def test_w001_a_backoff_list_longer_than_max_attempts_retries_warns(settings):
     settings.PLATFORMKIT = {**settings.PLATFORMKIT, "MAX_ATTEMPTS": 3, "BACKOFF_SECONDS": [1, 2, 3, 4, 5]}
-    message = only(checks.check_settings(), "W001")
+    message = only(settings_checks.check_settings(), "W001")
     assert isinstance(message, django_checks.Warning)
     assert message.msg == "BACKOFF_SECONDS has 5 delays; MAX_ATTEMPTS=3 uses 2"
     assert message.hint == "One delay per retry, so the extra delays never run: drop them or raise MAX_ATTEMPTS."
@@ -317,10 +325,10 @@ def test_w001_a_backoff_list_longer_than_max_attempts_retries_warns(settings):
 
 def test_fewer_delays_than_retries_and_the_default_list_cut_short_are_fine(settings):
     settings.PLATFORMKIT = {**settings.PLATFORMKIT, "MAX_ATTEMPTS": 10, "BACKOFF_SECONDS": [1, 5]}
-    assert checks.check_settings() == []
+    assert settings_checks.check_settings() == []
     cut_short = {k: v for k, v in settings.PLATFORMKIT.items() if k != "BACKOFF_SECONDS"}
     settings.PLATFORMKIT = {**cut_short, "MAX_ATTEMPTS": 2}
-    assert checks.check_settings() == []
+    assert settings_checks.check_settings() == []
 
 
 # --- E009: job schedules --------------------------------------------------------
@@ -337,7 +345,7 @@ def test_e009_a_job_whose_cron_can_never_fire_is_an_error(registries):
         cron="0 0 30 2 *",
         declared_in=handler_path(leap_day_report),
     )
-    message = only(checks.check_jobs(), "E009")
+    message = only(declarations.check_jobs(), "E009")
     assert message.msg == "job 'testapp.never' has a schedule that can't run"
     assert message.hint == (
         "cron '0 0 30 2 *' can never fire: no month it names has day 30 (February has 29 days at most); pick a day that exists"
@@ -349,7 +357,7 @@ def test_e009_a_time_zone_on_an_interval_job_is_an_error(registries):
     jobs._jobs["testapp.zoned"] = jobs.JobSpec(
         name="testapp.zoned", func=lambda: None, every=datetime.timedelta(minutes=5), timezone="Mars/Olympus"
     )
-    message = only(checks.check_jobs(), "E009")
+    message = only(declarations.check_jobs(), "E009")
     assert message.msg == "job 'testapp.zoned' has a schedule that can't run"
     assert message.obj == "testapp.zoned"
     assert message.hint.startswith("timezone='Mars/Olympus' applies to cron only")
@@ -369,7 +377,7 @@ RUNWORKER = """
 def test_w003_another_app_listed_first_hides_our_runworker(make_app):
     make_app("pkchecks_channels", {"management/commands/runworker.py": RUNWORKER})
     with override_settings(INSTALLED_APPS=["pkchecks_channels", *BASE_APPS]):
-        messages = checks.check_runworker()
+        messages = settings_checks.check_runworker()
     message = only(messages, "W003")
     assert message.msg == "runworker of 'pkchecks_channels' hides django_platformkit's runworker"
     assert (
@@ -382,7 +390,7 @@ def test_w003_another_app_listed_first_hides_our_runworker(make_app):
 def test_w004_our_runworker_hides_another_apps(make_app):
     make_app("pkchecks_channels", {"management/commands/runworker.py": RUNWORKER})
     with override_settings(INSTALLED_APPS=[*BASE_APPS, "pkchecks_channels"]):
-        messages = checks.check_runworker()
+        messages = settings_checks.check_runworker()
     message = only(messages, "W004")
     assert message.msg == "runworker of 'pkchecks_channels' is hidden by django_platformkit's"
     assert (
@@ -585,8 +593,8 @@ def test_a_subscription_to_an_event_another_app_declares_boots_fine(registries, 
         },
     )
     with _boot("pkboot_ok"):
-        assert "pkboot_ok.audit" in {s.name for s in consumer.subscriptions()}
-        assert checks.check_subscriptions() == []
+        assert "pkboot_ok.audit" in {s.name for s in subscription_registry.subscriptions()}
+        assert declarations.check_subscriptions() == []
 
 
 def test_boot_refuses_a_job_with_an_unknown_time_zone_naming_app_and_function(registries, make_app):
@@ -629,7 +637,7 @@ def test_boot_refuses_a_job_that_takes_arguments(registries, make_app):
 )
 def test_e007_a_trailing_newline_in_a_stream_or_subject_prefix_is_refused(settings, key, value):
     settings.PLATFORMKIT = {**settings.PLATFORMKIT, key: value}
-    (message,) = [m for m in checks.check_settings() if m.id == "platformkit.E007"]
+    (message,) = [m for m in settings_checks.check_settings() if m.id == "platformkit.E007"]
     assert message.msg == f"PLATFORMKIT[{key!r}] is invalid"
     assert repr(value) in message.hint
 
@@ -637,7 +645,7 @@ def test_e007_a_trailing_newline_in_a_stream_or_subject_prefix_is_refused(settin
 def test_w005_stream_and_subject_prefix_left_at_their_defaults_warn_when_debug_is_off(settings):
     settings.DEBUG = False
     settings.PLATFORMKIT = {k: v for k, v in settings.PLATFORMKIT.items() if k not in ("STREAM", "SUBJECT_PREFIX")}
-    messages = [m for m in checks.check_broker_namespace() if m.id == "platformkit.W006"]
+    messages = [m for m in services.check_broker_namespace() if m.id == "platformkit.W006"]
     assert [m.msg for m in messages] == [
         "PLATFORMKIT['STREAM'] is left at its default 'PLATFORMKIT'",
         "PLATFORMKIT['SUBJECT_PREFIX'] is left at its default 'platformkit'",
@@ -647,22 +655,22 @@ def test_w005_stream_and_subject_prefix_left_at_their_defaults_warn_when_debug_i
     )
     only(messages[:1], "W006")
     settings.DEBUG = True
-    assert checks.check_broker_namespace() == []
+    assert services.check_broker_namespace() == []
     settings.DEBUG = False
     settings.PLATFORMKIT = dict(settings.PLATFORMKIT, STREAM="SHOP", SUBJECT_PREFIX="shop")
-    assert checks.check_broker_namespace() == []
+    assert services.check_broker_namespace() == []
 
 
 def test_a_bare_subscribe_without_the_event_is_refused_not_silently_ignored(registries):
     def bare(event):
         pass
 
-    before = consumer.subscriptions()
+    before = subscription_registry.subscriptions()
     with pytest.raises(ConfigurationError) as excinfo:
-        consumer.subscribe(bare)
+        subscription_registry.subscribe(bare)
     assert "use @subscribe(EVENT_OR_NAME)" in str(excinfo.value)
     assert "bare" in str(excinfo.value)
-    assert consumer.subscriptions() == before
+    assert subscription_registry.subscriptions() == before
 
 
 def test_boot_says_a_handler_that_takes_no_argument_must_take_one_event(registries, make_app):

@@ -45,7 +45,7 @@ import pytest
 from croniter import croniter
 from cronsim import CronSim
 
-from django_platformkit._cron import CronSchedule
+from django_platformkit.jobs.cron import CronSchedule
 
 pytestmark = pytest.mark.unit
 

@@ -12,8 +12,8 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from django_platformkit import publish
-from django_platformkit.deadletters import record_dead_letter
 from django_platformkit.models import DeadLetter, HandledEvent, OutboxEvent
+from django_platformkit.operate.deadletters import record_dead_letter
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -423,8 +423,9 @@ def _malformed_dead_letter(body: bytes) -> tuple[DeadLetter, int]:
     """``body`` published on testapp.flaky's subject as another service
     would, and recorded by the real consumer as a ``(malformed)`` dead
     letter (over the in-memory broker): the letter and its stream sequence."""
-    from django_platformkit.subscriptions import get_subscription
-    from django_platformkit.testing import InMemoryTransport, consumer_spec, run_worker_burst
+    from django_platformkit.broker.memory import InMemoryTransport
+    from django_platformkit.consume.subscriptions import get_subscription
+    from django_platformkit.testing import consumer_spec, run_worker_burst
     from django_platformkit.wire import subject_for
 
     sub = get_subscription("testapp.flaky")

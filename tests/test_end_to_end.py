@@ -10,7 +10,7 @@ from django.db.models import Count
 
 from django_platformkit import publish
 from django_platformkit.models import HandledEvent, OutboxEvent
-from django_platformkit.relay import Relay
+from django_platformkit.outbox.relay import Relay
 from django_platformkit.wire import subject_for
 from tests.testapp.models import Effect
 
@@ -20,7 +20,7 @@ SUBS = ["testapp.record_order", "testapp.count_order"]
 
 
 def order_subscriptions():
-    from django_platformkit.subscriptions import subscriptions
+    from django_platformkit.consume.subscriptions import subscriptions
 
     return [s for s in subscriptions() if s.name in SUBS]
 
@@ -33,7 +33,7 @@ def test_n_events_are_handled_exactly_once_by_every_subscription(run_worker, set
 
     import uvloop
 
-    from django_platformkit.transport import Transport
+    from django_platformkit.broker.transport import Transport
 
     settings.PLATFORMKIT = dict(settings.PLATFORMKIT, EVENT_LOOP=event_loop)
     transport = Transport()
@@ -162,7 +162,7 @@ def test_a_row_that_commits_late_still_goes_out(transport):
 
 
 def test_more_subscriptions_than_consumer_threads_are_all_served(run_worker, settings, broker):
-    from django_platformkit.consumer import Subscription
+    from django_platformkit.consume.subscriptions import Subscription
 
     settings.PLATFORMKIT = dict(broker, CONSUMER_THREADS=2)
     seen = {f"testapp.many_{i}": [] for i in range(5)}
@@ -185,13 +185,14 @@ def test_a_worker_keeps_its_connection_at_the_default_conn_max_age(run_worker, s
     is one long request, and must not reconnect per event."""
     from django.db import connections
 
-    from django_platformkit.consumer import Consumer, subscriptions
+    from django_platformkit.consume.consumer import Consumer
+    from django_platformkit.consume.subscriptions import subscriptions
 
     assert connections["default"].settings_dict["CONN_MAX_AGE"] == 0
     with transaction.atomic():
         for i in range(30):
             publish("testapp.order_placed", {"n": i})
-    from django_platformkit.transport import Transport
+    from django_platformkit.broker.transport import Transport
 
     t = Transport()
     t.connect()

@@ -11,11 +11,11 @@ from django.db import transaction
 from django.test import override_settings
 
 from django_platformkit import publish
-from django_platformkit.consumer import Consumer
+from django_platformkit.broker.transport import Transport
+from django_platformkit.consume.consumer import Consumer
+from django_platformkit.consume.subscriptions import Subscription, subscriptions
 from django_platformkit.models import DeadLetter, HandledEvent, OutboxEvent
-from django_platformkit.relay import Relay
-from django_platformkit.subscriptions import Subscription, subscriptions
-from django_platformkit.transport import Transport
+from django_platformkit.outbox.relay import Relay
 from django_platformkit.wire import subject_for
 from tests.conftest import manage, wait_for, worker_env
 from tests.testapp.models import Attempt, Effect

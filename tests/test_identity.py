@@ -15,9 +15,9 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from django_platformkit import conf, identity
+from django_platformkit.broker.transport import Transport
 from django_platformkit.devservices import NatsServer, free_port, wait_for_port
 from django_platformkit.exceptions import BrokerUnavailable, ConfigurationError
-from django_platformkit.transport import Transport
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -110,7 +110,7 @@ def test_stream_settings_nats_never_accepts_are_a_clear_error_not_retried_foreve
 def test_the_overview_shows_no_figures_of_a_stream_another_projects_database_owns(broker, bare_transport):
     # The worker refuses such a stream; the overview page used to show its
     # durables' counts as this project's.
-    from django_platformkit import overview
+    from django_platformkit.admin import figures as overview
 
     theirs = str(uuid.uuid4())
     bare_transport.ensure_stream(owner=theirs)
@@ -204,8 +204,8 @@ def test_credentials_never_reach_a_log_line_an_error_or_a_command_error(broker, 
 
 
 def test_consumer_drift_says_a_new_name_runs_everything_again_and_how_to_keep_the_claims(transport):
+    from django_platformkit.broker.streams import consumer_config
     from django_platformkit.exceptions import ConsumerDrift
-    from django_platformkit.transport import consumer_config
 
     want = consumer_config("testapp.drifted", "testapp.order_placed")
     other = consumer_config("testapp.drifted", "testapp.flaky")  # the same durable, another filter subject

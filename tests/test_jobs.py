@@ -18,12 +18,12 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.db import connection
 
-from django_platformkit import jobs as jobs_module
 from django_platformkit.exceptions import ConfigurationError
-from django_platformkit.jobs import PURGE_JOB, current_slot, job, jobs, validate_schedule
-from django_platformkit.locks import advisory_key
+from django_platformkit.jobs import specs as jobs_module
+from django_platformkit.jobs.locks import advisory_key
+from django_platformkit.jobs.scheduler import Scheduler
+from django_platformkit.jobs.specs import PURGE_JOB, current_slot, job, jobs, validate_schedule
 from django_platformkit.models import JobState
-from django_platformkit.scheduler import Scheduler
 from tests.conftest import manage, worker_env
 from tests.testapp._jobs import RUNS_TABLE
 
@@ -639,7 +639,7 @@ def test_a_worker_whose_clock_is_a_day_ahead_does_not_claim_tomorrows_slot(runs,
 
 @db
 def test_the_default_clock_reads_the_database_time():
-    from django_platformkit.scheduler import DatabaseClock
+    from django_platformkit.jobs.clocks import DatabaseClock
 
     clock = DatabaseClock()
     assert abs((clock.now() - _database_now()).total_seconds()) < 1.0
@@ -651,7 +651,7 @@ def test_the_database_clock_keeps_running_forward_while_the_database_cant_answer
     # A failed re-reading must keep the offset: it moved the clock's base
     # instead, so time ran backwards (by 5 s less than the resync interval)
     # and then stood still for the whole outage.
-    from django_platformkit.scheduler import DatabaseClock
+    from django_platformkit.jobs.clocks import DatabaseClock
 
     clock = DatabaseClock(resync_seconds=0.2)
     before = clock.now()

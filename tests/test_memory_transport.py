@@ -16,18 +16,14 @@ from django.db import connection, transaction
 from django.test import TestCase
 
 from django_platformkit import conf, publish
-from django_platformkit.consumer import NOT_IN_OUTBOX, Subscription
+from django_platformkit.broker.memory import InMemoryTransport
+from django_platformkit.broker.memory_stream import ManualClock
+from django_platformkit.consume.claim import NOT_IN_OUTBOX
+from django_platformkit.consume.subscriptions import Subscription
 from django_platformkit.exceptions import PermanentFailure
 from django_platformkit.models import DeadLetter, HandledEvent, OutboxEvent
-from django_platformkit.testing import (
-    InMemoryTransport,
-    ManualClock,
-    capture_events,
-    consumer_spec,
-    run_pending,
-    run_worker_burst,
-)
-from django_platformkit.transport import Outcome, OutgoingMessage, subject_for
+from django_platformkit.testing import capture_events, consumer_spec, run_pending, run_worker_burst
+from django_platformkit.wire import Outcome, OutgoingMessage, subject_for
 from tests.testapp.models import Effect
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -219,7 +215,7 @@ class TenantsAndSettings(TestCase):
 
     def test_the_relays_plan_settings_turn_jit_off_for_its_transaction(self):
         from django_platformkit.identity import database_identity
-        from django_platformkit.relay import Relay
+        from django_platformkit.outbox.relay import Relay
 
         transport = InMemoryTransport()
         transport.ensure_stream(owner=database_identity("default"))
@@ -341,7 +337,7 @@ def test_the_clock_moves_only_forward():
 
 @pytest.mark.django_db(transaction=True)
 def test_the_worker_runs_its_burst_over_the_in_memory_transport():
-    from django_platformkit.worker import Worker
+    from django_platformkit.runtime.worker import Worker
 
     RUNS.clear()
     subs = [
@@ -367,7 +363,7 @@ import django
 django.setup()
 from django.db import transaction
 from django_platformkit import publish
-from django_platformkit.consumer import Subscription
+from django_platformkit.consume.subscriptions import Subscription
 from django_platformkit.testing import run_worker_burst
 from tests.testapp.models import Effect
 

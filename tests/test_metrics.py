@@ -1,4 +1,4 @@
-"""/metrics (django_platformkit.metrics): what a scrape says after a burst
+"""/metrics (django_platformkit.runtime.metrics): what a scrape says after a burst
 equals what the database says happened - against real PostgreSQL and NATS."""
 
 import subprocess
@@ -11,9 +11,9 @@ from django.db import transaction
 from prometheus_client.parser import text_string_to_metric_families
 
 from django_platformkit import publish
-from django_platformkit.metrics import Metrics
+from django_platformkit.consume.subscriptions import subscriptions
 from django_platformkit.models import DeadLetter, HandledEvent, OutboxEvent
-from django_platformkit.subscriptions import subscriptions
+from django_platformkit.runtime.metrics import Metrics
 from django_platformkit.wire import subject_for
 from tests.conftest import ROOT, manage, wait_for, worker_env
 from tests.testapp.models import Attempt
@@ -108,7 +108,7 @@ def test_metrics_scraped_after_a_burst_equal_what_the_database_says_happened(run
 
 
 def test_a_scrape_with_nats_unreachable_still_reports_the_database_figures(metrics, broker):
-    from django_platformkit.transport import Transport
+    from django_platformkit.broker.transport import Transport
 
     with transaction.atomic():
         publish("testapp.order_placed", {"n": 1})

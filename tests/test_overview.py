@@ -1,4 +1,4 @@
-"""The overview page's figures (django_platformkit.overview) against the real
+"""The overview page's figures (django_platformkit.admin.figures) against the real
 PostgreSQL and NATS: per subscription what waits in the stream, what is in
 flight, what was handled and dead-lettered; the relay's lag; jobs; workers'
 heartbeats. NATS unreachable or silent: the database figures still render,
@@ -19,15 +19,17 @@ from django.test import override_settings
 from django.urls import reverse
 from django.utils import timezone
 
-from django_platformkit import overview, publish
-from django_platformkit.consumer import Consumer
-from django_platformkit.deadletters import record_dead_letter
+from django_platformkit import publish
+from django_platformkit._process import worker_id
+from django_platformkit.admin import figures as overview
+from django_platformkit.admin.broker_figures import broker_figures
+from django_platformkit.consume.consumer import Consumer
+from django_platformkit.consume.subscriptions import subscriptions
 from django_platformkit.exceptions import BrokerUnavailable
-from django_platformkit.heartbeat import Heartbeat, worker_id
 from django_platformkit.models import Attempt, DeadLetter, HandledEvent, JobState, OutboxEvent, WorkerHeartbeat
-from django_platformkit.overview_broker import broker_figures
-from django_platformkit.relay import Relay
-from django_platformkit.subscriptions import subscriptions
+from django_platformkit.operate.deadletters import record_dead_letter
+from django_platformkit.outbox.relay import Relay
+from django_platformkit.runtime.heartbeat import Heartbeat
 from tests.test_checks import registries  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -173,8 +175,8 @@ def test_the_claims_figures_use_the_subscription_handled_at_index_not_every_clai
 
 
 def test_a_job_is_running_now_only_while_its_lock_is_held(registries):  # noqa: F811
-    from django_platformkit import jobs
-    from django_platformkit.locks import advisory_key
+    from django_platformkit.jobs import specs as jobs
+    from django_platformkit.jobs.locks import advisory_key
 
     jobs.job(every=datetime.timedelta(minutes=5), name="testapp.report")(lambda: None)
     slot = timezone.now().replace(microsecond=0) - datetime.timedelta(minutes=1)
@@ -403,7 +405,7 @@ def test_a_heartbeat_that_cannot_write_logs_once_and_never_raises(caplog):
     with connection.cursor() as cursor:
         cursor.execute("ALTER TABLE platformkit_workers RENAME TO platformkit_workers_away")
     try:
-        with caplog.at_level("WARNING", logger="django_platformkit.heartbeat"):
+        with caplog.at_level("WARNING", logger="django_platformkit.runtime.heartbeat"):
             assert beat.beat() is False
             assert beat.beat() is False
         assert [r.getMessage().split(" error=")[0] for r in caplog.records] == ["heartbeat not written worker=host-b:2"]

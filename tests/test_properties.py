@@ -28,11 +28,14 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from django_platformkit import publish
-from django_platformkit.consumer import Consumer, Subscription
-from django_platformkit.events import MAX_DEPTH, catalogue, check_event_name, check_tenant, encode_payload
+from django_platformkit.consume.consumer import Consumer
+from django_platformkit.consume.subscriptions import Subscription
 from django_platformkit.exceptions import InvalidEventName, InvalidPayload, TransactionRequired, UndeclaredEvent
 from django_platformkit.models import DeadLetter
-from django_platformkit.relay import Relay
+from django_platformkit.names import check_event_name, check_tenant
+from django_platformkit.outbox.events import catalogue
+from django_platformkit.outbox.payload import MAX_DEPTH, encode_payload
+from django_platformkit.outbox.relay import Relay
 from django_platformkit.wire import subject_for
 
 EVENT = "testapp.flaky"  # declared, no schema

@@ -10,12 +10,7 @@ import pytest
 from django.db import connection, transaction
 
 from django_platformkit import publish, publish_many
-from django_platformkit.exceptions import (
-    InvalidEventName,
-    InvalidPayload,
-    TransactionRequired,
-    UndeclaredEvent,
-)
+from django_platformkit.exceptions import InvalidEventName, InvalidPayload, TransactionRequired, UndeclaredEvent
 from django_platformkit.models import OutboxEvent
 from tests.conftest import mirror_of_default
 from tests.testapp.models import Order
@@ -253,7 +248,7 @@ def test_nats_url_must_be_a_nats_url(settings):
 
 
 def test_the_reserved_tenant_token_is_refused_at_publish_saying_what_to_pass():
-    from django_platformkit.events import RESERVED_TENANTS
+    from django_platformkit.names import RESERVED_TENANTS
     from django_platformkit.wire import NO_TENANT
 
     assert NO_TENANT in RESERVED_TENANTS  # the subject's "no tenant" is what is reserved

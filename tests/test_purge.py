@@ -15,10 +15,10 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.db import connection
 
-from django_platformkit.jobs import PURGE_JOB, jobs
+from django_platformkit.broker.streams import stream_config
+from django_platformkit.jobs.specs import PURGE_JOB, jobs
 from django_platformkit.models import DeadLetter, HandledEvent, OutboxEvent
-from django_platformkit.purge import purge
-from django_platformkit.transport import stream_config
+from django_platformkit.operate.purge import purge
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -53,7 +53,7 @@ def add_dead_letter(subscription: str, event_id: uuid.UUID, *, days_ago: float =
 
 
 def subscribers_of(event: str) -> list[str]:
-    from django_platformkit.subscriptions import subscriptions
+    from django_platformkit.consume.subscriptions import subscriptions
 
     return [s.name for s in subscriptions() if s.event == event]
 
@@ -288,7 +288,7 @@ def test_purge_older_than_one_second_then_a_durable_re_created_handles_nothing_t
     from django.db import transaction
 
     from django_platformkit import publish
-    from django_platformkit.subscriptions import subscriptions
+    from django_platformkit.consume.subscriptions import subscriptions
     from tests.testapp.models import Effect
 
     subscribers = [

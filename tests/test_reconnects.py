@@ -11,11 +11,12 @@ from django.db import connection, transaction
 from django.test import override_settings
 
 from django_platformkit import publish
+from django_platformkit.broker.streams import consumer_config
+from django_platformkit.broker.transport import Transport
 from django_platformkit.devservices import NatsServer
 from django_platformkit.exceptions import ConfigurationError, ConsumerDrift
 from django_platformkit.models import DeadLetter, OutboxEvent
-from django_platformkit.relay import RELAY_SUBSCRIPTION, Relay
-from django_platformkit.transport import Transport, consumer_config
+from django_platformkit.outbox.relay import RELAY_SUBSCRIPTION, Relay
 from tests.conftest import manage, wait_for, worker_env
 from tests.testapp.models import Effect
 
@@ -108,7 +109,7 @@ def test_a_row_bigger_than_the_servers_max_payload_is_dead_lettered_and_the_rest
         assert (dead.event_id, dead.subscription) == (big, RELAY_SUBSCRIPTION)
         assert "max_payload" in dead.error
         assert not OutboxEvent.objects.pending().exists()
-        from django_platformkit.subscriptions import subscriptions
+        from django_platformkit.consume.subscriptions import subscriptions
 
         run_worker(subscriptions=[s for s in subscriptions() if s.name == "testapp.record_order"])
         assert sorted(effects().values_list("event_id", flat=True)) == sorted([before, after])
@@ -147,16 +148,13 @@ def test_a_durable_is_updated_in_place_and_unfixable_drift_is_reported_not_delet
 def test_a_broker_that_lost_its_store_gets_the_stream_and_durable_back(broker, settings, monkeypatch):
     """A new, empty NATS on the same address: the relay re-creates the stream,
     the consumer its durable, and events published afterwards are handled."""
-    import django_platformkit.worker as worker_module
-
-    monkeypatch.setattr(worker_module, "DURABLE_CHECK_SECONDS", 1.0)
     server = NatsServer().start()
     port = server.port
     settings.PLATFORMKIT = dict(broker, NATS_URL=server.url)
     import threading
 
-    from django_platformkit.subscriptions import subscriptions
-    from django_platformkit.worker import Worker
+    from django_platformkit.consume.subscriptions import subscriptions
+    from django_platformkit.runtime.worker import Worker
 
     worker = Worker(scheduler=False, subscriptions=[s for s in subscriptions() if s.name == "testapp.record_order"])
     thread = threading.Thread(target=worker.run, daemon=True)
@@ -217,7 +215,8 @@ def test_a_database_outage_longer_than_the_ack_wait_does_not_use_up_attempts(bro
 
     import psycopg
 
-    from django_platformkit.consumer import Consumer, subscriptions
+    from django_platformkit.consume.consumer import Consumer
+    from django_platformkit.consume.subscriptions import subscriptions
 
     settings.PLATFORMKIT = dict(broker, ACK_WAIT_SECONDS=1.5, HANDLER_TIMEOUT_SECONDS=1)
     flaky = next(s for s in subscriptions() if s.name == "testapp.flaky")  # max_attempts=3

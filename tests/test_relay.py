@@ -13,7 +13,7 @@ from django.core.management import call_command
 from django.db import connection, transaction
 
 from django_platformkit.models import OutboxEvent
-from django_platformkit.relay import _PLAN_SQL, _SELECT_SQL, _STAMP_SQL, Relay
+from django_platformkit.outbox.relay import _PLAN_SQL, _SELECT_SQL, _STAMP_SQL, Relay
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

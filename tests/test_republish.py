@@ -17,9 +17,9 @@ from django.db import connection, transaction
 from django.db.models import Count
 
 from django_platformkit import publish, republish
-from django_platformkit.deadletters import record_dead_letter
 from django_platformkit.models import DeadLetter, HandledEvent, OutboxEvent
-from django_platformkit.relay import RELAY_SUBSCRIPTION, Relay
+from django_platformkit.operate.deadletters import record_dead_letter
+from django_platformkit.outbox.relay import RELAY_SUBSCRIPTION, Relay
 from tests.test_deadletters_command import tables
 from tests.testapp.models import Attempt, Effect
 
@@ -63,7 +63,7 @@ def delete_stream(transport, broker) -> None:
 def test_after_the_stream_is_lost_republish_gets_every_event_handled_once_and_a_dead_letter_stays(
     transport, broker, run_worker
 ):
-    from django_platformkit.subscriptions import subscriptions
+    from django_platformkit.consume.subscriptions import subscriptions
 
     subs = [s for s in subscriptions() if s.name in SUBS]
     with transaction.atomic():
@@ -108,7 +108,7 @@ def test_after_a_stream_purge_within_the_duplicate_window_the_re_send_is_stored_
 ):
     """A purged stream still remembers the ids it no longer holds: the
     re-send needs a fresh Nats-Msg-Id, or it would be dropped and lost."""
-    from django_platformkit.subscriptions import subscriptions
+    from django_platformkit.consume.subscriptions import subscriptions
 
     with transaction.atomic():
         ids = [publish("testapp.order_placed", {"n": i}) for i in range(3)]
@@ -128,7 +128,7 @@ def test_after_a_stream_purge_within_the_duplicate_window_the_re_send_is_stored_
 
 
 def test_when_the_broker_still_had_the_messages_each_is_delivered_twice_and_handled_once(transport, run_worker):
-    from django_platformkit.subscriptions import subscriptions
+    from django_platformkit.consume.subscriptions import subscriptions
 
     with transaction.atomic():
         ids = [publish("testapp.order_placed", {"n": i}) for i in range(3)]
@@ -214,7 +214,7 @@ def test_a_row_the_relay_dead_lettered_stays_left_after_its_dead_letter_is_disca
     Republished, it was re-sent, refused again, and the relay logged a
     "relay dead letter" ERROR and counted it dead-lettered without writing
     one (its terminal claim stayed)."""
-    from django_platformkit.deadletters import discard
+    from django_platformkit.operate.deadletters import discard
 
     refused, sent = _one_refused_by_the_relay_one_sent()
     assert discard(refused, subscription=RELAY_SUBSCRIPTION, actor="ops", reason="too big, accepted")

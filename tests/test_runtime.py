@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(240)]
 
 
 def _subscription(name):
-    from django_platformkit.subscriptions import subscriptions
+    from django_platformkit.consume.subscriptions import subscriptions
 
     return [s for s in subscriptions() if s.name == name]
 
@@ -33,7 +33,8 @@ def _subscription(name):
 def _ack_pending_while_draining(background_worker, subscription, ids, timeout):
     """Run a worker for ``subscription`` until its Effects cover ``ids``,
     sampling its durable's num_ack_pending every 50 ms: (worker, samples)."""
-    from django_platformkit.transport import Transport, durable_name
+    from django_platformkit.broker.transport import Transport
+    from django_platformkit.wire import durable_name
 
     worker = background_worker(subscriptions=_subscription(subscription))
     observer = Transport()
@@ -69,7 +70,7 @@ def test_a_slow_handler_has_no_more_fetched_than_can_start(broker, background_wo
 def test_max_ack_pending_is_the_setting_and_is_updated_in_place(broker, settings, transport, run_worker):
     """A durable created with JetStream's 1,000 gets the derived default
     (room for thousands of parked retries) in place; the setting overrides it."""
-    from django_platformkit.transport import RETRY_BACKLOG_HEADROOM, consumer_config
+    from django_platformkit.broker.streams import RETRY_BACKLOG_HEADROOM, consumer_config
 
     transport.ensure_consumer(consumer_config("testapp.flaky", "testapp.flaky", max_ack_pending=1000))
     run_worker(subscriptions=_subscription("testapp.flaky"), scheduler=False)
@@ -81,7 +82,7 @@ def test_max_ack_pending_is_the_setting_and_is_updated_in_place(broker, settings
 
 
 def test_a_max_ack_pending_too_small_for_the_credit_and_retries_is_a_check_warning(broker, settings):
-    from django_platformkit.checks import check_max_ack_pending
+    from django_platformkit.checks.services import check_max_ack_pending
 
     settings.PLATFORMKIT = dict(broker, MAX_ACK_PENDING=1000, CONSUMER_BATCH_SIZE=100)
     warnings = [m for m in check_max_ack_pending() if m.id == "platformkit.W005"]
@@ -93,7 +94,7 @@ def test_a_max_ack_pending_too_small_for_the_credit_and_retries_is_a_check_warni
 def test_a_crashed_pool_thread_ends_the_worker_non_zero_and_unhealthy(broker, tmp_path, monkeypatch):
     """Issue 12 item 6: an exception escaping a pool thread (SystemExit too)
     must not leave a live process that no longer consumes."""
-    from django_platformkit.worker import EXIT_CRASHED, Worker
+    from django_platformkit.runtime.worker import EXIT_CRASHED, Worker
 
     def explode(self, consumer, deliveries, keep):
         raise SystemExit("a handler's SystemExit that got past the consumer")
@@ -289,7 +290,7 @@ def test_creating_a_durable_over_retained_events_warns_how_many_will_run_once(br
     that finds the durable already there does not."""
     import logging
 
-    from django_platformkit.relay import Relay
+    from django_platformkit.outbox.relay import Relay
 
     with transaction.atomic():
         for n in range(3):
@@ -297,7 +298,7 @@ def test_creating_a_durable_over_retained_events_warns_how_many_will_run_once(br
         publish("testapp.flaky", {"n": 99})  # not on the subscription's filter: not counted
     assert Relay(transport, lanes=1).drain().stored == 4
     subscriptions = _subscription("testapp.record_order")
-    with caplog.at_level(logging.WARNING, logger="django_platformkit.worker"):
+    with caplog.at_level(logging.WARNING, logger="django_platformkit.runtime.worker"):
         run_worker(subscriptions=subscriptions, relay=False, scheduler=False)
     (warning,) = [r for r in caplog.records if r.levelno == logging.WARNING and "new durable" in r.getMessage()]
     message = warning.getMessage()
@@ -310,7 +311,7 @@ def test_creating_a_durable_over_retained_events_warns_how_many_will_run_once(br
     with transaction.atomic():
         publish("testapp.order_placed", {"n": 3})
     assert Relay(transport, lanes=1).drain().stored == 1
-    with caplog.at_level(logging.WARNING, logger="django_platformkit.worker"):
+    with caplog.at_level(logging.WARNING, logger="django_platformkit.runtime.worker"):
         run_worker(subscriptions=subscriptions, relay=False, scheduler=False)
     assert not [r for r in caplog.records if "new durable" in r.getMessage()]
 
@@ -394,7 +395,7 @@ def test_processes_stops_at_once_when_a_child_is_refused_by_its_configuration(br
     supervisor gave up. No restart can fix a configuration: the supervisor
     now stops at the first such exit, exit 1, the refusal logged once."""
     from django_platformkit import conf
-    from django_platformkit.streams import consumer_config
+    from django_platformkit.broker.streams import consumer_config
 
     transport.ensure_consumer(consumer_config("testapp.record_order", "testapp.slow"))
     try:
@@ -428,7 +429,7 @@ def test_a_stopping_worker_hands_back_its_early_fetched_unit_at_once_not_after_t
     6 s event among fast ones), the unit fetched on its lent credit must go
     back to the broker when the worker is told to stop - another worker
     takes it within seconds - not when the slow handler ends."""
-    from django_platformkit.consumer import Subscription
+    from django_platformkit.consume.subscriptions import Subscription
     from django_platformkit.wire import parse_delivery
 
     slow_started = threading.Event()

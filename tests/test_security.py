@@ -22,12 +22,12 @@ from django.db import transaction
 from django.urls import reverse
 
 from django_platformkit import publish
-from django_platformkit.deadletters import record_dead_letter
+from django_platformkit.broker.transport import Transport
+from django_platformkit.consume.subscriptions import subscriptions
 from django_platformkit.devservices import NatsServer
 from django_platformkit.exceptions import BrokerUnavailable
 from django_platformkit.models import DeadLetter, HandledEvent, OutboxEvent
-from django_platformkit.subscriptions import subscriptions
-from django_platformkit.transport import Transport
+from django_platformkit.operate.deadletters import record_dead_letter
 from django_platformkit.wire import subject_for
 from tests.testapp.models import Effect
 

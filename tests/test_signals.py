@@ -9,12 +9,12 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.db import transaction
 
-from django_platformkit import jobs as jobs_module
 from django_platformkit import publish, publish_many, signals
-from django_platformkit.jobs import job
+from django_platformkit.consume.subscriptions import subscriptions
+from django_platformkit.jobs import specs as jobs_module
+from django_platformkit.jobs.scheduler import Scheduler
+from django_platformkit.jobs.specs import job
 from django_platformkit.models import DeadLetter, OutboxEvent
-from django_platformkit.scheduler import Scheduler
-from django_platformkit.subscriptions import subscriptions
 from django_platformkit.testing import capture_events
 from django_platformkit.wire import subject_for
 
@@ -171,8 +171,8 @@ def test_job_finished_fires_once_per_run_with_its_outcome(recorder):
 
 
 def test_an_every_second_jobs_runs_log_at_debug_and_a_five_minute_jobs_at_info(caplog):
-    from django_platformkit.jobs import JobSpec
-    from django_platformkit.scheduler import _run_log_level
+    from django_platformkit.jobs.scheduler import _run_log_level
+    from django_platformkit.jobs.specs import JobSpec
 
     assert _run_log_level(JobSpec(name="a.b", func=lambda: None, every=timedelta(seconds=1))) == logging.DEBUG
     assert _run_log_level(JobSpec(name="a.b", func=lambda: None, every=timedelta(minutes=5))) == logging.INFO

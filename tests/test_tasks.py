@@ -19,9 +19,10 @@ from django.tasks import TaskResultStatus, task_backends
 from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
 from django.tasks.signals import task_enqueued, task_finished, task_started
 
+from django_platformkit.consume import subscriptions as subscription_registry
 from django_platformkit.exceptions import InvalidPayload
 from django_platformkit.models import DeadLetter, OutboxEvent
-from django_platformkit.relay import Relay
+from django_platformkit.outbox.relay import Relay
 from tests.conftest import wait_for
 from tests.testapp import tasks
 from tests.testapp.models import Effect
@@ -35,8 +36,8 @@ TASKS = {"default": {"BACKEND": "django_platformkit.tasks.OutboxBackend", "QUEUE
 def outbox_tasks(broker):
     """TASKS -> OutboxBackend, with the queues' subscriptions registered (as
     AppConfig.ready() does when TASKS is in the settings); removed afterwards."""
-    from django_platformkit import consumer, events
-    from django_platformkit.tasks import register_task_queues
+    from django_platformkit.outbox import events
+    from django_platformkit.tasks.backend import register_task_queues
 
     with override_settings(TASKS=TASKS):
         names = register_task_queues()
@@ -44,12 +45,12 @@ def outbox_tasks(broker):
             yield task_backends["default"]
         finally:
             for name in names:
-                consumer._subscriptions.pop(name, None)
+                subscription_registry._subscriptions.pop(name, None)
                 events._catalogue.pop(name, None)
 
 
 def task_subscriptions():
-    from django_platformkit.subscriptions import subscriptions
+    from django_platformkit.consume.subscriptions import subscriptions
 
     return [s for s in subscriptions() if s.name.startswith("platformkit.task_")]
 
@@ -218,7 +219,7 @@ def test_a_function_without_a_readable_signature_is_not_checked():
     (a builtin has no signature to bind to) is let through, not refused."""
     from types import SimpleNamespace
 
-    from django_platformkit.tasks import _refuse_arguments_it_cant_take
+    from django_platformkit.tasks.backend import _refuse_arguments_it_cant_take
 
     stand_in = SimpleNamespace(func=max, takes_context=False, module_path="builtins.max")
     _refuse_arguments_it_cant_take(stand_in, ["any", "thing"], {"whatever": 1})
@@ -481,7 +482,7 @@ def test_a_running_task_reads_as_running(outbox_tasks):
     """RUNNING is the advisory lock the task's transaction holds."""
     from django.db import connections
 
-    from django_platformkit.tasks_results import RUNNING_LOCK_NAMESPACE
+    from django_platformkit.tasks.results import RUNNING_LOCK_NAMESPACE
 
     result = tasks.record.enqueue("running")
     other = connections.create_connection("default")
@@ -523,7 +524,7 @@ def test_a_task_a_worker_runs_reads_as_running_then_successful(outbox_tasks, bac
 
 
 def _default_queue_consumer(transport):
-    from django_platformkit.consumer import Consumer
+    from django_platformkit.consume.consumer import Consumer
 
     Relay(transport).drain()
     sub = next(s for s in task_subscriptions() if s.name == "platformkit.task_default")
@@ -615,7 +616,7 @@ def test_aenqueue_and_aget_result_from_an_async_view(outbox_tasks, async_client,
 
 
 def test_check_errors_when_the_app_is_not_installed_or_a_queue_cant_be_an_event_name():
-    from django_platformkit.tasks import OutboxBackend
+    from django_platformkit.tasks.backend import OutboxBackend
 
     backend = OutboxBackend("jobs", {"QUEUES": ["default", "High-Priority"]})
     assert [(e.id, e.msg) for e in backend.check()] == [
@@ -633,7 +634,7 @@ def test_check_errors_when_the_app_is_not_installed_or_a_queue_cant_be_an_event_
 
 
 def test_check_errors_for_an_options_batch_that_is_not_a_bool_and_for_an_unknown_option():
-    from django_platformkit.tasks import OutboxBackend
+    from django_platformkit.tasks.backend import OutboxBackend
 
     assert OutboxBackend("default", {"QUEUES": ["default"], "OPTIONS": {"BATCH": False}}).check() == []
     errors = OutboxBackend("default", {"QUEUES": ["default"], "OPTIONS": {"BATCH": "no", "BACH": False}}).check()
@@ -653,7 +654,7 @@ def test_check_errors_for_an_options_batch_that_is_not_a_bool_and_for_an_unknown
 
 
 def test_check_errors_for_queues_that_are_not_a_list_and_options_that_are_not_a_dict():
-    from django_platformkit.tasks import OutboxBackend
+    from django_platformkit.tasks.backend import OutboxBackend
 
     errors = OutboxBackend("default", {"QUEUES": "emails"}).check()
     assert [(e.id, e.msg, e.hint) for e in errors] == [
@@ -678,7 +679,7 @@ def test_a_task_on_a_backend_whose_queues_is_a_string_is_refused_saying_so_not_q
     Django's "Queue 'emails' is not valid for backend"."""
     from django.tasks import task
 
-    from django_platformkit.tasks import BACKEND_PATH
+    from django_platformkit.tasks.backend import BACKEND_PATH
 
     with override_settings(TASKS={"default": {"BACKEND": BACKEND_PATH, "QUEUES": "emails"}}):
         with pytest.raises(InvalidTask, match=r"QUEUES'\] is 'emails', not a list of queue names.*\['emails'\]"):
@@ -686,7 +687,7 @@ def test_a_task_on_a_backend_whose_queues_is_a_string_is_refused_saying_so_not_q
 
 
 def test_a_settings_options_list_or_queues_string_registers_no_letters_and_does_not_crash():
-    from django_platformkit.tasks import BACKEND_PATH, configured_queues, register_task_queues
+    from django_platformkit.tasks.backend import BACKEND_PATH, configured_queues, register_task_queues
 
     broken = {
         "letters": {"BACKEND": BACKEND_PATH, "QUEUES": "emails"},
@@ -694,18 +695,17 @@ def test_a_settings_options_list_or_queues_string_registers_no_letters_and_does_
     }
     with override_settings(TASKS=broken):
         assert configured_queues() == {"reports": ["listed"]}
-        from django_platformkit import consumer
 
         names = register_task_queues()  # what AppConfig.ready() calls: it crashed on OPTIONS [1]
         try:
             assert names == ["platformkit.task_reports"]
         finally:
             for name in names:
-                consumer._subscriptions.pop(name, None)
+                subscription_registry._subscriptions.pop(name, None)
 
 
 def test_check_errors_when_two_backends_serve_a_queue_with_different_options():
-    from django_platformkit.tasks import BACKEND_PATH, OutboxBackend
+    from django_platformkit.tasks.backend import BACKEND_PATH, OutboxBackend
 
     shared = {
         "a": {"BACKEND": BACKEND_PATH, "QUEUES": ["default", "emails"], "OPTIONS": {"BATCH": False}},
@@ -725,7 +725,7 @@ def test_check_errors_when_two_backends_serve_a_queue_with_different_options():
 
 def test_enqueue_refuses_when_the_app_is_not_installed():
     from django_platformkit.exceptions import ConfigurationError
-    from django_platformkit.tasks import OutboxBackend
+    from django_platformkit.tasks.backend import OutboxBackend
 
     with override_settings(INSTALLED_APPS=["django.contrib.contenttypes", "django.contrib.auth"]):
         backend = OutboxBackend("default", {"QUEUES": ["default"]})
@@ -735,7 +735,7 @@ def test_enqueue_refuses_when_the_app_is_not_installed():
 
 
 def test_runworker_queue_runs_only_that_queues_tasks(outbox_tasks, run_worker):
-    from django_platformkit.tasks import queue_subscriptions
+    from django_platformkit.tasks.backend import queue_subscriptions
 
     tasks.record.enqueue("default_queue")
     tasks.send_email.enqueue("b@example.com")
@@ -751,11 +751,11 @@ def test_runworker_queue_as_a_real_process_runs_only_that_queue(broker):
     """``manage.py runworker --burst --queue emails`` (TASKS from the settings, as a deploy has it)."""
     import subprocess
 
-    from django_platformkit.tasks import register_task_queues
+    from django_platformkit.tasks.backend import register_task_queues
     from tests.conftest import manage, worker_env
 
     with override_settings(TASKS=TASKS):
-        from django_platformkit import consumer, events
+        from django_platformkit.outbox import events
 
         names = register_task_queues()
         try:
@@ -763,7 +763,7 @@ def test_runworker_queue_as_a_real_process_runs_only_that_queue(broker):
             tasks.send_email.enqueue("c@example.com")
         finally:
             for name in names:
-                consumer._subscriptions.pop(name, None)
+                subscription_registry._subscriptions.pop(name, None)
                 events._catalogue.pop(name, None)
     env = worker_env(broker, PLATFORMKIT_TEST_TASKS="1")
     proc = manage(
@@ -825,8 +825,8 @@ def test_the_task_admin_does_not_replay_a_task_of_a_queue_this_build_no_longer_h
     # a task nothing handles. The dead letters' own Replay refuses it; so must this one.
     from django.utils import timezone
 
-    from django_platformkit.deadletters import record_dead_letter
     from django_platformkit.models import OutboxEvent
+    from django_platformkit.operate.deadletters import record_dead_letter
 
     row = OutboxEvent.objects.create(
         name="platformkit.task_gone", payload={"task": "tests.testapp.tasks.record"}, published_at=timezone.now()
@@ -850,14 +850,14 @@ def test_the_task_admin_does_not_replay_a_task_of_a_queue_this_build_no_longer_h
 
 def test_with_options_batch_tasks_run_once_each_and_failures_are_recorded(broker, run_worker, settings):
     """OPTIONS {"BATCH": True}: the queue is a batch subscription (a savepoint per task)."""
-    from django_platformkit import consumer, events
-    from django_platformkit.tasks import register_task_queues
+    from django_platformkit.outbox import events
+    from django_platformkit.tasks.backend import register_task_queues
 
     batched = {"default": dict(TASKS["default"], OPTIONS={"BATCH": True})}
     with override_settings(TASKS=batched):
         names = register_task_queues()
         try:
-            assert all(consumer._subscriptions[n].batch for n in names)
+            assert all(subscription_registry._subscriptions[n].batch for n in names)
             oks = [tasks.record.enqueue("batched", n=i) for i in range(30)]
             bad = tasks.fails_until_fixed.enqueue("batched_bad")
             run_worker(subscriptions=task_subscriptions())
@@ -870,7 +870,7 @@ def test_with_options_batch_tasks_run_once_each_and_failures_are_recorded(broker
             assert len(failed.errors) == settings.PLATFORMKIT["MAX_ATTEMPTS"]
         finally:
             for name in names:
-                consumer._subscriptions.pop(name, None)
+                subscription_registry._subscriptions.pop(name, None)
                 events._catalogue.pop(name, None)
 
 
@@ -881,8 +881,8 @@ def test_with_options_batch_tasks_run_once_each_and_failures_are_recorded(broker
 def test_a_queue_is_a_batch_subscription_unless_options_say_batch_false(options, batch):
     """The tasks default follows @subscribe's (batch=True, units sized by run
     time); OPTIONS {"BATCH": False} gives every task a transaction of its own."""
-    from django_platformkit import consumer, events
-    from django_platformkit.tasks import register_task_queues
+    from django_platformkit.outbox import events
+    from django_platformkit.tasks.backend import register_task_queues
 
     params = dict(TASKS["default"])
     if options is not None:
@@ -890,10 +890,10 @@ def test_a_queue_is_a_batch_subscription_unless_options_say_batch_false(options,
     with override_settings(TASKS={"default": params}):
         names = register_task_queues()
         try:
-            assert names and {consumer._subscriptions[n].batch for n in names} == {batch}
+            assert names and {subscription_registry._subscriptions[n].batch for n in names} == {batch}
         finally:
             for name in names:
-                consumer._subscriptions.pop(name, None)
+                subscription_registry._subscriptions.pop(name, None)
                 events._catalogue.pop(name, None)
 
 
@@ -901,7 +901,7 @@ def test_rows_due_tomorrow_are_not_visited_by_the_relays_batch_query(outbox_task
     """The deferred walk stops at the first row not yet due (its own partial
     index); due rows come off the pending index: no sequential scan, no sort,
     and the 20k rows due tomorrow cost the query nothing."""
-    from django_platformkit.relay import _PLAN_SQL, _SELECT_SQL
+    from django_platformkit.outbox.relay import _PLAN_SQL, _SELECT_SQL
 
     with connection.cursor() as cursor:
         cursor.execute(

@@ -3,7 +3,7 @@ no queues, and configuring OutboxBackend says that Django 6 is needed."""
 
 import pytest
 
-from django_platformkit import tasks
+from django_platformkit.tasks import backend as tasks
 
 
 @pytest.mark.skipif(tasks.HAVE_DJANGO_TASKS, reason="Django 6+: tests/test_tasks.py covers the backend")

@@ -12,7 +12,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 
 from django_platformkit import publish, tracing
-from django_platformkit.subscriptions import subscriptions
+from django_platformkit.consume.subscriptions import subscriptions
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -11,9 +11,11 @@ import pytest
 from django.db import transaction
 
 from django_platformkit import publish
-from django_platformkit.consumer import NOT_IN_OUTBOX, Consumer, Subscription
+from django_platformkit.consume.claim import NOT_IN_OUTBOX
+from django_platformkit.consume.consumer import Consumer
+from django_platformkit.consume.subscriptions import Subscription
 from django_platformkit.models import DeadLetter, HandledEvent, OutboxEvent
-from django_platformkit.relay import Relay
+from django_platformkit.outbox.relay import Relay
 from django_platformkit.wire import subject_for
 from tests.conftest import wait_for
 

@@ -4,7 +4,7 @@ each durable sees only its own backlog. Every handler does one INSERT."""
 from django.db import connections
 
 from django_platformkit import conf, declare, subscribe
-from django_platformkit.consumer import Subscription
+from django_platformkit.consume.subscriptions import Subscription
 
 PUBLISH = declare("bench.publish")
 RELAY = declare("bench.relay")

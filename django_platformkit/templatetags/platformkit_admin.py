@@ -10,7 +10,7 @@ from django import template
 from django.utils import timezone
 from django.utils.html import format_html
 
-from ..overview import sparkline_svg
+from django_platformkit.admin.figures import sparkline_svg
 
 register = template.Library()
 

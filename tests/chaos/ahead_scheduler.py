@@ -36,7 +36,7 @@ def main() -> None:
     import django
 
     django.setup()
-    from django_platformkit.scheduler import Scheduler
+    from django_platformkit.jobs.scheduler import Scheduler
 
     stop = threading.Event()
     threading.Timer(args.seconds, stop.set).start()

@@ -63,8 +63,9 @@ def test_a_session_terminated_mid_handler_is_retried_without_counting_an_attempt
     from django.db import connection, transaction
 
     from django_platformkit import publish
-    from django_platformkit.consumer import Consumer, Subscription
-    from django_platformkit.relay import Relay
+    from django_platformkit.consume.consumer import Consumer
+    from django_platformkit.consume.subscriptions import Subscription
+    from django_platformkit.outbox.relay import Relay
     from tests.testapp.models import Effect
 
     runs = []

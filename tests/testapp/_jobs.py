@@ -8,7 +8,7 @@ from datetime import timedelta
 
 from django.db import connection
 
-from django_platformkit.jobs import current_slot, job
+from django_platformkit.jobs.specs import current_slot, job
 
 RUNS_TABLE = "pk_test_job_runs"
 

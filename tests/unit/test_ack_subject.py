@@ -4,7 +4,7 @@ own parse, for both forms of ADR-15 (pure: starts nothing)."""
 import pytest
 from nats.aio.msg import Msg
 
-from django_platformkit.transport import _ack_reply_fields
+from django_platformkit.broker.pulling import _ack_reply_fields
 
 pytestmark = pytest.mark.unit
 

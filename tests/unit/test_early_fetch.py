@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from django_platformkit.pool import EARLY_FETCH_MAX_PER_MESSAGE_SECONDS, UNIT_TARGET_SECONDS, _Lane
+from django_platformkit.consume.pool import EARLY_FETCH_MAX_PER_MESSAGE_SECONDS, UNIT_TARGET_SECONDS, _Lane
 
 pytestmark = pytest.mark.unit
 

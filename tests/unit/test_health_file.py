@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import logging
 
-from django_platformkit.health import HealthFile
+from django_platformkit.runtime.health import HealthFile
 
 
 def test_each_write_replaces_the_whole_state_and_leaves_no_temporary_file(tmp_path):
@@ -20,7 +20,7 @@ def test_each_write_replaces_the_whole_state_and_leaves_no_temporary_file(tmp_pa
 
 def test_a_write_that_fails_is_logged_and_not_raised(tmp_path, caplog):
     path = tmp_path / "gone" / "health.json"  # the folder doesn't exist
-    with caplog.at_level(logging.WARNING, logger="django_platformkit.health"):
+    with caplog.at_level(logging.WARNING, logger="django_platformkit.runtime.health"):
         HealthFile(path).write({"healthy": True})
     assert not path.exists()
     (message,) = [r.getMessage() for r in caplog.records]

@@ -68,22 +68,22 @@ def test_the_tenant_set_config_is_spelled_in_one_module():
 
 
 def test_the_claim_statement_sets_the_tenant_with_the_shared_call():
-    from django_platformkit.claim import _claim_sql
-    from django_platformkit.subscriptions import TENANT_SET_CONFIG
+    from django_platformkit.consume.claim import _claim_sql
+    from django_platformkit.consume.tenancy import TENANT_SET_CONFIG
 
     for trusted in (True, False):
         assert f"{TENANT_SET_CONFIG} AS n" in _claim_sql(trusted)
 
 
 def test_transport_and_consumer_still_carry_every_method_of_their_stages():
-    from django_platformkit.acks import _Acks
-    from django_platformkit.claim import _Claiming
-    from django_platformkit.consumer import Consumer
-    from django_platformkit.handler import _Running
-    from django_platformkit.publishing import _Publishing
-    from django_platformkit.settling import _Settling
-    from django_platformkit.streams import _Streams
-    from django_platformkit.transport import Transport
+    from django_platformkit.broker.acks import _Acks
+    from django_platformkit.broker.publishing import _Publishing
+    from django_platformkit.broker.streams import _Streams
+    from django_platformkit.broker.transport import Transport
+    from django_platformkit.consume.claim import _Claiming
+    from django_platformkit.consume.consumer import Consumer
+    from django_platformkit.consume.handler import _Running
+    from django_platformkit.consume.settle import _Settling
 
     for owner, parts in ((Transport, (_Streams, _Publishing, _Acks)), (Consumer, (_Claiming, _Running, _Settling))):
         for part in parts:

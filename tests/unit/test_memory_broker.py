@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from django_platformkit.broker.memory import InMemoryTransport
+from django_platformkit.broker.memory_stream import ConsumerSpec, subject_matches
 from django_platformkit.exceptions import ConsumerDrift
-from django_platformkit.testing_transport import ConsumerSpec, InMemoryTransport, subject_matches
-from django_platformkit.transport import Outcome, OutgoingMessage, subject_for
+from django_platformkit.wire import Outcome, OutgoingMessage, subject_for
 
 
 def broker(*, ack_wait: float = 30.0, max_ack_pending: int | None = None, **options) -> InMemoryTransport:

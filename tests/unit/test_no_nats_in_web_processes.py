@@ -24,12 +24,12 @@ import django
 django.setup()
 print("setup", loaded())
 from django_platformkit import EventType, ReceivedEvent, declare, job, publish, publish_many, replay, subscribe
-import django_platformkit.events, django_platformkit.payload, django_platformkit.wire
-import django_platformkit.subscriptions, django_platformkit.deadletters
+import django_platformkit.outbox.events, django_platformkit.outbox.payload, django_platformkit.wire
+import django_platformkit.consume.subscriptions, django_platformkit.operate.deadletters
 print("publish", loaded())
-import django_platformkit.consumer, django_platformkit.claim, django_platformkit.handler, django_platformkit.settling
+import django_platformkit.consume.consumer, django_platformkit.consume.claim, django_platformkit.consume.handler, django_platformkit.consume.settle
 print("consumer", loaded())
-import django_platformkit.transport
+import django_platformkit.broker.transport
 print("transport", loaded()[:1])
 """
 

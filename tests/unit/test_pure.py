@@ -1,34 +1,22 @@
 """Pure functions that need no server: the event and tenant name grammar,
-payload encoding, the subject scheme and durable names. The names are
-looked up where they live now or after the layout move (``wire.py``), so
-these tests pin behaviour, not a module."""
+payload encoding, the subject scheme and durable names."""
 
 from __future__ import annotations
 
-import importlib
 import json
-from typing import Any
 
 import pytest
 
-from django_platformkit._cron import cron_problems
 from django_platformkit.exceptions import InvalidEventName, InvalidPayload
-
-
-def _find(name: str, *modules: str) -> Any:
-    for module in modules:
-        try:
-            value = getattr(importlib.import_module(f"django_platformkit.{module}"), name, None)
-        except ImportError:
-            continue
-        if value is not None:
-            return value
-    raise AssertionError(f"{name} is in none of {modules}")
+from django_platformkit.jobs.cron import cron_problems
+from django_platformkit.names import check_event_name
+from django_platformkit.outbox.payload import encode_payload
+from django_platformkit.wire import durable_name, parse_subject, subject_for
 
 
 @pytest.mark.parametrize("name", ["orders.placed", "shop.order_placed", "billing.invoice_paid2"])
 def test_good_event_names_are_returned_unchanged(name):
-    assert _find("check_event_name", "events", "wire", "subscriptions")(name) == name
+    assert check_event_name(name) == name
 
 
 @pytest.mark.parametrize(
@@ -50,13 +38,11 @@ def test_good_event_names_are_returned_unchanged(name):
 )
 def test_bad_event_names_are_refused_with_our_error(name):
     with pytest.raises(InvalidEventName):
-        _find("check_event_name", "events", "wire", "subscriptions")(name)
+        check_event_name(name)
 
 
 def test_subject_scheme_round_trips_with_and_without_a_tenant(settings):
     settings.PLATFORMKIT = dict(settings.PLATFORMKIT, SUBJECT_PREFIX="pkunit")
-    subject_for = _find("subject_for", "wire", "transport")
-    parse_subject = _find("parse_subject", "wire", "transport")
     plain, tenanted = subject_for("orders.placed", None), subject_for("orders.placed", "acme")
     assert plain.startswith("pkunit.")
     assert tenanted.startswith("pkunit.")
@@ -67,7 +53,6 @@ def test_subject_scheme_round_trips_with_and_without_a_tenant(settings):
 
 
 def test_durable_names_are_stable_and_legal_for_jetstream():
-    durable_name = _find("durable_name", "wire", "transport")
     first, again, other = durable_name("shop.send_email"), durable_name("shop.send_email"), durable_name("shop.bill")
     assert first == again
     assert first != other
@@ -75,7 +60,6 @@ def test_durable_names_are_stable_and_legal_for_jetstream():
 
 
 def test_payload_encoding_is_compact_json_and_names_the_bad_path():
-    encode_payload = _find("encode_payload", "payload", "events")
     text, _ = encode_payload({"b": 1, "a": [1, 2]})
     assert json.loads(text) == {"b": 1, "a": [1, 2]}
     assert " " not in text  # compact separators: the row and the message stay small

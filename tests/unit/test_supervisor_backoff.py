@@ -3,7 +3,7 @@ each time (1 s doubling to 30 s), one that lived a while starts over."""
 
 from __future__ import annotations
 
-from django_platformkit.supervisor import (
+from django_platformkit.runtime.supervisor import (
     GIVE_UP_AFTER_DEATHS,
     RESTART_MAX_SECONDS,
     STABLE_AFTER_SECONDS,

@@ -164,16 +164,16 @@ def tcp_port(option: str, value: Any) -> Any:
 
 def start_metrics(port: int, **kwargs: Any) -> Any:
     """``--metrics-port PORT``: serve ``/metrics`` from this process (see
-    ``django_platformkit.metrics.serve_metrics`` for ``kwargs``). Raises
+    ``django_platformkit.runtime.metrics.serve_metrics`` for ``kwargs``). Raises
     ``CommandError`` saying what to do when prometheus-client is missing,
     the port is out of range or taken."""
     from django.core.management.base import CommandError
 
-    from ...exceptions import ConfigurationError
+    from django_platformkit.exceptions import ConfigurationError
 
     tcp_port("--metrics-port", port)
     try:
-        from ...metrics import serve_metrics
+        from django_platformkit.runtime.metrics import serve_metrics
 
         return serve_metrics(port, **kwargs)
     except ConfigurationError as exc:
@@ -208,7 +208,7 @@ def tables_migrated() -> Iterator[None]:
     from django.core.management.base import CommandError
     from django.db import ProgrammingError
 
-    from ...outage import sqlstate
+    from django_platformkit.outage import sqlstate
 
     try:
         yield

@@ -26,12 +26,12 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
-from ... import conf
-from ...admin_history import log_dead_letter_action, user_id_for
-from ...deadletters import MALFORMED_BODY_BYTES, MALFORMED_NAME, discard, replay, replay_blocker
-from ...exceptions import ReplayRefused
-from ...models import Attempt, DeadLetter, OutboxEvent
-from ._base import age, configure_logging, import_urlconf, parsed, tables_migrated
+from django_platformkit import conf
+from django_platformkit.admin.history import log_dead_letter_action, user_id_for
+from django_platformkit.exceptions import ReplayRefused
+from django_platformkit.management.commands._base import age, configure_logging, import_urlconf, parsed, tables_migrated
+from django_platformkit.models import Attempt, DeadLetter, OutboxEvent
+from django_platformkit.operate.deadletters import MALFORMED_BODY_BYTES, MALFORMED_NAME, discard, replay, replay_blocker
 
 #: Past this many rows a long replay/discard reports its progress every PROGRESS_EVERY rows.
 PROGRESS_EVERY = 100
@@ -231,8 +231,8 @@ class Command(BaseCommand):
         """A typo would otherwise read as "no dead letters". Known: every
         subscription in code, the relay's own, and any name the table still
         holds (a subscription removed from code keeps its dead letters)."""
-        from ...relay import RELAY_SUBSCRIPTION
-        from ...subscriptions import subscriptions
+        from django_platformkit.consume.subscriptions import subscriptions
+        from django_platformkit.outbox.relay import RELAY_SUBSCRIPTION
 
         import_urlconf()  # a views-declared subscription is known with --skip-checks too
         known = {s.name for s in subscriptions()} | {RELAY_SUBSCRIPTION}

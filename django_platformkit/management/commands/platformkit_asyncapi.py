@@ -6,8 +6,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from ...asyncapi import document, render
-from ._base import import_urlconf
+from django_platformkit.asyncapi import document, render
+from django_platformkit.management.commands._base import import_urlconf
 
 
 class Command(BaseCommand):

@@ -7,9 +7,16 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from ... import conf
-from ...purge import DEFAULT_BATCH_SIZE, purge
-from ._base import age, configure_logging, import_urlconf, parsed, result_printed_once, tables_migrated
+from django_platformkit import conf
+from django_platformkit.management.commands._base import (
+    age,
+    configure_logging,
+    import_urlconf,
+    parsed,
+    result_printed_once,
+    tables_migrated,
+)
+from django_platformkit.operate.purge import DEFAULT_BATCH_SIZE, purge
 
 
 def rows(text: str | int) -> int:
@@ -59,7 +66,7 @@ class Command(BaseCommand):
         # The rows a subscription hasn't handled yet are kept: a views-declared
         # one missing from the registry (--skip-checks) would lose its rows.
         import_urlconf()
-        with tables_migrated(), result_printed_once("django_platformkit.purge", "purged ", "purge dry run "):
+        with tables_migrated(), result_printed_once("django_platformkit.operate.purge", "purged ", "purge dry run "):
             result = purge(
                 older_than=older_than, dry_run=options["dry_run"], batch_size=batch_size or DEFAULT_BATCH_SIZE
             )

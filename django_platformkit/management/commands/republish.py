@@ -12,8 +12,15 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from ...recovery import DEFAULT_BATCH_SIZE, republish
-from ._base import WHEN_EXAMPLES, configure_logging, import_urlconf, point_in_time, positive, tables_migrated
+from django_platformkit.management.commands._base import (
+    WHEN_EXAMPLES,
+    configure_logging,
+    import_urlconf,
+    point_in_time,
+    positive,
+    tables_migrated,
+)
+from django_platformkit.operate.republish import DEFAULT_BATCH_SIZE, republish
 
 
 class Command(BaseCommand):
@@ -113,8 +120,8 @@ class Command(BaseCommand):
         """A typo would otherwise read as "nothing to republish" - after a
         lost store. Known: every declared event, and any name the outbox
         still holds published rows of (an event removed from the code)."""
-        from ...events import catalogue
-        from ...models import OutboxEvent
+        from django_platformkit.models import OutboxEvent
+        from django_platformkit.outbox.events import catalogue
 
         known = set(catalogue())
         if name in known or OutboxEvent.objects.published().filter(name=name).exists():

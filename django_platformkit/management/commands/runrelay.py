@@ -9,9 +9,9 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from ...exceptions import BrokerUnavailable, ConfigurationError, DatabaseUnavailable
-from ...outage import database_unavailable, is_database_error
-from ._base import configure_logging, positive, start_metrics, tcp_port
+from django_platformkit.exceptions import BrokerUnavailable, ConfigurationError, DatabaseUnavailable
+from django_platformkit.management.commands._base import configure_logging, positive, start_metrics, tcp_port
+from django_platformkit.outage import database_unavailable, is_database_error
 
 
 class Command(BaseCommand):
@@ -44,8 +44,8 @@ class Command(BaseCommand):
         configure_logging(options["verbosity"])
         connect_timeout = positive("--connect-timeout", options["connect_timeout"], omitted="the default is 30")
         tcp_port("--metrics-port", options["metrics_port"])
-        from ...transport import Transport
-        from ...worker import Worker
+        from django_platformkit.broker.transport import Transport
+        from django_platformkit.runtime.worker import Worker
 
         worker = Worker(
             transport=Transport(name="django_platformkit relay"),

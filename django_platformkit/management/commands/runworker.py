@@ -2,15 +2,22 @@
 
 With ``--processes N``: a small supervisor (this process) runs the relay and
 the scheduler in one child and the consumers in N more (see
-``django_platformkit.supervisor``).
+``django_platformkit.runtime.supervisor``).
 """
 
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from ...exceptions import BrokerUnavailable, ConfigurationError, ConsumerDrift
-from ._base import configure_logging, import_urlconf, positive, result_printed_once, start_metrics, tcp_port
+from django_platformkit.exceptions import BrokerUnavailable, ConfigurationError, ConsumerDrift
+from django_platformkit.management.commands._base import (
+    configure_logging,
+    import_urlconf,
+    positive,
+    result_printed_once,
+    start_metrics,
+    tcp_port,
+)
 
 
 class Command(BaseCommand):
@@ -93,7 +100,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         configure_logging(options["verbosity"])
-        from ...worker import Worker
+        from django_platformkit.runtime.worker import Worker
 
         burst_timeout = positive(
             "--burst-timeout", options["burst_timeout"], omitted="leave it out to wait until drained"
@@ -110,7 +117,7 @@ class Command(BaseCommand):
                 raise CommandError(
                     f"--health-file {options['health_file']}: the folder {folder} doesn't exist or isn't writable."
                 )
-        from ...subscriptions import subscriptions
+        from django_platformkit.consume.subscriptions import subscriptions
 
         import_urlconf()
         subs = subscriptions()
@@ -123,7 +130,7 @@ class Command(BaseCommand):
                 )
             subs = [known[n] for n in options["subscription"]]
         if options["queue"]:
-            from ...tasks import queue_subscriptions
+            from django_platformkit.tasks.backend import queue_subscriptions
 
             try:
                 queued = queue_subscriptions(options["queue"])
@@ -132,7 +139,7 @@ class Command(BaseCommand):
             picked = subs if options["subscription"] else []
             subs = picked + [s for s in queued if s not in picked]
         if options["job"]:
-            from ...jobs import jobs
+            from django_platformkit.jobs.specs import jobs
 
             missing = sorted(set(options["job"]) - {j.name for j in jobs()})
             if missing:
@@ -154,7 +161,7 @@ class Command(BaseCommand):
                     "`runworker --metrics-port PORT` per process instead (e.g. `--no-relay` beside one `runrelay`), "
                     "or drop --metrics-port."
                 )
-            from ...supervisor import Supervisor
+            from django_platformkit.runtime.supervisor import Supervisor
 
             supervisor = Supervisor(
                 processes=processes,
@@ -189,7 +196,7 @@ class Command(BaseCommand):
         worker.install_signal_handlers()
         try:
             with result_printed_once(
-                "django_platformkit.worker",
+                "django_platformkit.runtime.worker",
                 *(["worker stopped "] if options["burst"] and options["verbosity"] >= 1 else []),
             ):
                 code = worker.run()

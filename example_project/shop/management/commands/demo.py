@@ -24,9 +24,9 @@ from django.db import connection, connections
 from django.db.models import Count, Max
 from django.test import Client
 
+from django_platformkit.consume.subscriptions import subscriptions
 from django_platformkit.models import DeadLetter, HandledEvent, OutboxEvent, TaskResultRecord
-from django_platformkit.subscriptions import subscriptions
-from django_platformkit.worker import Worker
+from django_platformkit.runtime.worker import Worker
 from example_project import services
 
 from ...models import Confirmation, Order, OrderStats

@@ -1,0 +1,178 @@
+"""The overview page's one broker round trip: each durable's counts and the
+age of its oldest unacknowledged message, from a one-off NATS connection
+under a hard total deadline (``BROKER_TIMEOUT_SECONDS``).
+
+Apart from ``overview.py``'s database figures because it is the page's only
+``nats`` code: a slow or unreachable NATS raises ``BrokerUnavailable`` here,
+and the page renders the database figures without it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+from datetime import datetime
+from typing import Any
+
+from django.utils import timezone
+
+from django_platformkit import conf
+from django_platformkit.exceptions import ConfigurationError
+
+#: The whole broker round trip (connect + every durable's info) must end
+#: within this; a slow or unreachable NATS can't hold the page longer.
+BROKER_TIMEOUT_SECONDS = 2.0
+
+
+async def _broker_figures(
+    url: str,
+    options: dict[str, Any],
+    stream: str,
+    subs: list[tuple[str, str]],
+    timeout: float,
+    owner: str | None,
+    connect_errors: list[BaseException],
+) -> dict[str, dict[str, Any]]:
+    """Per durable: pending, ack pending, redelivered and the oldest
+    unacknowledged message's age in seconds (or None). ``owner``: this
+    project's database identity; a stream recorded as another database's
+    raises ``ConfigurationError`` (its figures are that project's).
+    ``connect_errors``: each failed connect attempt is appended (why nats-py's
+    "no servers available" came, and what a timeout met on the way)."""
+    import nats
+    import nats.js.errors
+    from nats.aio.client import Client
+
+    from django_platformkit.broker.transport import Transport
+
+    kwargs = Transport(url, options)._connect_kwargs()
+
+    async def quiet(*_: Any) -> None:  # one page view, no reconnect chatter in the worker's log
+        return None
+
+    async def record(exc: Exception) -> None:
+        connect_errors.append(exc)
+
+    # nats-py's own connect timeout ends first, so it closes its socket itself;
+    # the caller's deadline is the backstop. Each server is tried twice with
+    # no wait, then nats-py gives up: with max_reconnect_attempts=0 (no limit
+    # to nats-py) its first connect retried a refused server every
+    # reconnect_time_wait until the deadline, and NATS being down read as
+    # "did not answer".
+    kwargs.update(
+        allow_reconnect=False,
+        max_reconnect_attempts=1,
+        reconnect_time_wait=0,
+        connect_timeout=timeout * 0.75,
+        error_cb=record,
+        disconnected_cb=quiet,
+        reconnected_cb=quiet,
+    )
+    kwargs["name"] = "django_platformkit-admin"
+    nc = Client()
+    try:
+        await nc.connect(**kwargs)
+        js = nc.jetstream(timeout=timeout)
+        if owner is not None:
+            from django_platformkit import identity
+
+            try:
+                have = (await js.stream_info(stream)).config
+            except nats.js.errors.NotFoundError:
+                pass  # no stream yet: each durable says so
+            else:
+                theirs = identity.recorded_identity(have.description, getattr(have, "metadata", None))
+                if theirs is not None and theirs != owner:
+                    raise ConfigurationError(identity.foreign_stream_text(stream, url, theirs, owner))
+
+        async def one(durable: str, filter_subject: str) -> dict[str, Any]:
+            try:
+                info = await js.consumer_info(stream, durable)
+            except nats.js.errors.NotFoundError:
+                return {"error": "no durable yet: no worker has started it"}
+            figures: dict[str, Any] = {
+                "num_pending": info.num_pending,
+                "num_ack_pending": info.num_ack_pending,
+                "num_redelivered": info.num_redelivered,
+                "oldest_age_seconds": None,
+            }
+            if info.num_pending or info.num_ack_pending:
+                floor = info.ack_floor.stream_seq if info.ack_floor else 0
+                try:
+                    msg = await js.get_msg(stream, seq=floor + 1, subject=filter_subject, next=True)
+                    sent = json.loads(msg.data or b"{}").get("time")
+                    if sent:
+                        then = datetime.fromisoformat(sent.replace("Z", "+00:00"))
+                        figures["oldest_age_seconds"] = max(0.0, (timezone.now() - then).total_seconds())
+                except (nats.js.errors.APIError, ValueError, AttributeError, TypeError):
+                    pass  # no age for this one (an old server without next_by_subj, a body not ours): the counts still stand
+            return figures
+
+        results = await asyncio.gather(*(one(d, f) for d, f in subs))
+        return {durable: result for (durable, _), result in zip(subs, results, strict=True)}
+    finally:
+        # Also after a failed or cancelled connect: an open socket would leak per page view.
+        try:
+            await nc.close()
+        except Exception:
+            pass
+        transport = getattr(nc, "_transport", None)
+        if transport is not None:
+            transport.close()
+
+
+def broker_figures(
+    subs: list[tuple[str, str]], *, timeout: float = BROKER_TIMEOUT_SECONDS, owner: str | None = None
+) -> dict[str, dict[str, Any]]:
+    """``subs``: (durable, filter subject) pairs. Returns figures per durable.
+    Raises ``BrokerUnavailable`` (message redacted) when NATS refuses the
+    connection or can't be reached (at once, saying so) or doesn't answer
+    within ``timeout`` seconds in total, ``ConfigurationError`` when
+    ``owner`` (this project's ``identity.database_identity()``) is given and
+    the stream is recorded as another database's."""
+    from django_platformkit.broker.transport import Transport
+    from django_platformkit.exceptions import BrokerUnavailable
+
+    settings = conf.settings
+    connect_errors: list[BaseException] = []
+    coro_args = (settings.NATS_URL, dict(settings.NATS_OPTIONS), settings.STREAM, subs, timeout, owner, connect_errors)
+    # URLs without user info, and NATS_OPTIONS' password, token and seed hidden.
+    redact = Transport(settings.NATS_URL, dict(settings.NATS_OPTIONS)).redact
+    where = conf.redact_url(settings.NATS_URL)
+    # A thread of its own: the admin may run under ASGI with a loop in this
+    # thread, and the deadline must hold however nats-py behaves.
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="platformkit-overview")
+    try:
+        future = pool.submit(asyncio.run, asyncio.wait_for(_broker_figures(*coro_args), timeout))
+        return future.result(timeout + 0.5)
+    except ConfigurationError:
+        raise
+    except (concurrent.futures.TimeoutError, TimeoutError):
+        # Connected and silent, or a host that drops packets: no answer at
+        # all. A server of the URL list that refused on the way is named.
+        refusals = [e for e in connect_errors if not isinstance(e, TimeoutError)]
+        met = f" (on the way: {_text(refusals[-1])})" if refusals else ""
+        raise BrokerUnavailable(redact(f"NATS at {where} did not answer within {timeout:g} s{met}")) from None
+    except Exception as exc:
+        raise BrokerUnavailable(redact(_unreachable_text(where, exc, connect_errors))) from None
+    finally:
+        # Don't wait for a thread stuck past the deadline: the page goes on, the thread ends on its own.
+        pool.shutdown(wait=False)
+
+
+def _text(exc: BaseException) -> str:
+    return str(exc) or type(exc).__name__
+
+
+def _unreachable_text(where: str, exc: BaseException, connect_errors: list[BaseException]) -> str:
+    """What the page says when the connect failed before the deadline
+    (``where``: the redacted URL). nats-py ends every server's failed connect
+    with "no servers available"; its reasons came to the error callback."""
+    import nats.errors
+
+    reasons = connect_errors if isinstance(exc, nats.errors.NoServersError) and connect_errors else [exc]
+    if all(isinstance(r, ConnectionRefusedError) for r in reasons):
+        # Nothing listens there: NATS is down, or the URL names the wrong port.
+        return f"NATS at {where} refused the connection: {_text(reasons[-1])}"
+    return f"NATS at {where} is unreachable: {_text(reasons[-1])}"

@@ -1,0 +1,296 @@
+"""The dead-letter admin: the table, each dead letter's page with its
+attempts one by one, and the two operator actions, **Replay** (``replay()``)
+and **Discard** (``discard()``), with their confirmation page. Both ask for a
+reason, need the ``django_platformkit.replay_deadletter`` permission, and
+leave an admin ``LogEntry`` (actor, reason) on the dead letter and the
+outbox row. Registered on import; ``admin.py`` imports it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from django.contrib import admin, messages
+from django.contrib.admin import helpers
+from django.core.exceptions import PermissionDenied
+from django.db.models import Q, QuerySet
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import path
+from django.utils.html import format_html, format_html_join
+
+from django_platformkit.admin.display import ReadOnlyAdmin, _duration, _first_line, _pre, _pretty_json, _truncated
+from django_platformkit.admin.history import log_dead_letter_action
+from django_platformkit.models import Attempt, DeadLetter, OutboxEvent
+from django_platformkit.operate.deadletters import replay_blocker as _replay_blocker
+from django_platformkit.templatetags.platformkit_admin import when_html
+
+if TYPE_CHECKING:
+    from django.urls import URLPattern
+
+#: The permission both operator actions need (``DeadLetter.Meta.permissions``).
+REPLAY_PERMISSION = "django_platformkit.replay_deadletter"
+#: Rows one Replay/Discard confirmation lists by name; the rest are counted.
+CONFIRMATION_LIST_LIMIT = 100
+
+
+@admin.register(DeadLetter)
+class DeadLetterAdmin(ReadOnlyAdmin[DeadLetter]):
+    list_display = ("failed", "name", "subscription", "tenant", "attempts", "event_id", "error_first_line")
+    list_display_links = ("failed", "name")
+    list_filter = ("subscription", "name", "tenant")
+    date_hierarchy = "failed_at"
+    search_fields = ("event_id", "error")
+    search_help_text = "Search by event id (or part of it) or error text."
+    actions = ["replay_selected", "discard_selected"]
+    fields = (
+        "event_id",
+        "outbox_link",
+        "name",
+        "subscription",
+        "tenant",
+        "attempts",
+        "failed",
+        "error_text",
+        "payload",
+        "traceback_text",
+        "attempt_history",
+    )
+    readonly_fields = fields
+    change_form_template = "admin/django_platformkit/deadletter/change_form.html"
+    change_list_template = "admin/django_platformkit/deadletter/change_list.html"
+
+    @admin.display(description="failed at", ordering="failed_at")
+    def failed(self, obj: DeadLetter) -> str:
+        return when_html(obj.failed_at)
+
+    @admin.display(description="error", ordering="error")
+    def error_first_line(self, obj: DeadLetter) -> str:
+        return _truncated(obj.error)
+
+    @admin.display(description="error")
+    def error_text(self, obj: DeadLetter) -> str:
+        return _pre(obj.error)
+
+    @admin.display(description="payload")
+    def payload(self, obj: DeadLetter) -> str:
+        row = OutboxEvent.objects.filter(pk=obj.event_id).only("payload").first()
+        if row is None:
+            return "— (not in the outbox: purged, or a message that was never an event of ours)"
+        return _pretty_json(row.payload)
+
+    @admin.display(description="traceback")
+    def traceback_text(self, obj: DeadLetter) -> str:
+        return _pre(obj.traceback)
+
+    @admin.display(description="outbox row")
+    def outbox_link(self, obj: DeadLetter) -> str:
+        if not OutboxEvent.objects.filter(pk=obj.event_id).exists():
+            return "—"
+        return format_html('<a href="{}">{}</a>', self._url(OutboxEvent, "change", obj.event_id), obj.event_id)
+
+    @admin.display(description="attempts, one by one")
+    def attempt_history(self, obj: DeadLetter) -> str:
+        """Each run of the handler for this (subscription, event), from ``Attempt`` rows."""
+        rows = list(
+            Attempt.objects.for_event(obj.event_id, obj.subscription).order_by("attempt")[:ATTEMPT_HISTORY_LIMIT]
+        )
+        if not rows:
+            return "— (no per-attempt record: the worker that ran it did not keep one; the last error is above)"
+        body = format_html_join(
+            "",
+            '<tr class="platformkit-attempt-{}"><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>',
+            (
+                (
+                    a.outcome,
+                    a.attempt,
+                    a.get_outcome_display(),
+                    when_html(a.started_at, relative=False),
+                    _duration(a.started_at, a.finished_at),
+                    a.worker or "—",
+                    _attempt_error(a),
+                )
+                for a in rows
+            ),
+        )
+        return format_html(
+            '<table class="platformkit-attempts"><thead><tr><th>#</th><th>outcome</th><th>started</th><th>ran for</th>'
+            "<th>worker</th><th>error</th></tr></thead><tbody>{}</tbody></table>",
+            body,
+        )
+
+    def has_replay_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm(REPLAY_PERMISSION)
+
+    def change_view(
+        self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        obj = self.get_object(request, object_id)
+        context = {"replay_blocked": replay_blocker(obj) if obj is not None else None, **(extra_context or {})}
+        return super().change_view(request, object_id, form_url, extra_context=context)
+
+    # -- the two operator actions ------------------------------------------
+
+    @admin.action(permissions=["replay"], description="Replay selected dead letters…")
+    def replay_selected(self, request: HttpRequest, queryset: QuerySet[DeadLetter]) -> HttpResponse | None:
+        return self._confirm(request, queryset, "replay")
+
+    @admin.action(permissions=["replay"], description="Discard selected dead letters…")
+    def discard_selected(self, request: HttpRequest, queryset: QuerySet[DeadLetter]) -> HttpResponse | None:
+        return self._confirm(request, queryset, "discard")
+
+    def get_urls(self) -> list[URLPattern]:
+        info = self.model._meta.app_label, self.model._meta.model_name
+        view = self.admin_site.admin_view(self.verb_view)
+        own = [
+            path("<path:object_id>/replay/", view, {"verb": "replay"}, name="{}_{}_replay".format(*info)),
+            path("<path:object_id>/discard/", view, {"verb": "discard"}, name="{}_{}_discard".format(*info)),
+        ]
+        return own + super().get_urls()
+
+    def verb_view(self, request: HttpRequest, object_id: str, verb: str) -> HttpResponse:
+        """Replay or Discard from a dead letter's own page."""
+        if not (self.has_view_permission(request) and self.has_replay_permission(request)):
+            raise PermissionDenied
+        # The URL takes any text: an id that isn't a number is "not found", not a 500.
+        queryset = (
+            self.get_queryset(request).filter(pk=object_id)
+            if str(object_id).isdigit()
+            else self.get_queryset(request).none()
+        )
+        row = queryset.first()
+        if row is None:
+            # Django's own "doesn't exist" redirect: a private ModelAdmin helper django-stubs leaves out.
+            redirect: HttpResponse = self._get_obj_does_not_exist_redirect(  # type: ignore[attr-defined]
+                request, self.model._meta, object_id
+            )
+            return redirect
+        blocked = replay_blocker(row) if verb == "replay" else None
+        if blocked:
+            # The page offers no Replay for it; a hand-typed URL is told why, not sent to a confirmation that can only fail.
+            self.message_user(request, f"No replay for {row.name} {row.event_id}: {blocked}", messages.ERROR)
+            return HttpResponseRedirect(self._url(DeadLetter, "change", row.pk))
+        response = self._confirm(request, queryset, verb, from_object=True)
+        return response or HttpResponseRedirect(self._url(DeadLetter, "changelist"))
+
+    def _confirm(
+        self, request: HttpRequest, queryset: QuerySet[DeadLetter], verb: str, *, from_object: bool = False
+    ) -> HttpResponse | None:
+        """The intermediate page: list what will happen and ask for a reason;
+        on a confirmed POST with a reason, do it and report in the message bar."""
+        reason = (request.POST.get("reason") or "").strip()
+        confirmed = request.method == "POST" and request.POST.get("confirm") == "yes"
+        if not queryset.exists():
+            # Selected on a page that is out of date: another operator (or
+            # this form, sent twice) replayed or discarded them meanwhile.
+            # Without this the action did nothing and said nothing.
+            self.message_user(
+                request,
+                f"Nothing to {verb}: the selected dead letters are gone (replayed or discarded meanwhile?). "
+                "The list below is what is left.",
+                messages.WARNING,
+            )
+            return None
+        if confirmed and reason:
+            self._perform(request, list(queryset), verb, reason)
+            return None
+        rows = list(queryset[:CONFIRMATION_LIST_LIMIT])
+        # Said before the operator confirms, not only in the result: which of
+        # the selection a Replay will leave alone (no outbox row to send).
+        blocked_rows = queryset.none()
+        if verb == "replay":
+            from django_platformkit.consume.subscriptions import subscriptions
+            from django_platformkit.operate.deadletters import RELAY_DEAD_LETTERS
+
+            declared = [s.name for s in subscriptions()] + [RELAY_DEAD_LETTERS]
+            blocked_rows = queryset.exclude(
+                Q(event_id__in=OutboxEvent.objects.values("id")) & Q(subscription__in=declared)
+            )
+        not_replayed = [(row, replay_blocker(row)) for row in blocked_rows[:CONFIRMATION_LIST_LIMIT]]
+        context = {
+            **self.admin_site.each_context(request),
+            "title": f"{verb.capitalize()} dead letters",
+            "opts": self.model._meta,
+            "verb": verb,
+            "rows": rows,
+            "count": queryset.count(),
+            "not_replayed": not_replayed,
+            "not_replayed_count": blocked_rows.count() if not_replayed else 0,
+            "reason": reason,
+            "reason_missing": confirmed and not reason,
+            "from_object": from_object,
+            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+            "selected_ids": [str(pk) for pk in queryset.values_list("pk", flat=True)],
+            "action_name": f"{verb}_selected",
+            "select_across": request.POST.get("select_across", "0"),
+            "changelist_url": self._url(DeadLetter, "changelist"),
+        }
+        return TemplateResponse(request, "admin/django_platformkit/deadletter/confirm.html", context)
+
+    def _perform(self, request: HttpRequest, rows: list[DeadLetter], verb: str, reason: str) -> None:
+        from django_platformkit.exceptions import ReplayRefused
+        from django_platformkit.operate.deadletters import discard, replay
+
+        actor = request.user.get_username()
+        done, refused = [], []
+        for row in rows:
+            blocked = replay_blocker(row) if verb == "replay" else None
+            if blocked:
+                refused.append((row, blocked))
+                continue
+            try:
+                if verb == "replay":
+                    replay(row.event_id, subscription=row.subscription, actor=actor, reason=reason)
+                    done.append(row)
+                elif discard(row.event_id, subscription=row.subscription, actor=actor, reason=reason):
+                    done.append(row)
+                else:
+                    refused.append((row, "already gone"))
+                    continue
+            except ReplayRefused as exc:
+                refused.append((row, str(exc)))
+                continue
+            self._log(request, row, verb, reason)
+        if done:
+            what = ", ".join(f"{row.name} for {row.subscription}" for row in done[:5]) + (" …" if len(done) > 5 else "")
+            plural, them = ("", "it") if len(done) == 1 else ("s", "them")
+            if verb == "replay":
+                text = f"Replayed {len(done)} dead letter{plural} ({what}): pending again, the relay sends {them} next."
+            else:
+                text = f"Discarded {len(done)} dead letter{plural} ({what}): the failure is accepted, nothing runs {them} again."
+            self.message_user(request, text, messages.SUCCESS)
+        for row, why in refused:
+            self.message_user(
+                request, f"Did not {verb} {row.name} {row.event_id} for {row.subscription}: {why}", messages.ERROR
+            )
+
+    def _log(self, request: HttpRequest, row: DeadLetter, verb: str, reason: str) -> None:
+        """The admin's own history of what an operator did
+        (``admin_history.log_dead_letter_action``): one ``LogEntry`` on the
+        dead letter and, where the event is ours, one on the outbox row."""
+        actor = request.user.pk
+        if actor is None:  # an anonymous user: the admin's views let none this far
+            raise PermissionDenied
+        log_dead_letter_action(actor, row, verb, reason)
+
+
+#: Attempt rows one dead letter's page lists.
+ATTEMPT_HISTORY_LIMIT = 50
+
+
+def replay_blocker(row: DeadLetter) -> str | None:
+    """Why ``row`` can't be replayed (a Replay could only fail, or leave the
+    event unhandled), or None: ``deadletters.replay_blocker``."""
+    return _replay_blocker(row.event_id, row.name, row.subscription)
+
+
+def _attempt_error(attempt: Attempt) -> str:
+    if not attempt.error:
+        return "—"
+    if not attempt.traceback:
+        return _truncated(attempt.error)
+    return format_html(
+        '<details><summary><span class="platformkit-trunc">{}</span></summary><pre class="platformkit-pre">{}</pre></details>',
+        _first_line(attempt.error, limit=500),
+        attempt.traceback,
+    )

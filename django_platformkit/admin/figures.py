@@ -1,0 +1,411 @@
+"""The figures behind the admin overview page (``admin:django_platformkit_overview``):
+is every subscription keeping up, how far behind is the relay, which jobs
+ran, which workers are alive.
+
+Owns the queries and the one broker round trip; the admin only renders what
+``collect()`` returns. Two sources:
+
+- the database, in bounded, indexed queries under a ``statement_timeout``:
+  claims by (subscription, handled_at) over the last hour, the outbox's
+  partial indexes (pending rows; published in the last hour), dead letters
+  by subscription, the slot ledger, worker heartbeats;
+- NATS (``overview_broker.py``), through a one-off connection with a hard total deadline
+  (``BROKER_TIMEOUT_SECONDS``): each durable's ``num_pending``,
+  ``num_ack_pending``, ``num_redelivered``, and the time of the oldest
+  message not yet acknowledged. When NATS is unreachable the database
+  figures still render and ``Overview.broker_error`` says why.
+
+The page's shape (a few figures per queue plus a one-hour sparkline) follows
+Oban Web's queue table and River UI's job-state counts; the lag definition
+(the oldest unrelayed row's age) is the Go platformkit's outbox-lag gauge.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import DatabaseError, connections, transaction
+from django.utils import timezone
+from django.utils.html import format_html
+
+from django_platformkit import conf
+from django_platformkit._tables import (
+    DEAD_LETTER_TABLE,
+    DUE_BACKLOG_SQL,
+    HANDLED_TABLE,
+    JOBS_TABLE,
+    OUTBOX_TABLE,
+    WORKERS_TABLE,
+)
+from django_platformkit.admin.broker_figures import BROKER_TIMEOUT_SECONDS, broker_figures
+from django_platformkit.runtime.heartbeat import ALIVE_AFTER_SECONDS
+
+logger = logging.getLogger(__name__)
+
+#: Each database query of the page gets this long (``SET LOCAL statement_timeout``):
+#: a huge hour of claims shows "not charted", it doesn't hang the admin.
+QUERY_TIMEOUT_MS = 2000
+#: Sparkline resolution: one bucket per minute over the last hour.
+BUCKETS = 60
+BUCKET_SECONDS = 60
+#: Workers whose last beat is older than this are not listed at all.
+WORKERS_SEEN_WITHIN = timedelta(hours=24)
+
+
+@dataclass
+class SubscriptionFigures:
+    """One subscription's row. Broker fields are None when NATS didn't answer.
+    ``throughput_per_minute``: handled per minute, oldest first (``BUCKETS``
+    entries), or None when the query timed out."""
+
+    name: str
+    event: str
+    durable: str
+    registered: bool = True
+    num_pending: int | None = None
+    num_ack_pending: int | None = None
+    num_redelivered: int | None = None
+    handled_5m: int = 0
+    handled_1h: int = 0
+    open_dead_letters: int = 0
+    last_handled_at: datetime | None = None
+    oldest_unhandled_age_seconds: float | None = None
+    #: "broker" (the oldest message in the stream not yet acknowledged),
+    #: "outbox" (the oldest row of this event the relay has not sent yet,
+    #: when that is older, or NATS didn't answer), or "" (nothing waits).
+    oldest_unhandled_source: str = ""
+    broker_error: str = ""
+    throughput_per_minute: list[int] | None = None
+
+
+@dataclass
+class OutboxFigures:
+    """``oldest_pending_age_seconds`` is the relay lag; the lists hold one
+    value per minute, oldest first: rows relayed, and the worst
+    ``published_at - created_at`` (seconds) among them."""
+
+    pending: int = 0
+    oldest_pending_age_seconds: float | None = None
+    relayed_5m: int = 0
+    relayed_per_minute: list[int] | None = None
+    lag_seconds_per_minute: list[float] | None = None
+
+
+@dataclass
+class JobFigures:
+    name: str
+    schedule: str
+    declared: bool
+    last_slot: datetime | None
+    next_slot: datetime | None
+    started_at: datetime | None
+    finished_at: datetime | None
+    last_error: str
+    running: bool
+
+
+@dataclass
+class WorkerFigures:
+    worker: str
+    started_at: datetime
+    last_seen: datetime
+    stopped_at: datetime | None
+    subscriptions: list[str]
+    version: str
+    alive: bool
+
+
+@dataclass
+class Overview:
+    """What ``collect()`` returns. ``broker_error``: empty when NATS answered,
+    else why not (credentials redacted). ``notes``: figures that could not be
+    computed, one sentence each."""
+
+    generated_at: datetime
+    nats_url: str
+    stream: str
+    subscriptions: list[SubscriptionFigures]
+    outbox: OutboxFigures
+    jobs: list[JobFigures]
+    workers: list[WorkerFigures]
+    broker_error: str = ""
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def broker_ok(self) -> bool:
+        return not self.broker_error
+
+
+# --- the database ----------------------------------------------------------------
+
+
+def _buckets(rows: Sequence[tuple[int, Any]], *, empty: Any = 0) -> list[Any]:
+    """``(minutes_ago, value)`` rows -> ``BUCKETS`` values, oldest first."""
+    values = [empty] * BUCKETS
+    for minutes_ago, value in rows:
+        if 0 <= int(minutes_ago) < BUCKETS:
+            values[BUCKETS - 1 - int(minutes_ago)] = value
+    return values
+
+
+class _Timed:
+    """Run each query in its own savepoint under ``statement_timeout``; a
+    query that times out (or fails) yields None and a note instead of an
+    aborted page."""
+
+    def __init__(self, alias: str, notes: list[str]) -> None:
+        self.alias = alias
+        self.notes = notes
+
+    def rows(self, sql: str, params: Sequence[Any], what: str) -> list[tuple[Any, ...]] | None:
+        try:
+            with transaction.atomic(using=self.alias), connections[self.alias].cursor() as cursor:
+                cursor.execute("SELECT set_config('statement_timeout', %s, true)", [str(QUERY_TIMEOUT_MS)])
+                cursor.execute(sql, list(params))
+                return list(cursor.fetchall())
+        except DatabaseError as exc:
+            logger.warning("overview query failed what=%s error=%s", what, exc)
+            self.notes.append(
+                f"{what}: not shown ({str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__})."
+            )
+            return None
+
+
+_MINUTES_AGO = f"floor(extract(epoch FROM (now() - {{col}})) / {BUCKET_SECONDS})::int"
+
+# Claims of the last hour that are successes (no dead letter beside them),
+# per subscription and minute: the (subscription, handled_at) index.
+_HANDLED_SQL = (
+    f"SELECT h.subscription, {_MINUTES_AGO.format(col='h.handled_at')} AS minutes_ago, count(*) "
+    f"FROM {HANDLED_TABLE} h WHERE h.subscription = ANY(%s) AND h.handled_at >= now() - interval '1 hour' "
+    f"AND NOT EXISTS (SELECT 1 FROM {DEAD_LETTER_TABLE} d WHERE d.subscription = h.subscription AND d.event_id = h.event_id) "
+    "GROUP BY 1, 2"
+)
+# The newest success claim per subscription: one backward index scan each.
+_LAST_HANDLED_SQL = (
+    "SELECT s.name, (SELECT h.handled_at FROM " + HANDLED_TABLE + " h WHERE h.subscription = s.name "
+    f"AND NOT EXISTS (SELECT 1 FROM {DEAD_LETTER_TABLE} d WHERE d.subscription = h.subscription AND d.event_id = h.event_id) "
+    "ORDER BY h.handled_at DESC LIMIT 1) FROM unnest(%s::text[]) AS s(name)"
+)
+_DEAD_SQL = f"SELECT subscription, count(*) FROM {DEAD_LETTER_TABLE} GROUP BY subscription"
+# Both walk the partial index of pending rows.
+_PENDING_SQL = DUE_BACKLOG_SQL  # due rows and how long the oldest has waited (deferred tasks are not lag)
+_PENDING_BY_NAME_SQL = f"SELECT name, extract(epoch FROM now() - min(created_at)) FROM {OUTBOX_TABLE} WHERE published_at IS NULL AND (not_before IS NULL OR not_before <= now()) AND name = ANY(%s) GROUP BY name"
+# The last hour of relayed rows: the partial index on published_at.
+_RELAYED_SQL = (
+    f"SELECT {_MINUTES_AGO.format(col='published_at')} AS minutes_ago, count(*), "
+    "max(extract(epoch FROM published_at - created_at)) "
+    f"FROM {OUTBOX_TABLE} WHERE published_at IS NOT NULL AND published_at >= now() - interval '1 hour' GROUP BY 1"
+)
+_JOBS_SQL = f"SELECT name, last_slot, started_at, finished_at, last_error FROM {JOBS_TABLE}"
+# Session-level bigint advisory locks held now (classid: high 32 bits, objid: low 32 bits).
+_LOCKS_SQL = (
+    "SELECT classid::bigint, objid::bigint FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 "
+    "AND granted AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+)
+_WORKERS_SQL = (
+    f"SELECT worker, started_at, last_seen, stopped_at, subscriptions, version, "
+    f"(stopped_at IS NULL AND last_seen >= now() - %s) AS alive FROM {WORKERS_TABLE} "
+    "WHERE last_seen >= now() - %s ORDER BY alive DESC, last_seen DESC LIMIT 100"
+)
+
+
+def _lock_key(classid: int, objid: int) -> int:
+    unsigned = (int(classid) << 32) | int(objid)
+    return unsigned - (1 << 64) if unsigned >= 1 << 63 else unsigned
+
+
+def _database_figures(
+    subs: list[SubscriptionFigures], alias: str, notes: list[str]
+) -> tuple[OutboxFigures, list[JobFigures], list[WorkerFigures]]:
+    from django_platformkit.jobs.locks import advisory_key
+    from django_platformkit.jobs.specs import jobs as job_specs
+
+    q = _Timed(alias, notes)
+    names = [s.name for s in subs]
+    by_name = {s.name: s for s in subs}
+
+    dead = q.rows(_DEAD_SQL, [], "open dead letters") or []
+    for subscription, count in dead:
+        if subscription not in by_name:  # dead letters of a subscription that is gone (or the relay's)
+            row = SubscriptionFigures(name=subscription, event="—", durable="—", registered=False)
+            subs.append(row)
+            by_name[subscription] = row
+            names.append(subscription)
+        by_name[subscription].open_dead_letters = int(count)
+
+    handled = q.rows(_HANDLED_SQL, [names], "handled per subscription")
+    if handled is not None:
+        per: dict[str, list[tuple[int, int]]] = {}
+        for subscription, minutes_ago, count in handled:
+            per.setdefault(subscription, []).append((minutes_ago, int(count)))
+        for s in subs:
+            s.throughput_per_minute = _buckets(per.get(s.name, []))
+            s.handled_1h = sum(s.throughput_per_minute)
+            s.handled_5m = sum(s.throughput_per_minute[-5:])
+    for subscription, at in q.rows(_LAST_HANDLED_SQL, [names], "last handled") or []:
+        by_name[subscription].last_handled_at = at
+
+    outbox = OutboxFigures()
+    pending = q.rows(_PENDING_SQL, [], "outbox pending")
+    if pending:
+        count, age_seconds = pending[0]
+        outbox.pending = int(count)
+        outbox.oldest_pending_age_seconds = float(age_seconds) if count else None
+    relayed = q.rows(_RELAYED_SQL, [], "relayed per minute")
+    if relayed is not None:
+        outbox.relayed_per_minute = _buckets([(m, int(c)) for m, c, _ in relayed])
+        outbox.lag_seconds_per_minute = _buckets([(m, float(lag or 0)) for m, _, lag in relayed], empty=0.0)
+        outbox.relayed_5m = sum(outbox.relayed_per_minute[-5:])
+    # Per event, the oldest pending row: what the overview can say about
+    # "oldest unhandled" without the broker (a lower bound).
+    for name, age in (
+        q.rows(_PENDING_BY_NAME_SQL, [sorted({s.event for s in subs if s.registered})], "pending per event") or []
+    ):
+        for s in subs:
+            if s.event == name:
+                s.oldest_unhandled_age_seconds, s.oldest_unhandled_source = float(age), "outbox"
+
+    specs = {spec.name: spec for spec in job_specs()}
+    held = {_lock_key(c, o) for c, o in q.rows(_LOCKS_SQL, [], "job locks") or []}
+    ledger = {row[0]: row for row in q.rows(_JOBS_SQL, [], "jobs") or []}
+    now = timezone.now()
+    job_rows = []
+    for name in sorted(set(specs) | set(ledger)):
+        spec = specs.get(name)
+        _, last_slot, started_at, finished_at, last_error = ledger.get(name, (name, None, None, None, ""))
+        unfinished = started_at is not None and (finished_at is None or finished_at < started_at)
+        job_rows.append(
+            JobFigures(
+                name=name,
+                schedule=spec.schedule_text if spec else "— (no longer declared)",
+                declared=spec is not None,
+                last_slot=last_slot,
+                next_slot=spec.next_slot(now) if spec else None,
+                started_at=started_at,
+                finished_at=finished_at,
+                last_error=last_error or "",
+                # The ledger alone would call a run "running" forever after its worker died mid-run.
+                running=unfinished and advisory_key(name) in held,
+            )
+        )
+
+    alive_within = timedelta(seconds=ALIVE_AFTER_SECONDS)
+    workers = [
+        WorkerFigures(
+            worker=w,
+            started_at=st,
+            last_seen=seen,
+            stopped_at=stopped,
+            subscriptions=list(json.loads(subs_) if isinstance(subs_, str) else subs_ or []),
+            version=v,
+            alive=bool(alive),
+        )
+        for w, st, seen, stopped, subs_, v, alive in q.rows(
+            _WORKERS_SQL, [alive_within, WORKERS_SEEN_WITHIN], "workers"
+        )
+        or []
+    ]
+    return outbox, job_rows, workers
+
+
+def _owner(alias: str) -> str | None:
+    """This project's database identity, or None when it can't be read now
+    (the page then shows the stream's figures unchecked)."""
+    from django.db import DatabaseError, transaction
+
+    from django_platformkit import identity
+    from django_platformkit.exceptions import ConfigurationError, DatabaseUnavailable
+
+    try:
+        with transaction.atomic(using=alias):  # a failed read can't abort a request's transaction
+            return identity.database_identity(alias)
+    except (DatabaseError, DatabaseUnavailable, ConfigurationError):
+        return None
+
+
+def collect(*, using: str | None = None, broker_timeout_seconds: float = BROKER_TIMEOUT_SECONDS) -> Overview:
+    """Every figure of the overview page. Never raises for an outage of
+    NATS (``Overview.broker_error`` says so) or a slow query (a note says so)."""
+    from django_platformkit.consume.subscriptions import subscriptions as registered
+    from django_platformkit.exceptions import BrokerUnavailable, ConfigurationError
+
+    alias = using or conf.settings.DATABASE_ALIAS
+    notes: list[str] = []
+    subs = [SubscriptionFigures(name=s.name, event=s.event, durable=s.durable) for s in registered()]
+    filters = {s.durable: s.filter_subject for s in registered()}
+    outbox, job_rows, workers = _database_figures(subs, alias, notes)
+    broker_error = ""
+    wanted = [(s.durable, filters[s.durable]) for s in subs if s.registered]
+    if wanted:
+        try:
+            figures = broker_figures(wanted, timeout=broker_timeout_seconds, owner=_owner(alias))
+        except (BrokerUnavailable, ConfigurationError) as exc:
+            broker_error = str(exc)
+            figures = {}
+        for s in subs:
+            f = figures.get(s.durable)
+            if not f:
+                continue
+            if "error" in f:
+                s.broker_error = f["error"]
+                continue
+            s.num_pending, s.num_ack_pending, s.num_redelivered = (
+                f["num_pending"],
+                f["num_ack_pending"],
+                f["num_redelivered"],
+            )
+            # The older of the two: a row the relay hasn't sent yet, or a message in the stream.
+            age = f["oldest_age_seconds"]
+            if age is not None and (s.oldest_unhandled_age_seconds is None or age >= s.oldest_unhandled_age_seconds):
+                s.oldest_unhandled_age_seconds, s.oldest_unhandled_source = age, "broker"
+    return Overview(
+        generated_at=timezone.now(),
+        nats_url=conf.redact_url(conf.settings.NATS_URL),
+        stream=conf.settings.STREAM,
+        subscriptions=subs,
+        outbox=outbox,
+        jobs=job_rows,
+        workers=workers,
+        broker_error=broker_error,
+        notes=notes,
+    )
+
+
+# --- rendering helpers -------------------------------------------------------------
+
+
+def sparkline_svg(
+    values: Sequence[float] | None, *, width: int = 120, height: int = 24, label: str = "", unit: str = ""
+) -> str:
+    """A server-rendered SVG polyline of ``values`` (oldest first), scaled to
+    its own maximum, with a ``<title>`` for screen readers and hover. Returns
+    safe HTML (``format_html``); "—" for None."""
+    if values is None:
+        return "—"
+    values = list(values)
+    peak = max(values) if values else 0
+    n = max(len(values) - 1, 1)
+    pad = 2
+    points = " ".join(
+        f"{pad + i * (width - 2 * pad) / n:.1f},{height - pad - ((v / peak) if peak else 0) * (height - 2 * pad):.1f}"
+        for i, v in enumerate(values)
+    )
+    title = f"{label}: peak {peak:g}{unit} per minute over the last hour" if label else ""
+    return format_html(
+        '<svg class="platformkit-spark" width="{}" height="{}" viewBox="0 0 {} {}" role="img" aria-label="{}">'
+        "<title>{}</title>"
+        '<polyline fill="none" stroke="currentColor" stroke-width="1.5" points="{}"/></svg>',
+        width,
+        height,
+        width,
+        height,
+        title,
+        title,
+        points,
+    )

@@ -1,0 +1,452 @@
+"""An in-memory JetStream for tests: the relay and the consumer runtime run
+against it unchanged, so users' tests keep the real path (outbox -> relay ->
+durable -> claim + handler -> ack / retry / dead letter) with no broker.
+
+It keeps the JetStream semantics the runtime relies on: ``Nats-Msg-Id``
+deduplication within ``DUPLICATE_WINDOW_SECONDS``, a delivery count per
+message (``num_delivered``, so a redelivery is told from a first delivery),
+deliver-all durables filtered by subject, NAK with a delay, redelivery after
+the ack wait, TERM. Time is a ``ManualClock`` that moves only when told, so
+a test never sleeps through a backoff. It imports no ``nats``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from django_platformkit import conf, identity
+from django_platformkit.broker.memory_stream import (
+    ConsumerInfo,
+    ManualClock,
+    PubAck,
+    StoredMessage,
+    StreamInfo,
+    _Ack,
+    _Durable,
+    _KeepAlive,
+    _Published,
+    subject_matches,
+)
+from django_platformkit.exceptions import ConfigurationError, ConsumerDrift, ConsumerNotFound
+from django_platformkit.wire import Delivery, Outcome, OutgoingMessage, PublishResult
+
+#: NATS's own default ``max_payload`` (bytes): what a server without a
+#: ``max_payload`` line in its config accepts (nats-server docs, "Limits").
+DEFAULT_MAX_PAYLOAD_BYTES = 1024 * 1024
+#: The URL the transport reports in messages (it has no server).
+MEMORY_URL = "memory://"
+
+
+class InMemoryTransport:
+    """A broker in this process, with the interface the relay, the consumer
+    and the ``Worker`` use from ``transport.Transport``.
+
+    ``clock``: a ``ManualClock`` (default: a new one at 0). ``auto_advance``
+    (default True): when nothing can be delivered now and no delivery is in
+    flight, the clock jumps to the next NAK delay's end, so retries happen
+    without waiting and in the order their backoffs give; False holds the
+    clock until the test calls ``clock.advance()``. ``max_payload``: the
+    server's limit in bytes (body + headers); a bigger message is refused for
+    good, as NATS does. Deviations from JetStream: one stream (``STREAM``),
+    no ``max_age`` or ``max_msgs`` limits, no start-up check of
+    ``max_payload`` against ``MAX_PAYLOAD_BYTES``. Thread-safe.
+    """
+
+    url = MEMORY_URL
+
+    def __init__(
+        self,
+        *,
+        clock: ManualClock | None = None,
+        auto_advance: bool = True,
+        max_payload: int = DEFAULT_MAX_PAYLOAD_BYTES,
+    ) -> None:
+        self.clock = clock or ManualClock()
+        self.auto_advance = auto_advance
+        self._max_payload = int(max_payload)
+        self._cond = threading.Condition()
+        self._stream: str | None = None
+        self._subjects: list[str] = []
+        self._owner: str | None = None
+        self._messages: list[StoredMessage] = []
+        self._msg_ids: dict[str, tuple[int, float]] = {}  # Nats-Msg-Id -> (seq, stored_at)
+        self._durables: dict[str, _Durable] = {}
+        self.connected = threading.Event()
+        self._thread: threading.Thread | None = None  # the Worker's liveness check looks for an event loop thread
+        self.closed = False
+
+    # -- connection (there is none) --
+    def connect(self) -> None:
+        self.connected.set()
+
+    def connect_until(
+        self, stop: threading.Event, *, retry_seconds: float = 2.0, give_up_after_seconds: float | None = None
+    ) -> bool:
+        """Always connected at once: returns True (False if ``stop`` is already set)."""
+        if stop.is_set():
+            return False
+        self.connect()
+        return True
+
+    def redact(self, text: str) -> str:
+        return text
+
+    @property
+    def max_payload(self) -> int:
+        """The largest message (body + headers, bytes) the broker accepts."""
+        return self._max_payload
+
+    def close(self) -> None:
+        """Nothing to flush; the messages stay readable (``messages()``)."""
+        self.connected.clear()
+        self.closed = True
+
+    # -- stream --
+    def ensure_stream(self, *, owner: str | None = None) -> StreamInfo:
+        """Create the stream (``STREAM``, subjects ``<SUBJECT_PREFIX>.>``) if
+        missing. ``owner``: this project's database identity; a stream that
+        records another is refused with ``ConfigurationError``, as
+        ``Transport.ensure_stream`` does."""
+        s = conf.settings
+        with self._cond:
+            if self._stream is None:
+                self._stream, self._subjects = s.STREAM, [f"{s.SUBJECT_PREFIX}.>"]
+            elif self._stream != s.STREAM:
+                raise ConfigurationError(
+                    f"this InMemoryTransport holds the stream {self._stream!r}, not {s.STREAM!r}: use one per test"
+                )
+            if owner is not None:
+                if self._owner is not None and self._owner != owner:
+                    raise ConfigurationError(identity.foreign_stream_text(self._stream, self.url, self._owner, owner))
+                self._owner = owner
+            return StreamInfo(self._stream, list(self._subjects), len(self._messages), self._owner)
+
+    def messages(self) -> list[StoredMessage]:
+        """Every message the stream holds, in stream order."""
+        with self._cond:
+            return list(self._messages)
+
+    # -- publishing --
+    def publish_start(self, messages: Sequence[OutgoingMessage], *, timeout: float = 10.0) -> _Published:
+        """Store ``messages`` now; ``.results()`` gives one ``PublishResult``
+        per message, in order: STORED (``duplicate=True`` for a
+        ``Nats-Msg-Id`` seen within ``DUPLICATE_WINDOW_SECONDS``, with the
+        first copy's ``seq``), PERMANENT for a message over ``max_payload``,
+        TEMPORARY with ``no_stream=True`` when no stream holds its subject."""
+        results = [self._store(m.subject, m.body, {"Nats-Msg-Id": m.msg_id}) for m in messages]
+        return _Published(results)
+
+    def publish_raw(self, subject: str, body: bytes, headers: dict[str, str] | None = None) -> PubAck:
+        """Publish one message as another service would (tests: forged or
+        malformed messages). Raises ``ConfigurationError`` when the broker refuses it."""
+        result = self._store(subject, body, dict(headers or {}))
+        if result.outcome is not Outcome.STORED or result.seq is None:
+            raise ConfigurationError(f"the in-memory broker refused the message: {result.error}")
+        return PubAck(str(self._stream), result.seq, result.duplicate)
+
+    def _store(self, subject: str, body: bytes, headers: dict[str, str]) -> PublishResult:
+        size = len(body) + sum(len(k) + len(v) for k, v in headers.items())
+        if size > self._max_payload:
+            return PublishResult(
+                Outcome.PERMANENT, f"larger than the server's max_payload: {size} > {self._max_payload}"
+            )
+        with self._cond:
+            if self._stream is None or not any(subject_matches(f, subject) for f in self._subjects):
+                return PublishResult(
+                    Outcome.TEMPORARY,
+                    "no stream answered (no responders): is the stream there, does it capture this subject, and is JetStream up?",
+                    no_stream=True,
+                )
+            now = self.clock.now()
+            window = float(conf.settings.DUPLICATE_WINDOW_SECONDS)
+            msg_id = headers.get("Nats-Msg-Id")
+            if msg_id:
+                seen = self._msg_ids.get(msg_id)
+                if seen is not None and now - seen[1] < window:
+                    return PublishResult(Outcome.STORED, duplicate=True, seq=seen[0])
+            seq = len(self._messages) + 1
+            self._messages.append(StoredMessage(seq, subject, bytes(body), dict(headers), now))
+            if msg_id:
+                self._msg_ids[msg_id] = (seq, now)
+            self._cond.notify_all()
+            return PublishResult(Outcome.STORED, seq=seq)
+
+    # -- durables --
+    def ensure_consumer(self, want: Any) -> ConsumerInfo:
+        """Create the durable ``want.durable_name`` if missing (delivering
+        from the stream's first message); update ``ack_wait`` and
+        ``max_ack_pending`` in place. ``want``: a ``ConsumerSpec`` or a
+        ``nats.js.api.ConsumerConfig``. Raises ``ConsumerDrift`` when an
+        existing durable filters another subject (the broker can't change that)."""
+        name = str(want.durable_name)
+        ack_wait = float(getattr(want, "ack_wait", None) or conf.settings.ACK_WAIT_SECONDS)
+        max_ack_pending = getattr(want, "max_ack_pending", None)
+        max_ack_pending = int(max_ack_pending) if max_ack_pending and int(max_ack_pending) > 0 else None
+        with self._cond:
+            durable = self._durables.get(name)
+            if durable is None:
+                durable = self._durables[name] = _Durable(name, str(want.filter_subject), ack_wait, max_ack_pending)
+            elif durable.filter_subject != want.filter_subject:
+                raise ConsumerDrift(
+                    f"durable consumer {name!r} filters {durable.filter_subject!r}, this build wants "
+                    f"{want.filter_subject!r}: the broker can't change a durable's filter"
+                )
+            else:
+                durable.ack_wait, durable.max_ack_pending = ack_wait, max_ack_pending
+            return self._info(durable)
+
+    def consumer_info(self, durable: str) -> ConsumerInfo:
+        """The durable's counts. Raises ``ConsumerNotFound`` (a ``LookupError``) if it doesn't exist."""
+        with self._cond:
+            return self._info(self._durable(durable))
+
+    def _durable(self, name: str) -> _Durable:
+        durable = self._durables.get(name)
+        if durable is None:
+            raise ConsumerNotFound(f"no durable consumer {name!r}: ensure_consumer() creates it")
+        return durable
+
+    def _pending(self, d: _Durable) -> int:
+        return sum(1 for m in self._messages[d.next_seq - 1 :] if subject_matches(d.filter_subject, m.subject))
+
+    def _can_send_new(self, d: _Durable) -> bool:
+        """A first delivery is pending and ``max_ack_pending`` leaves room for it."""
+        full = d.max_ack_pending is not None and len(d.in_flight) + len(d.waiting) >= d.max_ack_pending
+        return not full and self._pending(d) > 0
+
+    def _info(self, d: _Durable) -> ConsumerInfo:
+        self._expire(d)
+        return ConsumerInfo(
+            name=d.name,
+            stream_name=str(self._stream),
+            num_pending=self._pending(d),
+            num_ack_pending=len(d.in_flight) + len(d.waiting),
+            num_redelivered=sum(1 for n in d.delivered.values() if n > 1),
+            filter_subject=d.filter_subject,
+        )
+
+    def _expire(self, d: _Durable) -> None:
+        # The ack wait ran out: the broker redelivers it (its count goes up then).
+        now = self.clock.now()
+        for seq, deadline in list(d.in_flight.items()):
+            if deadline <= now:
+                del d.in_flight[seq]
+                d.waiting[seq] = deadline
+
+    def _take(self, d: _Durable, batch: int) -> list[Delivery]:
+        """Under the lock: up to ``batch`` deliveries due now, redeliveries first (as JetStream sends them)."""
+        self._expire(d)
+        now = self.clock.now()
+        taken: list[int] = []
+        for seq, due in sorted(d.waiting.items(), key=lambda item: (item[1], item[0])):
+            if len(taken) >= batch or due > now:
+                break
+            del d.waiting[seq]  # a redelivery: it was ack pending already
+            taken.append(seq)
+        # A first delivery adds to the ack-pending count; at max_ack_pending nothing new is sent.
+        room = (
+            batch if d.max_ack_pending is None else d.max_ack_pending - len(d.in_flight) - len(d.waiting) - len(taken)
+        )
+        new = 0
+        while len(taken) < batch and new < room and d.next_seq <= len(self._messages):
+            message = self._messages[d.next_seq - 1]
+            d.next_seq += 1
+            if subject_matches(d.filter_subject, message.subject):
+                taken.append(message.seq)
+                new += 1
+        out = []
+        for seq in taken:
+            d.delivered[seq] = d.delivered.get(seq, 0) + 1
+            d.in_flight[seq] = now + d.ack_wait
+            message = self._messages[seq - 1]
+            out.append(
+                Delivery(
+                    subject=message.subject,
+                    data=message.body,
+                    headers=dict(message.headers),
+                    attempt=d.delivered[seq],
+                    stream_seq=seq,
+                    msg=_Ack(d.name, seq, d.delivered[seq]),
+                )
+            )
+        return out
+
+    def fetch(self, durable: str, batch: int, *, timeout: float = 1.0, puller: int = 0) -> list[Delivery]:
+        """Up to ``batch`` deliveries of ``durable`` that are due now; waits
+        up to ``timeout`` real seconds for one (0: look once). With
+        ``auto_advance`` the clock moves to the next NAK delay's end when
+        nothing is due and nothing is in flight. Raises ``ConsumerNotFound`` (a ``LookupError``) for
+        an unknown durable."""
+        with self._cond:
+            d = self._durable(durable)
+            out = self._take(d, batch)
+            if not out and self.advance_if_idle():
+                out = self._take(d, batch)
+            if not out and timeout > 0:
+                self._cond.wait(timeout)
+                out = self._take(d, batch)
+            return out
+
+    # -- settling --
+    def _settle(self, delivery: Delivery, redeliver_at: float | None) -> None:
+        self._settle_all([delivery], redeliver_at)
+
+    def _settle_all(self, deliveries: Sequence[Delivery], redeliver_at: float | None) -> None:
+        acks = [delivery.msg for delivery in deliveries]
+        for ack, delivery in zip(acks, deliveries, strict=True):
+            if not isinstance(ack, _Ack):
+                raise TypeError(f"not a delivery of this InMemoryTransport: {delivery!r}")
+        with self._cond:
+            expired: set[str] = set()
+            for ack in acks:
+                d = self._durable(ack.durable)
+                if d.name not in expired:  # once per call: a unit's acks would otherwise rescan the pending list each
+                    self._expire(d)
+                    expired.add(d.name)
+                # By stream sequence, as JetStream keys its pending list: an ack
+                # from an earlier delivery of the message settles it too.
+                if redeliver_at is None:
+                    if ack.seq in d.in_flight or ack.seq in d.waiting:
+                        d.in_flight.pop(ack.seq, None)
+                        d.waiting.pop(ack.seq, None)
+                        d.delivered.pop(ack.seq, None)
+                elif ack.seq in d.in_flight:  # a NAK of a message already awaiting redelivery changes nothing
+                    del d.in_flight[ack.seq]
+                    d.waiting[ack.seq] = redeliver_at
+            self._cond.notify_all()
+
+    def ack(self, delivery: Delivery) -> None:
+        """Done: never delivered again."""
+        self._settle(delivery, None)
+
+    def ack_many(self, deliveries: Sequence[Delivery]) -> None:
+        self._settle_all(deliveries, None)
+
+    def nak(self, delivery: Delivery, delay_seconds: float | None = None) -> None:
+        """Redeliver after ``delay_seconds`` on the clock (None: at once)."""
+        self._settle(delivery, self.clock.now() + max(0.0, float(delay_seconds or 0.0)))
+
+    def term(self, delivery: Delivery) -> None:
+        """Never deliver this message again."""
+        self._settle(delivery, None)
+
+    def in_progress(self, delivery: Delivery) -> None:
+        """Restart the delivery's ack wait from now."""
+        ack = delivery.msg
+        with self._cond:
+            d = self._durable(ack.durable)
+            if ack.seq in d.in_flight:
+                d.in_flight[ack.seq] = self.clock.now() + d.ack_wait
+
+    def keep_alive(self, deliveries: Sequence[Delivery], every_seconds: float) -> _KeepAlive:
+        """A no-op ``KeepAlive`` (see ``_KeepAlive``)."""
+        return _KeepAlive()
+
+    # -- time --
+    def next_due(self, *, in_flight: bool = False) -> float | None:
+        """The clock time of the next NAK delay's end (and, with
+        ``in_flight``, of the next ack wait's end), or None when nothing waits."""
+        with self._cond:
+            times = [t for d in self._durables.values() for t in d.waiting.values()]
+            if in_flight:
+                times += [t for d in self._durables.values() for t in d.in_flight.values()]
+            return min(times, default=None)
+
+    def advance_if_idle(self) -> bool:
+        """With ``auto_advance``: when no delivery is in flight and none is
+        due now, move the clock to the next NAK delay's end. Returns whether it moved."""
+        if not self.auto_advance:
+            return False
+        with self._cond:
+            now = self.clock.now()
+            if any(d.in_flight for d in self._durables.values()):
+                return False
+            waiting = [t for d in self._durables.values() for t in d.waiting.values()]
+            if not waiting or min(waiting) <= now:
+                return False
+            if any(self._can_send_new(d) for d in self._durables.values()):
+                return False  # a first delivery is there to send now
+            self.clock.advance_to(min(waiting))
+            self._cond.notify_all()
+            return True
+
+    # -- the Worker's pull lanes --
+    def pull_lane(
+        self,
+        want: Any,
+        *,
+        credit: Callable[[], int],
+        deliver: Callable[[list[Delivery]], None],
+        batch_size: int,
+        linger_seconds: float = 30.0,
+        heartbeat_seconds: float = 5.0,
+    ) -> MemoryPullLane:
+        """Pull ``want``'s durable from a thread of its own while ``credit()``
+        allows, as ``transport.PullLane`` does (``Worker`` uses it)."""
+        lane = MemoryPullLane(self, str(want.durable_name), credit=credit, deliver=deliver, batch_size=batch_size)
+        lane.start()
+        return lane
+
+
+class MemoryPullLane:
+    """``transport.PullLane`` for an ``InMemoryTransport``: one thread per
+    durable asks for ``min(credit(), batch_size)`` deliveries and hands them
+    to ``deliver``; ``idle`` is set while nothing is due for it."""
+
+    _numbers = itertools.count(1)
+
+    def __init__(
+        self,
+        transport: InMemoryTransport,
+        durable: str,
+        *,
+        credit: Callable[[], int],
+        deliver: Callable[[list[Delivery]], None],
+        batch_size: int,
+    ) -> None:
+        self.transport = transport
+        self.durable = durable
+        self._credit = credit
+        self._deliver = deliver
+        self.batch_size = max(1, int(batch_size))
+        self.idle = threading.Event()
+        self.error: BaseException | None = None
+        self.future: Any = None
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, name=f"platformkit-memory-pull-{next(self._numbers)}", daemon=True
+        )
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def wake(self) -> None:
+        with self.transport._cond:
+            self.transport._cond.notify_all()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stopped.set()
+        self.wake()
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        cond = self.transport._cond
+        try:
+            while not self._stopped.is_set():
+                want = min(self._credit(), self.batch_size)
+                with cond:
+                    deliveries = self.transport._take(self.transport._durable(self.durable), want) if want > 0 else []
+                    if not deliveries:
+                        if want > 0:
+                            self.idle.set()
+                        if not self.transport.advance_if_idle():
+                            cond.wait(0.05)
+                        continue
+                self.idle.clear()
+                self._deliver(deliveries)
+        except BaseException as exc:
+            self.error = exc
+            raise

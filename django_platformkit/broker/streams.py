@@ -1,0 +1,345 @@
+"""The stream and the durables this build wants, and making the broker match.
+
+Defined once, used both to create and to compare (STYLE.md habit 4): the
+stream config (DESIGN.md "On the wire") and each subscription's consumer
+config. ``ensure_stream`` / ``ensure_consumer`` create what is missing,
+update in place what the broker lets us, and report - never fix by
+deleting - what it doesn't. ``Transport`` carries these methods.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections.abc import Coroutine
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import nats.js.errors
+from nats.js import api
+
+from django_platformkit import conf
+from django_platformkit.exceptions import BrokerUnavailable, ConfigurationError, ConsumerDrift, ConsumerNotFound
+from django_platformkit.wire import ENVELOPE_OVERHEAD_BYTES, JSONB_TEXT_GROWTH, durable_name, filter_subject_for
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+def stream_config() -> api.StreamConfig:
+    """The stream this build wants (DESIGN.md, "On the wire"). Max age equals
+    the outbox retention, so a message can't outlive the claim guarding it."""
+    s = conf.settings
+    return api.StreamConfig(
+        name=s.STREAM,
+        subjects=[f"{s.SUBJECT_PREFIX}.>"],
+        retention=api.RetentionPolicy.LIMITS,
+        storage=api.StorageType.FILE,
+        max_age=float(s.RETENTION_DAYS) * 86400.0,
+        duplicate_window=float(s.DUPLICATE_WINDOW_SECONDS),
+        num_replicas=s.STREAM_REPLICAS,
+        discard=api.DiscardPolicy.OLD,
+    )
+
+
+#: Room above the in-flight credit for events parked for retry: a NAK with a
+#: delay keeps a message "ack pending" on the broker until it comes back, and
+#: at max_ack_pending the broker delivers nothing else (1,100 parked retries
+#: under JetStream's default 1,000 held a healthy event back for 44 s).
+RETRY_BACKLOG_HEADROOM = 20_000
+
+
+def max_ack_pending_for(concurrency: int = 1, override: int | None = None) -> int:
+    """The ``max_ack_pending`` of a subscription's durable: its
+    ``subscribe(max_ack_pending=...)`` override, else ``MAX_ACK_PENDING``,
+    else derived: ``CONSUMER_BATCH_SIZE x concurrency x 2`` (what can be in
+    flight, twice over) plus ``RETRY_BACKLOG_HEADROOM`` for parked retries."""
+    if override:
+        return int(override)
+    configured = conf.settings.MAX_ACK_PENDING
+    if configured is not None:
+        return int(configured)
+    return int(conf.settings.CONSUMER_BATCH_SIZE) * max(1, int(concurrency)) * 2 + RETRY_BACKLOG_HEADROOM
+
+
+def consumer_config(
+    subscription_name: str, event_name: str, *, max_ack_pending: int | None = None
+) -> api.ConsumerConfig:
+    """The durable consumer of one subscription, used to create it and to
+    compare an existing one. ``max_deliver`` is unlimited on purpose: the
+    worker counts attempts itself and dead-letters, so the broker never drops
+    a message silently after its own count. ``max_ack_pending`` None: the
+    ``max_ack_pending_for()`` default (a change is applied in place)."""
+    if max_ack_pending is None:
+        max_ack_pending = max_ack_pending_for()
+    durable = durable_name(subscription_name)
+    return api.ConsumerConfig(
+        durable_name=durable,
+        name=durable,
+        description=f"django_platformkit subscription {subscription_name}",
+        deliver_policy=api.DeliverPolicy.ALL,
+        ack_policy=api.AckPolicy.EXPLICIT,
+        ack_wait=float(conf.settings.ACK_WAIT_SECONDS),
+        max_deliver=-1,
+        filter_subject=filter_subject_for(event_name),
+        replay_policy=api.ReplayPolicy.INSTANT,
+        max_ack_pending=max_ack_pending,
+        max_waiting=512,
+    )
+
+
+# Fields the server lets us change on an existing durable, and the ones it
+# doesn't (changing those needs a new durable; we never delete one for you).
+_UPDATABLE = ("description", "ack_wait", "max_deliver", "max_ack_pending", "max_waiting")
+_FIXED = ("deliver_policy", "ack_policy", "filter_subject", "replay_policy")
+
+
+def consumer_differences(
+    want: api.ConsumerConfig, have: api.ConsumerConfig
+) -> tuple[dict[str, tuple[Any, Any]], dict[str, tuple[Any, Any]]]:
+    """``(updatable, fixed)`` dicts of field -> (have, want) that differ."""
+
+    def norm(value: Any) -> Any:
+        return value.value if isinstance(value, enum.Enum) else value
+
+    def differs(name: str) -> bool:
+        a, b = norm(getattr(have, name, None)), norm(getattr(want, name, None))
+        if isinstance(a, float) or isinstance(b, float):
+            return a is None or b is None or abs(float(a) - float(b)) > 1e-6
+        return bool(a != b)
+
+    updatable = {n: (norm(getattr(have, n, None)), norm(getattr(want, n))) for n in _UPDATABLE if differs(n)}
+    fixed = {n: (norm(getattr(have, n, None)), norm(getattr(want, n))) for n in _FIXED if differs(n)}
+    return updatable, fixed
+
+
+#: JetStream's err_code for "subjects overlap with an existing stream"
+#: (nats-server's JSStreamSubjectOverlapErr).
+_SUBJECTS_OVERLAP = 10065
+#: JetStream refusals of a stream's settings that come back as 500 but never
+#: pass on a retry: err_code -> what to change.
+_SETTINGS_REFUSED = {
+    # JSStreamInvalidConfigF, e.g. "duplicates window can not be larger then max age".
+    10052: (
+        "The stream's settings come from PLATFORMKIT: its max age is RETENTION_DAYS ({max_age:g} s) and its "
+        "duplicate window DUPLICATE_WINDOW_SECONDS ({window:g} s), which must not be longer; fix the setting it names."
+    ),
+    # JSStreamReplicasNotSupportedErr: "replicas > 1 not supported in non-clustered mode".
+    10074: (
+        "PLATFORMKIT['STREAM_REPLICAS'] is {replicas}, which needs a NATS cluster: set it to 1 for a single "
+        "server, or list the cluster's nodes in PLATFORMKIT['NATS_URL']."
+    ),
+}
+
+
+def _no_jetstream_text(url: str) -> str:
+    return f"JetStream is not enabled on {conf.redact_url(url)}: start nats-server with -js (or jetstream {{}} in its config)."
+
+
+def _jetstream_disabled(exc: BaseException | None) -> bool:
+    return exc is not None and "jetstream not enabled" in str(exc).lower()
+
+
+class _Streams:
+    """``Transport``'s stream and durable management (see ``Transport``)."""
+
+    url: str
+    request_timeout_seconds: float
+    _nc: Any
+    _js: Any
+
+    if TYPE_CHECKING:
+
+        def call(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T: ...
+
+        def redact(self, text: str) -> str: ...
+
+        @property
+        def max_payload(self) -> int: ...
+
+    def ensure_stream(self, *, owner: str | None = None) -> api.StreamInfo:
+        """Create the stream if missing; report (never fix by deleting) drift.
+
+        ``owner``: this project's database identity (``identity.database_identity()``;
+        relay and worker pass it). A new stream records it; an existing one
+        recording another identity is refused; one recording none (made
+        before identities existed) is adopted - ours recorded, logged at
+        WARNING. None: no ownership check (tests, tools).
+
+        Raises ``ConfigurationError`` (the process should end: retrying can't
+        help) when the stream belongs to another database, when NATS refuses
+        to create it (e.g. its subjects overlap another stream's), when
+        JetStream is not enabled, or when the server's ``max_payload`` can't
+        carry ``MAX_PAYLOAD_BYTES`` plus the envelope; ``BrokerUnavailable``
+        on a timeout."""
+        needed = int(conf.settings.MAX_PAYLOAD_BYTES * JSONB_TEXT_GROWTH) + ENVELOPE_OVERHEAD_BYTES
+        if self.max_payload < needed:
+            raise ConfigurationError(
+                f"the NATS server's max_payload is {self.max_payload} bytes, but MAX_PAYLOAD_BYTES "
+                f"({conf.settings.MAX_PAYLOAD_BYTES}) needs {needed} with the envelope: raise max_payload "
+                "in the server config, or lower PLATFORMKIT['MAX_PAYLOAD_BYTES']."
+            )
+        if not (self._nc._server_info or {}).get("jetstream"):
+            # Without JetStream every stream call ends in a bare
+            # ServiceUnavailableError (code None): say what is wrong instead.
+            raise ConfigurationError(self.redact(_no_jetstream_text(self.url)))
+        return self.call(self._ensure_stream(owner), timeout=30)
+
+    def _has_stream_metadata(self) -> bool:
+        version = str((self._nc._server_info or {}).get("version", "0.0"))
+        try:
+            major, minor = (int(part) for part in version.split(".")[:2])
+        except ValueError:
+            return False
+        return (major, minor) >= (2, 10)
+
+    async def _ensure_stream(self, owner: str | None = None) -> api.StreamInfo:
+        from django_platformkit import identity
+
+        want = stream_config()
+        if owner is not None:
+            want.description = identity.describe(owner)
+            if self._has_stream_metadata():
+                want.metadata = {identity.METADATA_KEY: owner}
+        try:
+            info: api.StreamInfo = await self._js.stream_info(want.name)
+        except nats.js.errors.NotFoundError:
+            try:
+                created: api.StreamInfo = await self._js.add_stream(want)
+            except nats.js.errors.APIError as exc:
+                refused = f"NATS at {conf.redact_url(self.url)} refused to create the stream {want.name!r}"
+                if exc.err_code in _SETTINGS_REFUSED:
+                    # Permanent though NATS answers 500: these settings are never
+                    # accepted, and retrying them every 10 s would hide it.
+                    raise ConfigurationError(
+                        f"{refused}: {exc.description} (err_code {exc.err_code}). "
+                        + _SETTINGS_REFUSED[exc.err_code].format(
+                            window=want.duplicate_window, max_age=want.max_age, replicas=want.num_replicas
+                        )
+                    ) from None
+                if exc.err_code == _SUBJECTS_OVERLAP:
+                    raise ConfigurationError(
+                        f"{refused} with subjects "
+                        f"{want.subjects}: {exc.description} (err_code {exc.err_code}). Another stream "
+                        "holds these subjects already: give this project its own PLATFORMKIT['SUBJECT_PREFIX'] "
+                        "(and PLATFORMKIT['STREAM'])."
+                    ) from None
+                if exc.code is not None and 400 <= int(exc.code) < 500:
+                    # Permanent (an account's stream or storage limit, ...):
+                    # retrying forever as "unavailable" would hide it.
+                    raise ConfigurationError(
+                        f"{refused}: {exc.description} (err_code {exc.err_code}). NATS refuses this for good: "
+                        "check the account's JetStream limits and permissions (`nats account info`), "
+                        "or ask its operator."
+                    ) from None
+                raise
+            # Only now: a refused create must not leave a false "created" line.
+            logger.info(
+                "stream created stream=%s subjects=%s replicas=%s owner=%s",
+                want.name,
+                want.subjects,
+                want.num_replicas,
+                owner or "-",
+            )
+            return created
+        have = info.config
+        if owner is not None:
+            theirs = identity.recorded_identity(have.description, getattr(have, "metadata", None))
+            if theirs is not None and theirs != owner:
+                raise ConfigurationError(identity.foreign_stream_text(str(want.name), self.url, theirs, owner))
+            if theirs is None:
+                logger.warning(
+                    "stream adopted stream=%s owner=%s: it recorded no owning database (made before identities); "
+                    "this database is recorded now, and another project's worker will be refused",
+                    want.name,
+                    owner,
+                )
+                have.description = want.description
+                if want.metadata:
+                    have.metadata = {**(getattr(have, "metadata", None) or {}), **want.metadata}
+                info = await self._js.update_stream(have)
+                have = info.config
+        drift = []
+        if sorted(have.subjects or []) != sorted(want.subjects or []):
+            drift.append(f"subjects {have.subjects} (want {want.subjects})")
+            if not set(want.subjects or []) <= set(have.subjects or []):
+                # Not cosmetic: nothing this project publishes is captured.
+                logger.error(
+                    "stream %s captures %s, not %s (SUBJECT_PREFIX changed?): every publish will fail with "
+                    "'no responders' until the stream captures it. Restore SUBJECT_PREFIX, or add the subject "
+                    "with `nats stream edit %s --subjects ...`.",
+                    want.name,
+                    have.subjects,
+                    want.subjects,
+                    want.name,
+                )
+        if have.max_age is not None and abs((have.max_age or 0) - (want.max_age or 0)) > 1:
+            drift.append(f"max_age {have.max_age:.0f} s (want {want.max_age:.0f} s = RETENTION_DAYS)")
+        if abs((have.duplicate_window or 0) - want.duplicate_window) > 0.5:
+            drift.append(f"duplicate_window {have.duplicate_window} s (want {want.duplicate_window} s)")
+        if (have.num_replicas or 1) != want.num_replicas:
+            drift.append(f"replicas {have.num_replicas} (want {want.num_replicas})")
+        if drift:
+            logger.warning(
+                "stream drift stream=%s differs: %s. Update it with `nats stream edit %s` "
+                "(the stream is never deleted for you).",
+                want.name,
+                "; ".join(drift),
+                want.name,
+            )
+        return info
+
+    def stream_info(self) -> api.StreamInfo:
+        """The stream's info (config, message counts, cluster). Raises ``BrokerUnavailable`` on timeout."""
+        info: api.StreamInfo = self.call(
+            self._js.stream_info(conf.settings.STREAM), timeout=self.request_timeout_seconds + 1
+        )
+        return info
+
+    def ensure_consumer(self, want: api.ConsumerConfig) -> api.ConsumerInfo:
+        """Create the durable if missing; update it in place when only
+        updatable fields differ; raise ``ConsumerDrift`` saying what differs
+        and what to do when the broker can't change it."""
+        info: api.ConsumerInfo = self.call(self._ensure_consumer(want), timeout=30)
+        return info
+
+    async def _ensure_consumer(self, want: api.ConsumerConfig) -> api.ConsumerInfo:
+        stream = conf.settings.STREAM
+        try:
+            info: api.ConsumerInfo = await self._js.consumer_info(stream, want.durable_name)
+        except nats.js.errors.NotFoundError:
+            logger.info("durable created consumer=%s filter=%s", want.durable_name, want.filter_subject)
+            created: api.ConsumerInfo = await self._js.add_consumer(stream, want)
+            return created
+        updatable, fixed = consumer_differences(want, info.config)
+        if fixed:
+            what = "; ".join(f"{k}: broker has {a!r}, this build wants {b!r}" for k, (a, b) in fixed.items())
+            raise ConsumerDrift(
+                f"durable consumer {want.durable_name!r} on stream {stream!r} differs in fields the broker "
+                f"can't update ({what}). Claims are keyed by the subscription's name, so a new name (a new "
+                f"durable from the first retained message) runs the handler again for every event the stream "
+                f"still holds (up to RETENTION_DAYS). To keep the name, delete the old durable once it is "
+                f"drained with `nats consumer rm {stream} {want.durable_name}`: the durable made again under "
+                "the same name meets its claims and skips what was handled."
+            )
+        if updatable:
+            logger.info("durable updated consumer=%s changes=%s", want.durable_name, updatable)
+            updated: api.ConsumerInfo = await self._js.add_consumer(stream, want)  # create-or-update, same name
+            return updated
+        return info
+
+    def consumer_info(self, durable: str) -> api.ConsumerInfo:
+        """A durable's info (pending, ack pending, delivered). Raises
+        ``ConsumerNotFound`` if it doesn't exist, ``BrokerUnavailable`` when
+        NATS fails or doesn't answer in time."""
+        try:
+            info: api.ConsumerInfo = self.call(
+                self._js.consumer_info(conf.settings.STREAM, durable), timeout=self.request_timeout_seconds + 1
+            )
+        except BrokerUnavailable as exc:  # call() translated nats' error; the original is the cause
+            if isinstance(exc.__cause__, nats.js.errors.NotFoundError):
+                raise ConsumerNotFound(
+                    f"no durable consumer {durable!r} on stream {conf.settings.STREAM!r}: ensure_consumer() creates it"
+                ) from exc.__cause__
+            raise
+        return info

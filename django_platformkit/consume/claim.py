@@ -1,0 +1,341 @@
+"""The claim: the one statement that starts a unit's transaction, and the
+transaction that runs each handler after it (DESIGN.md: handling is exactly
+once per (subscription, event) through a claim row committed with the
+handler's own writes).
+
+A trusted subscription's claim reads each event's row from the outbox in the
+same round trip, so the handler runs with the outbox's payload and a message
+the outbox doesn't know never runs. The tenant ``set_config`` is
+``subscriptions.TENANT_SET_CONFIG``, written once. ``Consumer`` carries
+``_execute``.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import threading
+import time
+import traceback as traceback_module
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from django.db import connections, transaction
+
+from django_platformkit._tables import ATTEMPTS_TABLE, HANDLED_TABLE, OUTBOX_TABLE
+from django_platformkit.consume.attempts import slow_runs as _slow_runs
+from django_platformkit.consume.subscriptions import Subscription
+from django_platformkit.consume.tenancy import SET_TENANT_SQL, TENANT_SET_CONFIG
+from django_platformkit.consume.units import MAX_SAVEPOINTS_PER_TRANSACTION, UnitWrites, _Redo, _Work, unit_writes_scope
+from django_platformkit.names import check_tenant
+from django_platformkit.outage import close_old_connections_for, not_the_handlers_fault
+from django_platformkit.wire import ReceivedEvent
+
+if TYPE_CHECKING:
+    from django.db.backends.base.base import BaseDatabaseWrapper
+
+
+@functools.lru_cache(maxsize=8)
+def _claim_sql(trust_outbox: bool, lock_namespace: int | None = None) -> str:
+    """The one statement that starts a unit of work: claim every event of the
+    unit, (trusted subscriptions) read each event's row from the outbox in the
+    same round trip, mark a redelivery's ``running`` attempt handled when its
+    claim is new, and bound the transaction by the handler timeout.
+    ``lock_namespace`` (``Subscription.claim_lock_namespace``): also take the
+    transaction-scoped advisory lock ``(lock_namespace, hashtext(event id))``
+    on each event it claims, returned as a seventh column.
+
+    Parameters, in order: ids (a ``{uuid,...}`` array literal), the event name
+    (trusted) or any text (external), the subscription, the attempt row id
+    (or None), statement timeout ms, idle-in-transaction timeout ms, tenant.
+    One statement, never several: psycopg's server-side binding and prepared
+    statements refuse "multiple commands in a prepared statement".
+    """
+    if trust_outbox:
+        rows = f"SELECT id, name, tenant, payload::text AS payload, created_at FROM {OUTBOX_TABLE} WHERE id = ANY(%s::uuid[]) AND name = %s"
+    else:
+        rows = (
+            "SELECT u.id, NULL::text AS name, NULL::text AS tenant, NULL::text AS payload, NULL::timestamptz AS created_at "
+            "FROM unnest(%s::uuid[]) AS u(id) WHERE %s::text IS NOT NULL"
+        )
+    return (
+        f"WITH o AS ({rows}), "
+        # Sorted: two workers claiming overlapping units take the unique-key
+        # locks in the same order, so they can't deadlock.
+        f"c AS (INSERT INTO {HANDLED_TABLE} (subscription, event_id, handled_at) SELECT %s, o.id, now() FROM o ORDER BY o.id "
+        "ON CONFLICT (subscription, event_id) DO NOTHING RETURNING event_id), "
+        f"u AS (UPDATE {ATTEMPTS_TABLE} SET outcome = 'handled', finished_at = clock_timestamp() WHERE id = %s::bigint AND EXISTS (SELECT 1 FROM c)) "
+        # created_at as integer microseconds since the epoch: Django's
+        # timestamptz loader is Python code per value, this is one C int.
+        "SELECT o.id, o.name, o.tenant, o.payload, (EXTRACT(EPOCH FROM o.created_at) * 1000000)::bigint, "
+        "c.event_id IS NOT NULL"
+        + (
+            ""
+            if lock_namespace is None
+            else f", CASE WHEN c.event_id IS NOT NULL THEN pg_try_advisory_xact_lock({int(lock_namespace)}, hashtext(o.id::text)) END"
+        )
+        + " FROM "
+        "(SELECT set_config('statement_timeout', %s, true) AS t, set_config('idle_in_transaction_session_timeout', %s, true) AS i, "
+        f"{TENANT_SET_CONFIG} AS n) s LEFT JOIN o ON true LEFT JOIN c ON c.event_id = o.id"
+    )
+
+
+_CLAIM_TRUSTED_SQL = _claim_sql(True)
+_CLAIM_EXTERNAL_SQL = _claim_sql(False)
+_ALREADY_CLAIMED_SQL = f"SELECT event_id FROM {HANDLED_TABLE} WHERE subscription = %s AND event_id = ANY(%s::uuid[])"
+_SET_TENANT_SQL = SET_TENANT_SQL
+#: The claim returns created_at as microseconds since this instant.
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+#: A unit's runs recorded as ``running`` (slow first runs, a redelivery) are
+#: handled with the unit's commit, not after it.
+_MARK_RUNS_HANDLED_SQL = (
+    f"UPDATE {ATTEMPTS_TABLE} SET outcome = 'handled', finished_at = clock_timestamp() WHERE id = ANY(%s::bigint[])"
+)
+#: In a unit redone with savepoints, the claims of the failed handlers were
+#: taken with the unit's: given back, so their retries can claim again.
+_GIVE_BACK_CLAIMS_SQL = f"DELETE FROM {HANDLED_TABLE} WHERE subscription = %s AND event_id = ANY(%s::uuid[])"
+#: The reason a trusted subscription gives for a message whose id the outbox doesn't hold (DESIGN.md "Trust model").
+NOT_IN_OUTBOX = "not in this project's outbox: forged, from another project, or purged"
+
+
+class _Claiming:
+    """``Consumer``'s transaction for one unit (see ``Consumer``)."""
+
+    subscription: Subscription
+    using: str
+    handlers_started: dict[int, float]
+    runs_now: dict[int, _Work]
+    _default_tenant_context: bool
+
+    if TYPE_CHECKING:
+        handler_started: float | None
+
+        def _call_handler(
+            self, event: ReceivedEvent, timeout: float, wrapper: BaseDatabaseWrapper | None = None
+        ) -> None: ...
+
+        def _awaits_commit(self, work: _Work, seconds: float) -> None: ...
+
+    def _execute(self, unit: list[_Work], *, safe: bool, skip: set[int], trust_outbox: bool, timeout: float) -> None:
+        """One transaction for the unit: one claim statement, then each
+        handler. ``safe``: a savepoint per message (after a failure); else a
+        handler's failure raises ``_Redo`` and everything rolls back."""
+        todo = [w for w in unit if id(w) not in skip]
+        if not todo:
+            return
+        if safe and len(todo) > MAX_SAVEPOINTS_PER_TRANSACTION:
+            # A savepoint per message, at most MAX_SAVEPOINTS_PER_TRANSACTION in
+            # one transaction: the redo commits chunk by chunk. A chunk done is
+            # skipped if the database goes away and the redo starts over.
+            for start in range(0, len(todo), MAX_SAVEPOINTS_PER_TRANSACTION):
+                chunk = todo[start : start + MAX_SAVEPOINTS_PER_TRANSACTION]
+                self._execute(chunk, safe=True, skip=skip, trust_outbox=trust_outbox, timeout=timeout)
+                skip.update(id(w) for w in chunk)
+            return
+        close_old_connections_for(self.using)
+        connection = connections[self.using]
+        outcomes: dict[int, str] = {}
+        events: dict[int, ReceivedEvent] = {}
+        # Where a failure rolls the whole unit back, handlers may leave rows
+        # for one statement before the commit (units.UnitWrites).
+        writes = None if safe else UnitWrites(self.using)
+        with transaction.atomic(using=self.using), unit_writes_scope(writes), connection.cursor() as cursor:
+            rows, tenant = self._claim(cursor, todo, outcomes, trust_outbox=trust_outbox, timeout=timeout)
+            failures = self._run_handlers(
+                cursor,
+                connection,
+                todo,
+                rows,
+                outcomes,
+                events,
+                tenant,
+                safe=safe,
+                trust_outbox=trust_outbox,
+                timeout=timeout,
+            )
+            self._before_commit(cursor, todo, outcomes, failures, writes)
+        # Committed: only now do the outcomes hold.
+        for work in todo:
+            if id(work) in outcomes:
+                work.outcome = outcomes[id(work)]
+                work.event = events.get(id(work), work.event)
+
+    def _claim(
+        self, cursor: Any, todo: list[_Work], outcomes: dict[int, str], *, trust_outbox: bool, timeout: float
+    ) -> tuple[dict[uuid.UUID, tuple[Any, ...]], str]:
+        """The unit's claim statement: ``({event id: claim row}, the tenant it
+        set)``. A delivery the claim returned no row for gets its outcome
+        here: ``skipped`` (claimed before) or ``not_in_outbox``."""
+        sub = self.subscription
+        timeout_ms = str(int(timeout * 1000))
+        # One array literal: psycopg would adapt a list item by item.
+        ids = "{" + ",".join(sorted({str(w.event.id) for w in todo})) + "}"
+        tenant = check_tenant(todo[0].event.tenant) or ""
+        cursor.execute(
+            _claim_sql(trust_outbox, sub.claim_lock_namespace),
+            [
+                ids,
+                sub.event,
+                sub.name,
+                todo[0].attempt_row if len(todo) == 1 else None,
+                timeout_ms,
+                timeout_ms,
+                tenant,
+            ],
+        )
+        rows = {row[0]: row for row in cursor.fetchall() if row[0] is not None}
+        missing = [w for w in todo if w.event.id not in rows]
+        if missing:
+            cursor.execute(_ALREADY_CLAIMED_SQL, [sub.name, "{" + ",".join(str(w.event.id) for w in missing) + "}"])
+            claimed_before = {r[0] for r in cursor.fetchall()}
+            for work in missing:
+                outcomes[id(work)] = "skipped" if work.event.id in claimed_before else "not_in_outbox"
+        return rows, tenant
+
+    def _run_handlers(
+        self,
+        cursor: Any,
+        connection: BaseDatabaseWrapper,
+        todo: list[_Work],
+        rows: dict[uuid.UUID, tuple[Any, ...]],
+        outcomes: dict[int, str],
+        events: dict[int, ReceivedEvent],
+        tenant: str | None,
+        *,
+        safe: bool,
+        trust_outbox: bool,
+        timeout: float,
+    ) -> list[_Work]:
+        """Run the handler of each delivery the claim claimed, in the unit's
+        transaction; returns the failed ones (``safe``: each rolled back to
+        its savepoint; else the first failure raises ``_Redo``)."""
+        sub = self.subscription
+        failures: list[_Work] = []
+        seen: set[uuid.UUID] = set()
+        checked_tenant = tenant  # the last tenant check_tenant() passed: a unit is mostly one tenant
+        ident = threading.get_ident()
+        started, runs_now = self.handlers_started, self.runs_now
+        watch, unwatch = _slow_runs.watch, _slow_runs.unwatch
+        for work in todo:
+            if id(work) in outcomes:
+                continue
+            row = rows[work.event.id]
+            name, row_tenant, payload, created_us, claimed = row[1], row[2], row[3], row[4], row[5]
+            if not claimed or work.event.id in seen:
+                outcomes[id(work)] = "skipped"
+                continue
+            seen.add(work.event.id)
+            event = work.event
+            if trust_outbox:
+                # The outbox is the authority: a same-id copy with another payload runs with ours.
+                event = ReceivedEvent(
+                    event.id,
+                    name,
+                    row_tenant,
+                    json.loads(payload),
+                    _EPOCH + timedelta(microseconds=created_us),
+                    event.attempt,
+                    event.headers,
+                )
+            events[id(work)] = event
+            event_tenant = event.tenant or ""
+            if event_tenant != checked_tenant:
+                event_tenant = check_tenant(event.tenant) or ""
+                checked_tenant = event_tenant
+            if safe:
+                cursor.execute("SAVEPOINT platformkit_message")
+            if self._default_tenant_context and (safe or event_tenant != tenant):
+                # Every time in safe mode, never "only if it changed": a
+                # rolled-back savepoint can leave an earlier event's tenant
+                # in force, and RLS must never see it.
+                cursor.execute(_SET_TENANT_SQL, [event_tenant])
+                tenant = event_tenant
+            work.started_epoch = time.time()
+            watched = work.delivery is not None and work.attempt_row is None
+            if watched:
+                work.running = True
+                watch(work, sub.name, self.using)
+            runs_now[ident] = work
+            # Django sets errors_occurred on the connection whose statement
+            # failed, even when a handler's own atomic() rolled the failure
+            # back to its savepoint (the transaction is then not aborted, so
+            # its status can't tell): cleared for the run, it says whether an
+            # error came from the unit's connection or from another alias's.
+            # An error the run caught on the unit's connection makes it err
+            # towards an outage, as before.
+            errors_before, connection.errors_occurred = connection.errors_occurred, False
+            try:
+                try:
+                    self._call_handler(event, timeout, connection)
+                finally:
+                    if watched:
+                        unwatch(work)
+                        with work.lock:  # waits for a row being written now
+                            work.running = False
+            except BaseException as exc:
+                if not_the_handlers_fault(exc, self.using, own_connection=connection.errors_occurred):
+                    raise
+                work.error, work.tb, work.outcome = (
+                    exc,
+                    "".join(traceback_module.format_exception(exc)),
+                    "failed",
+                )
+                work.event = event
+                if not safe or getattr(connection, "closed_in_transaction", False):
+                    # Closed by the handler (connection.close() and the like):
+                    # no savepoint is left to roll back to, and the "connection
+                    # is closed" it would raise reads as a database outage,
+                    # retried forever. The transaction is gone: redo the rest.
+                    raise _Redo() from None
+                # An ORM error marks the whole transaction for rollback;
+                # ours is a savepoint's, as in Django's own atomic().
+                connection.needs_rollback = False
+                cursor.execute(
+                    "ROLLBACK TO SAVEPOINT platformkit_message"
+                )  # _call_handler dropped its on_commit callbacks
+                failures.append(work)
+                tenant = None  # unknown after the rollback: set it again
+                continue
+            finally:
+                connection.errors_occurred = connection.errors_occurred or errors_before
+                started.pop(ident, None)
+                runs_now.pop(ident, None)
+            if safe:
+                cursor.execute("RELEASE SAVEPOINT platformkit_message")
+            outcomes[id(work)] = "handled"
+            # Done, but acked only after the unit commits: keep its ack
+            # alive while the rest of the unit runs (each within its timeout).
+            self._awaits_commit(work, timeout * (len(todo) + 1))
+        return failures
+
+    def _before_commit(
+        self,
+        cursor: Any,
+        todo: list[_Work],
+        outcomes: dict[int, str],
+        failures: list[_Work],
+        writes: UnitWrites | None,
+    ) -> None:
+        """The unit's last statements before its commit: the rows its
+        handlers left (``writes``), its recorded runs marked handled, and
+        the claims of its failed handlers given back."""
+        if writes is not None:
+            try:
+                writes.flush(cursor)
+            except BaseException as exc:
+                if not_the_handlers_fault(exc, self.using):
+                    raise
+                # Whose row it was is unknown here: redo the unit with a
+                # savepoint per message, where each handler writes its own.
+                raise _Redo() from exc
+        slow = [w.attempt_row for w in todo if outcomes.get(id(w)) == "handled" and w.attempt_row is not None]
+        if slow:
+            # Slow first runs (and a redelivery) recorded as running: handled, with the unit's commit.
+            cursor.execute(_MARK_RUNS_HANDLED_SQL, ["{" + ",".join(str(i) for i in slow) + "}"])
+        if failures:
+            # Their claims were taken with the unit's; give them back.
+            cursor.execute(
+                _GIVE_BACK_CLAIMS_SQL,
+                [self.subscription.name, "{" + ",".join(str(w.event.id) for w in failures) + "}"],
+            )

@@ -1,0 +1,310 @@
+"""The consumer pool: how fetched deliveries reach handlers.
+
+Each subscription is a *lane*: its pulls wait on the transport's event loop
+(``PullLane``), and it asks only for what can start now (credit: one unit of
+1 to ``CONSUMER_BATCH_SIZE`` deliveries per free slot of its
+``concurrency``) - or within milliseconds: a slot whose unit of fast
+handlers is about to end (its measured run time, less the lane's measured
+fetch time) lends its credit to the next unit, so the fetch overlaps the
+end of the unit instead of following it. ``CONSUMER_THREADS`` threads, each
+with its own database connection, take units round-robin over the lanes
+with one ready and a slot free, so a busy subscription can't starve the
+others. ``Worker`` (``worker.py``) owns the lifecycle and mixes this in.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import functools
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from django.db import DatabaseError, connections
+
+from django_platformkit import conf
+from django_platformkit.broker.pulling import PullLane
+from django_platformkit.broker.streams import max_ack_pending_for
+from django_platformkit.broker.transport import Transport
+from django_platformkit.consume.consumer import Consumer
+from django_platformkit.consume.subscriptions import Subscription
+from django_platformkit.exceptions import BrokerUnavailable
+from django_platformkit.wire import Delivery
+
+if TYPE_CHECKING:
+    from nats.js import api
+
+logger = logging.getLogger(__name__)
+
+#: A unit (the deliveries one pool thread takes at once) is sized so it runs
+#: about this long: fast handlers get whole batches (one transaction, one
+#: claim statement), a slow one gets one message at a time, so nothing
+#: fetched waits long behind a slow handler. Sizes start at 1 and at most
+#: double per unit, so a backlog of slow events never arrives as one batch.
+UNIT_TARGET_SECONDS = 0.1
+#: How long a pool thread backs off after a database or broker error outside a handler.
+POOL_ERROR_BACKOFF_SECONDS = 1.0
+#: A lane fetches its next unit before the running one ends only while its
+#: handlers ran at most this long per message in its last unit: the fetched
+#: unit then waits for the end of the running one, milliseconds (behind it,
+#: if a handler that was fast turns slow: one unit at most).
+EARLY_FETCH_MAX_PER_MESSAGE_SECONDS = 0.01
+#: The early fetch starts this many measured fetch times, plus this share of
+#: the running unit's expected run time, before that unit's expected end: in
+#: the topology drain a fetch took 3-5 ms after a ~80 ms unit, during which
+#: the lane ran nothing, and a unit's run time varies by a fifth from the
+#: last one's. The fetched unit waits that long at most, give or take.
+EARLY_FETCH_LEAD_FETCHES = 2.0
+EARLY_FETCH_LEAD_SHARE = 0.2
+
+
+class _Lane:
+    """One subscription in the runtime: its consumers (one per
+    ``concurrency`` slot), the units fetched and not started, and its puller.
+    Guarded by the runtime's condition lock."""
+
+    def __init__(self, subscription: Subscription, consumers: list[Consumer]) -> None:
+        self.subscription = subscription
+        self.consumers = consumers
+        self.free = list(consumers)  # not running a unit
+        self.available = len(consumers)  # slots neither running nor holding a queued unit: the credit
+        self.queue: collections.deque[tuple[list[Delivery], Any]] = collections.deque()
+        self.puller: PullLane | None = None
+        self.unit_size = 1  # deliveries to fetch per unit; see UNIT_TARGET_SECONDS
+        self.ready = False  # in the runtime's ready deque: a unit queued and a consumer free
+        self.lent = 0  # running units that lent their slot's credit to the next unit (early fetch)
+        self.per_message: float | None = None  # the last unit's run time per delivery, seconds
+        self.fetch_seconds = 0.0  # how long a credit took to arrive as a unit, smoothed
+        self.credit_since: float | None = None  # when credit last appeared with none outstanding
+        self.early_fetches = 0  # units fetched on a lent slot's credit, before the running unit ended
+
+    def measured(self, deliveries: int, elapsed_seconds: float, batch_size: int) -> None:
+        """Resize the next units from how long this one took (caller holds the lock)."""
+        per_message = self.per_message = max(elapsed_seconds / max(1, deliveries), 1e-5)
+        fits = int(UNIT_TARGET_SECONDS / per_message)
+        self.unit_size = max(1, min(batch_size, fits, self.unit_size * 2))
+
+    def early_fetch_in(self, deliveries: int) -> float | None:
+        """Seconds after a unit of ``deliveries`` starts at which its slot
+        lends its credit to the next unit, or None (handlers not measured
+        yet, or slow: the next unit is fetched when this one ends)."""
+        if self.per_message is None or self.per_message > EARLY_FETCH_MAX_PER_MESSAGE_SECONDS:
+            return None
+        expected = deliveries * self.per_message
+        return max(0.0, expected * (1 - EARLY_FETCH_LEAD_SHARE) - EARLY_FETCH_LEAD_FETCHES * self.fetch_seconds)
+
+    @property
+    def busy(self) -> bool:
+        return self.available < len(self.consumers)
+
+    @property
+    def credit(self) -> int:
+        """Units this lane may fetch now: free slots plus lent ones (caller holds the lock)."""
+        return self.available + self.lent
+
+
+class _Taken:
+    """A unit a pool thread took: whether its slot lent its credit (early fetch)."""
+
+    __slots__ = ("done", "lent")
+
+    def __init__(self) -> None:
+        self.done = False
+        self.lent = False
+
+
+def pool_thread_count(subscriptions: Sequence[Subscription]) -> int:
+    """How many pool threads (each keeping a database connection) serve
+    ``subscriptions``: ``CONSUMER_THREADS``, but no more than their units
+    could ever run at once (the sum of their ``concurrency``); 0 for none."""
+    return min(int(conf.settings.CONSUMER_THREADS), sum(s.concurrency for s in subscriptions))
+
+
+def desired_consumer_config(subscription: Subscription) -> api.ConsumerConfig:
+    """The durable config the runtime wants for ``subscription``: its
+    ``consumer_config()`` with the ``max_ack_pending`` that fits its
+    concurrency and ``max_ack_pending`` override."""
+    want = subscription.consumer_config()
+    want.max_ack_pending = max_ack_pending_for(
+        subscription.concurrency, getattr(subscription, "max_ack_pending_override", None)
+    )
+    return want
+
+
+class ConsumerPool:
+    """The pool's half of ``Worker``: lanes, credit, the round-robin take and
+    the pool threads. The attributes below are set by ``Worker.__init__``."""
+
+    transport: Transport
+    using: str
+    stop_event: threading.Event
+    _lanes: list[_Lane]
+    _cond: threading.Condition
+    _ready: collections.deque[_Lane]
+    _pool: list[threading.Thread]
+    _batch_size: int
+
+    def _spawn(self, name: str, target: Callable[..., object], *args: Any) -> threading.Thread:
+        raise NotImplementedError  # Worker's: a guarded thread whose crash stops the process
+
+    # -- the consumer runtime --
+    def _start_runtime(self) -> None:
+        """Start every lane's puller and the handler pool."""
+        if not self._lanes:
+            return
+        batch_size = self._batch_size = int(conf.settings.CONSUMER_BATCH_SIZE)
+        for lane in self._lanes:
+            lane.puller = self.transport.pull_lane(
+                desired_consumer_config(lane.subscription),
+                credit=functools.partial(self._credit, lane, batch_size),
+                deliver=functools.partial(self._delivered, lane),
+                batch_size=batch_size,
+            )
+        for number in range(pool_thread_count([lane.subscription for lane in self._lanes])):
+            self._pool.append(self._spawn(f"platformkit-consumer-{number}", self._pool_loop))
+
+    def _credit(self, lane: _Lane, batch_size: int) -> int:
+        """Called on the loop: how many messages ``lane`` may fetch now."""
+        if self.stop_event.is_set():
+            return 0
+        with self._cond:
+            if lane.credit <= 0:
+                return 0
+            if lane.credit_since is None:
+                lane.credit_since = time.monotonic()
+            return min(batch_size, lane.unit_size)
+
+    def _delivered(self, lane: _Lane, deliveries: list[Delivery]) -> None:
+        """Called on the loop with a fetched unit: queue it for the pool."""
+        # Acks extended from fetch time: a unit waiting for a thread ages against its ack wait too.
+        keep = self.transport.keep_alive(deliveries, every_seconds=max(0.2, float(conf.settings.ACK_WAIT_SECONDS) / 3))
+        with self._cond:
+            if lane.credit_since is not None:
+                # How long credit takes to become a unit: the lead of the next early fetch.
+                # Capped: a long-poll that waited for the next event measures the event's
+                # gap, not the fetch.
+                waited = min(time.monotonic() - lane.credit_since, UNIT_TARGET_SECONDS)
+                lane.fetch_seconds = waited if not lane.fetch_seconds else 0.8 * lane.fetch_seconds + 0.2 * waited
+                lane.credit_since = None
+            if lane.available <= 0:
+                lane.early_fetches += 1
+            lane.available -= 1  # below 0 while the unit holds a lent slot: it starts when that unit ends
+            lane.queue.append((deliveries, keep))
+            self._mark_ready(lane)
+
+    def _mark_ready(self, lane: _Lane) -> None:
+        """Queue ``lane`` for a pool thread if it has a unit and a free consumer (caller holds the lock)."""
+        if lane.queue and lane.free and not lane.ready:
+            lane.ready = True
+            self._ready.append(lane)
+            self._cond.notify()
+
+    def _take(self) -> tuple[_Lane, Consumer, list[Delivery], Any] | None:
+        """The next unit, round-robin over the lanes with one ready; None when stopping."""
+        with self._cond:
+            while not self._ready and not self.stop_event.is_set():
+                self._cond.wait(1.0)
+            if self.stop_event.is_set():
+                return None
+            lane = self._ready.popleft()
+            lane.ready = False
+            deliveries, keep = lane.queue.popleft()
+            consumer = lane.free.pop()
+            self._mark_ready(lane)  # its next unit waits for its turn
+            return lane, consumer, deliveries, keep
+
+    def _lend(self, lane: _Lane, running: _Taken, *, on_loop: bool = True) -> None:
+        """Near the end of ``running``'s unit: let its slot's credit fetch the next unit."""
+        with self._cond:
+            if running.done or running.lent or self.stop_event.is_set():
+                return
+            running.lent = True
+            lane.lent += 1
+        if lane.puller is None:
+            return
+        if on_loop:
+            lane.puller.wake_on_loop()
+        else:
+            lane.puller.wake()
+
+    def _lend_later(self, lane: _Lane, running: _Taken, deliveries: int) -> None:
+        """Lend ``running``'s credit when its lane's early fetch is due: at
+        once (a unit shorter than a fetch: no timer), or by a timer on the loop."""
+        with self._cond:
+            delay = lane.early_fetch_in(deliveries)
+        if delay is None:
+            return
+        if delay <= 0:
+            self._lend(lane, running, on_loop=False)
+            return
+        loop = getattr(self.transport, "_loop", None)  # testing.InMemoryTransport has none: no timer
+        if loop is None or loop.is_closed():
+            return
+        lend = functools.partial(self._lend, lane, running)
+        loop.call_soon_threadsafe(loop.call_later, delay, lend)
+
+    def _pool_loop(self) -> None:
+        while True:
+            taken = self._take()
+            if taken is None:
+                return
+            lane, consumer, deliveries, keep = taken
+            started = time.monotonic()
+            running = _Taken()
+            self._lend_later(lane, running, len(deliveries))
+            try:
+                self._handle(consumer, deliveries, keep)
+            finally:
+                with contextlib.suppress(Exception):
+                    keep.stop()
+                with self._cond:
+                    lane.measured(len(deliveries), time.monotonic() - started, self._batch_size)
+                    running.done = True
+                    if running.lent:
+                        lane.lent -= 1
+                    lane.free.append(consumer)
+                    lane.available += 1
+                    self._mark_ready(lane)
+                if lane.puller is not None:
+                    lane.puller.wake()
+
+    def _handle(self, consumer: Consumer, deliveries: list[Delivery], keep: Any) -> None:
+        try:
+            consumer.handle(deliveries, keep)
+        except (DatabaseError, BrokerUnavailable, TimeoutError, OSError) as exc:
+            # Outside a handler (the consumer settles a handler's own errors):
+            # an outage. Hand the unit back; the claim makes a redo harmless.
+            logger.error(
+                "consumer subscription=%s error=%s; handing back deliveries=%s, retrying in %.1fs",
+                consumer.subscription.name,
+                exc,
+                len(deliveries),
+                POOL_ERROR_BACKOFF_SECONDS,
+            )
+            with contextlib.suppress(Exception):
+                connections[self.using].close()
+            for delivery in deliveries:
+                with contextlib.suppress(Exception):
+                    self.transport.nak(delivery, POOL_ERROR_BACKOFF_SECONDS)
+            self.stop_event.wait(POOL_ERROR_BACKOFF_SECONDS)
+
+    def _hand_back_queued(self) -> None:
+        """NAK at once every unit fetched and not started (a stopping worker
+        hands back what it must now, not after the ack wait)."""
+        with self._cond:
+            units = [unit for lane in self._lanes for unit in lane.queue]
+            for lane in self._lanes:
+                lane.queue.clear()
+                lane.ready = False
+            self._ready.clear()
+        for deliveries, keep in units:
+            with contextlib.suppress(Exception):
+                keep.stop()
+            for delivery in deliveries:
+                with contextlib.suppress(Exception):
+                    self.transport.nak(delivery)
+        if units:
+            logger.info("handed back unstarted deliveries=%s", sum(len(d) for d, _ in units))

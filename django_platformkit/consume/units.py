@@ -1,0 +1,101 @@
+"""A unit of work: the deliveries one transaction handles, and the two
+signals that end a unit early.
+
+Shared by the consumer's stages (``consumer``, ``claim``, ``handler``,
+``settling``): each takes the ``_Work`` of a delivery, and none imports
+another stage for it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from django_platformkit.wire import Delivery, ReceivedEvent
+
+#: A transaction holds at most this many savepoints: a unit (up to
+#: ``CONSUMER_BATCH_SIZE`` deliveries, one transaction) that is redone with a
+#: savepoint per message after a failure commits in chunks of this size, since
+#: past 64 subtransactions with writes PostgreSQL's per-backend subxid cache
+#: overflows and every other session's snapshots get slower.
+MAX_SAVEPOINTS_PER_TRANSACTION = 50
+
+
+class UnitWrites:
+    """Rows the handlers of one unit leave to be written together, by one
+    statement per kind just before the unit commits, instead of one round
+    trip each (the task queues' results: ``tasks_results``). Only where a
+    handler's failure rolls the whole unit back (no savepoint per message):
+    what a failed handler left can't outlive it, and a unit redone with
+    savepoints writes at once (``unit_writes()`` is then None)."""
+
+    def __init__(self, using: str) -> None:
+        self.using = using  # the unit's database alias: a write elsewhere can't wait for its commit
+        self._rows: dict[Callable[[Any, list[Any]], None], list[Any]] = {}
+
+    def add(self, write: Callable[[Any, list[Any]], None], row: Any) -> None:
+        """Leave ``row`` for ``write(cursor, rows)``, called once per unit with every row added for it."""
+        self._rows.setdefault(write, []).append(row)
+
+    def flush(self, cursor: Any) -> None:
+        """Write what the unit's handlers left, on the unit's cursor (inside its transaction)."""
+        rows, self._rows = self._rows, {}
+        for write, items in rows.items():
+            write(cursor, items)
+
+
+_unit_writes = threading.local()
+
+
+def unit_writes(using: str) -> UnitWrites | None:
+    """The deferred writes of the unit this thread's handler runs in on
+    database ``using``, or None: write at once (a unit redone with a
+    savepoint per message, another database, or no unit at all)."""
+    writes: UnitWrites | None = getattr(_unit_writes, "current", None)
+    return writes if writes is not None and writes.using == using else None
+
+
+@contextlib.contextmanager
+def unit_writes_scope(writes: UnitWrites | None) -> Iterator[None]:
+    """This thread's ``unit_writes`` while the claim's transaction runs its
+    handlers; cleared after, however the unit ended (a unit that raised must
+    never leave its writes to whatever runs next in the thread)."""
+    _unit_writes.current = writes
+    try:
+        yield
+    finally:
+        _unit_writes.current = None
+
+
+class _Redo(Exception):
+    """Leave the unit's transaction (rolling everything back) to redo it
+    without the message whose handler failed."""
+
+
+class _Stopping(Exception):
+    """The database is away and the worker is stopping: hand the unit back."""
+
+
+@dataclass
+class _Work:
+    """One delivery on its way through handle()."""
+
+    delivery: Delivery
+    event: ReceivedEvent
+    attempt_row: int | None = None  # our ``running`` Attempt row (redeliveries, slow first runs)
+    started_epoch: float | None = None  # time.time() when the handler started; see started_at
+    outcome: str = ""
+    error: BaseException | None = None
+    tb: str = ""
+    lock: threading.Lock = field(default_factory=threading.Lock)  # handler end vs the slow-run recorder
+    running: bool = False  # the handler is in its run now (the recorder may write its row)
+
+    @property
+    def started_at(self) -> datetime | None:
+        """When the handler started (aware, UTC), or None before it did: made
+        from ``started_epoch`` only when a row needs it, not per run."""
+        return None if self.started_epoch is None else datetime.fromtimestamp(self.started_epoch, UTC)

@@ -1,0 +1,373 @@
+"""The event catalogue and ``publish()``.
+
+``publish()`` is one INSERT into the outbox inside the caller's transaction, so
+an event exists exactly when the write that caused it commits. Everything that
+can go wrong with the input is checked in Python *before* any SQL runs: a bad
+call raises and the caller's transaction stays usable.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+from collections.abc import Iterable, Mapping
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from django.db import ProgrammingError, connections
+
+from django_platformkit import conf, signals
+from django_platformkit._ids import uuid7
+from django_platformkit._tables import OUTBOX_TABLE
+from django_platformkit.exceptions import (
+    ConfigurationError,
+    InvalidEventName,
+    InvalidPayload,
+    PlatformKitError,
+    TransactionRequired,
+    UndeclaredEvent,
+)
+from django_platformkit.names import RESERVED_MODULE, check_event_name, check_tenant
+from django_platformkit.outbox.payload import encode_payload
+
+if TYPE_CHECKING:
+    from django.db.backends.base.base import BaseDatabaseWrapper
+    from jsonschema.protocols import Validator
+
+#: The LISTEN/NOTIFY channel ``publish()`` wakes the relay on.
+NOTIFY_CHANNEL = "platformkit_outbox"
+
+_NOTIFY_SQL = (
+    f"WITH e AS (INSERT INTO {OUTBOX_TABLE} (id, name, tenant, payload, headers, created_at) "
+    "VALUES (%s, %s, %s, %s::jsonb, %s::jsonb, clock_timestamp()) RETURNING 1) "
+    f"SELECT pg_notify('{NOTIFY_CHANNEL}', '') FROM e"
+)
+_PLAIN_SQL = (
+    f"INSERT INTO {OUTBOX_TABLE} (id, name, tenant, payload, headers, created_at) "
+    "VALUES (%s, %s, %s, %s::jsonb, %s::jsonb, clock_timestamp())"
+)
+# publish_many(): one statement for any number of rows. WITH ORDINALITY keeps
+# the caller's order; clock_timestamp() is evaluated per row, in that order.
+_MANY_SQL = (
+    f"INSERT INTO {OUTBOX_TABLE} (id, name, tenant, payload, headers, created_at) "
+    "SELECT u.id, u.name, u.tenant, u.payload::jsonb, u.headers::jsonb, clock_timestamp() "
+    "FROM unnest(%s::uuid[], %s::text[], %s::text[], %s::text[], %s::text[]) "
+    "WITH ORDINALITY AS u(id, name, tenant, payload, headers, n) ORDER BY u.n"
+)
+_MANY_NOTIFY_SQL = f"WITH e AS ({_MANY_SQL} RETURNING 1) SELECT pg_notify('{NOTIFY_CHANNEL}', '') FROM e LIMIT 1"
+
+
+@dataclass(frozen=True)
+class EventType:
+    """A declared event: ``name`` (``<module>.<event>``), an optional JSON
+    Schema checked at publish, and a description for the catalogue."""
+
+    name: str
+    schema: Mapping[str, Any] | None = None
+    description: str = ""
+    declared_in: str = field(default="", compare=False)
+
+    @property
+    def module(self) -> str:
+        return self.name.split(".", 1)[0]
+
+    @property
+    def validator(self) -> Validator | None:
+        return _validators.get(self.name)
+
+    def __str__(self) -> str:
+        return self.name
+
+    def __hash__(self) -> int:
+        return hash(self.name)
+
+
+_catalogue: dict[str, EventType] = {}
+_validators: dict[str, Validator] = {}
+_lock = threading.Lock()
+
+
+def _caller_module(depth: int = 2) -> str:
+    import sys
+
+    frame = sys._getframe(depth)
+    name: str = frame.f_globals.get("__name__", "?")
+    return name
+
+
+def declare(name: str, *, schema: Mapping[str, Any] | None = None, description: str = "") -> EventType:
+    """Add an event to the catalogue and return its ``EventType``.
+
+    ``name``: ``<module>.<event>``, each part ``[a-z][a-z0-9_]*``.
+    ``schema``: a JSON Schema (dict, any draft ``jsonschema`` knows; 2020-12
+    when ``$schema`` is absent) every payload must satisfy at ``publish()``.
+    Declaring the same name again with the same schema returns the same event;
+    with a different schema it raises. Raises ``ConfigurationError`` (an
+    ``ImproperlyConfigured``) naming the declaring module and the fix.
+    """
+    where = _caller_module()
+    try:
+        check_event_name(name)
+    except InvalidEventName as exc:
+        raise ConfigurationError(f"declare() in {where}: {exc}") from None
+    if name.startswith(RESERVED_MODULE + ".") and not where.startswith("django_platformkit"):
+        raise ConfigurationError(
+            f"declare({name!r}) in {where}: the module {RESERVED_MODULE!r} belongs to django_platformkit's "
+            "own events; name your event after your app (e.g. 'shop.order_placed')."
+        )
+    if schema is not None:
+        if not isinstance(schema, Mapping):
+            raise ConfigurationError(
+                f"declare({name!r}) in {where}: schema must be a dict (a JSON Schema), got {type(schema).__name__}."
+            )
+        validator = _compile_schema(name, schema, where)
+    else:
+        validator = None
+    if not isinstance(description, str):
+        raise ConfigurationError(f"declare({name!r}) in {where}: description must be a string.")
+    event = EventType(name=name, schema=schema, description=description, declared_in=where)
+    with _lock:
+        existing = _catalogue.get(name)
+        if existing is not None:
+            if _canonical(existing.schema) != _canonical(schema):
+                raise ConfigurationError(
+                    f"event {name!r} is declared twice with different schemas "
+                    f"(in {existing.declared_in} and {where}): declare it once and import the EventType."
+                )
+            return existing
+        _catalogue[name] = event
+        if validator is not None:
+            _validators[name] = validator
+    return event
+
+
+def _canonical(schema: Mapping[str, Any] | None) -> str:
+    return json.dumps(schema, sort_keys=True, default=str)
+
+
+def _compile_schema(name: str, schema: Mapping[str, Any], where: str) -> Validator:
+    import jsonschema
+    from jsonschema.validators import validator_for
+
+    cls = validator_for(schema, default=jsonschema.Draft202012Validator)
+    try:
+        cls.check_schema(dict(schema))
+    except jsonschema.SchemaError as exc:
+        path = "/".join(str(p) for p in exc.absolute_path) or "(root)"
+        raise ConfigurationError(
+            f"declare({name!r}) in {where}: the schema is not valid JSON Schema at {path}: {exc.message}. "
+            "Fix the schema (check it with jsonschema's check_schema)."
+        ) from None
+    return cls(schema, format_checker=cls.FORMAT_CHECKER)
+
+
+def catalogue() -> dict[str, EventType]:
+    """A copy of the catalogue: event name -> ``EventType``."""
+    return dict(_catalogue)
+
+
+def get_event_type(event: str | EventType) -> EventType:
+    """Resolve a name or ``EventType`` to the declared ``EventType``.
+    Raises ``InvalidEventName`` or ``UndeclaredEvent``."""
+    name = event.name if isinstance(event, EventType) else event
+    check_event_name(name)
+    try:
+        return _catalogue[name]
+    except KeyError:
+        from django.apps import apps
+
+        if not apps.is_installed("django_platformkit"):
+            # Then no app's platformkit.py was imported: the declaration may well be there.
+            raise UndeclaredEvent(
+                f"event {name!r} is not declared, and 'django_platformkit' is not in INSTALLED_APPS, so no "
+                "app's platformkit.py was imported: add 'django_platformkit' to INSTALLED_APPS (and run "
+                "migrate)."
+            ) from None
+        raise UndeclaredEvent(
+            f"event {name!r} is not declared: add declare({name!r}) to your app's platformkit.py."
+        ) from None
+
+
+# --- publish -----------------------------------------------------------------
+
+#: The event being handled in this thread (set by the consumer), so publish()
+#: inside a handler defaults to the handled event's tenant.
+current_event: ContextVar[Any] = ContextVar("platformkit_current_event", default=None)
+
+_published = signals.event_published
+
+
+def announce(event_type: EventType, event_id: uuid.UUID, tenant: str | None, payload_text: str, using: str) -> None:
+    """Send ``signals.event_published`` for one outbox row just written (by
+    ``publish()``, ``publish_many()`` or a task's ``enqueue()``). Callers
+    test ``_published.receivers`` first, so nobody listening costs nothing."""
+    _published.send_robust(
+        sender=event_type,
+        event_id=event_id,
+        name=event_type.name,
+        tenant=tenant,
+        payload_text=payload_text,
+        using=using,
+    )
+
+
+_propagate: Any = None
+
+
+def _trace_headers() -> str:
+    """The W3C trace context of the current span, if OpenTelemetry is installed."""
+    global _propagate
+    if _propagate is None:
+        try:
+            from opentelemetry import propagate
+        except ImportError:  # looked up once: a failed import costs a filesystem walk every time
+            _propagate = False
+        else:
+            _propagate = propagate
+    if _propagate is False:
+        return "{}"
+    carrier: dict[str, str] = {}
+    _propagate.inject(carrier)
+    if not carrier:
+        return "{}"
+    return json.dumps({k: v for k, v in carrier.items() if k in ("traceparent", "tracestate")})
+
+
+def _prepare(event: str | EventType, payload: Any, tenant: Any) -> tuple[uuid.UUID, EventType, str | None, str, str]:
+    event_type = get_event_type(event)
+    if tenant is None:
+        handled = current_event.get()
+        if handled is not None:
+            tenant = handled.tenant
+    tenant = check_tenant(tenant)
+    text, _ = encode_payload(payload, event_type)
+    return uuid7(), event_type, tenant, text, _trace_headers()
+
+
+def _connection(using: str | None) -> BaseDatabaseWrapper:
+    alias = using or conf.settings.DATABASE_ALIAS
+    connection = connections[alias]
+    if not connection.in_atomic_block:
+        raise TransactionRequired(
+            f"publish() must run inside transaction.atomic(using={alias!r}), so the event commits "
+            "or rolls back with the write that caused it. Wrap the write and the publish() in one atomic block."
+        )
+    return connection
+
+
+def explain_unmigrated(exc: ProgrammingError, alias: str) -> None:
+    """Raise a ``ProgrammingError`` that says to migrate if ``exc`` is
+    PostgreSQL's ``undefined_table`` (SQLSTATE 42P01) for the outbox;
+    return otherwise (the caller re-raises ``exc``). The caller's
+    transaction is aborted either way: the statement failed in it."""
+    if getattr(exc.__cause__, "sqlstate", None) == "42P01" and OUTBOX_TABLE in str(exc):
+        outbox = conf.settings.DATABASE_ALIAS
+        if alias != outbox:
+            # Migrating there would make publish() work and its rows be lost:
+            # the relay reads DATABASE_ALIAS's outbox and no other.
+            raise ProgrammingError(
+                f"the outbox table {OUTBOX_TABLE} does not exist in database {alias!r}, and it shouldn't: the relay "
+                f"sends the rows of one outbox, on PLATFORMKIT['DATABASE_ALIAS'] ({outbox!r}), so a row written to "
+                f"{alias!r} would never be sent. Publish inside transaction.atomic(using={outbox!r}) without "
+                f"using=, or point DATABASE_ALIAS at {alias!r} and migrate it ({str(exc).splitlines()[0]})"
+            ) from exc
+        raise ProgrammingError(
+            f"the outbox table {OUTBOX_TABLE} does not exist in database {alias!r}: run "
+            f"`python manage.py migrate django_platformkit --database {alias}` ({str(exc).splitlines()[0]})"
+        ) from exc
+
+
+def publish(
+    event: str | EventType, payload: Mapping[str, Any], *, tenant: str | None = None, using: str | None = None
+) -> uuid.UUID:
+    """Write one event into the outbox, in the caller's transaction; return its id.
+
+    ``event``: a declared name or ``EventType``. ``payload``: a dict, encoded
+    as ``DjangoJSONEncoder`` does. ``tenant``: ``[A-Za-z0-9_-]{1,64}`` or None;
+    inside a handler it defaults to the handled event's tenant. ``using``: the
+    database alias holding the outbox (default ``DATABASE_ALIAS``).
+
+    One round trip: the INSERT and the relay's wake-up ``pg_notify`` travel
+    in one statement; PostgreSQL delivers the notification only if the
+    transaction commits. Raises, before any SQL: ``TransactionRequired``
+    (outside ``transaction.atomic(using=using)``), ``UndeclaredEvent``,
+    ``InvalidEventName`` (bad name or tenant), ``InvalidPayload``. From the
+    INSERT: ``ProgrammingError`` saying to migrate if the outbox table is
+    missing (the caller's transaction is then aborted).
+    """
+    event_id, event_type, tenant, text, headers = _prepare(event, payload, tenant)
+    connection = _connection(using)
+    with connection.cursor() as cursor:
+        try:
+            cursor.execute(
+                _NOTIFY_SQL if conf.settings.RELAY_LISTEN else _PLAIN_SQL,
+                [event_id, event_type.name, tenant, text, headers],
+            )
+        except ProgrammingError as exc:
+            explain_unmigrated(exc, connection.alias)
+            raise
+    if _published.receivers:  # one attribute test when nobody listens: publish() stays one INSERT
+        announce(event_type, event_id, tenant, text, connection.alias)
+    return event_id
+
+
+def publish_many(
+    events: Iterable[tuple[str | EventType, Mapping[str, Any]] | tuple[str | EventType, Mapping[str, Any], str | None]],
+    *,
+    using: str | None = None,
+) -> list[uuid.UUID]:
+    """Write many events in one INSERT statement, in the caller's transaction.
+
+    ``events``: ``(event, payload)`` or ``(event, payload, tenant)`` tuples,
+    kept in order (they relay in this order). Same checks and errors as
+    ``publish()``; every event is validated before the statement runs, so one
+    bad event writes nothing. Returns the ids in order.
+    """
+    prepared = []
+    for index, item in enumerate(events):
+        if not isinstance(item, tuple) or len(item) not in (2, 3):
+            raise InvalidPayload("publish_many() takes (event, payload) or (event, payload, tenant) tuples.")
+        try:
+            prepared.append(_prepare(item[0], item[1], item[2] if len(item) == 3 else None))
+        except PlatformKitError as exc:
+            # Which of the events: the message alone names a path, not an item.
+            if exc.args and isinstance(exc.args[0], str):
+                exc.args = (f"publish_many() item {index}: {exc.args[0]}", *exc.args[1:])
+            raise
+    connection = _connection(using)
+    if not prepared:
+        return []
+    columns = list(zip(*prepared, strict=True))
+    ids, names = list(columns[0]), [e.name for e in columns[1]]
+    with connection.cursor() as cursor:
+        try:
+            cursor.execute(
+                _MANY_NOTIFY_SQL if conf.settings.RELAY_LISTEN else _MANY_SQL,
+                [ids, names, list(columns[2]), list(columns[3]), list(columns[4])],
+            )
+        except ProgrammingError as exc:
+            explain_unmigrated(exc, connection.alias)
+            raise
+    if _published.receivers:
+        for event_id, event_type, tenant, text, _ in prepared:
+            announce(event_type, event_id, tenant, text, connection.alias)
+    return ids
+
+
+EVENT_REPLAYED = declare(
+    "platformkit.event_replayed",
+    schema={
+        "type": "object",
+        "required": ["event_id", "name", "subscription", "actor", "reason"],
+        "properties": {
+            "event_id": {"type": "string", "format": "uuid"},
+            "name": {"type": "string"},
+            "subscription": {"type": ["string", "null"]},
+            "actor": {"type": "string", "minLength": 1},
+            "reason": {"type": "string", "minLength": 1},
+        },
+    },
+    description="An operator replayed an event: the audit record of replay().",
+)
