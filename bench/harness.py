@@ -155,7 +155,7 @@ def reset_broker(transport: Any, *durables: str) -> None:
     from django_platformkit import conf
 
     async def go() -> None:
-        js = transport._js
+        js = transport.connection.js
         for durable in durables:
             try:
                 await js.delete_consumer(conf.settings.STREAM, durable)
@@ -163,7 +163,7 @@ def reset_broker(transport: Any, *durables: str) -> None:
                 pass
         await js.purge_stream(conf.settings.STREAM)
 
-    transport.call(go(), timeout=120)
+    transport.connection.call(go(), timeout=120)
 
 
 def fill_outbox(event: str, rows: int, *, start: int = 0) -> None:

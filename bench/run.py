@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         async def delete_stream() -> None:
             from django_platformkit import conf
 
-            await transport._js.delete_stream(conf.settings.STREAM)
+            await transport.connection.js.delete_stream(conf.settings.STREAM)
 
         meta = {
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
             "sizes": vars(sizes),
             "services": services.origin,
             "postgres": scalar("SHOW server_version"),
-            "nats": transport._nc._server_info.get("version"),
+            "nats": transport.connection.server_info.get("version"),
             "fsync": scalar("SHOW fsync"),
             "synchronous_commit": scalar("SHOW synchronous_commit"),
             "cpus": os.cpu_count(),
@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
                 "seconds": round(time.monotonic() - began, 1),
             }
         try:
-            transport.call(delete_stream(), timeout=60)
+            transport.connection.call(delete_stream(), timeout=60)
         finally:
             transport.close()
             from django.db import connections

@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import random
 
-__all__ = ["Backoff"]
-
 
 class Backoff:
     """A capped doubling delay in seconds: ``first``, ``2 * first``, … up to

@@ -24,9 +24,10 @@ class PlatformKitConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from django_platformkit.outbox import events  # noqa: F401 - declares the built-in events  # noqa: F401 - declares the built-in events  # noqa: F401 - declares the built-in events  # noqa: F401 - declares the built-in events
 
         discover()
-        from django_platformkit.tasks.backend import register_task_queues
+        from django_platformkit.tasks.registry import register_task_queues
 
         register_task_queues()  # django.tasks: one subscription per TASKS queue
         validate_declarations()

@@ -19,7 +19,7 @@ from typing import Any
 from django_platformkit import conf
 from django_platformkit.names import TENANT
 from django_platformkit.outbox.events import EventType, catalogue
-from django_platformkit.tasks.backend import configured_queues, queue_of
+from django_platformkit.tasks.queues import configured_queues, queue_of
 from django_platformkit.wire import NO_TENANT, subject_for
 
 #: AsyncAPI 3.0.0, https://www.asyncapi.com/docs/reference/specification/v3.0.0

@@ -23,6 +23,7 @@ from django_platformkit._tables import (
     TASK_RESULTS_TABLE,
     WORKERS_TABLE,
 )
+from django_platformkit.wire import AttemptOutcome
 
 #: ``clock_timestamp()`` rather than ``now()``: ``now()`` is the transaction's
 #: start, so every event of one transaction would tie and lose its order.
@@ -160,11 +161,11 @@ class Attempt(models.Model):
     (the run was cut short by a database outage or a stopping worker through
     no fault of the handler - does not count)."""
 
-    RUNNING = "running"
-    FAILED = "failed"
-    HANDLED = "handled"
-    INTERRUPTED = "interrupted"
-    OUTCOMES = [(RUNNING, "running"), (FAILED, "failed"), (HANDLED, "handled"), (INTERRUPTED, "interrupted")]
+    RUNNING = AttemptOutcome.RUNNING
+    FAILED = AttemptOutcome.FAILED
+    HANDLED = AttemptOutcome.HANDLED
+    INTERRUPTED = AttemptOutcome.INTERRUPTED
+    OUTCOMES = [(outcome.value, outcome.value) for outcome in AttemptOutcome]
 
     id = models.BigAutoField(primary_key=True)
     subscription = models.CharField(max_length=200)

@@ -13,7 +13,7 @@ wrapping transaction) and ``TransactionTestCase``.
     assert result.dead_lettered == 0
 
 ``run_worker_burst()`` drives the real relay and consumer over an
-``InMemoryTransport`` (``testing_transport``), which imports no ``nats``.
+``InMemoryTransport`` (``broker.memory``), which imports no ``nats``.
 """
 
 from __future__ import annotations

@@ -84,22 +84,62 @@ class OutgoingMessage:
     msg_id: str
 
 
-class Outcome(enum.Enum):
+class PublishOutcome(enum.StrEnum):
     """How the stream answered one publish: what the relay does with the row."""
 
-    STORED = "stored"  # acked by the stream (a duplicate counts: it is there)
-    TEMPORARY = "temporary"  # try again later: timeout, no responders, connection lost
-    PERMANENT = "permanent"  # will never be accepted as it is: dead-letter it
+    #: Acked by the stream (a duplicate counts: it is there): the row is stamped.
+    STORED = "stored"
+    #: Try again later (a timeout, no responders, a lost connection): the row stays pending.
+    TEMPORARY = "temporary"
+    #: Will never be accepted as it is: the relay dead-letters the row.
+    PERMANENT = "permanent"
+
+
+class HandlingOutcome(enum.StrEnum):
+    """What became of one delivery in the consumer (``Consumer.handle()``),
+    and the ``outcome`` of ``event_handled`` and ``platformkit_handled_total``."""
+
+    #: The handler ran and committed with its claim; acked.
+    HANDLED = "handled"
+    #: A claim existed (handled before, or by another worker); acked, the handler not run.
+    SKIPPED = "skipped"
+    #: The handler failed; naked with its backoff, to run again.
+    RETRIED = "retried"
+    #: The handler failed its last attempt; a dead letter and a terminal claim were written, the message termed.
+    DEAD_LETTERED = "dead_lettered"
+    #: Not a message this subscription can run (undecodable, or not in this project's outbox); recorded, termed.
+    MALFORMED = "malformed"
+    #: The database was gone: not settled, the broker redelivers it after the ack wait.
+    UNACKED = "unacked"
+    #: The worker is stopping: naked at once, not counted as an attempt.
+    HANDED_BACK = "handed_back"
+    #: Inside a unit only: the handler raised (settled as RETRIED or DEAD_LETTERED).
+    FAILED = "failed"
+    #: Inside a unit only: the claim found no outbox row (settled as MALFORMED).
+    NOT_IN_OUTBOX = "not_in_outbox"
+
+
+class AttemptOutcome(enum.StrEnum):
+    """A recorded run's ``outcome`` (``platformkit_attempts``, DESIGN.md "Attempts")."""
+
+    #: Started, no outcome yet: counts (the worker died or hung in it, or is still in it).
+    RUNNING = "running"
+    #: The handler raised: counts.
+    FAILED = "failed"
+    #: The run committed.
+    HANDLED = "handled"
+    #: Cut short through no fault of the handler (a stopping worker, an outage): does not count.
+    INTERRUPTED = "interrupted"
 
 
 @dataclass(frozen=True)
 class PublishResult:
-    """One message's publish answer: its ``Outcome``, the broker's ``error``
+    """One message's publish answer: its ``PublishOutcome``, the broker's ``error``
     text, whether the stream had it already (``duplicate``, from the
     Nats-Msg-Id window), its stream sequence ``seq``, and ``no_stream`` when
     no stream answered at all."""
 
-    outcome: Outcome
+    outcome: PublishOutcome
     error: str = ""
     duplicate: bool = False
     seq: int | None = None

@@ -92,11 +92,11 @@ def broker(settings, platformkit_services):
 
             async def delete():
                 try:
-                    await transport._js.delete_stream(config["STREAM"])
+                    await transport.connection.js.delete_stream(config["STREAM"])
                 except Exception:
                     pass
 
-            transport.call(delete(), timeout=10)
+            transport.connection.call(delete(), timeout=10)
         finally:
             transport.close()
 

@@ -20,7 +20,7 @@ from django.utils import timezone
 from django_platformkit import publish
 from django_platformkit.jobs import specs as jobs
 from django_platformkit.models import DeadLetter, HandledEvent, JobState, OutboxEvent
-from django_platformkit.operate.deadletters import record_dead_letter
+from django_platformkit.outbox.deadletters import record_dead_letter
 from tests.test_checks import registries  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.django_db

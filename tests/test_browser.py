@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from django_platformkit import publish
 from django_platformkit.models import DeadLetter, OutboxEvent
-from django_platformkit.operate.deadletters import record_dead_letter
+from django_platformkit.outbox.deadletters import record_dead_letter
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [

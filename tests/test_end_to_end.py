@@ -37,7 +37,7 @@ def test_n_events_are_handled_exactly_once_by_every_subscription(run_worker, set
 
     settings.PLATFORMKIT = dict(settings.PLATFORMKIT, EVENT_LOOP=event_loop)
     transport = Transport()
-    loop = transport._ensure_loop()  # the loop the worker's NATS connection will run on
+    loop = transport.connection.ensure_loop()  # the loop the worker's NATS connection will run on
     assert isinstance(loop, uvloop.Loop) == (event_loop == "auto")
     assert isinstance(loop, asyncio.AbstractEventLoop)
     n = 300
@@ -63,11 +63,13 @@ def test_the_message_on_the_wire_is_a_cloudevents_envelope(transport, broker):
     Relay(transport).drain()
 
     async def read():
-        sub = await transport._js.pull_subscribe(f"{broker['SUBJECT_PREFIX']}.>", durable=None, stream=broker["STREAM"])
+        sub = await transport.connection.js.pull_subscribe(
+            f"{broker['SUBJECT_PREFIX']}.>", durable=None, stream=broker["STREAM"]
+        )
         msgs = await sub.fetch(1, timeout=5)
         return msgs[0]
 
-    msg = transport.call(read(), timeout=10)
+    msg = transport.connection.call(read(), timeout=10)
     body = json.loads(msg.data)
     assert (
         msg.subject
@@ -202,7 +204,7 @@ def test_a_worker_keeps_its_connection_at_the_default_conn_max_age(run_worker, s
         consumer = Consumer(next(s for s in subscriptions() if s.name == "testapp.record_order"), t)
         consumer.ensure()
         backends = set()
-        original = consumer._execute
+        original = consumer.transaction.execute
 
         def run(unit, **kwargs):
             result = original(unit, **kwargs)
@@ -211,7 +213,7 @@ def test_a_worker_keeps_its_connection_at_the_default_conn_max_age(run_worker, s
                 backends.add(cursor.fetchone()[0])
             return result
 
-        consumer._execute = run
+        consumer.transaction.execute = run
         while consumer.counts["handled"] < 30:
             consumer.poll(batch=5, timeout=1)  # several units, each its own transaction
     finally:

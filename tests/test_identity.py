@@ -119,7 +119,7 @@ def test_the_overview_shows_no_figures_of_a_stream_another_projects_database_own
     assert "belongs to another project's database" in result.broker_error and theirs in result.broker_error
     assert all(s.num_pending is None and s.num_ack_pending is None for s in result.subscriptions)
     # Our own stream: figures as before.
-    bare_transport.call(bare_transport._js.delete_stream(broker["STREAM"]), timeout=10)
+    bare_transport.connection.call(bare_transport.connection.js.delete_stream(broker["STREAM"]), timeout=10)
     bare_transport.ensure_stream(owner=identity.database_identity())
     assert overview.collect().broker_ok
 
@@ -161,7 +161,9 @@ def test_an_account_limit_refusing_the_stream_is_a_clear_error_without_the_overl
         ["-c", str(config)],
         port,
         f"nats://a:a@127.0.0.1:{port}",
-        before=lambda t: t.call(t._js.add_stream(name="SOMEONE_ELSE", subjects=["someone.else.>"]), timeout=10),
+        before=lambda t: t.connection.call(
+            t.connection.js.add_stream(name="SOMEONE_ELSE", subjects=["someone.else.>"]), timeout=10
+        ),
     )
     assert f"refused to create the stream {broker['STREAM']!r}" in text and "err_code 10027" in text
     assert "account's JetStream limits" in text

@@ -23,7 +23,7 @@ from django_platformkit.consume.subscriptions import Subscription
 from django_platformkit.exceptions import PermanentFailure
 from django_platformkit.models import DeadLetter, HandledEvent, OutboxEvent
 from django_platformkit.testing import capture_events, consumer_spec, run_pending, run_worker_burst
-from django_platformkit.wire import Outcome, OutgoingMessage, subject_for
+from django_platformkit.wire import OutgoingMessage, PublishOutcome, subject_for
 from tests.testapp.models import Effect
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -235,7 +235,7 @@ class Deduplication(TestCase):
         first, again, other = transport.publish_start(
             [message, message, OutgoingMessage(subject, b"{}", "two")]
         ).results()
-        self.assertEqual([r.outcome for r in (first, again, other)], [Outcome.STORED] * 3)
+        self.assertEqual([r.outcome for r in (first, again, other)], [PublishOutcome.STORED] * 3)
         self.assertEqual([(r.seq, r.duplicate) for r in (first, again, other)], [(1, False), (1, True), (2, False)])
         self.assertEqual(len(transport.messages()), 2)
         # After DUPLICATE_WINDOW_SECONDS the same id is a new message.

@@ -22,12 +22,12 @@ from django.utils import timezone
 from django_platformkit import publish
 from django_platformkit._process import worker_id
 from django_platformkit.admin import figures as overview
-from django_platformkit.admin.broker_figures import broker_figures
+from django_platformkit.broker.figures import broker_figures
 from django_platformkit.consume.consumer import Consumer
 from django_platformkit.consume.subscriptions import subscriptions
 from django_platformkit.exceptions import BrokerUnavailable
 from django_platformkit.models import Attempt, DeadLetter, HandledEvent, JobState, OutboxEvent, WorkerHeartbeat
-from django_platformkit.operate.deadletters import record_dead_letter
+from django_platformkit.outbox.deadletters import record_dead_letter
 from django_platformkit.outbox.relay import Relay
 from django_platformkit.runtime.heartbeat import Heartbeat
 from tests.test_checks import registries  # noqa: F401 - fixture

@@ -306,7 +306,9 @@ def test_purge_older_than_one_second_then_a_durable_re_created_handles_nothing_t
     call_command("purgeoutbox", "--older-than", "1s", stdout=StringIO())
     # The README's advice after drift: delete the durable; the worker makes it again (deliver all).
     for subscription in subscribers:
-        transport.call(transport._js.delete_consumer(transport_stream(), subscription.durable), timeout=10)
+        transport.connection.call(
+            transport.connection.js.delete_consumer(transport_stream(), subscription.durable), timeout=10
+        )
     run_worker(subscriptions=subscribers)
     assert sorted(Effect.objects.values_list("subscription", "event_id")) == before
 

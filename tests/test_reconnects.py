@@ -16,7 +16,8 @@ from django_platformkit.broker.transport import Transport
 from django_platformkit.devservices import NatsServer
 from django_platformkit.exceptions import ConfigurationError, ConsumerDrift
 from django_platformkit.models import DeadLetter, OutboxEvent
-from django_platformkit.outbox.relay import RELAY_SUBSCRIPTION, Relay
+from django_platformkit.outbox.deadletters import RELAY_DEAD_LETTERS
+from django_platformkit.outbox.relay import Relay
 from tests.conftest import manage, wait_for, worker_env
 from tests.testapp.models import Effect
 
@@ -106,7 +107,7 @@ def test_a_row_bigger_than_the_servers_max_payload_is_dead_lettered_and_the_rest
             t.close()
         assert (stats.stored, stats.dead_lettered, stats.temporary) == (2, 1, 0)
         dead = DeadLetter.objects.get()
-        assert (dead.event_id, dead.subscription) == (big, RELAY_SUBSCRIPTION)
+        assert (dead.event_id, dead.subscription) == (big, RELAY_DEAD_LETTERS)
         assert "max_payload" in dead.error
         assert not OutboxEvent.objects.pending().exists()
         from django_platformkit.consume.subscriptions import subscriptions

@@ -33,7 +33,9 @@ def stream_order(transport, broker, count: int) -> list[int]:
     """The ``n`` of every message on the stream, in stream order."""
 
     async def read():
-        sub = await transport._js.pull_subscribe(f"{broker['SUBJECT_PREFIX']}.>", durable=None, stream=broker["STREAM"])
+        sub = await transport.connection.js.pull_subscribe(
+            f"{broker['SUBJECT_PREFIX']}.>", durable=None, stream=broker["STREAM"]
+        )
         seen: list[int] = []
         while len(seen) < count:
             try:
@@ -46,7 +48,7 @@ def stream_order(transport, broker, count: int) -> list[int]:
         await sub.unsubscribe()
         return seen
 
-    return transport.call(read(), timeout=60)
+    return transport.connection.call(read(), timeout=60)
 
 
 def backend_connections() -> int:
@@ -86,11 +88,11 @@ def test_a_row_the_stream_refuses_with_a_4xx_is_dead_lettered_at_once_and_the_ro
     from django_platformkit.models import DeadLetter
 
     async def limit():
-        config = (await transport._js.stream_info(broker["STREAM"])).config
+        config = (await transport.connection.js.stream_info(broker["STREAM"])).config
         config.max_msg_size = 2000
-        await transport._js.update_stream(config)
+        await transport.connection.js.update_stream(config)
 
-    transport.call(limit(), timeout=10)
+    transport.connection.call(limit(), timeout=10)
     with transaction.atomic():
         publish("testapp.order_placed", {"n": 1})
         big = publish("testapp.order_placed", {"n": 2, "pad": "x" * 5000})

@@ -18,8 +18,8 @@ from django.db.models import Count
 
 from django_platformkit import publish, republish
 from django_platformkit.models import DeadLetter, HandledEvent, OutboxEvent
-from django_platformkit.operate.deadletters import record_dead_letter
-from django_platformkit.outbox.relay import RELAY_SUBSCRIPTION, Relay
+from django_platformkit.outbox.deadletters import RELAY_DEAD_LETTERS, record_dead_letter
+from django_platformkit.outbox.relay import Relay
 from tests.test_deadletters_command import tables
 from tests.testapp.models import Attempt, Effect
 
@@ -55,9 +55,9 @@ def delete_stream(transport, broker) -> None:
     messages and its durables are gone; the next worker re-creates them empty."""
 
     async def delete():
-        await transport._js.delete_stream(broker["STREAM"])
+        await transport.connection.js.delete_stream(broker["STREAM"])
 
-    transport.call(delete(), timeout=10)
+    transport.connection.call(delete(), timeout=10)
 
 
 def test_after_the_stream_is_lost_republish_gets_every_event_handled_once_and_a_dead_letter_stays(
@@ -115,9 +115,9 @@ def test_after_a_stream_purge_within_the_duplicate_window_the_re_send_is_stored_
     Relay(transport).drain()
 
     async def purge():
-        await transport._js.purge_stream(broker["STREAM"])
+        await transport.connection.js.purge_stream(broker["STREAM"])
 
-    transport.call(purge(), timeout=10)
+    transport.connection.call(purge(), timeout=10)
     assert transport.stream_info().state.messages == 0
     assert run("--since", "1h", "--reason", "stream purged by hand").startswith("republished=3 ")
     stats = Relay(transport).drain()
@@ -190,7 +190,7 @@ def _one_refused_by_the_relay_one_sent():
     refused = add_event(published_minutes_ago=5)
     sent = add_event(published_minutes_ago=5)
     record_dead_letter(
-        subscription=RELAY_SUBSCRIPTION,
+        subscription=RELAY_DEAD_LETTERS,
         event_id=refused,
         name="testapp.order_placed",
         tenant=None,
@@ -217,7 +217,7 @@ def test_a_row_the_relay_dead_lettered_stays_left_after_its_dead_letter_is_disca
     from django_platformkit.operate.deadletters import discard
 
     refused, sent = _one_refused_by_the_relay_one_sent()
-    assert discard(refused, subscription=RELAY_SUBSCRIPTION, actor="ops", reason="too big, accepted")
+    assert discard(refused, subscription=RELAY_DEAD_LETTERS, actor="ops", reason="too big, accepted")
     assert "would republish 1 row(s)" in run("--since", "1h", "--reason", "r", "--dry-run")
     assert "republished=1 " in run("--since", "1h", "--reason", "r")
     assert pending_ids() == {sent}

@@ -94,12 +94,13 @@ def test_a_max_ack_pending_too_small_for_the_credit_and_retries_is_a_check_warni
 def test_a_crashed_pool_thread_ends_the_worker_non_zero_and_unhealthy(broker, tmp_path, monkeypatch):
     """Issue 12 item 6: an exception escaping a pool thread (SystemExit too)
     must not leave a live process that no longer consumes."""
+    from django_platformkit.consume.pool import ConsumerPool
     from django_platformkit.runtime.worker import EXIT_CRASHED, Worker
 
     def explode(self, consumer, deliveries, keep):
         raise SystemExit("a handler's SystemExit that got past the consumer")
 
-    monkeypatch.setattr(Worker, "_handle", explode)
+    monkeypatch.setattr(ConsumerPool, "_handle", explode)
     health = tmp_path / "health.json"
     worker = Worker(scheduler=False, subscriptions=_subscription("testapp.record_order"), health_file=health)
     result = []
@@ -327,7 +328,7 @@ def test_a_lane_of_fast_handlers_fetches_its_next_unit_as_the_running_one_ends(b
     with transaction.atomic():
         ids = [publish("testapp.order_placed", {"n": n}) for n in range(3000)]
     worker, seen = _ack_pending_while_draining(background_worker, "testapp.record_order", ids, timeout=120)
-    (lane,) = worker._lanes
+    (lane,) = worker.pool.lanes
     assert lane.early_fetches > 0, "every unit waited for its fetch after the one before ended"
     assert max(seen) <= 2 * conf.settings.CONSUMER_BATCH_SIZE, f"fetched more than one unit ahead: {seen}"
 
@@ -411,7 +412,9 @@ def test_processes_stops_at_once_when_a_child_is_refused_by_its_configuration(br
             env=worker_env(broker),
         )
     finally:
-        transport.call(transport._js.delete_consumer(conf.settings.STREAM, "testapp-record_order"), timeout=10)
+        transport.connection.call(
+            transport.connection.js.delete_consumer(conf.settings.STREAM, "testapp-record_order"), timeout=10
+        )
     assert code == 1, output
     assert output.count("worker child refused to run role=consumer0") == 1, output
     assert "filter_subject" in output
@@ -447,10 +450,10 @@ def test_a_stopping_worker_hands_back_its_early_fetched_unit_at_once_not_after_t
         ids += [publish("testapp.order_placed", {"n": n}) for n in range(601, 1200)]
     first = background_worker(subscriptions=[sub])
     assert slow_started.wait(60), "the slow event never started"
-    (lane,) = first._lanes
+    (lane,) = first.pool.lanes
 
     def queued_ids():
-        with first._cond:
+        with first.pool._cond:
             return [str(parse_delivery(d).id) for deliveries, _ in lane.queue for d in deliveries]
 
     early = wait_for(queued_ids, timeout=3, interval=0.01, what="a unit fetched early behind the slow one")

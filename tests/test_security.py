@@ -27,7 +27,7 @@ from django_platformkit.consume.subscriptions import subscriptions
 from django_platformkit.devservices import NatsServer
 from django_platformkit.exceptions import BrokerUnavailable
 from django_platformkit.models import DeadLetter, HandledEvent, OutboxEvent
-from django_platformkit.operate.deadletters import record_dead_letter
+from django_platformkit.outbox.deadletters import record_dead_letter
 from django_platformkit.wire import subject_for
 from tests.testapp.models import Effect
 

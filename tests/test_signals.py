@@ -171,12 +171,12 @@ def test_job_finished_fires_once_per_run_with_its_outcome(recorder):
 
 
 def test_an_every_second_jobs_runs_log_at_debug_and_a_five_minute_jobs_at_info(caplog):
-    from django_platformkit.jobs.scheduler import _run_log_level
+    from django_platformkit.jobs.slots import run_log_level
     from django_platformkit.jobs.specs import JobSpec
 
-    assert _run_log_level(JobSpec(name="a.b", func=lambda: None, every=timedelta(seconds=1))) == logging.DEBUG
-    assert _run_log_level(JobSpec(name="a.b", func=lambda: None, every=timedelta(minutes=5))) == logging.INFO
-    assert _run_log_level(JobSpec(name="a.b", func=lambda: None, cron="* * * * *")) == logging.INFO
+    assert run_log_level(JobSpec(name="a.b", func=lambda: None, every=timedelta(seconds=1))) == logging.DEBUG
+    assert run_log_level(JobSpec(name="a.b", func=lambda: None, every=timedelta(minutes=5))) == logging.INFO
+    assert run_log_level(JobSpec(name="a.b", func=lambda: None, cron="* * * * *")) == logging.INFO
 
 
 def test_capture_events_uses_the_signal_and_nests():

@@ -37,7 +37,7 @@ def outbox_tasks(broker):
     """TASKS -> OutboxBackend, with the queues' subscriptions registered (as
     AppConfig.ready() does when TASKS is in the settings); removed afterwards."""
     from django_platformkit.outbox import events
-    from django_platformkit.tasks.backend import register_task_queues
+    from django_platformkit.tasks.registry import register_task_queues
 
     with override_settings(TASKS=TASKS):
         names = register_task_queues()
@@ -219,10 +219,10 @@ def test_a_function_without_a_readable_signature_is_not_checked():
     (a builtin has no signature to bind to) is let through, not refused."""
     from types import SimpleNamespace
 
-    from django_platformkit.tasks.backend import _refuse_arguments_it_cant_take
+    from django_platformkit.tasks.arguments import refuse_arguments_it_cant_take
 
     stand_in = SimpleNamespace(func=max, takes_context=False, module_path="builtins.max")
-    _refuse_arguments_it_cant_take(stand_in, ["any", "thing"], {"whatever": 1})
+    refuse_arguments_it_cant_take(stand_in, ["any", "thing"], {"whatever": 1})
 
 
 def test_aenqueue_refuses_arguments_the_function_cant_take_too(outbox_tasks):
@@ -679,7 +679,7 @@ def test_a_task_on_a_backend_whose_queues_is_a_string_is_refused_saying_so_not_q
     Django's "Queue 'emails' is not valid for backend"."""
     from django.tasks import task
 
-    from django_platformkit.tasks.backend import BACKEND_PATH
+    from django_platformkit.tasks.queues import BACKEND_PATH
 
     with override_settings(TASKS={"default": {"BACKEND": BACKEND_PATH, "QUEUES": "emails"}}):
         with pytest.raises(InvalidTask, match=r"QUEUES'\] is 'emails', not a list of queue names.*\['emails'\]"):
@@ -687,7 +687,8 @@ def test_a_task_on_a_backend_whose_queues_is_a_string_is_refused_saying_so_not_q
 
 
 def test_a_settings_options_list_or_queues_string_registers_no_letters_and_does_not_crash():
-    from django_platformkit.tasks.backend import BACKEND_PATH, configured_queues, register_task_queues
+    from django_platformkit.tasks.queues import BACKEND_PATH, configured_queues
+    from django_platformkit.tasks.registry import register_task_queues
 
     broken = {
         "letters": {"BACKEND": BACKEND_PATH, "QUEUES": "emails"},
@@ -705,7 +706,8 @@ def test_a_settings_options_list_or_queues_string_registers_no_letters_and_does_
 
 
 def test_check_errors_when_two_backends_serve_a_queue_with_different_options():
-    from django_platformkit.tasks.backend import BACKEND_PATH, OutboxBackend
+    from django_platformkit.tasks.backend import OutboxBackend
+    from django_platformkit.tasks.queues import BACKEND_PATH
 
     shared = {
         "a": {"BACKEND": BACKEND_PATH, "QUEUES": ["default", "emails"], "OPTIONS": {"BATCH": False}},
@@ -735,7 +737,7 @@ def test_enqueue_refuses_when_the_app_is_not_installed():
 
 
 def test_runworker_queue_runs_only_that_queues_tasks(outbox_tasks, run_worker):
-    from django_platformkit.tasks.backend import queue_subscriptions
+    from django_platformkit.tasks.registry import queue_subscriptions
 
     tasks.record.enqueue("default_queue")
     tasks.send_email.enqueue("b@example.com")
@@ -751,7 +753,7 @@ def test_runworker_queue_as_a_real_process_runs_only_that_queue(broker):
     """``manage.py runworker --burst --queue emails`` (TASKS from the settings, as a deploy has it)."""
     import subprocess
 
-    from django_platformkit.tasks.backend import register_task_queues
+    from django_platformkit.tasks.registry import register_task_queues
     from tests.conftest import manage, worker_env
 
     with override_settings(TASKS=TASKS):
@@ -826,7 +828,7 @@ def test_the_task_admin_does_not_replay_a_task_of_a_queue_this_build_no_longer_h
     from django.utils import timezone
 
     from django_platformkit.models import OutboxEvent
-    from django_platformkit.operate.deadletters import record_dead_letter
+    from django_platformkit.outbox.deadletters import record_dead_letter
 
     row = OutboxEvent.objects.create(
         name="platformkit.task_gone", payload={"task": "tests.testapp.tasks.record"}, published_at=timezone.now()
@@ -851,7 +853,7 @@ def test_the_task_admin_does_not_replay_a_task_of_a_queue_this_build_no_longer_h
 def test_with_options_batch_tasks_run_once_each_and_failures_are_recorded(broker, run_worker, settings):
     """OPTIONS {"BATCH": True}: the queue is a batch subscription (a savepoint per task)."""
     from django_platformkit.outbox import events
-    from django_platformkit.tasks.backend import register_task_queues
+    from django_platformkit.tasks.registry import register_task_queues
 
     batched = {"default": dict(TASKS["default"], OPTIONS={"BATCH": True})}
     with override_settings(TASKS=batched):
@@ -882,7 +884,7 @@ def test_a_queue_is_a_batch_subscription_unless_options_say_batch_false(options,
     """The tasks default follows @subscribe's (batch=True, units sized by run
     time); OPTIONS {"BATCH": False} gives every task a transaction of its own."""
     from django_platformkit.outbox import events
-    from django_platformkit.tasks.backend import register_task_queues
+    from django_platformkit.tasks.registry import register_task_queues
 
     params = dict(TASKS["default"])
     if options is not None:

@@ -200,7 +200,7 @@ class DeadLetterAdmin(ReadOnlyAdmin[DeadLetter]):
         blocked_rows = queryset.none()
         if verb == "replay":
             from django_platformkit.consume.subscriptions import subscriptions
-            from django_platformkit.operate.deadletters import RELAY_DEAD_LETTERS
+            from django_platformkit.outbox.deadletters import RELAY_DEAD_LETTERS
 
             declared = [s.name for s in subscriptions()] + [RELAY_DEAD_LETTERS]
             blocked_rows = queryset.exclude(

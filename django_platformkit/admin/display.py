@@ -52,10 +52,10 @@ def _uuid_or_none(term: str) -> uuid.UUID | None:
 
 
 if TYPE_CHECKING:
-    _ModelAdmin = admin.ModelAdmin
+    ModelAdminOf = admin.ModelAdmin
 else:
 
-    class _ModelAdmin(admin.ModelAdmin):
+    class ModelAdminOf(admin.ModelAdmin):
         # django-stubs makes ModelAdmin generic in its model (ModelAdmin[M]);
         # Django's class can't be subscripted at run time.
         def __class_getitem__(cls, model: Any) -> type:
@@ -76,7 +76,7 @@ class NoWritesAdmin:
         return False
 
 
-class ReadOnlyAdmin[ModelT: Model](NoWritesAdmin, _ModelAdmin[ModelT]):
+class ReadOnlyAdmin[ModelT: Model](NoWritesAdmin, ModelAdminOf[ModelT]):
     """Operational tables are evidence: nobody adds, edits or deletes a row
     by hand. State changes are named actions that call the library."""
 

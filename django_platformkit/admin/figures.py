@@ -42,7 +42,7 @@ from django_platformkit._tables import (
     OUTBOX_TABLE,
     WORKERS_TABLE,
 )
-from django_platformkit.admin.broker_figures import BROKER_TIMEOUT_SECONDS, broker_figures
+from django_platformkit.broker.figures import BROKER_TIMEOUT_SECONDS, broker_figures
 from django_platformkit.runtime.heartbeat import ALIVE_AFTER_SECONDS
 
 logger = logging.getLogger(__name__)

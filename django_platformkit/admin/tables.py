@@ -32,11 +32,11 @@ from django.utils.safestring import mark_safe
 from django.utils.timesince import timesince
 
 from django_platformkit.admin.display import (
+    ModelAdminOf,
     NoWritesAdmin,
     ReadOnlyAdmin,
     _duration,
     _first_line,
-    _ModelAdmin,
     _pre,
     _pretty_json,
     _truncated,
@@ -384,7 +384,7 @@ _OVERVIEW_MODELS = (OutboxEvent, HandledEvent, DeadLetter, JobState, Attempt, Ov
 
 
 @admin.register(Overview)
-class OverviewAdmin(NoWritesAdmin, _ModelAdmin[Overview]):
+class OverviewAdmin(NoWritesAdmin, ModelAdminOf[Overview]):
     """The overview page (``admin:django_platformkit_overview``): every
     subscription keeping up or falling behind, the relay's lag, jobs and
     workers, from ``overview.collect()``. Open to staff who may view any of

@@ -21,7 +21,7 @@ from django.utils.html import format_html, format_html_join
 
 from django_platformkit.admin.display import NoWritesAdmin
 from django_platformkit.models import DeadLetter, OutboxTask, TaskResultRecord
-from django_platformkit.tasks.backend import queue_of
+from django_platformkit.tasks.queues import queue_of
 
 REPLAY_PERMISSION = "django_platformkit.replay_deadletter"
 

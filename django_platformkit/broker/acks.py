@@ -3,25 +3,23 @@
 A lost ack only means a redelivery that the claim skips, so acks are sent
 without waiting; a message waiting its turn in a fetched batch, or held
 through a database outage, keeps its ack alive with in-progress acks, so it
-ages against the ack wait only while its handler runs. ``Transport``
-carries these methods.
+ages against the ack wait only while its handler runs.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import logging
 import threading
 import time
-from collections.abc import Coroutine, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Sequence
+from typing import Any
 
+from django_platformkit.broker.connection import Connection
 from django_platformkit.wire import Delivery
 
 logger = logging.getLogger(__name__)
 
-T = TypeVar("T")
 
 #: How often the one beat task looks for in-progress acks that are due (the
 #: shortest beat the worker asks for is 0.2 s).
@@ -66,26 +64,18 @@ class KeepAlive:
             return [d for key, d in self._pending.items() if self._deadlines.get(key, now + 1) > now]
 
 
-#: Ack tasks started by ``Transport.ack_many``, held until they end.
-_ACKS_IN_FLIGHT: set[asyncio.Task[None]] = set()
+class Acks:
+    """Settling deliveries over ``connection``: acks without waiting, nak,
+    term, and the in-progress acks that keep fetched deliveries alive."""
 
-
-class _Acks:
-    """``Transport``'s acks and keep-alives (see ``Transport``)."""
-
-    request_timeout_seconds: float
-    _keep_lock: threading.Lock
-    _keeps: set[KeepAlive]
-    _keep_beater_loop: asyncio.AbstractEventLoop | None
-    _keep_beater_future: Any
-
-    if TYPE_CHECKING:
-
-        def call(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T: ...
-
-        def submit(self, coro: Coroutine[Any, Any, Any]) -> concurrent.futures.Future[Any]: ...
-
-        def _ensure_loop(self) -> asyncio.AbstractEventLoop: ...
+    def __init__(self, connection: Connection) -> None:
+        self.connection = connection
+        self._keep_lock = threading.Lock()
+        self._keeps: set[KeepAlive] = set()  # live KeepAlives, served by the loop's one beat task
+        self._beater_loop: asyncio.AbstractEventLoop | None = None  # the loop whose beat task runs
+        self._beater: Any = None
+        self._in_flight: set[asyncio.Task[None]] = set()  # ack tasks, held until they end
+        connection.before_close(self._stop_beating)
 
     def ack(self, delivery: Delivery) -> None:
         """Ack without waiting for the loop: an ack is a plain publish, and a
@@ -102,7 +92,8 @@ class _Acks:
         if not deliveries:
             return
         msgs = [d.msg for d in deliveries]
-        loop = self._ensure_loop()
+        loop = self.connection.ensure_loop()
+        in_flight = self._in_flight
 
         async def _acks() -> None:
             for msg in msgs:
@@ -113,18 +104,18 @@ class _Acks:
 
         def start() -> None:
             task = loop.create_task(_acks())
-            _ACKS_IN_FLIGHT.add(task)  # a task only weakly referenced by the loop may be collected mid-run
-            task.add_done_callback(_ACKS_IN_FLIGHT.discard)
+            in_flight.add(task)  # a task only weakly referenced by the loop may be collected mid-run
+            task.add_done_callback(in_flight.discard)
 
         loop.call_soon_threadsafe(start)
 
     def nak(self, delivery: Delivery, delay_seconds: float | None = None) -> None:
         """Hand a delivery back for redelivery after ``delay_seconds`` (None: at once). Raises ``BrokerUnavailable`` on timeout."""
-        self.call(delivery.msg.nak(delay=delay_seconds), timeout=self.request_timeout_seconds)
+        self.connection.call(delivery.msg.nak(delay=delay_seconds), timeout=self.connection.request_timeout_seconds)
 
     def term(self, delivery: Delivery) -> None:
         """Tell the broker never to deliver this message again. Raises ``BrokerUnavailable`` on timeout."""
-        self.call(delivery.msg.term(), timeout=self.request_timeout_seconds)
+        self.connection.call(delivery.msg.term(), timeout=self.connection.request_timeout_seconds)
 
     def keep_alive(self, deliveries: Sequence[Delivery], every_seconds: float) -> KeepAlive:
         """Send in-progress acks for every delivery of a fetched batch, from
@@ -139,21 +130,19 @@ class _Acks:
         of the loop (a task per unit cost two self-pipe writes and a
         cancellation each, on the loop the pulls and acks wait on)."""
         keep = KeepAlive(deliveries, every_seconds)
-        loop = self._ensure_loop()
+        loop = self.connection.ensure_loop()
         with self._keep_lock:
             self._keeps.add(keep)
-            start = self._keep_beater_loop is not loop
+            start = self._beater_loop is not loop
             if start:
-                self._keep_beater_loop = loop
+                self._beater_loop = loop
         if start:
-            self._keep_beater_future = self.submit(self._keep_beat(loop))
+            self._beater = self.connection.submit(self._keep_beat(loop))
         return keep
 
     async def _keep_beat(self, loop: asyncio.AbstractEventLoop) -> None:
         """The loop's one beat task: in-progress acks for every live ``KeepAlive`` that is due."""
-        import time
-
-        while self._keep_beater_loop is loop:
+        while self._beater_loop is loop:
             await asyncio.sleep(KEEP_ALIVE_TICK_SECONDS)
             now = time.monotonic()
             with self._keep_lock:
@@ -169,3 +158,13 @@ class _Acks:
                         await delivery.msg.in_progress()
                     except Exception as exc:
                         logger.debug("in-progress ack failed seq=%s error=%s", delivery.stream_seq, exc)
+
+    def _stop_beating(self) -> None:
+        """Before the loop stops: end the beat task (never "Task was destroyed
+        but it is pending"); a new loop starts its own."""
+        beater, self._beater = self._beater, None
+        if beater is not None:
+            beater.cancel()
+        with self._keep_lock:
+            self._beater_loop = None
+            self._keeps.clear()

@@ -12,7 +12,6 @@ a test never sleeps through a backoff. It imports no ``nats``.
 
 from __future__ import annotations
 
-import itertools
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -21,6 +20,7 @@ from django_platformkit import conf, identity
 from django_platformkit.broker.memory_stream import (
     ConsumerInfo,
     ManualClock,
+    MemoryPullLane,
     PubAck,
     StoredMessage,
     StreamInfo,
@@ -31,7 +31,7 @@ from django_platformkit.broker.memory_stream import (
     subject_matches,
 )
 from django_platformkit.exceptions import ConfigurationError, ConsumerDrift, ConsumerNotFound
-from django_platformkit.wire import Delivery, Outcome, OutgoingMessage, PublishResult
+from django_platformkit.wire import Delivery, OutgoingMessage, PublishOutcome, PublishResult
 
 #: NATS's own default ``max_payload`` (bytes): what a server without a
 #: ``max_payload`` line in its config accepts (nats-server docs, "Limits").
@@ -75,7 +75,6 @@ class InMemoryTransport:
         self._msg_ids: dict[str, tuple[int, float]] = {}  # Nats-Msg-Id -> (seq, stored_at)
         self._durables: dict[str, _Durable] = {}
         self.connected = threading.Event()
-        self._thread: threading.Thread | None = None  # the Worker's liveness check looks for an event loop thread
         self.closed = False
 
     # -- connection (there is none) --
@@ -92,7 +91,16 @@ class InMemoryTransport:
         return True
 
     def redact(self, text: str) -> str:
+        """``text`` as it is: there are no credentials."""
         return text
+
+    def loop_alive(self) -> bool:
+        """True: there is no event loop to die."""
+        return True
+
+    def call_later(self, delay_seconds: float, callback: Callable[[], object]) -> bool:
+        """False: there is no loop to schedule ``callback`` on (nothing is scheduled)."""
+        return False
 
     @property
     def max_payload(self) -> int:
@@ -143,7 +151,7 @@ class InMemoryTransport:
         """Publish one message as another service would (tests: forged or
         malformed messages). Raises ``ConfigurationError`` when the broker refuses it."""
         result = self._store(subject, body, dict(headers or {}))
-        if result.outcome is not Outcome.STORED or result.seq is None:
+        if result.outcome is not PublishOutcome.STORED or result.seq is None:
             raise ConfigurationError(f"the in-memory broker refused the message: {result.error}")
         return PubAck(str(self._stream), result.seq, result.duplicate)
 
@@ -151,12 +159,12 @@ class InMemoryTransport:
         size = len(body) + sum(len(k) + len(v) for k, v in headers.items())
         if size > self._max_payload:
             return PublishResult(
-                Outcome.PERMANENT, f"larger than the server's max_payload: {size} > {self._max_payload}"
+                PublishOutcome.PERMANENT, f"larger than the server's max_payload: {size} > {self._max_payload}"
             )
         with self._cond:
             if self._stream is None or not any(subject_matches(f, subject) for f in self._subjects):
                 return PublishResult(
-                    Outcome.TEMPORARY,
+                    PublishOutcome.TEMPORARY,
                     "no stream answered (no responders): is the stream there, does it capture this subject, and is JetStream up?",
                     no_stream=True,
                 )
@@ -166,13 +174,13 @@ class InMemoryTransport:
             if msg_id:
                 seen = self._msg_ids.get(msg_id)
                 if seen is not None and now - seen[1] < window:
-                    return PublishResult(Outcome.STORED, duplicate=True, seq=seen[0])
+                    return PublishResult(PublishOutcome.STORED, duplicate=True, seq=seen[0])
             seq = len(self._messages) + 1
             self._messages.append(StoredMessage(seq, subject, bytes(body), dict(headers), now))
             if msg_id:
                 self._msg_ids[msg_id] = (seq, now)
             self._cond.notify_all()
-            return PublishResult(Outcome.STORED, seq=seq)
+            return PublishResult(PublishOutcome.STORED, seq=seq)
 
     # -- durables --
     def ensure_consumer(self, want: Any) -> ConsumerInfo:
@@ -202,6 +210,11 @@ class InMemoryTransport:
         """The durable's counts. Raises ``ConsumerNotFound`` (a ``LookupError``) if it doesn't exist."""
         with self._cond:
             return self._info(self._durable(durable))
+
+    def consumer_infos(self, durables: Sequence[str], *, timeout: float) -> list[ConsumerInfo | None]:
+        """Several durables' counts: None for one that doesn't exist."""
+        with self._cond:
+            return [self._info(self._durables[d]) if d in self._durables else None for d in durables]
 
     def _durable(self, name: str) -> _Durable:
         durable = self._durables.get(name)
@@ -386,67 +399,15 @@ class InMemoryTransport:
     ) -> MemoryPullLane:
         """Pull ``want``'s durable from a thread of its own while ``credit()``
         allows, as ``transport.PullLane`` does (``Worker`` uses it)."""
-        lane = MemoryPullLane(self, str(want.durable_name), credit=credit, deliver=deliver, batch_size=batch_size)
+        durable = str(want.durable_name)
+        lane = MemoryPullLane(
+            durable,
+            cond=self._cond,
+            take=lambda batch: self._take(self._durable(durable), batch),
+            advance_if_idle=self.advance_if_idle,
+            credit=credit,
+            deliver=deliver,
+            batch_size=batch_size,
+        )
         lane.start()
         return lane
-
-
-class MemoryPullLane:
-    """``transport.PullLane`` for an ``InMemoryTransport``: one thread per
-    durable asks for ``min(credit(), batch_size)`` deliveries and hands them
-    to ``deliver``; ``idle`` is set while nothing is due for it."""
-
-    _numbers = itertools.count(1)
-
-    def __init__(
-        self,
-        transport: InMemoryTransport,
-        durable: str,
-        *,
-        credit: Callable[[], int],
-        deliver: Callable[[list[Delivery]], None],
-        batch_size: int,
-    ) -> None:
-        self.transport = transport
-        self.durable = durable
-        self._credit = credit
-        self._deliver = deliver
-        self.batch_size = max(1, int(batch_size))
-        self.idle = threading.Event()
-        self.error: BaseException | None = None
-        self.future: Any = None
-        self._stopped = threading.Event()
-        self._thread = threading.Thread(
-            target=self._run, name=f"platformkit-memory-pull-{next(self._numbers)}", daemon=True
-        )
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def wake(self) -> None:
-        with self.transport._cond:
-            self.transport._cond.notify_all()
-
-    def stop(self, timeout: float = 5.0) -> None:
-        self._stopped.set()
-        self.wake()
-        self._thread.join(timeout)
-
-    def _run(self) -> None:
-        cond = self.transport._cond
-        try:
-            while not self._stopped.is_set():
-                want = min(self._credit(), self.batch_size)
-                with cond:
-                    deliveries = self.transport._take(self.transport._durable(self.durable), want) if want > 0 else []
-                    if not deliveries:
-                        if want > 0:
-                            self.idle.set()
-                        if not self.transport.advance_if_idle():
-                            cond.wait(0.05)
-                        continue
-                self.idle.clear()
-                self._deliver(deliveries)
-        except BaseException as exc:
-            self.error = exc
-            raise

@@ -1,14 +1,17 @@
-"""What the in-memory JetStream (``testing_transport``) stores and answers:
-its clock, its messages and durables, and the info, ack and publish values
-shaped as nats-py's, so code written against ``Transport`` reads them alike.
+"""What the in-memory JetStream (``memory.InMemoryTransport``) stores and
+answers: its clock, its messages and durables, the info, ack and publish
+values shaped as nats-py's (so code written against the broker port reads
+them alike), and its pull lane.
 
 ``ManualClock`` moves only when told, so a test never sleeps through a backoff.
-Plain values: no ``nats``, no Django.
+Plain values and threads: no ``nats``, no Django.
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -162,3 +165,90 @@ class _KeepAlive:
 
     def due(self, now: float) -> list[Delivery] | None:
         return None
+
+
+class MemoryPullLane:
+    """The in-memory broker's pull lane (``port.PullLane``): one thread per
+    durable asks for ``min(credit(), batch_size)`` deliveries and hands them
+    to ``deliver``; ``idle`` is set while nothing is due for it.
+
+    Args:
+        durable: The durable it pulls.
+        cond: The broker's condition: ``take`` is called holding it, and a
+            publish or a settle notifies it.
+        take: Up to that many deliveries due now (called under ``cond``).
+        advance_if_idle: Moves the broker's clock to the next retry when
+            nothing else can happen; returns whether it moved.
+        credit: How many deliveries may be fetched now.
+        deliver: Gets each fetched unit.
+        batch_size: The most deliveries of one unit.
+    """
+
+    _numbers = itertools.count(1)
+
+    def __init__(
+        self,
+        durable: str,
+        *,
+        cond: threading.Condition,
+        take: Callable[[int], list[Delivery]],
+        advance_if_idle: Callable[[], bool],
+        credit: Callable[[], int],
+        deliver: Callable[[list[Delivery]], None],
+        batch_size: int,
+    ) -> None:
+        self.durable = durable
+        self._cond = cond
+        self._take = take
+        self._advance_if_idle = advance_if_idle
+        self._credit = credit
+        self._deliver = deliver
+        self.batch_size = max(1, int(batch_size))
+        self.idle = threading.Event()
+        self.error: BaseException | None = None
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, name=f"platformkit-memory-pull-{next(self._numbers)}", daemon=True
+        )
+
+    def start(self) -> None:
+        """Start pulling in the lane's thread."""
+        self._thread.start()
+
+    def wake(self) -> None:
+        """Look again now (the credit may have grown)."""
+        with self._cond:
+            self._cond.notify_all()
+
+    def wake_on_loop(self) -> None:
+        """``wake()``: there is no loop."""
+        self.wake()
+
+    def running(self) -> bool:
+        """Whether the lane's thread still pulls."""
+        return self._thread.is_alive() and self.error is None
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop pulling; waits up to ``timeout`` s for the thread."""
+        self._stopped.set()
+        self.wake()
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        cond = self._cond
+        try:
+            while not self._stopped.is_set():
+                want = min(self._credit(), self.batch_size)
+                with cond:
+                    deliveries = self._take(want) if want > 0 else []
+                    if not deliveries:
+                        if want > 0:
+                            self.idle.set()
+                        if not self._advance_if_idle():
+                            cond.wait(0.05)
+                        continue
+                self.idle.clear()
+                self._deliver(deliveries)
+        except BaseException as exc:
+            self.error = exc
+            raise

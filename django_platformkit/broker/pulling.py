@@ -1,10 +1,8 @@
-"""The consumer's receive path on the transport's loop: pull lanes, and
-JetStream messages turned into ``Delivery`` values.
+"""The consumer's receive path on the connection's loop: pull lanes for the
+worker's pool, and one-off fetches for tools and tests.
 
 A lane asks the broker for no more than can start now, and waits on the
-broker with a request, never a thread (ADR-13's pull protocol). The ack
-subject is parsed here once per message; a message without JetStream
-metadata can't be acked and is skipped.
+broker with a request, never a thread (ADR-13's pull protocol).
 """
 
 from __future__ import annotations
@@ -14,8 +12,8 @@ import contextlib
 import json
 import logging
 import threading
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 import nats.errors
 import nats.js.errors
@@ -23,99 +21,20 @@ from nats.js import api
 
 from django_platformkit import conf
 from django_platformkit._retry import Backoff
-from django_platformkit.exceptions import ConsumerDrift
+from django_platformkit.broker.connection import Connection
+from django_platformkit.broker.messages import next_msg, pending_behind, to_deliveries
+from django_platformkit.broker.streams import Streams
+from django_platformkit.exceptions import BrokerUnavailable, ConsumerDrift
 from django_platformkit.wire import Delivery
-
-if TYPE_CHECKING:
-    from django_platformkit.broker.transport import Transport
 
 logger = logging.getLogger(__name__)
 
-
-def to_deliveries(msgs: Sequence[Any]) -> list[Delivery]:
-    """JetStream messages as ``Delivery`` values (a message without JetStream
-    metadata can't be acked either: logged and skipped)."""
-    out = []
-    for msg in msgs:
-        fields = _ack_reply_fields(msg.reply)
-        try:
-            if fields is not None:
-                attempt, seq = fields[0], fields[1]
-            else:
-                metadata = msg.metadata
-                attempt, seq = int(metadata.num_delivered), int(metadata.sequence.stream)
-        except Exception:
-            logger.warning("fetch got a non-JetStream message subject=%s", msg.subject)
-            continue
-        out.append(
-            Delivery(
-                subject=msg.subject,
-                data=msg.data,
-                headers=dict(msg.headers or {}),
-                attempt=attempt,
-                stream_seq=seq,
-                msg=msg,
-            )
-        )
-    return out
-
-
-async def _next_msg(sub: Any, timeout: float) -> Any:
-    """``sub.next_msg(timeout)`` without its per-call cost: nats-py's
-    ``next_msg`` makes a uuid4, a task and a ``wait_for`` per call, which in a
-    fetched batch cost more loop time than the message. A message already
-    queued is taken at once; else the queue is awaited under
-    ``asyncio.timeout`` (raises ``TimeoutError``). The accounting is nats-py's
-    own (``_pending_size``, ``task_done``)."""
-    try:
-        queue = sub._pending_queue
-    except AttributeError:
-        return await sub.next_msg(timeout=timeout)
-    try:
-        msg = queue.get_nowait()
-    except asyncio.QueueEmpty:
-        if sub._conn.is_closed:
-            raise nats.errors.ConnectionClosedError from None
-        # Waiting here (a long-poll's first message) without next_msg's task
-        # and wait_for: one unit at a steady trickle is one such wait. A
-        # connection closed meanwhile ends it by the timeout (the lane retries).
-        async with asyncio.timeout(timeout):
-            msg = await queue.get()
-    sub._pending_size -= len(msg.data)
-    sub._pending_queue.task_done()
-    return msg
-
-
-def _ack_reply_fields(reply: Any) -> tuple[int, int, int] | None:
-    """(delivery count, stream sequence, pending behind) from a JetStream
-    ack subject, or None when it isn't one of the two known forms:
-    ``$JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending>``
-    and ``$JS.ACK.<domain>.<account hash>.<stream>.<consumer>.<delivered>...``
-    (ADR-15). nats-py's ``msg.metadata`` parses the same, plus a datetime
-    and two dataclasses per message we never read: on the loop, per message."""
-    if not isinstance(reply, str) or not reply.startswith("$JS.ACK."):
-        return None
-    tokens = reply.split(".")
-    try:
-        if len(tokens) == 9:
-            return int(tokens[4]), int(tokens[5]), int(tokens[8])
-        if len(tokens) >= 11:
-            return int(tokens[6]), int(tokens[7]), int(tokens[10])
-    except ValueError:
-        return None
-    return None
-
-
-def _pending_behind(msg: Any) -> bool:
-    """Whether the broker had messages pending behind ``msg`` when it sent it
-    (its reply subject's ``num_pending``); True when that can't be read."""
-    fields = _ack_reply_fields(msg.reply)
-    if fields is not None:
-        return fields[2] > 0
-    try:
-        return int(msg.metadata.num_pending) > 0
-    except Exception:
-        return True
+#: A waiting pull request's expiry: an idle subscription costs one request
+#: per this many seconds (re-issued as it expires), not a timer per 50 ms.
+PULL_LINGER_SECONDS = 30.0
+#: Idle heartbeats of a waiting pull: two missed mean the request is gone
+#: (a reconnect, a durable deleted under us) and a new one is sent.
+PULL_HEARTBEAT_SECONDS = 5.0
 
 
 class PullLost(Exception):
@@ -123,7 +42,7 @@ class PullLost(Exception):
 
 
 class PullLane:
-    """The pulls of one durable, run on the transport's loop: waiting on the
+    """The pulls of one durable, run on the connection's loop: waiting on the
     broker costs a request, never a thread.
 
     While ``credit()`` (called on the loop; must be quick and thread-safe)
@@ -149,7 +68,8 @@ class PullLane:
 
     def __init__(
         self,
-        transport: Transport,
+        connection: Connection,
+        streams: Streams,
         want: api.ConsumerConfig,
         *,
         credit: Callable[[], int],
@@ -158,9 +78,10 @@ class PullLane:
         linger_seconds: float,
         heartbeat_seconds: float,
     ) -> None:
-        self.transport = transport
+        self.connection = connection
+        self.streams = streams
         self.want = want
-        self.durable = want.durable_name
+        self.durable = str(want.durable_name)
         self._credit = credit
         self._deliver = deliver
         self.batch_size = max(1, int(batch_size))
@@ -178,7 +99,7 @@ class PullLane:
         self.future: Any = None
 
     def start(self) -> None:
-        self.future = self.transport.submit(self._run())
+        self.future = self.connection.submit(self._run())
 
     def wake(self) -> None:
         """Thread-safe: the credit may have grown; look again now. Costs
@@ -187,12 +108,16 @@ class PullLane:
         before calling this."""
         if not self._waiting:
             return
-        loop = self.transport._loop
+        loop = self.connection.loop
         if loop is not None and self._wake is not None and not loop.is_closed():
             loop.call_soon_threadsafe(self._wake.set)
 
+    def running(self) -> bool:
+        """Whether the lane still pulls (False once stopped, ended or crashed)."""
+        return self.future is not None and not self.future.done() and self.error is None
+
     def wake_on_loop(self) -> None:
-        """``wake()`` from the transport's loop itself."""
+        """``wake()`` from the connection's loop itself."""
         if self._wake is not None:
             self._wake.set()
 
@@ -201,7 +126,7 @@ class PullLane:
         self._stopped = True
         if self.future is None:
             return
-        loop = self.transport._loop
+        loop = self.connection.loop
         if loop is not None and not loop.is_closed():
             loop.call_soon_threadsafe(self.future.cancel)
         with contextlib.suppress(Exception):
@@ -261,7 +186,7 @@ class PullLane:
                     continue
                 deliveries = to_deliveries(msgs)
                 self._held = []
-                maybe_more = _pending_behind(msgs[-1]) if msgs else True
+                maybe_more = pending_behind(msgs[-1]) if msgs else True
                 if deliveries:
                     self.idle.clear()
                     self._deliver(deliveries)
@@ -276,7 +201,7 @@ class PullLane:
 
     async def _ensure_sub(self) -> Any:
         if self._sub is None:
-            nc = self.transport._nc
+            nc = self.connection.nc
             self._inbox = nc.new_inbox()
             self._sub = await nc.subscribe(self._inbox + ".*")
         return self._sub
@@ -304,7 +229,7 @@ class PullLane:
 
     async def _reensure(self) -> None:
         try:
-            await self.transport._ensure_consumer(self.want)
+            await self.streams.ensure_consumer_async(self.want)
         except ConsumerDrift:
             raise
         except Exception as exc:
@@ -326,8 +251,8 @@ class PullLane:
             gap = 2 * self.heartbeat_seconds + 1.0
         else:
             request["no_wait"] = True  # no expires: with one the server would linger
-            gap = self.transport.request_timeout_seconds
-        nc = self.transport._nc
+            gap = self.connection.request_timeout_seconds
+        nc = self.connection.nc
         await nc.publish(
             f"$JS.API.CONSUMER.MSG.NEXT.{conf.settings.STREAM}.{self.durable}",
             json.dumps(request).encode(),
@@ -336,7 +261,7 @@ class PullLane:
         msgs = self._held = []
         while len(msgs) < batch and not self._stopped:
             try:
-                msg = await _next_msg(sub, gap)
+                msg = await next_msg(sub, gap)
             except (TimeoutError, nats.errors.TimeoutError):
                 if msgs:
                     return msgs
@@ -344,7 +269,7 @@ class PullLane:
             status = (msg.headers or {}).get("Status")
             if not status:
                 msgs.append(msg)
-                gap = self.transport.request_timeout_seconds  # the rest (and the 404) follow at once
+                gap = self.connection.request_timeout_seconds  # the rest (and the 404) follow at once
                 continue
             if msg.subject != reply:
                 continue  # a late status of an earlier request
@@ -359,3 +284,85 @@ class PullLane:
                 return msgs  # hand over what came; the next request meets the error again
             raise nats.js.errors.APIError(code=int(status), description=description)
         return msgs
+
+
+class Puller:
+    """The consumer's receive path over ``connection``: pull lanes for the
+    worker, and one-off fetches for tools and tests."""
+
+    def __init__(self, connection: Connection, streams: Streams) -> None:
+        self.connection = connection
+        self.streams = streams
+        self._pulls: dict[tuple[str, int], Any] = {}  # (durable, puller) -> pull subscription
+        self._generation = -1  # the connection's, when _pulls was filled
+
+    async def _pull(self, durable: str, puller: int = 0) -> Any:
+        # One pull subscription per (durable, puller): nats-py's fetch() is not
+        # safe for two concurrent callers on one subscription.
+        if self._generation != self.connection.generation:
+            self._pulls.clear()  # bound to a connection that is gone
+            self._generation = self.connection.generation
+        sub = self._pulls.get((durable, puller))
+        if sub is None:
+            sub = await self.connection.js.pull_subscribe_bind(durable=durable, stream=conf.settings.STREAM)
+            self._pulls[(durable, puller)] = sub
+        return sub
+
+    def fetch(self, durable: str, batch: int, *, timeout: float = 1.0, puller: int = 0) -> list[Delivery]:
+        """Up to ``batch`` messages for ``durable``, waiting at most
+        ``timeout`` seconds; ``[]`` when there is nothing. A pull request
+        always carries an expiry, so an orphaned one can't hang the loop.
+        Threads fetching the same durable at once pass distinct ``puller``
+        numbers (each gets a pull subscription of its own)."""
+        return self.connection.call(
+            self._fetch(durable, batch, timeout, puller),
+            timeout=timeout + self.connection.request_timeout_seconds + 5,
+        )
+
+    async def _fetch(self, durable: str, batch: int, timeout: float, puller: int = 0) -> list[Delivery]:
+        sub = await self._pull(durable, puller)
+        try:
+            msgs = await sub.fetch(batch, timeout=timeout, heartbeat=1.0 if timeout >= 3.0 else None)
+        except (TimeoutError, nats.errors.TimeoutError):
+            return []
+        return to_deliveries(msgs)
+
+    def pull_lane(
+        self,
+        want: api.ConsumerConfig,
+        *,
+        credit: Callable[[], int],
+        deliver: Callable[[list[Delivery]], None],
+        batch_size: int,
+        linger_seconds: float = PULL_LINGER_SECONDS,
+        heartbeat_seconds: float = PULL_HEARTBEAT_SECONDS,
+    ) -> PullLane:
+        """Start pulling ``want``'s durable on the loop, for as long as the
+        connection lives or until ``PullLane.stop()``; see ``PullLane``."""
+        lane = PullLane(
+            self.connection,
+            self.streams,
+            want,
+            credit=credit,
+            deliver=deliver,
+            batch_size=batch_size,
+            linger_seconds=linger_seconds,
+            heartbeat_seconds=heartbeat_seconds,
+        )
+        lane.start()
+        return lane
+
+    def forget_pull(self, durable: str) -> None:
+        """Drop a cached pull subscription (after the durable was recreated)."""
+
+        async def _forget() -> None:
+            for key in [k for k in self._pulls if k[0] == durable]:
+                try:
+                    await self._pulls.pop(key).unsubscribe()
+                except Exception:
+                    pass
+
+        try:
+            self.connection.call(_forget(), timeout=5)
+        except BrokerUnavailable:
+            pass

@@ -2,28 +2,28 @@
 
 Defined once, used both to create and to compare (STYLE.md habit 4): the
 stream config (DESIGN.md "On the wire") and each subscription's consumer
-config. ``ensure_stream`` / ``ensure_consumer`` create what is missing,
-update in place what the broker lets us, and report - never fix by
-deleting - what it doesn't. ``Transport`` carries these methods.
+config. ``Streams.ensure_stream`` / ``Streams.ensure_consumer`` create what
+is missing, update in place what the broker lets us, and report - never fix
+by deleting - what it doesn't.
 """
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import logging
-from collections.abc import Coroutine
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import Sequence
+from typing import Any
 
 import nats.js.errors
 from nats.js import api
 
-from django_platformkit import conf
+from django_platformkit import conf, identity
+from django_platformkit.broker.connection import Connection, no_jetstream_text
 from django_platformkit.exceptions import BrokerUnavailable, ConfigurationError, ConsumerDrift, ConsumerNotFound
 from django_platformkit.wire import ENVELOPE_OVERHEAD_BYTES, JSONB_TEXT_GROWTH, durable_name, filter_subject_for
 
 logger = logging.getLogger(__name__)
-
-T = TypeVar("T")
 
 
 def stream_config() -> api.StreamConfig:
@@ -132,30 +132,11 @@ _SETTINGS_REFUSED = {
 }
 
 
-def _no_jetstream_text(url: str) -> str:
-    return f"JetStream is not enabled on {conf.redact_url(url)}: start nats-server with -js (or jetstream {{}} in its config)."
+class Streams:
+    """The transport's stream and durable management, over ``connection``."""
 
-
-def _jetstream_disabled(exc: BaseException | None) -> bool:
-    return exc is not None and "jetstream not enabled" in str(exc).lower()
-
-
-class _Streams:
-    """``Transport``'s stream and durable management (see ``Transport``)."""
-
-    url: str
-    request_timeout_seconds: float
-    _nc: Any
-    _js: Any
-
-    if TYPE_CHECKING:
-
-        def call(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T: ...
-
-        def redact(self, text: str) -> str: ...
-
-        @property
-        def max_payload(self) -> int: ...
+    def __init__(self, connection: Connection) -> None:
+        self.connection = connection
 
     def ensure_stream(self, *, owner: str | None = None) -> api.StreamInfo:
         """Create the stream if missing; report (never fix by deleting) drift.
@@ -173,20 +154,20 @@ class _Streams:
         carry ``MAX_PAYLOAD_BYTES`` plus the envelope; ``BrokerUnavailable``
         on a timeout."""
         needed = int(conf.settings.MAX_PAYLOAD_BYTES * JSONB_TEXT_GROWTH) + ENVELOPE_OVERHEAD_BYTES
-        if self.max_payload < needed:
+        if self.connection.max_payload < needed:
             raise ConfigurationError(
-                f"the NATS server's max_payload is {self.max_payload} bytes, but MAX_PAYLOAD_BYTES "
+                f"the NATS server's max_payload is {self.connection.max_payload} bytes, but MAX_PAYLOAD_BYTES "
                 f"({conf.settings.MAX_PAYLOAD_BYTES}) needs {needed} with the envelope: raise max_payload "
                 "in the server config, or lower PLATFORMKIT['MAX_PAYLOAD_BYTES']."
             )
-        if not (self._nc._server_info or {}).get("jetstream"):
+        if not self.connection.server_info.get("jetstream"):
             # Without JetStream every stream call ends in a bare
             # ServiceUnavailableError (code None): say what is wrong instead.
-            raise ConfigurationError(self.redact(_no_jetstream_text(self.url)))
-        return self.call(self._ensure_stream(owner), timeout=30)
+            raise ConfigurationError(self.connection.redact(no_jetstream_text(self.connection.url)))
+        return self.connection.call(self._ensure_stream(owner), timeout=30)
 
     def _has_stream_metadata(self) -> bool:
-        version = str((self._nc._server_info or {}).get("version", "0.0"))
+        version = str(self.connection.server_info.get("version", "0.0"))
         try:
             major, minor = (int(part) for part in version.split(".")[:2])
         except ValueError:
@@ -194,20 +175,18 @@ class _Streams:
         return (major, minor) >= (2, 10)
 
     async def _ensure_stream(self, owner: str | None = None) -> api.StreamInfo:
-        from django_platformkit import identity
-
         want = stream_config()
         if owner is not None:
             want.description = identity.describe(owner)
             if self._has_stream_metadata():
                 want.metadata = {identity.METADATA_KEY: owner}
         try:
-            info: api.StreamInfo = await self._js.stream_info(want.name)
+            info: api.StreamInfo = await self.connection.js.stream_info(want.name)
         except nats.js.errors.NotFoundError:
             try:
-                created: api.StreamInfo = await self._js.add_stream(want)
+                created: api.StreamInfo = await self.connection.js.add_stream(want)
             except nats.js.errors.APIError as exc:
-                refused = f"NATS at {conf.redact_url(self.url)} refused to create the stream {want.name!r}"
+                refused = f"NATS at {conf.redact_url(self.connection.url)} refused to create the stream {want.name!r}"
                 if exc.err_code in _SETTINGS_REFUSED:
                     # Permanent though NATS answers 500: these settings are never
                     # accepted, and retrying them every 10 s would hide it.
@@ -246,7 +225,9 @@ class _Streams:
         if owner is not None:
             theirs = identity.recorded_identity(have.description, getattr(have, "metadata", None))
             if theirs is not None and theirs != owner:
-                raise ConfigurationError(identity.foreign_stream_text(str(want.name), self.url, theirs, owner))
+                raise ConfigurationError(
+                    identity.foreign_stream_text(str(want.name), self.connection.url, theirs, owner)
+                )
             if theirs is None:
                 logger.warning(
                     "stream adopted stream=%s owner=%s: it recorded no owning database (made before identities); "
@@ -257,7 +238,7 @@ class _Streams:
                 have.description = want.description
                 if want.metadata:
                     have.metadata = {**(getattr(have, "metadata", None) or {}), **want.metadata}
-                info = await self._js.update_stream(have)
+                info = await self.connection.js.update_stream(have)
                 have = info.config
         drift = []
         if sorted(have.subjects or []) != sorted(want.subjects or []):
@@ -291,8 +272,8 @@ class _Streams:
 
     def stream_info(self) -> api.StreamInfo:
         """The stream's info (config, message counts, cluster). Raises ``BrokerUnavailable`` on timeout."""
-        info: api.StreamInfo = self.call(
-            self._js.stream_info(conf.settings.STREAM), timeout=self.request_timeout_seconds + 1
+        info: api.StreamInfo = self.connection.call(
+            self.connection.js.stream_info(conf.settings.STREAM), timeout=self.connection.request_timeout_seconds + 1
         )
         return info
 
@@ -300,16 +281,17 @@ class _Streams:
         """Create the durable if missing; update it in place when only
         updatable fields differ; raise ``ConsumerDrift`` saying what differs
         and what to do when the broker can't change it."""
-        info: api.ConsumerInfo = self.call(self._ensure_consumer(want), timeout=30)
+        info: api.ConsumerInfo = self.connection.call(self.ensure_consumer_async(want), timeout=30)
         return info
 
-    async def _ensure_consumer(self, want: api.ConsumerConfig) -> api.ConsumerInfo:
+    async def ensure_consumer_async(self, want: api.ConsumerConfig) -> api.ConsumerInfo:
+        """``ensure_consumer`` on the connection's loop (a pull lane re-ensuring its durable)."""
         stream = conf.settings.STREAM
         try:
-            info: api.ConsumerInfo = await self._js.consumer_info(stream, want.durable_name)
+            info: api.ConsumerInfo = await self.connection.js.consumer_info(stream, want.durable_name)
         except nats.js.errors.NotFoundError:
             logger.info("durable created consumer=%s filter=%s", want.durable_name, want.filter_subject)
-            created: api.ConsumerInfo = await self._js.add_consumer(stream, want)
+            created: api.ConsumerInfo = await self.connection.js.add_consumer(stream, want)
             return created
         updatable, fixed = consumer_differences(want, info.config)
         if fixed:
@@ -324,7 +306,9 @@ class _Streams:
             )
         if updatable:
             logger.info("durable updated consumer=%s changes=%s", want.durable_name, updatable)
-            updated: api.ConsumerInfo = await self._js.add_consumer(stream, want)  # create-or-update, same name
+            updated: api.ConsumerInfo = await self.connection.js.add_consumer(
+                stream, want
+            )  # create-or-update, same name
             return updated
         return info
 
@@ -333,8 +317,9 @@ class _Streams:
         ``ConsumerNotFound`` if it doesn't exist, ``BrokerUnavailable`` when
         NATS fails or doesn't answer in time."""
         try:
-            info: api.ConsumerInfo = self.call(
-                self._js.consumer_info(conf.settings.STREAM, durable), timeout=self.request_timeout_seconds + 1
+            info: api.ConsumerInfo = self.connection.call(
+                self.connection.js.consumer_info(conf.settings.STREAM, durable),
+                timeout=self.connection.request_timeout_seconds + 1,
             )
         except BrokerUnavailable as exc:  # call() translated nats' error; the original is the cause
             if isinstance(exc.__cause__, nats.js.errors.NotFoundError):
@@ -343,3 +328,19 @@ class _Streams:
                 ) from exc.__cause__
             raise
         return info
+
+    def consumer_infos(self, durables: Sequence[str], *, timeout: float) -> list[api.ConsumerInfo | None]:
+        """Several durables' info in one round trip through the loop, all
+        within ``timeout`` seconds: one per durable, in order, None where it
+        failed (missing, or no answer in time). Raises ``BrokerUnavailable``
+        when the loop doesn't answer at all."""
+        stream = conf.settings.STREAM
+        js = self.connection.js
+
+        async def ask() -> list[Any]:
+            return await asyncio.wait_for(
+                asyncio.gather(*(js.consumer_info(stream, d) for d in durables), return_exceptions=True), timeout
+            )
+
+        infos = self.connection.call(ask(), timeout=timeout + 0.5)
+        return [None if isinstance(i, BaseException) else i for i in infos]

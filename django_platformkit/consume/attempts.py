@@ -16,13 +16,14 @@ import time
 import uuid
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from django.db import connections
 from django.utils import timezone
 
 from django_platformkit._process import worker_id
 from django_platformkit._tables import ATTEMPTS_TABLE, HANDLED_TABLE
+from django_platformkit.wire import AttemptOutcome
 
 logger = logging.getLogger(__name__)
 
@@ -34,27 +35,46 @@ HISTORY_SQL = (
 )
 START_SQL = (
     f"INSERT INTO {ATTEMPTS_TABLE} (subscription, event_id, attempt, outcome, started_at, error, traceback, worker) "
-    "VALUES (%s, %s, %s, 'running', clock_timestamp(), '', '', %s) "
+    f"VALUES (%s, %s, %s, '{AttemptOutcome.RUNNING}', clock_timestamp(), '', '', %s) "
     "ON CONFLICT (subscription, event_id, attempt) DO NOTHING RETURNING id"
 )
-FAILED_ROW_SQL = f"UPDATE {ATTEMPTS_TABLE} SET outcome = 'failed', finished_at = clock_timestamp(), error = %s, traceback = %s WHERE id = %s"
+FAILED_ROW_SQL = f"UPDATE {ATTEMPTS_TABLE} SET outcome = '{AttemptOutcome.FAILED}', finished_at = clock_timestamp(), error = %s, traceback = %s WHERE id = %s"
 #: A first delivery's failure: its row is the next number after whatever is there.
 FAILED_NEW_SQL = (
     f"INSERT INTO {ATTEMPTS_TABLE} (subscription, event_id, attempt, outcome, started_at, finished_at, error, traceback, worker) "
-    f"SELECT %s, %s, COALESCE(MAX(attempt), 0) + 1, 'failed', %s, clock_timestamp(), %s, %s, %s FROM {ATTEMPTS_TABLE} "
+    f"SELECT %s, %s, COALESCE(MAX(attempt), 0) + 1, '{AttemptOutcome.FAILED}', %s, clock_timestamp(), %s, %s, %s FROM {ATTEMPTS_TABLE} "
     "WHERE subscription = %s AND event_id = %s ON CONFLICT (subscription, event_id, attempt) DO NOTHING"
 )
-INTERRUPTED_SQL = f"UPDATE {ATTEMPTS_TABLE} SET outcome = 'interrupted', finished_at = clock_timestamp() WHERE id = %s AND outcome = 'running'"
+INTERRUPTED_SQL = f"UPDATE {ATTEMPTS_TABLE} SET outcome = '{AttemptOutcome.INTERRUPTED}', finished_at = clock_timestamp() WHERE id = %s AND outcome = '{AttemptOutcome.RUNNING}'"
 
 
-def run_history(subscription: str, event_id: uuid.UUID, *, using: str) -> tuple[bool, list[tuple[Any, ...]]]:
-    """``(handled, rows)`` in one round trip: whether the event holds a claim
-    for ``subscription`` (a lost ack), and its recorded runs, oldest first, as
-    ``(attempt, outcome, error, traceback, started_at, worker)``."""
+class Run(NamedTuple):
+    """One recorded run of a handler (a ``platformkit_attempts`` row)."""
+
+    attempt: int
+    outcome: str  # an ``AttemptOutcome`` value
+    error: str
+    traceback: str
+    started_at: datetime | None
+    worker: str
+
+    @property
+    def counts(self) -> bool:
+        """Whether the run counts as an attempt: it failed, or started and never reported."""
+        return self.outcome in (AttemptOutcome.FAILED, AttemptOutcome.RUNNING)
+
+
+def run_history(subscription: str, event_id: uuid.UUID, *, using: str) -> tuple[bool, list[Run]]:
+    """The event's history for ``subscription``, in one round trip.
+
+    Returns:
+        ``(handled, runs)``: whether the event holds a claim for
+        ``subscription`` (a lost ack), and its recorded runs, oldest first.
+    """
     with connections[using].cursor() as cursor:
         cursor.execute(HISTORY_SQL, [subscription, event_id, subscription, event_id])
         fetched = cursor.fetchall()
-    return bool(fetched[0][0]), [r[1:] for r in fetched if r[1] is not None]
+    return bool(fetched[0][0]), [Run._make(r[1:]) for r in fetched if r[1] is not None]
 
 
 def start_run(subscription: str, event_id: uuid.UUID, attempt: int, *, using: str) -> int | None:
@@ -113,7 +133,7 @@ RECORD_SLOW_RUN_AFTER_SECONDS = 0.25
 
 _SLOW_START_SQL = (
     f"INSERT INTO {ATTEMPTS_TABLE} (subscription, event_id, attempt, outcome, started_at, error, traceback, worker) "
-    f"SELECT %s, %s, COALESCE(MAX(attempt), 0) + 1, 'running', %s, '', '', %s FROM {ATTEMPTS_TABLE} "
+    f"SELECT %s, %s, COALESCE(MAX(attempt), 0) + 1, '{AttemptOutcome.RUNNING}', %s, '', '', %s FROM {ATTEMPTS_TABLE} "
     "WHERE subscription = %s AND event_id = %s ON CONFLICT (subscription, event_id, attempt) DO NOTHING RETURNING id"
 )
 
@@ -206,16 +226,16 @@ class SlowRunRecorder:
 slow_runs = SlowRunRecorder()
 
 
-def history_text(rows: Sequence[tuple[Any, ...]]) -> str:
-    """One line per recorded run (``run_history()``'s rows), oldest first: for a dead letter's error."""
+def history_text(runs: Sequence[Run]) -> str:
+    """One line per recorded run (``run_history()``'s), oldest first: for a dead letter's error."""
     parts = []
-    for attempt, outcome, error, _tb, started_at, worker in rows:
+    for attempt, outcome, error, _tb, started_at, worker in runs:
         at = started_at.isoformat(timespec="seconds") if started_at else "?"
-        if outcome == "failed":
+        if outcome == AttemptOutcome.FAILED:
             parts.append(
                 f"run {attempt} failed (started {at} on {worker or '?'}): {(error or '').splitlines()[0] if error else '?'}"
             )
-        elif outcome == "running":
+        elif outcome == AttemptOutcome.RUNNING:
             parts.append(
                 f"run {attempt} started {at} on {worker or '?'} and never reported (the worker died, hung, or lost its session)"
             )

@@ -6,34 +6,30 @@ handler's own writes).
 A trusted subscription's claim reads each event's row from the outbox in the
 same round trip, so the handler runs with the outbox's payload and a message
 the outbox doesn't know never runs. The tenant ``set_config`` is
-``subscriptions.TENANT_SET_CONFIG``, written once. ``Consumer`` carries
-``_execute``.
+``tenancy.TENANT_SET_CONFIG``, written once. The consumer gives each unit
+to its ``UnitTransaction``.
 """
 
 from __future__ import annotations
 
 import functools
 import json
-import threading
-import time
-import traceback as traceback_module
+import traceback
 import uuid
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any, NamedTuple
 
 from django.db import connections, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
 
 from django_platformkit._tables import ATTEMPTS_TABLE, HANDLED_TABLE, OUTBOX_TABLE
-from django_platformkit.consume.attempts import slow_runs as _slow_runs
+from django_platformkit.consume.handler import HandlerRunner
 from django_platformkit.consume.subscriptions import Subscription
 from django_platformkit.consume.tenancy import SET_TENANT_SQL, TENANT_SET_CONFIG
-from django_platformkit.consume.units import MAX_SAVEPOINTS_PER_TRANSACTION, UnitWrites, _Redo, _Work, unit_writes_scope
+from django_platformkit.consume.units import MAX_SAVEPOINTS_PER_TRANSACTION, Redo, UnitWrites, Work, unit_writes_scope
 from django_platformkit.names import check_tenant
 from django_platformkit.outage import close_old_connections_for, not_the_handlers_fault
-from django_platformkit.wire import ReceivedEvent
-
-if TYPE_CHECKING:
-    from django.db.backends.base.base import BaseDatabaseWrapper
+from django_platformkit.wire import AttemptOutcome, HandlingOutcome, ReceivedEvent
 
 
 @functools.lru_cache(maxsize=8)
@@ -65,7 +61,7 @@ def _claim_sql(trust_outbox: bool, lock_namespace: int | None = None) -> str:
         # locks in the same order, so they can't deadlock.
         f"c AS (INSERT INTO {HANDLED_TABLE} (subscription, event_id, handled_at) SELECT %s, o.id, now() FROM o ORDER BY o.id "
         "ON CONFLICT (subscription, event_id) DO NOTHING RETURNING event_id), "
-        f"u AS (UPDATE {ATTEMPTS_TABLE} SET outcome = 'handled', finished_at = clock_timestamp() WHERE id = %s::bigint AND EXISTS (SELECT 1 FROM c)) "
+        f"u AS (UPDATE {ATTEMPTS_TABLE} SET outcome = '{AttemptOutcome.HANDLED}', finished_at = clock_timestamp() WHERE id = %s::bigint AND EXISTS (SELECT 1 FROM c)) "
         # created_at as integer microseconds since the epoch: Django's
         # timestamptz loader is Python code per value, this is one C int.
         "SELECT o.id, o.name, o.tenant, o.payload, (EXTRACT(EPOCH FROM o.created_at) * 1000000)::bigint, "
@@ -81,17 +77,12 @@ def _claim_sql(trust_outbox: bool, lock_namespace: int | None = None) -> str:
     )
 
 
-_CLAIM_TRUSTED_SQL = _claim_sql(True)
-_CLAIM_EXTERNAL_SQL = _claim_sql(False)
 _ALREADY_CLAIMED_SQL = f"SELECT event_id FROM {HANDLED_TABLE} WHERE subscription = %s AND event_id = ANY(%s::uuid[])"
-_SET_TENANT_SQL = SET_TENANT_SQL
 #: The claim returns created_at as microseconds since this instant.
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 #: A unit's runs recorded as ``running`` (slow first runs, a redelivery) are
 #: handled with the unit's commit, not after it.
-_MARK_RUNS_HANDLED_SQL = (
-    f"UPDATE {ATTEMPTS_TABLE} SET outcome = 'handled', finished_at = clock_timestamp() WHERE id = ANY(%s::bigint[])"
-)
+_MARK_RUNS_HANDLED_SQL = f"UPDATE {ATTEMPTS_TABLE} SET outcome = '{AttemptOutcome.HANDLED}', finished_at = clock_timestamp() WHERE id = ANY(%s::bigint[])"
 #: In a unit redone with savepoints, the claims of the failed handlers were
 #: taken with the unit's: given back, so their retries can claim again.
 _GIVE_BACK_CLAIMS_SQL = f"DELETE FROM {HANDLED_TABLE} WHERE subscription = %s AND event_id = ANY(%s::uuid[])"
@@ -99,28 +90,52 @@ _GIVE_BACK_CLAIMS_SQL = f"DELETE FROM {HANDLED_TABLE} WHERE subscription = %s AN
 NOT_IN_OUTBOX = "not in this project's outbox: forged, from another project, or purged"
 
 
-class _Claiming:
-    """``Consumer``'s transaction for one unit (see ``Consumer``)."""
+class ClaimRow(NamedTuple):
+    """One row of the claim statement: the outbox's copy of the event
+    (trusted subscriptions; NULLs for an external one) and whether this unit
+    claimed it now (False: a claim existed)."""
 
-    subscription: Subscription
-    using: str
-    handlers_started: dict[int, float]
-    runs_now: dict[int, _Work]
-    _default_tenant_context: bool
+    id: uuid.UUID
+    name: str | None
+    tenant: str | None
+    payload: str | None  # the outbox's jsonb as text
+    created_us: int | None  # created_at, microseconds since the epoch
+    claimed: bool
 
-    if TYPE_CHECKING:
-        handler_started: float | None
 
-        def _call_handler(
-            self, event: ReceivedEvent, timeout: float, wrapper: BaseDatabaseWrapper | None = None
-        ) -> None: ...
+class UnitTransaction:
+    """One unit's transaction: the claim statement, then each claimed
+    event's handler (through ``runner``), then the unit's last writes.
 
-        def _awaits_commit(self, work: _Work, seconds: float) -> None: ...
+    Args:
+        subscription: Whose claims it takes.
+        using: The database alias of the claims and the handlers' writes.
+        runner: Runs each handler inside the transaction.
+    """
 
-    def _execute(self, unit: list[_Work], *, safe: bool, skip: set[int], trust_outbox: bool, timeout: float) -> None:
-        """One transaction for the unit: one claim statement, then each
-        handler. ``safe``: a savepoint per message (after a failure); else a
-        handler's failure raises ``_Redo`` and everything rolls back."""
+    def __init__(self, subscription: Subscription, using: str, runner: HandlerRunner) -> None:
+        self.subscription = subscription
+        self.using = using
+        self.runner = runner
+
+    def execute(self, unit: list[Work], *, safe: bool, skip: set[int], trust_outbox: bool, timeout: float) -> None:
+        """Run ``unit`` (less the works whose ``id()`` is in ``skip``) in one
+        transaction and set each work's outcome once it committed.
+
+        Args:
+            unit: The works of one unit.
+            safe: A savepoint per message (after a failure); otherwise a
+                handler's failure raises ``Redo`` and everything rolls back.
+            skip: ``id()`` of works already done (a redo leaves them out);
+                a unit redone in chunks adds each chunk it committed.
+            trust_outbox: Run with the outbox's copy of each event, and treat
+                one the outbox doesn't hold as ``NOT_IN_OUTBOX``.
+            timeout: Each handler's budget, seconds (``HANDLER_TIMEOUT_SECONDS``).
+
+        Raises:
+            Redo: A handler failed outside ``safe`` mode: the unit rolled back.
+            DatabaseError: The database went away; nothing committed.
+        """
         todo = [w for w in unit if id(w) not in skip]
         if not todo:
             return
@@ -130,12 +145,12 @@ class _Claiming:
             # skipped if the database goes away and the redo starts over.
             for start in range(0, len(todo), MAX_SAVEPOINTS_PER_TRANSACTION):
                 chunk = todo[start : start + MAX_SAVEPOINTS_PER_TRANSACTION]
-                self._execute(chunk, safe=True, skip=skip, trust_outbox=trust_outbox, timeout=timeout)
+                self.execute(chunk, safe=True, skip=skip, trust_outbox=trust_outbox, timeout=timeout)
                 skip.update(id(w) for w in chunk)
             return
         close_old_connections_for(self.using)
         connection = connections[self.using]
-        outcomes: dict[int, str] = {}
+        outcomes: dict[int, HandlingOutcome] = {}
         events: dict[int, ReceivedEvent] = {}
         # Where a failure rolls the whole unit back, handlers may leave rows
         # for one statement before the commit (units.UnitWrites).
@@ -162,11 +177,11 @@ class _Claiming:
                 work.event = events.get(id(work), work.event)
 
     def _claim(
-        self, cursor: Any, todo: list[_Work], outcomes: dict[int, str], *, trust_outbox: bool, timeout: float
-    ) -> tuple[dict[uuid.UUID, tuple[Any, ...]], str]:
+        self, cursor: Any, todo: list[Work], outcomes: dict[int, HandlingOutcome], *, trust_outbox: bool, timeout: float
+    ) -> tuple[dict[uuid.UUID, ClaimRow], str]:
         """The unit's claim statement: ``({event id: claim row}, the tenant it
         set)``. A delivery the claim returned no row for gets its outcome
-        here: ``skipped`` (claimed before) or ``not_in_outbox``."""
+        here: ``SKIPPED`` (claimed before) or ``NOT_IN_OUTBOX``."""
         sub = self.subscription
         timeout_ms = str(int(timeout * 1000))
         # One array literal: psycopg would adapt a list item by item.
@@ -184,46 +199,44 @@ class _Claiming:
                 tenant,
             ],
         )
-        rows = {row[0]: row for row in cursor.fetchall() if row[0] is not None}
+        rows = {row[0]: ClaimRow._make(row[:6]) for row in cursor.fetchall() if row[0] is not None}
         missing = [w for w in todo if w.event.id not in rows]
         if missing:
             cursor.execute(_ALREADY_CLAIMED_SQL, [sub.name, "{" + ",".join(str(w.event.id) for w in missing) + "}"])
             claimed_before = {r[0] for r in cursor.fetchall()}
             for work in missing:
-                outcomes[id(work)] = "skipped" if work.event.id in claimed_before else "not_in_outbox"
+                outcomes[id(work)] = (
+                    HandlingOutcome.SKIPPED if work.event.id in claimed_before else HandlingOutcome.NOT_IN_OUTBOX
+                )
         return rows, tenant
 
     def _run_handlers(
         self,
         cursor: Any,
         connection: BaseDatabaseWrapper,
-        todo: list[_Work],
-        rows: dict[uuid.UUID, tuple[Any, ...]],
-        outcomes: dict[int, str],
+        todo: list[Work],
+        rows: dict[uuid.UUID, ClaimRow],
+        outcomes: dict[int, HandlingOutcome],
         events: dict[int, ReceivedEvent],
         tenant: str | None,
         *,
         safe: bool,
         trust_outbox: bool,
         timeout: float,
-    ) -> list[_Work]:
+    ) -> list[Work]:
         """Run the handler of each delivery the claim claimed, in the unit's
         transaction; returns the failed ones (``safe``: each rolled back to
-        its savepoint; else the first failure raises ``_Redo``)."""
-        sub = self.subscription
-        failures: list[_Work] = []
+        its savepoint; else the first failure raises ``Redo``)."""
+        failures: list[Work] = []
         seen: set[uuid.UUID] = set()
         checked_tenant = tenant  # the last tenant check_tenant() passed: a unit is mostly one tenant
-        ident = threading.get_ident()
-        started, runs_now = self.handlers_started, self.runs_now
-        watch, unwatch = _slow_runs.watch, _slow_runs.unwatch
+        default_tenant_context = self.runner.default_tenant_context
         for work in todo:
             if id(work) in outcomes:
                 continue
             row = rows[work.event.id]
-            name, row_tenant, payload, created_us, claimed = row[1], row[2], row[3], row[4], row[5]
-            if not claimed or work.event.id in seen:
-                outcomes[id(work)] = "skipped"
+            if not row.claimed or work.event.id in seen:
+                outcomes[id(work)] = HandlingOutcome.SKIPPED
                 continue
             seen.add(work.event.id)
             event = work.event
@@ -231,10 +244,10 @@ class _Claiming:
                 # The outbox is the authority: a same-id copy with another payload runs with ours.
                 event = ReceivedEvent(
                     event.id,
-                    name,
-                    row_tenant,
-                    json.loads(payload),
-                    _EPOCH + timedelta(microseconds=created_us),
+                    row.name,  # type: ignore[arg-type]  # a trusted claim reads every column
+                    row.tenant,
+                    json.loads(row.payload),  # type: ignore[arg-type]
+                    _EPOCH + timedelta(microseconds=row.created_us),  # type: ignore[arg-type]
                     event.attempt,
                     event.headers,
                 )
@@ -245,41 +258,29 @@ class _Claiming:
                 checked_tenant = event_tenant
             if safe:
                 cursor.execute("SAVEPOINT platformkit_message")
-            if self._default_tenant_context and (safe or event_tenant != tenant):
+            if default_tenant_context and (safe or event_tenant != tenant):
                 # Every time in safe mode, never "only if it changed": a
                 # rolled-back savepoint can leave an earlier event's tenant
                 # in force, and RLS must never see it.
-                cursor.execute(_SET_TENANT_SQL, [event_tenant])
+                cursor.execute(SET_TENANT_SQL, [event_tenant])
                 tenant = event_tenant
-            work.started_epoch = time.time()
-            watched = work.delivery is not None and work.attempt_row is None
-            if watched:
-                work.running = True
-                watch(work, sub.name, self.using)
-            runs_now[ident] = work
             # Django sets errors_occurred on the connection whose statement
             # failed, even when a handler's own atomic() rolled the failure
             # back to its savepoint (the transaction is then not aborted, so
             # its status can't tell): cleared for the run, it says whether an
             # error came from the unit's connection or from another alias's.
             # An error the run caught on the unit's connection makes it err
-            # towards an outage, as before.
+            # towards an outage.
             errors_before, connection.errors_occurred = connection.errors_occurred, False
             try:
-                try:
-                    self._call_handler(event, timeout, connection)
-                finally:
-                    if watched:
-                        unwatch(work)
-                        with work.lock:  # waits for a row being written now
-                            work.running = False
+                self.runner.run(work, event, timeout, connection)
             except BaseException as exc:
                 if not_the_handlers_fault(exc, self.using, own_connection=connection.errors_occurred):
                     raise
                 work.error, work.tb, work.outcome = (
                     exc,
-                    "".join(traceback_module.format_exception(exc)),
-                    "failed",
+                    "".join(traceback.format_exception(exc)),
+                    HandlingOutcome.FAILED,
                 )
                 work.event = event
                 if not safe or getattr(connection, "closed_in_transaction", False):
@@ -287,34 +288,32 @@ class _Claiming:
                     # no savepoint is left to roll back to, and the "connection
                     # is closed" it would raise reads as a database outage,
                     # retried forever. The transaction is gone: redo the rest.
-                    raise _Redo() from None
+                    raise Redo() from None
                 # An ORM error marks the whole transaction for rollback;
                 # ours is a savepoint's, as in Django's own atomic().
                 connection.needs_rollback = False
                 cursor.execute(
                     "ROLLBACK TO SAVEPOINT platformkit_message"
-                )  # _call_handler dropped its on_commit callbacks
+                )  # the runner dropped its on_commit callbacks
                 failures.append(work)
                 tenant = None  # unknown after the rollback: set it again
                 continue
             finally:
                 connection.errors_occurred = connection.errors_occurred or errors_before
-                started.pop(ident, None)
-                runs_now.pop(ident, None)
             if safe:
                 cursor.execute("RELEASE SAVEPOINT platformkit_message")
-            outcomes[id(work)] = "handled"
+            outcomes[id(work)] = HandlingOutcome.HANDLED
             # Done, but acked only after the unit commits: keep its ack
             # alive while the rest of the unit runs (each within its timeout).
-            self._awaits_commit(work, timeout * (len(todo) + 1))
+            self.runner.awaits_commit(work, timeout * (len(todo) + 1))
         return failures
 
     def _before_commit(
         self,
         cursor: Any,
-        todo: list[_Work],
-        outcomes: dict[int, str],
-        failures: list[_Work],
+        todo: list[Work],
+        outcomes: dict[int, HandlingOutcome],
+        failures: list[Work],
         writes: UnitWrites | None,
     ) -> None:
         """The unit's last statements before its commit: the rows its
@@ -328,8 +327,10 @@ class _Claiming:
                     raise
                 # Whose row it was is unknown here: redo the unit with a
                 # savepoint per message, where each handler writes its own.
-                raise _Redo() from exc
-        slow = [w.attempt_row for w in todo if outcomes.get(id(w)) == "handled" and w.attempt_row is not None]
+                raise Redo() from exc
+        slow = [
+            w.attempt_row for w in todo if outcomes.get(id(w)) == HandlingOutcome.HANDLED and w.attempt_row is not None
+        ]
         if slow:
             # Slow first runs (and a redelivery) recorded as running: handled, with the unit's commit.
             cursor.execute(_MARK_RUNS_HANDLED_SQL, ["{" + ",".join(str(i) for i in slow) + "}"])

@@ -9,7 +9,8 @@ fetch time) lends its credit to the next unit, so the fetch overlaps the
 end of the unit instead of following it. ``CONSUMER_THREADS`` threads, each
 with its own database connection, take units round-robin over the lanes
 with one ready and a slot free, so a busy subscription can't starve the
-others. ``Worker`` (``worker.py``) owns the lifecycle and mixes this in.
+others. The worker (``runtime/worker.py``) owns the lifecycle and is given
+its pool.
 """
 
 from __future__ import annotations
@@ -21,21 +22,15 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
 
 from django.db import DatabaseError, connections
 
 from django_platformkit import conf
-from django_platformkit.broker.pulling import PullLane
-from django_platformkit.broker.streams import max_ack_pending_for
-from django_platformkit.broker.transport import Transport
+from django_platformkit.broker.port import Broker, KeepAlive, PullLane
 from django_platformkit.consume.consumer import Consumer
 from django_platformkit.consume.subscriptions import Subscription
 from django_platformkit.exceptions import BrokerUnavailable
 from django_platformkit.wire import Delivery
-
-if TYPE_CHECKING:
-    from nats.js import api
 
 logger = logging.getLogger(__name__)
 
@@ -61,20 +56,20 @@ EARLY_FETCH_LEAD_FETCHES = 2.0
 EARLY_FETCH_LEAD_SHARE = 0.2
 
 
-class _Lane:
-    """One subscription in the runtime: its consumers (one per
+class Lane:
+    """One subscription in the pool: its consumers (one per
     ``concurrency`` slot), the units fetched and not started, and its puller.
-    Guarded by the runtime's condition lock."""
+    Guarded by the pool's condition lock."""
 
     def __init__(self, subscription: Subscription, consumers: list[Consumer]) -> None:
         self.subscription = subscription
         self.consumers = consumers
         self.free = list(consumers)  # not running a unit
         self.available = len(consumers)  # slots neither running nor holding a queued unit: the credit
-        self.queue: collections.deque[tuple[list[Delivery], Any]] = collections.deque()
+        self.queue: collections.deque[tuple[list[Delivery], KeepAlive]] = collections.deque()
         self.puller: PullLane | None = None
         self.unit_size = 1  # deliveries to fetch per unit; see UNIT_TARGET_SECONDS
-        self.ready = False  # in the runtime's ready deque: a unit queued and a consumer free
+        self.ready = False  # in the pool's ready deque: a unit queued and a consumer free
         self.lent = 0  # running units that lent their slot's credit to the next unit (early fetch)
         self.per_message: float | None = None  # the last unit's run time per delivery, seconds
         self.fetch_seconds = 0.0  # how long a credit took to arrive as a unit, smoothed
@@ -123,50 +118,57 @@ def pool_thread_count(subscriptions: Sequence[Subscription]) -> int:
     return min(int(conf.settings.CONSUMER_THREADS), sum(s.concurrency for s in subscriptions))
 
 
-def desired_consumer_config(subscription: Subscription) -> api.ConsumerConfig:
-    """The durable config the runtime wants for ``subscription``: its
-    ``consumer_config()`` with the ``max_ack_pending`` that fits its
-    concurrency and ``max_ack_pending`` override."""
-    want = subscription.consumer_config()
-    want.max_ack_pending = max_ack_pending_for(
-        subscription.concurrency, getattr(subscription, "max_ack_pending_override", None)
-    )
-    return want
-
-
 class ConsumerPool:
-    """The pool's half of ``Worker``: lanes, credit, the round-robin take and
-    the pool threads. The attributes below are set by ``Worker.__init__``."""
+    """Lanes, credit, the round-robin take and the pool threads.
 
-    transport: Transport
-    using: str
-    stop_event: threading.Event
-    _lanes: list[_Lane]
-    _cond: threading.Condition
-    _ready: collections.deque[_Lane]
-    _pool: list[threading.Thread]
-    _batch_size: int
+    Args:
+        broker: Pulls each lane's durable and settles what the pool hands back.
+        lanes: One per subscription, each with its consumers.
+        using: The database alias of the pool threads' connections.
+        stop_event: Set when the worker stops: nothing more is fetched or taken.
+        spawn: Starts a named thread whose crash stops the process (the worker's).
+    """
 
-    def _spawn(self, name: str, target: Callable[..., object], *args: Any) -> threading.Thread:
-        raise NotImplementedError  # Worker's: a guarded thread whose crash stops the process
+    def __init__(
+        self,
+        broker: Broker,
+        lanes: Sequence[Lane],
+        *,
+        using: str,
+        stop_event: threading.Event,
+        spawn: Callable[[str, Callable[[], object]], threading.Thread],
+    ) -> None:
+        self.broker = broker
+        self.lanes = list(lanes)
+        self.using = using
+        self.stop_event = stop_event
+        self._spawn = spawn
+        self._cond = threading.Condition()
+        self._ready: collections.deque[Lane] = collections.deque()  # lanes with a unit queued, in turn
+        self._threads: list[threading.Thread] = []
+        self._batch_size = int(conf.settings.CONSUMER_BATCH_SIZE)
 
-    # -- the consumer runtime --
-    def _start_runtime(self) -> None:
-        """Start every lane's puller and the handler pool."""
-        if not self._lanes:
+    @property
+    def consumers(self) -> list[Consumer]:
+        """Every lane's consumers."""
+        return [consumer for lane in self.lanes for consumer in lane.consumers]
+
+    def start(self) -> None:
+        """Start every lane's puller and the pool threads."""
+        if not self.lanes:
             return
-        batch_size = self._batch_size = int(conf.settings.CONSUMER_BATCH_SIZE)
-        for lane in self._lanes:
-            lane.puller = self.transport.pull_lane(
-                desired_consumer_config(lane.subscription),
+        batch_size = self._batch_size
+        for lane in self.lanes:
+            lane.puller = self.broker.pull_lane(
+                lane.subscription.consumer_config(),
                 credit=functools.partial(self._credit, lane, batch_size),
                 deliver=functools.partial(self._delivered, lane),
                 batch_size=batch_size,
             )
-        for number in range(pool_thread_count([lane.subscription for lane in self._lanes])):
-            self._pool.append(self._spawn(f"platformkit-consumer-{number}", self._pool_loop))
+        for number in range(pool_thread_count([lane.subscription for lane in self.lanes])):
+            self._threads.append(self._spawn(f"platformkit-consumer-{number}", self._pool_loop))
 
-    def _credit(self, lane: _Lane, batch_size: int) -> int:
+    def _credit(self, lane: Lane, batch_size: int) -> int:
         """Called on the loop: how many messages ``lane`` may fetch now."""
         if self.stop_event.is_set():
             return 0
@@ -177,10 +179,10 @@ class ConsumerPool:
                 lane.credit_since = time.monotonic()
             return min(batch_size, lane.unit_size)
 
-    def _delivered(self, lane: _Lane, deliveries: list[Delivery]) -> None:
+    def _delivered(self, lane: Lane, deliveries: list[Delivery]) -> None:
         """Called on the loop with a fetched unit: queue it for the pool."""
         # Acks extended from fetch time: a unit waiting for a thread ages against its ack wait too.
-        keep = self.transport.keep_alive(deliveries, every_seconds=max(0.2, float(conf.settings.ACK_WAIT_SECONDS) / 3))
+        keep = self.broker.keep_alive(deliveries, every_seconds=max(0.2, float(conf.settings.ACK_WAIT_SECONDS) / 3))
         with self._cond:
             if lane.credit_since is not None:
                 # How long credit takes to become a unit: the lead of the next early fetch.
@@ -195,14 +197,14 @@ class ConsumerPool:
             lane.queue.append((deliveries, keep))
             self._mark_ready(lane)
 
-    def _mark_ready(self, lane: _Lane) -> None:
+    def _mark_ready(self, lane: Lane) -> None:
         """Queue ``lane`` for a pool thread if it has a unit and a free consumer (caller holds the lock)."""
         if lane.queue and lane.free and not lane.ready:
             lane.ready = True
             self._ready.append(lane)
             self._cond.notify()
 
-    def _take(self) -> tuple[_Lane, Consumer, list[Delivery], Any] | None:
+    def _take(self) -> tuple[Lane, Consumer, list[Delivery], KeepAlive] | None:
         """The next unit, round-robin over the lanes with one ready; None when stopping."""
         with self._cond:
             while not self._ready and not self.stop_event.is_set():
@@ -216,7 +218,7 @@ class ConsumerPool:
             self._mark_ready(lane)  # its next unit waits for its turn
             return lane, consumer, deliveries, keep
 
-    def _lend(self, lane: _Lane, running: _Taken, *, on_loop: bool = True) -> None:
+    def _lend(self, lane: Lane, running: _Taken, *, on_loop: bool = True) -> None:
         """Near the end of ``running``'s unit: let its slot's credit fetch the next unit."""
         with self._cond:
             if running.done or running.lent or self.stop_event.is_set():
@@ -230,7 +232,7 @@ class ConsumerPool:
         else:
             lane.puller.wake()
 
-    def _lend_later(self, lane: _Lane, running: _Taken, deliveries: int) -> None:
+    def _lend_later(self, lane: Lane, running: _Taken, deliveries: int) -> None:
         """Lend ``running``'s credit when its lane's early fetch is due: at
         once (a unit shorter than a fetch: no timer), or by a timer on the loop."""
         with self._cond:
@@ -240,11 +242,10 @@ class ConsumerPool:
         if delay <= 0:
             self._lend(lane, running, on_loop=False)
             return
-        loop = getattr(self.transport, "_loop", None)  # testing.InMemoryTransport has none: no timer
-        if loop is None or loop.is_closed():
-            return
-        lend = functools.partial(self._lend, lane, running)
-        loop.call_soon_threadsafe(loop.call_later, delay, lend)
+        # On the broker's loop, where the lane's puller waits; a broker without
+        # a loop (the in-memory one) schedules nothing: the next unit is
+        # fetched when this one ends.
+        self.broker.call_later(delay, functools.partial(self._lend, lane, running))
 
     def _pool_loop(self) -> None:
         while True:
@@ -271,7 +272,7 @@ class ConsumerPool:
                 if lane.puller is not None:
                     lane.puller.wake()
 
-    def _handle(self, consumer: Consumer, deliveries: list[Delivery], keep: Any) -> None:
+    def _handle(self, consumer: Consumer, deliveries: list[Delivery], keep: KeepAlive) -> None:
         try:
             consumer.handle(deliveries, keep)
         except (DatabaseError, BrokerUnavailable, TimeoutError, OSError) as exc:
@@ -288,15 +289,15 @@ class ConsumerPool:
                 connections[self.using].close()
             for delivery in deliveries:
                 with contextlib.suppress(Exception):
-                    self.transport.nak(delivery, POOL_ERROR_BACKOFF_SECONDS)
+                    self.broker.nak(delivery, POOL_ERROR_BACKOFF_SECONDS)
             self.stop_event.wait(POOL_ERROR_BACKOFF_SECONDS)
 
-    def _hand_back_queued(self) -> None:
+    def hand_back_queued(self) -> None:
         """NAK at once every unit fetched and not started (a stopping worker
         hands back what it must now, not after the ack wait)."""
         with self._cond:
-            units = [unit for lane in self._lanes for unit in lane.queue]
-            for lane in self._lanes:
+            units = [unit for lane in self.lanes for unit in lane.queue]
+            for lane in self.lanes:
                 lane.queue.clear()
                 lane.ready = False
             self._ready.clear()
@@ -305,6 +306,48 @@ class ConsumerPool:
                 keep.stop()
             for delivery in deliveries:
                 with contextlib.suppress(Exception):
-                    self.transport.nak(delivery)
+                    self.broker.nak(delivery)
         if units:
             logger.info("handed back unstarted deliveries=%s", sum(len(d) for d, _ in units))
+
+    # -- what the worker asks of its pool --
+    def stop_pulling(self) -> None:
+        """Wake every waiting pool thread (they see the stop) and stop every lane's puller."""
+        with self._cond:
+            self._cond.notify_all()
+        for lane in self.lanes:
+            if lane.puller is not None:
+                lane.puller.stop()
+
+    def busy(self) -> bool:
+        """Whether any unit runs or waits for a pool thread."""
+        with self._cond:
+            return any(lane.busy or lane.queue for lane in self.lanes)
+
+    def idle(self) -> bool:
+        """Whether every lane's last look at its durable found nothing."""
+        return all(lane.puller is None or lane.puller.idle.is_set() for lane in self.lanes)
+
+    def dead_puller(self) -> tuple[str, BaseException] | None:
+        """``(durable, error)`` of a lane that no longer pulls (crashed or ended), or None."""
+        for lane in self.lanes:
+            puller = lane.puller
+            if puller is not None and (puller.error is not None or not puller.running()):
+                return puller.durable, puller.error or RuntimeError("the pull lane ended")
+        return None
+
+    def stuck(self, timeout_seconds: float) -> list[str]:
+        """The subscriptions with a handler running past ``timeout_seconds``, sorted."""
+        now = time.monotonic()
+        return sorted(
+            {
+                c.subscription.name
+                for c in self.consumers
+                if c.handler_started is not None and now - c.handler_started > timeout_seconds
+            }
+        )
+
+    def notify_stopping(self) -> None:
+        """Wake every pool thread waiting for a unit: the worker stops."""
+        with self._cond:
+            self._cond.notify_all()

@@ -4,7 +4,8 @@ succeed - a retry after its backoff, a dead letter and a terminal claim at
 when the worker stops (not an attempt: DESIGN.md "Attempts").
 
 Every failed run is recorded before its message is naked, so a run that
-killed its worker still counts. ``Consumer`` carries these methods.
+killed its worker still counts. The consumer hands each delivery that
+didn't succeed to its ``Settlement``.
 """
 
 from __future__ import annotations
@@ -13,56 +14,74 @@ import contextlib
 import json
 import logging
 import uuid
+from collections import Counter
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.db import DatabaseError, connections
 
 from django_platformkit import conf, signals
 from django_platformkit._text import storable_text as clean_text
-from django_platformkit.consume.attempts import history_text, mark_interrupted, record_failed_run
+from django_platformkit.broker.port import Broker, KeepAlive
+from django_platformkit.consume.attempts import Run, history_text, mark_interrupted, record_failed_run
+from django_platformkit.consume.handler import HandlerRunner
 from django_platformkit.consume.subscriptions import Subscription
-from django_platformkit.consume.units import _Stopping, _Work
+from django_platformkit.consume.units import Stopping, Work
+from django_platformkit.consume.waiting import DatabaseWait
 from django_platformkit.exceptions import PermanentFailure
-from django_platformkit.operate.deadletters import malformed_id, record_dead_letter, record_malformed
 from django_platformkit.outage import close_old_connections_for
-from django_platformkit.wire import Delivery, ReceivedEvent
-
-if TYPE_CHECKING:
-    from django_platformkit.broker.transport import Transport
+from django_platformkit.outbox.deadletters import malformed_id, record_dead_letter, record_malformed
+from django_platformkit.wire import AttemptOutcome, Delivery, HandlingOutcome, ReceivedEvent
 
 logger = logging.getLogger(__name__)
-T = TypeVar("T")
 
 
-class _Settling:
-    """``Consumer``'s settling of what didn't succeed (see ``Consumer``)."""
+class Settlement:
+    """What happens to a delivery that didn't succeed, and the broker call
+    that settles each delivery.
 
-    subscription: Subscription
-    transport: Transport
-    using: str
-    counts: dict[str, int]
-    _durations: dict[uuid.UUID, float]
+    Args:
+        subscription: Whose deliveries it settles.
+        broker: Acks, naks and terms them.
+        using: The database alias of the attempt rows and dead letters.
+        counts: The consumer's totals by outcome, added to here.
+        runner: The handler runner (how long a failed run took, for the signals).
+        wait: Waits out the database to record a failed run.
+    """
 
-    if TYPE_CHECKING:
+    def __init__(
+        self,
+        subscription: Subscription,
+        broker: Broker,
+        using: str,
+        counts: Counter[HandlingOutcome],
+        runner: HandlerRunner,
+        wait: DatabaseWait,
+    ) -> None:
+        self.subscription = subscription
+        self.broker = broker
+        self.using = using
+        self.counts = counts
+        self.runner = runner
+        self.wait = wait
 
-        def _until_db_answers(self, unit: list[_Work], run: Callable[[], T], timeout: float, keep: Any) -> T: ...
-
-    def _dead_letter_without_running(
-        self, work: _Work, rows: Sequence[tuple[Any, ...]], counted: Sequence[tuple[Any, ...]]
-    ) -> str:
+    def dead_letter_without_running(self, work: Work, runs: Sequence[Run], counted: Sequence[Run]) -> HandlingOutcome:
+        """A redelivery whose counted runs reached ``max_attempts``: dead-letter it with the last real error."""
         sub = self.subscription
-        last_failed = next((r for r in reversed(rows) if r[1] == "failed" and r[2]), None)
+        last_failed = next((r for r in reversed(runs) if r.outcome == AttemptOutcome.FAILED and r.error), None)
         why = (
             f"dead-lettered without running again: the handler already started {len(counted)} times for this event "
-            f"(max_attempts={sub.max_attempts}); history: {history_text(rows)}"
+            f"(max_attempts={sub.max_attempts}); history: {history_text(runs)}"
         )
-        error = f"{last_failed[2]}\n{why}" if last_failed else why
-        return self._dead_letter(
-            work.delivery, work.event, attempts=len(counted), error=error, tb=last_failed[3] if last_failed else ""
+        error = f"{last_failed.error}\n{why}" if last_failed else why
+        return self.dead_letter(
+            work.message,
+            work.event,
+            attempts=len(counted),
+            error=error,
+            tb=last_failed.traceback if last_failed else "",
         )
 
-    def _failed(self, work: _Work) -> str:
+    def failed(self, work: Work) -> HandlingOutcome:
         """After the unit's transaction: record the failed run, then retry
         the message after its backoff or, at ``max_attempts``, dead-letter it."""
         sub = self.subscription
@@ -70,15 +89,15 @@ class _Settling:
         message = clean_text(f"{type(error).__name__}: {error}")
         tb = clean_text(work.tb)
         try:
-            self._until_db_answers([work], lambda: self._record_failed_run(work, message, tb), 30.0, None)
-        except _Stopping:
-            return self._hand_back(work)
+            self.wait.until_answers([work], lambda: self._record_failed_run(work, message, tb), 30.0, None)
+        except Stopping:
+            return self.hand_back(work)
         except DatabaseError as exc:
             logger.error(
                 "failed run not recorded, will retry subscription=%s event_id=%s error=%s", sub.name, event.id, exc
             )
             connections[self.using].close()
-            return "unacked"
+            return HandlingOutcome.UNACKED
         # A PermanentFailure says a retry can't help: dead-letter it now.
         will_retry = event.attempt < sub.max_attempts and not isinstance(error, PermanentFailure)
         signals.event_failed.send_robust(
@@ -88,12 +107,10 @@ class _Settling:
             error=error,
             attempt=event.attempt,
             will_retry=will_retry,
-            duration_seconds=self._durations.pop(event.id, 0.0),
+            duration_seconds=self.runner.duration(event.id),
         )
         if not will_retry:
-            return self._dead_letter(
-                work.delivery, event, attempts=event.attempt, error=message, tb=tb, exception=error
-            )
+            return self.dead_letter(work.message, event, attempts=event.attempt, error=message, tb=tb, exception=error)
         delay = sub.delay_after(event.attempt)
         logger.warning(
             "handler failed, retrying subscription=%s event_id=%s attempt=%s/%s retry_in=%ss error=%s",
@@ -104,11 +121,11 @@ class _Settling:
             delay,
             message,
         )
-        self._settle(lambda: self.transport.nak(work.delivery, delay), event, "nak")
-        self.counts["retried"] += 1
-        return "retried"
+        self.settle(lambda: self.broker.nak(work.message, delay), event, "nak")
+        self.counts[HandlingOutcome.RETRIED] += 1
+        return HandlingOutcome.RETRIED
 
-    def _record_failed_run(self, work: _Work, message: str, tb: str) -> None:
+    def _record_failed_run(self, work: Work, message: str, tb: str) -> None:
         close_old_connections_for(self.using)
         record_failed_run(
             subscription=self.subscription.name,
@@ -120,7 +137,7 @@ class _Settling:
             using=self.using,
         )
 
-    def _mark_interrupted(self, work: _Work) -> None:
+    def mark_interrupted(self, work: Work) -> None:
         if work.attempt_row is None:
             return
         try:
@@ -133,33 +150,33 @@ class _Settling:
                 exc,
             )
 
-    def _hand_back(self, work: _Work) -> str:
+    def hand_back(self, work: Work) -> HandlingOutcome:
         """The worker is stopping: nak at once (not counted: no run recorded)."""
-        self._mark_interrupted(work)
-        self._settle(lambda: self.transport.nak(work.delivery), work.event, "nak")
-        return "handed_back"
+        self.mark_interrupted(work)
+        self.settle(lambda: self.broker.nak(work.message), work.event, "nak")
+        return HandlingOutcome.HANDED_BACK
 
-    def _settled(self, keep: Any, delivery: Delivery) -> None:
+    def settled(self, keep: KeepAlive | None, delivery: Delivery) -> None:
         if keep is not None:
             try:
                 keep.settled(delivery)
             except Exception:  # it only stops a keep-alive
                 pass
 
-    def _send_handled(self, event: ReceivedEvent, outcome: str) -> None:
+    def send_handled(self, event: ReceivedEvent, outcome: str) -> None:
         sub = self.subscription
         if not signals.event_handled.receivers:  # once per handling: skip building the call
-            self._durations.pop(event.id, None)
+            self.runner.duration(event.id)
             return
         signals.event_handled.send_robust(
             sender=sub,
             subscription=sub.name,
             event=event,
             outcome=outcome,
-            duration_seconds=self._durations.pop(event.id, 0.0),
+            duration_seconds=self.runner.duration(event.id),
         )
 
-    def _settle(self, action: Callable[[], None], event: ReceivedEvent, what: str) -> None:
+    def settle(self, action: Callable[[], None], event: ReceivedEvent, what: str) -> None:
         try:
             action()
         except Exception as exc:
@@ -168,7 +185,7 @@ class _Settling:
             )
 
     # -- giving up --
-    def _dead_letter(
+    def dead_letter(
         self,
         delivery: Delivery,
         event: ReceivedEvent,
@@ -177,7 +194,7 @@ class _Settling:
         error: str,
         tb: str,
         exception: BaseException | None = None,
-    ) -> str:
+    ) -> HandlingOutcome:
         sub = self.subscription
         try:
             written = record_dead_letter(
@@ -197,7 +214,7 @@ class _Settling:
                 "dead letter not recorded, will retry subscription=%s event_id=%s error=%s", sub.name, event.id, exc
             )
             connections[self.using].close()
-            return "unacked"
+            return HandlingOutcome.UNACKED
         if written:
             logger.error(
                 "dead letter subscription=%s event_id=%s name=%s attempts=%s error=%s%s",
@@ -209,7 +226,7 @@ class _Settling:
                 "" if exception is not None else "\n" + tb,
                 exc_info=exception,  # error trackers (Sentry's logging integration) see the exception itself
             )
-            self.counts["dead_lettered"] += 1
+            self.counts[HandlingOutcome.DEAD_LETTERED] += 1
             signals.event_dead_lettered.send_robust(
                 sender=sub,
                 subscription=sub.name,
@@ -222,10 +239,10 @@ class _Settling:
             )
         else:
             logger.info("already claimed, no dead letter subscription=%s event_id=%s", sub.name, event.id)
-        self._settle(lambda: self.transport.term(delivery), event, "term")
-        return "dead_lettered" if written else "skipped"
+        self.settle(lambda: self.broker.term(delivery), event, "term")
+        return HandlingOutcome.DEAD_LETTERED if written else HandlingOutcome.SKIPPED
 
-    def _malformed(self, delivery: Delivery, reason: str) -> str:
+    def malformed(self, delivery: Delivery, reason: str) -> HandlingOutcome:
         sub = self.subscription
         body_id = None
         with contextlib.suppress(Exception):
@@ -257,10 +274,10 @@ class _Settling:
                 exc,
             )
             connections[self.using].close()
-            return "unacked"
+            return HandlingOutcome.UNACKED
         with contextlib.suppress(Exception):
-            self.transport.term(delivery)
-        self.counts["malformed"] += 1
+            self.broker.term(delivery)
+        self.counts[HandlingOutcome.MALFORMED] += 1
         signals.event_malformed.send_robust(
             sender=sub,
             subscription=sub.name,
@@ -269,4 +286,4 @@ class _Settling:
             reason=reason,
             event_id=event_id,
         )
-        return "malformed"
+        return HandlingOutcome.MALFORMED

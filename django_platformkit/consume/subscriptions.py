@@ -18,7 +18,7 @@ from django_platformkit.names import check_event_name, check_subscription_name, 
 from django_platformkit.wire import ReceivedEvent, durable_name, filter_subject_for
 
 if TYPE_CHECKING:
-    from nats.js import api  # for the annotation only: declaring a subscription never imports nats
+    from django_platformkit.broker.port import ConsumerConfig
 
 
 @dataclass
@@ -75,8 +75,8 @@ class Subscription:
         delays = self.backoff_seconds
         return float(delays[min(attempt, len(delays)) - 1])
 
-    def consumer_config(self) -> api.ConsumerConfig:
-        """The ``nats.js.api.ConsumerConfig`` this build wants for the durable (``transport.consumer_config``)."""
+    def consumer_config(self) -> ConsumerConfig:
+        """The durable's config this build wants (``broker.streams.consumer_config``)."""
         # Imported here: only a worker asks, and a web process never imports nats.
         from django_platformkit.broker.streams import consumer_config, max_ack_pending_for
 

@@ -1,9 +1,10 @@
-"""A unit of work: the deliveries one transaction handles, and the two
-signals that end a unit early.
+"""A unit of work: the deliveries one transaction handles, each as a
+``Work`` on its way through the consumer, and the two signals that end a
+unit early (``Redo``, ``Stopping``).
 
-Shared by the consumer's stages (``consumer``, ``claim``, ``handler``,
-``settling``): each takes the ``_Work`` of a delivery, and none imports
-another stage for it.
+Shared by the consumer's collaborators (``claim``, ``handler``, ``settle``,
+``waiting``): each takes the ``Work`` of a delivery, and none imports
+another for it.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from django_platformkit.wire import Delivery, ReceivedEvent
+from django_platformkit.wire import Delivery, HandlingOutcome, ReceivedEvent
 
 #: A transaction holds at most this many savepoints: a unit (up to
 #: ``CONSUMER_BATCH_SIZE`` deliveries, one transaction) that is redone with a
@@ -71,28 +72,38 @@ def unit_writes_scope(writes: UnitWrites | None) -> Iterator[None]:
         _unit_writes.current = None
 
 
-class _Redo(Exception):
+class Redo(Exception):
     """Leave the unit's transaction (rolling everything back) to redo it
     without the message whose handler failed."""
 
 
-class _Stopping(Exception):
+class Stopping(Exception):
     """The database is away and the worker is stopping: hand the unit back."""
 
 
 @dataclass
-class _Work:
-    """One delivery on its way through handle()."""
+class Work:
+    """One delivery on its way through ``Consumer.handle()``: its event, the
+    ``running`` attempt row that counts its run (a redelivery's, or a slow
+    first run's), and its outcome once the unit's transaction ended.
+    ``delivery`` is None for ``Consumer.run_event()`` (no broker)."""
 
-    delivery: Delivery
+    delivery: Delivery | None
     event: ReceivedEvent
-    attempt_row: int | None = None  # our ``running`` Attempt row (redeliveries, slow first runs)
+    attempt_row: int | None = None
     started_epoch: float | None = None  # time.time() when the handler started; see started_at
-    outcome: str = ""
+    outcome: HandlingOutcome | None = None
     error: BaseException | None = None
     tb: str = ""
     lock: threading.Lock = field(default_factory=threading.Lock)  # handler end vs the slow-run recorder
     running: bool = False  # the handler is in its run now (the recorder may write its row)
+
+    @property
+    def message(self) -> Delivery:
+        """The broker's delivery (every work but ``Consumer.run_event()``'s has one)."""
+        if self.delivery is None:
+            raise RuntimeError(f"event {self.event.id} was run without a broker: it has no delivery to settle")
+        return self.delivery
 
     @property
     def started_at(self) -> datetime | None:

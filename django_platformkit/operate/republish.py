@@ -28,7 +28,7 @@ from django.db import connections, transaction
 
 from django_platformkit import conf
 from django_platformkit._tables import HANDLED_TABLE, OUTBOX_TABLE
-from django_platformkit.operate.deadletters import RELAY_DEAD_LETTERS
+from django_platformkit.outbox.deadletters import RELAY_DEAD_LETTERS
 from django_platformkit.outbox.events import NOTIFY_CHANNEL
 
 logger = logging.getLogger(__name__)

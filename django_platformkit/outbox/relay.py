@@ -24,23 +24,16 @@ from django.db import connections, transaction
 from django_platformkit import conf, signals, tracing
 from django_platformkit._retry import Backoff
 from django_platformkit._tables import OUTBOX_TABLE
-from django_platformkit.operate.deadletters import RELAY_DEAD_LETTERS, record_dead_letter
 from django_platformkit.outage import Outage, is_database_error
-from django_platformkit.outbox.events import NOTIFY_CHANNEL
-from django_platformkit.wire import Outcome, OutgoingMessage, compose
+from django_platformkit.outbox.deadletters import RELAY_DEAD_LETTERS, record_dead_letter
+from django_platformkit.outbox.listener import Listener
+from django_platformkit.wire import OutgoingMessage, PublishOutcome, compose
 
 if TYPE_CHECKING:
-    from django_platformkit.broker.publishing import PendingPublish
-    from django_platformkit.broker.transport import Transport
+    from django_platformkit.broker.port import Broker, PendingPublish
 
 logger = logging.getLogger(__name__)
 
-# Re-exported above (noqa: F401): callers imported ReplayResult, replay and
-# discard (now deadletters.py) and envelope (now wire.py) from this module.
-
-#: The subscription name under which the relay dead-letters rows the broker
-#: refuses for good, so one bad row never blocks the queue.
-RELAY_SUBSCRIPTION = RELAY_DEAD_LETTERS
 #: The longest pause between two tries while the database is away: a
 #: restart's end is noticed within this many seconds.
 MAX_DATABASE_RETRY_SECONDS = 5.0
@@ -161,7 +154,7 @@ class Relay:
 
     def __init__(
         self,
-        transport: Transport,
+        transport: Broker,
         *,
         using: str | None = None,
         batch_size: int | None = None,
@@ -271,15 +264,15 @@ class Relay:
         done: list[str] = []
         done_ids: list[str] = []
         for row, message, result in zip(rows, messages, pending.results(), strict=True):
-            if result.outcome is Outcome.STORED:
+            if result.outcome is PublishOutcome.STORED:
                 stats.stored += 1
                 stats.duplicates += result.duplicate
-            elif result.outcome is Outcome.PERMANENT:
+            elif result.outcome is PublishOutcome.PERMANENT:
                 # Dead-letter it and stamp it, so the rows behind it go on.
                 # The dead letter keeps the row from purge; replay() can send it again.
                 event_id = uuid.UUID(row[1])
                 record_dead_letter(
-                    subscription=RELAY_SUBSCRIPTION,
+                    subscription=RELAY_DEAD_LETTERS,
                     event_id=event_id,
                     name=row[2],
                     tenant=row[3],
@@ -380,7 +373,7 @@ class Relay:
         (restart, refused connections, ``max_connections``) is waited out:
         two log lines, its start and its end (``outage.Outage``)."""
         interval = float(conf.settings.RELAY_INTERVAL_SECONDS)
-        listener = _Listener(self.using) if conf.settings.RELAY_LISTEN else None
+        listener = Listener(self.using) if conf.settings.RELAY_LISTEN else None
         broker_delay = Backoff(0.5, 10.0)
         database_delay = Backoff(0.5, MAX_DATABASE_RETRY_SECONDS)
         outage = Outage("relay", logger)
@@ -445,48 +438,3 @@ class Relay:
                 listener.close()
             connections[self.using].close()
             logger.info("relay stopped relayed=%s dead_lettered=%s", self.totals.stored, self.totals.dead_lettered)
-
-
-class _Listener:
-    """A dedicated autocommit connection LISTENing on the outbox channel."""
-
-    def __init__(self, using: str) -> None:
-        self.using = using
-        self.connection: Any = None
-
-    def ensure(self) -> None:
-        if self.connection is not None and not self.connection.closed:
-            return
-        wrapper = connections[self.using]
-        params = wrapper.get_connection_params()
-        params.pop("cursor_factory", None)
-        params.pop("context", None)
-        params.pop("prepare_threshold", None)
-        # A server that doesn't answer must not pin the relay's thread.
-        params.setdefault("connect_timeout", 10)
-        self.connection = psycopg.connect(**params, autocommit=True)
-        self.connection.execute(f"LISTEN {NOTIFY_CHANNEL}")
-
-    def wait(self, seconds: float, stop: threading.Event) -> None:
-        deadline = time.monotonic() + seconds
-        while not stop.is_set():
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return
-            try:
-                # Short slices so a stop request is seen within a quarter second.
-                for _ in self.connection.notifies(timeout=min(remaining, 0.25), stop_after=1):
-                    return
-            except Exception as exc:
-                logger.warning("relay listen connection lost error=%s", exc)
-                self.close()
-                stop.wait(max(0.0, min(remaining, 1.0)))
-                return
-
-    def close(self) -> None:
-        if self.connection is not None:
-            try:
-                self.connection.close()
-            except Exception:
-                pass
-        self.connection = None

@@ -11,6 +11,7 @@ exits, never one that is alive and consumes nothing.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -50,7 +51,8 @@ class _Watched(Protocol):
     """What the watchdog reads of a consumer: when its running handler
     started (monotonic seconds, None when idle) and its subscription."""
 
-    handler_started: float | None
+    @property
+    def handler_started(self) -> float | None: ...
 
     @property
     def subscription(self) -> Any: ...
@@ -153,3 +155,24 @@ class Watchdog:
                 self.write_health(consumer.subscription.name, EXIT_STUCK_HANDLER)
                 logging.shutdown()
                 os._exit(EXIT_STUCK_HANDLER)
+
+
+def beat_while(
+    starting: Callable[[], bool], write: Callable[[], None], *, lock: threading.RLock, stop: threading.Event
+) -> None:
+    """Call ``write()`` every second from a thread of its own while
+    ``starting()`` holds and ``stop`` is not set: a worker waiting for its
+    broker or database says so (``"starting": true``, not healthy), since a
+    probe reads the file's age. ``lock``: held around each write, as the
+    final write holds it, so a start-up state can't land after the final one."""
+
+    def beat() -> None:
+        while True:
+            with lock:
+                if not starting() or stop.is_set():
+                    return
+                with contextlib.suppress(Exception):
+                    write()
+            stop.wait(1.0)
+
+    threading.Thread(target=beat, name="platformkit-start-up-health", daemon=True).start()

@@ -15,7 +15,6 @@ base units (seconds), ``_total`` on counters, snake_case labels.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import threading
 import time
@@ -26,6 +25,7 @@ from django.db import connections, transaction
 
 from django_platformkit import conf, signals
 from django_platformkit._tables import DEAD_LETTER_TABLE, DUE_BACKLOG_SQL
+from django_platformkit.broker.port import Broker
 from django_platformkit.exceptions import ConfigurationError
 
 logger = logging.getLogger(__name__)
@@ -87,7 +87,7 @@ class Metrics:
         self,
         *,
         using: str | None = None,
-        transport: Any = None,
+        transport: Broker | None = None,
         subscriptions: Sequence[Any] = (),
         scrape_timeout_seconds: float = SCRAPE_TIMEOUT_SECONDS,
     ) -> None:
@@ -230,28 +230,18 @@ class Metrics:
                 connection.close()
 
     def _broker_figures(self) -> list[tuple[str, int, int]] | None:
-        transport = self.transport
-        js = getattr(transport, "_js", None)
-        if not self.subscriptions or js is None:
+        if not self.subscriptions or self.transport is None:
             return None
-        stream = conf.settings.STREAM
         subs = list(self.subscriptions)
-
-        async def ask() -> list[Any]:
-            return await asyncio.wait_for(
-                asyncio.gather(*(js.consumer_info(stream, s.durable) for s in subs), return_exceptions=True),
-                self.scrape_timeout_seconds,
-            )
-
         try:
-            infos = transport.call(ask(), timeout=self.scrape_timeout_seconds + 0.5)
+            infos = self.transport.consumer_infos([s.durable for s in subs], timeout=self.scrape_timeout_seconds)
         except Exception as exc:
             logger.warning("metrics: broker figures unavailable error=%s", exc or type(exc).__name__)
             return None
         return [
             (s.name, int(i.num_pending or 0), int(i.num_ack_pending or 0))
             for s, i in zip(subs, infos, strict=True)
-            if not isinstance(i, BaseException)
+            if i is not None
         ]
 
 
@@ -317,7 +307,7 @@ class _ScrapeCollector:
 def serve_metrics(
     port: int,
     *,
-    transport: Any = None,
+    transport: Broker | None = None,
     subscriptions: Sequence[Any] = (),
     using: str | None = None,
     addr: str = "0.0.0.0",

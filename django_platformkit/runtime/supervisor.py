@@ -146,7 +146,7 @@ class Supervisor:
         from django_platformkit.runtime.worker import Worker
 
         for child in self.children:
-            Worker(**child.kwargs)._refuse_a_small_connection_pool()
+            Worker(**child.kwargs).refuse_a_small_connection_pool()
 
     def run(self) -> int:
         # Nothing of ours may be shared with the children: no connection, no loop thread.

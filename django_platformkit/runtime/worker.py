@@ -1,25 +1,23 @@
-"""The worker process: relay + the consumer runtime + the scheduler, sharing
-one NATS connection.
+"""The worker process: relay + the consumer pool + the scheduler, sharing
+one broker connection.
 
-The consumer runtime (``pool.py``, mixed into ``Worker``) owns how
-deliveries reach handlers: a lane per subscription pulling only what can
-start now, and ``CONSUMER_THREADS`` pool threads taking units round-robin.
-This module owns the lifecycle: start-up, threads, watchdog, health, burst.
+The worker is given its parts and owns their lifecycle: ``StartUp``
+(``startup.py``: the broker, the stream and the durables made ready), the
+``ConsumerPool`` (``consume/pool.py``: how deliveries reach handlers), the
+relay and the scheduler, and the watchdog and health file (``health.py``).
 
 Stopping is cooperative: SIGTERM or SIGINT stops pulling, NAKs at once what
 was fetched and not started, lets in-flight units finish and ack, and exits
 0. A handler stuck past its timeout plus a grace period makes the process
-exit 3 (the watchdog, ``health.py``), and a crash of any worker thread or of
-the event loop makes it exit 1, so its supervisor restarts it (never a live
-process that no longer consumes). ``supervisor.py`` runs the relay and
-scheduler in one process and N consumer processes under one parent
-(``runworker --processes N``); ``runrelay`` is this worker with the relay
-alone.
+exit 3 (the watchdog), and a crash of any worker thread or of the event
+loop makes it exit 1, so its supervisor restarts it (never a live process
+that no longer consumes). ``supervisor.py`` runs the relay and scheduler in
+one process and N consumer processes under one parent (``runworker
+--processes N``); ``runrelay`` is this worker with the relay alone.
 """
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import functools
 import logging
@@ -28,33 +26,24 @@ import signal
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from django.db import DatabaseError, connections
+from django.db import connections
 
 from django_platformkit import conf
-from django_platformkit._retry import Backoff
-from django_platformkit.broker.transport import Transport, event_loop_kind
+from django_platformkit.broker.connection import event_loop_kind
+from django_platformkit.broker.port import Broker
 from django_platformkit.consume.consumer import Consumer
-from django_platformkit.consume.pool import ConsumerPool, _Lane, desired_consumer_config, pool_thread_count
+from django_platformkit.consume.pool import ConsumerPool, Lane, pool_thread_count
 from django_platformkit.consume.subscriptions import Subscription
 from django_platformkit.consume.subscriptions import subscriptions as registered_subscriptions
-from django_platformkit.exceptions import (
-    BrokerUnavailable,
-    ConfigurationError,
-    ConsumerDrift,
-    ConsumerNotFound,
-    DatabaseUnavailable,
-)
-from django_platformkit.identity import database_identity
-from django_platformkit.models import OutboxEvent
 from django_platformkit.outbox.relay import Relay, RelayStats
-from django_platformkit.runtime.health import HealthFile, Watchdog
+from django_platformkit.runtime import burst
+from django_platformkit.runtime.health import HealthFile, Watchdog, beat_while
 from django_platformkit.runtime.heartbeat import Heartbeat
-
-if TYPE_CHECKING:
-    from nats.js import api
+from django_platformkit.runtime.startup import StartUp
 
 logger = logging.getLogger(__name__)
 
@@ -66,29 +55,33 @@ EXIT_CRASHED = 1
 #: arrives it would wait up to one interval for the GIL (the convoy effect
 #: that dropped consumers to 30-70 handlings/s). ``--processes`` avoids it.
 SHARED_SWITCH_INTERVAL_SECONDS = 0.001
-#: Start-up waits for an unavailable broker or database (stream, durables):
-#: doubling from the first to the cap, in seconds.
-START_UP_RETRY_FIRST_SECONDS = 0.5
-START_UP_RETRY_MAX_SECONDS = 10.0
 
 
-class Worker(ConsumerPool):
-    """Compose relay, consumer runtime and scheduler over one ``Transport``.
+class Worker:
+    """Compose relay, consumer pool and scheduler over one broker.
 
-    ``relay``/``consumers``/``scheduler`` switch the parts on; ``jobs``
-    names the periodic jobs the scheduler runs (default: all). ``burst``:
-    drain the outbox and every consumer (nothing pending, nothing awaiting
-    ack or retry), run no jobs, then return. ``health_file``: a JSON file
-    rewritten every second with liveness and counts, and a final
-    ``{"healthy": false, "stopped": true}`` when the worker ends.
-    ``connect_timeout_seconds``: with ``burst``, how long to keep trying to
-    reach NATS before failing (a running worker waits for it forever).
+    Args:
+        transport: The broker (default: a ``Transport`` to ``NATS_URL``).
+        relay: Run the relay.
+        consumers: Run the subscriptions' consumers.
+        scheduler: Run the periodic jobs (never with ``burst``).
+        burst: Drain the outbox and every consumer (nothing pending, nothing
+            awaiting ack or retry), run no jobs, then return.
+        subscriptions: Which subscriptions to consume (default: all registered).
+        using: The database alias (default ``DATABASE_ALIAS``).
+        health_file: A JSON file rewritten every second with liveness and
+            counts, and a final ``{"healthy": false, "stopped": true}``.
+        burst_timeout_seconds: With ``burst``: fail (exit 1) if not drained by then.
+        jobs: Which periodic jobs the scheduler runs (default: all).
+        connect_timeout_seconds: With ``burst`` (and ``relay_once``), how
+            long to keep trying to reach NATS before failing (a running
+            worker waits for it forever).
     """
 
     def __init__(
         self,
         *,
-        transport: Transport | None = None,
+        transport: Broker | None = None,
         relay: bool = True,
         consumers: bool = True,
         scheduler: bool = True,
@@ -100,36 +93,44 @@ class Worker(ConsumerPool):
         jobs: Sequence[str] | None = None,
         connect_timeout_seconds: float = 30.0,
     ) -> None:
-        self.transport = transport or Transport()
+        if transport is None:
+            from django_platformkit.broker.transport import Transport
+
+            transport = Transport()
+        self.transport: Broker = transport
         self.using = using or conf.settings.DATABASE_ALIAS
         self.want_relay = relay
         self.want_consumers = consumers
         self.want_scheduler = scheduler and not burst
         self.burst = burst
         self.burst_timeout_seconds = burst_timeout_seconds
-        self.connect_timeout_seconds = connect_timeout_seconds
         self.subscriptions = list(registered_subscriptions() if subscriptions is None else subscriptions)
         self.health_file = HealthFile(health_file) if health_file else None
         self.stop_event = threading.Event()
+        self.start_up = StartUp(
+            self.transport,
+            using=self.using,
+            stop_event=self.stop_event,
+            connect_timeout_seconds=connect_timeout_seconds,
+        )
+        self.pool = ConsumerPool(self.transport, [], using=self.using, stop_event=self.stop_event, spawn=self._spawn)
         self.relay: Relay | None = None
-        self.consumers: list[Consumer] = []
         self.exit_code = 0
         self._threads: list[threading.Thread] = []
-        self._pool: list[threading.Thread] = []
         self._started = time.monotonic()
-        self._give_up_at: float | None = None  # run-once modes: when start-up stops waiting for the broker
         self._scheduler: Any = None
         self._watchdog_thread: threading.Thread | None = None
         self._threads_done = threading.Event()
         self.job_names = None if jobs is None else list(jobs)  # None: every registered job
-        self._lanes: list[_Lane] = []
-        self._cond = threading.Condition()
-        self._ready: collections.deque[_Lane] = collections.deque()  # lanes with a unit queued, in turn
         self._starting = True
         # Re-entrant: the final write may come from a signal handler on a thread that holds it.
         self._health_lock = threading.RLock()
         self._crashed: str | None = None
-        self._batch_size = int(conf.settings.CONSUMER_BATCH_SIZE)
+
+    @property
+    def consumers(self) -> list[Consumer]:
+        """Every consumer of the pool (one per subscription and ``concurrency`` slot)."""
+        return self.pool.consumers
 
     # -- lifecycle --
     def install_signal_handlers(self) -> None:
@@ -160,29 +161,31 @@ class Worker(ConsumerPool):
         self.stop_event.set()
 
     def run(self) -> int:
-        """Run until stopped (or drained, with ``burst``). Returns the exit code."""
+        """Run until stopped (or drained, with ``burst``).
+
+        Returns:
+            The exit code: 0, ``EXIT_CRASHED``, or 1 for a burst not drained in time.
+        """
         self._start_up_health()
         try:
-            self._refuse_a_small_connection_pool()
+            self.refuse_a_small_connection_pool()
             # A burst is a script's step: fail it rather than wait forever for a broker.
-            if not self._connect_and_ensure_stream(give_up=self.burst):
+            if not self.start_up.connect_and_ensure_stream(give_up=self.burst):
                 return self._stopped_in_start_up()
             if self.want_consumers:
+                lanes = []
                 for subscription in self.subscriptions:
-                    want = desired_consumer_config(subscription)
-                    self._retry_until_stopped(
-                        functools.partial(self._ensure_durable, subscription, want),
-                        f"durable {subscription.durable}",
-                        self._give_up_at,
-                    )
+                    self.start_up.ensure_durable(subscription)
                     consumers = [
                         Consumer(
                             subscription, self.transport, using=self.using, stop=self.stop_event, instance=instance
                         )
                         for instance in range(subscription.concurrency)
                     ]
-                    self.consumers += consumers
-                    self._lanes.append(_Lane(subscription, consumers))
+                    lanes.append(Lane(subscription, consumers))
+                self.pool = ConsumerPool(
+                    self.transport, lanes, using=self.using, stop_event=self.stop_event, spawn=self._spawn
+                )
             if self.stop_event.is_set():
                 return self._stopped_in_start_up()
         except BaseException:
@@ -196,8 +199,8 @@ class Worker(ConsumerPool):
             "worker started pid=%s relay=%s subscriptions=%s threads=%s batch_size=%s scheduler=%s burst=%s loop=%s",
             os.getpid(),
             self.want_relay,
-            len(self._lanes) if self.want_consumers else "-",
-            pool_thread_count([lane.subscription for lane in self._lanes]),
+            len(self.pool.lanes) if self.want_consumers else "-",
+            pool_thread_count([lane.subscription for lane in self.pool.lanes]),
             conf.settings.CONSUMER_BATCH_SIZE,
             self.want_scheduler,
             self.burst,
@@ -213,32 +216,17 @@ class Worker(ConsumerPool):
             self._shutdown()
         return self.exit_code
 
-    def _refuse_a_small_connection_pool(self) -> None:
-        """Raise ``ConfigurationError`` when Django's connection pool
-        (``DATABASES[alias]["OPTIONS"]["pool"]``, 4 connections by default)
-        is smaller than what this process keeps at once: each handler thread
-        and the relay keep a connection for the worker's life (a worker is
-        one long request), so a thread left without one waited for ever,
-        logging "couldn't get a connection" as a database outage, while its
-        events stalled."""
-        connection = connections[self.using]
-        if not (connection.settings_dict.get("OPTIONS") or {}).get("pool"):
-            return
-        pool: Any = getattr(connection, "pool", None)  # the PostgreSQL backend's (Django 5.1+)
-        threads = pool_thread_count(self.subscriptions) if self.want_consumers else 0
-        lanes = int(conf.settings.RELAY_LANES) if self.want_relay else 0
-        # + one for the heartbeat and the burst's checks, + one a job's run holds while it runs.
-        others = 2 if self.want_scheduler else 1
-        needed = threads + lanes + others
-        if pool is not None and pool.max_size < needed:
-            raise ConfigurationError(
-                f"DATABASES[{self.using!r}]['OPTIONS']['pool'] allows {pool.max_size} connections, but this worker "
-                f"keeps up to {needed} at once ({threads} handler threads (CONSUMER_THREADS), {lanes} relay lanes "
-                f"(RELAY_LANES), {others} for the heartbeat{' and the jobs' if self.want_scheduler else ''}): "
-                "with fewer, a thread waits for a "
-                f"connection for ever and its events stall. Give the pool max_size >= {needed} (with min_size), or "
-                "run the worker with a settings module without 'pool' (its threads keep their connections anyway)."
-            )
+    def refuse_a_small_connection_pool(self) -> None:
+        """``StartUp.refuse_a_small_connection_pool`` with this worker's handler threads, relay lanes and scheduler.
+
+        Raises:
+            ConfigurationError: Django's connection pool is smaller than this worker keeps at once.
+        """
+        self.start_up.refuse_a_small_connection_pool(
+            threads=pool_thread_count(self.subscriptions) if self.want_consumers else 0,
+            relay_lanes=int(conf.settings.RELAY_LANES) if self.want_relay else 0,
+            scheduler=self.want_scheduler,
+        )
 
     def relay_once(self) -> RelayStats | None:
         """One relay pass on this worker's start-up path (``runrelay --once``):
@@ -252,8 +240,8 @@ class Worker(ConsumerPool):
         ``_reach_the_database_once``); a database error of the pass
         propagates; the rows it concerns stay pending."""
         try:
-            self._reach_the_database_once()
-            if not self._connect_and_ensure_stream(give_up=True):
+            self.start_up.reach_the_database_once()
+            if not self.start_up.connect_and_ensure_stream(give_up=True):
                 self._stopped_in_start_up()
                 return None
             self._starting = False  # from here a signal lets the pass stop after its current batch
@@ -265,77 +253,6 @@ class Worker(ConsumerPool):
             self.transport.close()
             connections.close_all()
 
-    def _reach_the_database_once(self) -> None:
-        """A script's step (``relay_once``) fails fast on a database it can't
-        reach: one attempt, bounded by ``connect_timeout_seconds``, instead of
-        the start-up's retries (~25 s of them before it gave up; the
-        long-running relay keeps them). Raises ``DatabaseUnavailable`` saying
-        where the database is (no credentials) and the driver's first line."""
-        from django_platformkit.outage import connect_timeout, database_location
-
-        try:
-            with connect_timeout(self.using, self.connect_timeout_seconds):
-                database_identity(self.using)  # cached: the stream's owner check reads it again for free
-        except DatabaseUnavailable as exc:
-            cause = exc.__cause__ or exc
-            first_line = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
-            raise DatabaseUnavailable(
-                f"the database at {database_location(self.using)} is unreachable, nothing was relayed "
-                f"(rows stay pending): {first_line}"
-            ) from exc
-
-    def _connect_and_ensure_stream(self, *, give_up: bool) -> bool:
-        """Connect to NATS and create or check the stream (and its owner),
-        waiting out a broker or database that can't answer yet. Returns False
-        when stopped first. With ``give_up`` (run-once modes), raises
-        ``BrokerUnavailable`` once ``connect_timeout_seconds`` have passed."""
-        self._give_up_at = time.monotonic() + self.connect_timeout_seconds if give_up else None
-        if not self.transport.connect_until(
-            self.stop_event, give_up_after_seconds=self.connect_timeout_seconds if give_up else None
-        ):
-            return False
-        # owner: refuse a stream another project's database owns (identity.py).
-        # Read first, on its own: a database that can't answer is named as
-        # the database, not as the stream.
-        owner: list[str] = []
-        self._retry_until_stopped(lambda: owner.append(database_identity(self.using)), "database", self._give_up_at)
-        if self.stop_event.is_set():
-            return False
-        self._retry_until_stopped(
-            lambda: self.transport.ensure_stream(owner=owner[0]),
-            f"stream {conf.settings.STREAM}",
-            self._give_up_at,
-        )
-        return not self.stop_event.is_set()
-
-    def _ensure_durable(self, subscription: Subscription, want: api.ConsumerConfig) -> None:
-        """``Transport.ensure_consumer``, and a WARNING when that created the
-        durable while the stream already holds events for it: a new durable
-        starts from the first retained message, so a subscription added to a
-        live event runs its handler for every past event still retained."""
-        try:
-            self.transport.consumer_info(subscription.durable)
-        except ConsumerNotFound:
-            pass
-        else:
-            self.transport.ensure_consumer(want)
-            return
-        info = self.transport.ensure_consumer(want)
-        with contextlib.suppress(Exception):  # the count is advice: the creation's own answer will do
-            info = self.transport.consumer_info(subscription.durable)
-        retained = int(getattr(info, "num_pending", 0) or 0)
-        if retained:
-            logger.warning(
-                "new durable subscription=%s consumer=%s will run the handler for %d retained message(s) "
-                "matching %s, published before it existed (a new durable starts from the first message the "
-                "stream retains, up to RETENTION_DAYS back). If past events must not run it, check "
-                "event.occurred_at in the handler; see README 'Declaring, publishing, subscribing' (subscribe()).",
-                subscription.name,
-                subscription.durable,
-                retained,
-                subscription.filter_subject,
-            )
-
     def _stopped_in_start_up(self) -> int:
         logger.info("worker stopped during start-up exit=0")
         self._write_final_health()
@@ -344,21 +261,17 @@ class Worker(ConsumerPool):
 
     def _shutdown(self) -> None:
         self._starting = False
-        with self._cond:
-            self._cond.notify_all()
-        for lane in self._lanes:
-            if lane.puller is not None:
-                lane.puller.stop()
+        self.pool.stop_pulling()
         # Nothing is fetched any more: hand back what waits now, not after the
         # in-flight units (early fetch queues a unit behind a running one).
-        self._hand_back_queued()
+        self.pool.hand_back_queued()
         # The watchdog keeps watching until the others are done: a handler
         # stuck past its timeout + grace still ends the process (status 3)
         # instead of hanging the shutdown forever.
         for thread in self._threads:
             if thread is not self._watchdog_thread:
                 thread.join()
-        self._hand_back_queued()  # again: a puller whose stop timed out may have delivered since
+        self.pool.hand_back_queued()  # again: a puller whose stop timed out may have delivered since
         self._threads_done.set()
         if self._watchdog_thread is not None:
             self._watchdog_thread.join()
@@ -372,43 +285,23 @@ class Worker(ConsumerPool):
             " ".join(f"{k}={v}" for k, v in self.counts().items()),
         )
 
-    def _retry_until_stopped(self, func: Callable[[], object], what: str, give_up_at: float | None = None) -> None:
-        """Call ``func`` until it returns or ``stop_event`` is set, waiting
-        out a broker or database that can't answer (JetStream starting, a
-        cluster electing its leader). Past ``give_up_at`` (monotonic seconds;
-        run-once modes) raises ``BrokerUnavailable`` saying ``what`` is not
-        available. ``ConsumerDrift`` is raised at once: waiting can't fix it."""
-        delay = Backoff(START_UP_RETRY_FIRST_SECONDS, START_UP_RETRY_MAX_SECONDS)
-        while not self.stop_event.is_set():
-            try:
-                func()
-                return
-            except ConsumerDrift:
-                raise
-            except (BrokerUnavailable, DatabaseUnavailable, TimeoutError) as exc:
-                why = self.transport.redact(str(exc) or type(exc).__name__)
-                if give_up_at is not None and time.monotonic() + delay.current > give_up_at:
-                    raise BrokerUnavailable(f"the {what} is not available: {why}") from exc
-                logger.error("%s not available error=%s; retrying in %.1fs", what, why, delay.current)
-                self.stop_event.wait(delay.next())
-
     def counts(self) -> dict[str, int]:
-        totals: dict[str, int] = {"relayed": self.relay.totals.stored if self.relay else 0}
+        """Totals of this process: relayed rows, and each handling outcome."""
+        totals: Counter[str] = Counter({"relayed": self.relay.totals.stored if self.relay else 0})
         for consumer in self.consumers:
-            for key, value in consumer.counts.items():
-                totals[key] = totals.get(key, 0) + value
-        return totals
+            totals.update(consumer.counts)
+        return {str(key): value for key, value in totals.items()}
 
     # -- threads --
-    def _spawn(self, name: str, target: Callable[..., object], *args: Any) -> threading.Thread:
-        thread = threading.Thread(target=self._guard, args=(name, target, *args), name=name, daemon=True)
+    def _spawn(self, name: str, target: Callable[[], object]) -> threading.Thread:
+        thread = threading.Thread(target=self._guard, args=(name, target), name=name, daemon=True)
         thread.start()
         self._threads.append(thread)
         return thread
 
-    def _guard(self, name: str, target: Callable[..., object], *args: Any) -> None:
+    def _guard(self, name: str, target: Callable[[], object]) -> None:
         try:
-            target(*args)
+            target()
         except BaseException as exc:
             self._crash(name, exc)
         finally:
@@ -427,8 +320,7 @@ class Worker(ConsumerPool):
         self._crashed = name
         self.exit_code = EXIT_CRASHED
         self.stop_event.set()
-        with self._cond:
-            self._cond.notify_all()
+        self.pool.notify_stopping()
 
     # -- watchdog, progress, health (health.py) --
     def _watchdog(self) -> None:
@@ -446,28 +338,17 @@ class Worker(ConsumerPool):
 
     def _check_alive(self) -> None:
         """A dead event loop or a crashed lane means nothing is fetched any more: end the process."""
-        loop_thread = self.transport._thread
-        if loop_thread is not None and not loop_thread.is_alive():
+        if not self.transport.loop_alive():
             self._crash("platformkit-nats", RuntimeError("the NATS event loop thread died"))
             return
-        for lane in self._lanes:
-            puller = lane.puller
-            if puller is not None and (
-                puller.error is not None or (puller.future is not None and puller.future.done())
-            ):
-                self._crash(f"pull-{puller.durable}", puller.error or RuntimeError("the pull lane ended"))
-                return
+        dead = self.pool.dead_puller()
+        if dead is not None:
+            self._crash(f"pull-{dead[0]}", dead[1])
 
     def health(self, stuck: str | None = None) -> dict[str, Any]:
+        """What the health file says now (``stuck``: a subscription the watchdog found stuck)."""
         now = time.monotonic()
-        timeout = float(conf.settings.HANDLER_TIMEOUT_SECONDS)
-        stuck_subscriptions = sorted(
-            {
-                c.subscription.name
-                for c in self.consumers
-                if c.handler_started is not None and now - c.handler_started > timeout
-            }
-        )
+        stuck_subscriptions = self.pool.stuck(float(conf.settings.HANDLER_TIMEOUT_SECONDS))
         stopped = self.stop_event.is_set()
         return {
             "pid": os.getpid(),
@@ -492,21 +373,8 @@ class Worker(ConsumerPool):
         (``"starting": true``, not healthy) - a broker or database it waits
         for can take long, and a probe reads the file's age. The watchdog
         takes over once the worker runs."""
-        if self.health_file is None:
-            return
-
-        def beat() -> None:
-            while True:
-                # Under the lock the final write takes too: a start-up state
-                # can't land after the final one.
-                with self._health_lock:
-                    if not self._starting or self.stop_event.is_set():
-                        return
-                    with contextlib.suppress(Exception):
-                        self._write_health()
-                self.stop_event.wait(1.0)
-
-        threading.Thread(target=beat, name="platformkit-start-up-health", daemon=True).start()
+        if self.health_file is not None:
+            beat_while(lambda: self._starting, self._write_health, lock=self._health_lock, stop=self.stop_event)
 
     def _write_health(self, stuck: str | None = None, final: bool = False) -> None:
         if self.health_file is None:
@@ -530,74 +398,35 @@ class Worker(ConsumerPool):
 
     def _run_forever(self) -> None:
         self._starting = False  # from here a signal stops gracefully: units may be in flight
-        if self.want_relay and self._lanes:
+        if self.want_relay and self.pool.lanes:
             sys.setswitchinterval(min(sys.getswitchinterval(), SHARED_SWITCH_INTERVAL_SECONDS))
         if self.want_relay:
             self.relay = Relay(self.transport, using=self.using)
-            self._spawn("platformkit-relay", self.relay.run, self.stop_event)
-        self._start_runtime()
+            self._spawn("platformkit-relay", functools.partial(self.relay.run, self.stop_event))
+        self.pool.start()
         if self.want_scheduler:
             from django_platformkit.jobs.scheduler import Scheduler
 
             self._scheduler = Scheduler(using=self.using, jobs=self.job_names)
-            self._spawn("platformkit-scheduler", self._scheduler.run, self.stop_event)
+            self._spawn("platformkit-scheduler", functools.partial(self._scheduler.run, self.stop_event))
         self._watchdog_thread = self._spawn("platformkit-watchdog", self._watchdog)
         while not self.stop_event.wait(0.5):
             pass
 
     # -- burst --
     def _run_burst(self) -> None:
-        """Drain everything, then stop: nothing pending in the outbox, and no
-        durable with messages pending, awaiting ack or awaiting a retry."""
+        """Drain everything, then stop (``burst.drain``)."""
         self._starting = False
         self.relay = Relay(self.transport, using=self.using) if self.want_relay else None
-        self._start_runtime()
+        self.pool.start()
         self._watchdog_thread = self._spawn("platformkit-watchdog", self._watchdog)
-        deadline = None if self.burst_timeout_seconds is None else time.monotonic() + self.burst_timeout_seconds
-        quiet = 0
-        while not self.stop_event.is_set():
-            if self.relay is not None:
-                try:
-                    self.relay.drain(self.stop_event)
-                except DatabaseError as exc:
-                    logger.error("relay database error=%s", exc)
-                    connections[self.using].close()
-            if self._drained():
-                quiet += 1
-                if quiet >= 2:
-                    return
-            else:
-                quiet = 0
-            if deadline is not None and time.monotonic() > deadline:
-                logger.error("burst: not drained after %ss; stopping", self.burst_timeout_seconds)
-                self.exit_code = 1
-                return
-            self.stop_event.wait(0.2)
-
-    def _drained(self) -> bool:
-        try:
-            if self.want_relay and OutboxEvent.objects.using(self.using).due().exists():  # rows due later stay pending
-                return False
-        except DatabaseError:
-            connections[self.using].close()
-            return False
-        with self._cond:
-            if any(lane.busy or lane.queue for lane in self._lanes):
-                return False
-        if not all(lane.puller is None or lane.puller.idle.is_set() for lane in self._lanes):
-            logger.debug("burst check: consumers still fetching")
-            return False
-        for lane in self._lanes:
-            try:
-                info = self.transport.consumer_info(lane.subscription.durable)
-            except Exception:
-                return False
-            logger.debug(
-                "burst check consumer=%s pending=%s ack_pending=%s",
-                lane.subscription.durable,
-                info.num_pending,
-                info.num_ack_pending,
-            )
-            if info.num_pending or info.num_ack_pending:
-                return False
-        return True
+        not_drained = burst.drain(
+            relay=self.relay,
+            pool=self.pool,
+            broker=self.transport,
+            using=self.using,
+            stop_event=self.stop_event,
+            timeout_seconds=self.burst_timeout_seconds,
+        )
+        if not_drained:  # a crash meanwhile keeps its own exit code
+            self.exit_code = not_drained

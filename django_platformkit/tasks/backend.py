@@ -23,32 +23,38 @@ needed. We don't support the ``django-tasks`` backport: one contract, Django's.
 from __future__ import annotations
 
 import difflib
-import functools
-import inspect
 import logging
 import re
-import sys
 import uuid
-from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings as django_settings
 from django.core import checks
 from django.db import ProgrammingError, connections, transaction
-from django.utils.module_loading import import_string
 
 from django_platformkit import conf
-from django_platformkit.exceptions import ConfigurationError, InvalidPayload
+from django_platformkit.exceptions import ConfigurationError
+from django_platformkit.tasks.arguments import django_json_arguments, refuse_arguments_it_cant_take
+from django_platformkit.tasks.queues import (
+    BACKEND_PATH,
+    DEFAULT_BATCH,
+    DEFAULT_CONCURRENCY,
+    HAVE_DJANGO_TASKS,
+    OPTIONS_KEYS,
+    QUEUE_NAME,
+    configured_queues,
+    event_name,
+    is_positive_int,
+    is_queue_list,
+    options_of,
+)
 
-try:  # Django 6.0+
+if HAVE_DJANGO_TASKS:  # Django 6.0+
     from django.tasks import TaskResult, TaskResultStatus
     from django.tasks.backends.base import BaseTaskBackend
     from django.tasks.exceptions import InvalidTask
     from django.tasks.signals import task_enqueued
-
-    HAVE_DJANGO_TASKS = True
-except ImportError:  # Django 5.2
-    HAVE_DJANGO_TASKS = False
+else:  # Django 5.2
     BaseTaskBackend = object  # type: ignore[assignment,misc]
 
 if TYPE_CHECKING:
@@ -56,16 +62,9 @@ if TYPE_CHECKING:
 
     from django.tasks import Task
 
-    from django_platformkit.consume.subscriptions import Subscription
 
 logger = logging.getLogger(__name__)
 
-#: The dotted path users put in ``TASKS[alias]["BACKEND"]``.
-BACKEND_PATH = "django_platformkit.tasks.OutboxBackend"
-#: ``platformkit.task_<queue>``: the event and the subscription of a queue.
-TASK_EVENT_PREFIX = "platformkit.task_"
-#: Queue names our event grammar can carry after ``task_``.
-QUEUE_NAME = re.compile(r"^[a-z0-9_]{1,150}$")
 
 NEEDS_DJANGO_6 = (
     "django_platformkit.tasks.OutboxBackend implements django.tasks, which is new in Django 6.0; "
@@ -115,100 +114,6 @@ CHECKS = {
         "serving {queue!r} the same OPTIONS, or each its own queues.",
     ),
 }
-#: The keys OutboxBackend reads from a TASKS entry's OPTIONS.
-OPTIONS_KEYS = ("BATCH", "CONCURRENCY")
-
-
-def event_name(queue: str) -> str:
-    """The event (and subscription) name of ``queue``: ``platformkit.task_<queue>``."""
-    return TASK_EVENT_PREFIX + queue
-
-
-def queue_of(name: str) -> str | None:
-    """The queue of a task event or subscription name, or None for any other name."""
-    return name[len(TASK_EVENT_PREFIX) :] if name.startswith(TASK_EVENT_PREFIX) else None
-
-
-def configured_queues() -> dict[str, list[str]]:
-    """``{queue: [backend aliases]}`` for every ``TASKS`` entry using ``OutboxBackend``
-    (read from settings: no backend is instantiated)."""
-    queues: dict[str, list[str]] = {}
-    if not HAVE_DJANGO_TASKS:  # Django 5.2: TASKS means nothing; configuring us raises on use
-        return queues
-    for alias, params in (getattr(django_settings, "TASKS", None) or {}).items():
-        if not isinstance(params, dict) or not _is_ours(params.get("BACKEND")):
-            continue
-        names = params.get("QUEUES", ["default"])
-        if not _is_queue_list(names):  # a str would be its letters: check E107
-            continue
-        for queue in names:
-            queues.setdefault(queue, []).append(alias)
-    return queues
-
-
-def _is_queue_list(names: Any) -> bool:
-    """Whether a TASKS entry's ``QUEUES`` is a collection of names (not a str, which Django's set() splits)."""
-    return isinstance(names, list | tuple | set | frozenset)
-
-
-def _is_ours(path: Any) -> bool:
-    if path == BACKEND_PATH:
-        return True
-    if not isinstance(path, str) or not HAVE_DJANGO_TASKS:
-        return False
-    try:
-        return isinstance(import_string(path), type) and issubclass(import_string(path), OutboxBackend)
-    except ImportError:
-        return False
-
-
-#: ``OPTIONS["BATCH"]`` when a backend doesn't say: on, as for ``@subscribe``.
-#: Measured (README "Django Tasks", performance): a task in a transaction of
-#: its own pays BEGIN, the claim, COMMIT and an ack alone (236 no-op tasks/s),
-#: a unit shares them (627/s); the worker sizes units to ~0.1 s of measured
-#: run time (``worker.UNIT_TARGET_SECONDS``), so a slow task gets a unit of its
-#: own and short ones don't wait long behind each other.
-DEFAULT_BATCH = True
-
-
-def _options(queue: str) -> list[dict[str, Any]]:
-    """The ``OPTIONS`` of every backend serving ``queue``."""
-    tasks_setting = getattr(django_settings, "TASKS", None) or {}
-    return [_options_of(tasks_setting[alias]) for alias in configured_queues().get(queue, [])]
-
-
-def _options_of(params: dict[str, Any]) -> dict[str, Any]:
-    """A TASKS entry's ``OPTIONS``; one that isn't a dict counts as none (check E108)."""
-    options = params.get("OPTIONS") or {}
-    return options if isinstance(options, dict) else {}
-
-
-def _batch(queue: str) -> bool:
-    """``OPTIONS["BATCH"]`` of the backends serving ``queue`` (default
-    ``DEFAULT_BATCH``; any of them True: batch)."""
-    return any(bool(options.get("BATCH", DEFAULT_BATCH)) for options in _options(queue))
-
-
-#: ``OPTIONS["CONCURRENCY"]`` when a backend doesn't say: a worker runs two
-#: units of a queue at once (``subscribe(concurrency=2)``), so one slow task
-#: doesn't hold up the queue's other tasks in that worker, and one unit's
-#: round trips to the database overlap the other's Python. Django promises
-#: no order between tasks, so a queue gives up none it had. Measured (bench
-#: ``tasks``, no-op tasks, one worker): ~2,340/s against ~1,500-2,100/s with 1.
-DEFAULT_CONCURRENCY = 2
-
-
-def _concurrency(queue: str) -> int:
-    """``OPTIONS["CONCURRENCY"]`` of the backends serving ``queue`` (default
-    ``DEFAULT_CONCURRENCY``; the largest of them). A value the check
-    ``platformkit.E106`` refuses counts as the default here."""
-    values = [options.get("CONCURRENCY", DEFAULT_CONCURRENCY) for options in _options(queue)]
-    valid = [v for v in values if _is_positive_int(v)]
-    return max(valid, default=DEFAULT_CONCURRENCY)
-
-
-def _is_positive_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
 def _refuse_atomic_elsewhere(alias: str) -> None:
@@ -227,47 +132,6 @@ def _refuse_atomic_elsewhere(alias: str) -> None:
         )
 
 
-def register_task_queues() -> list[str]:
-    """Declare the event and subscribe the built-in handler of every queue in
-    ``TASKS`` (called by ``AppConfig.ready()``; safe to call again after the
-    setting changed). Invalid queue names are skipped here and reported by
-    the check ``platformkit.E102``. Returns the subscription names."""
-    from django_platformkit.consume.subscriptions import get_subscription, subscribe
-    from django_platformkit.outbox.events import declare
-    from django_platformkit.tasks.results import RUNNING_LOCK_NAMESPACE, run_task
-
-    names = []
-    for queue in configured_queues():
-        if not QUEUE_NAME.match(str(queue)):
-            continue
-        name = event_name(queue)
-        declare(
-            name,
-            description=f"A django.tasks task on queue {queue!r} (payload: task path, args, kwargs, backend alias).",
-        )
-        subscribe(name, name=name, batch=_batch(queue), concurrency=_concurrency(queue))(run_task)
-        # The claim takes each task's RUNNING lock: no statement of its own per task.
-        subscription = get_subscription(name)
-        assert subscription is not None  # registered by the line above
-        subscription.claim_lock_namespace = RUNNING_LOCK_NAMESPACE
-        names.append(name)
-    return names
-
-
-def queue_subscriptions(queues: Sequence[str]) -> list[Subscription]:
-    """The subscriptions that run ``queues`` (``runworker --queue``). Raises
-    ``ConfigurationError`` naming the queues no ``TASKS`` backend of ours has."""
-    from django_platformkit.consume.subscriptions import subscriptions
-
-    known = {queue: s for s in subscriptions() if (queue := queue_of(s.name)) is not None}
-    missing = sorted(set(queues) - set(known))
-    if missing:
-        raise ConfigurationError(
-            f"unknown queue(s) {', '.join(missing)}; the TASKS queues of {BACKEND_PATH} are: {', '.join(sorted(known)) or '(none)'}"
-        )
-    return [known[q] for q in dict.fromkeys(queues)]
-
-
 # --- the backend ---------------------------------------------------------------
 
 _INSERT = (
@@ -275,117 +139,6 @@ _INSERT = (
     "VALUES (%s, %s, %s, %s::jsonb, %s::jsonb, clock_timestamp(), %s) RETURNING created_at"
 )
 _INSERT_NOTIFY = f"WITH e AS ({_INSERT}) SELECT e.created_at, pg_notify('platformkit_outbox', '') FROM e"
-
-
-def django_json_arguments(args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
-    """``(args, kwargs)`` under Django's own rule for task arguments
-    (``django.utils.json.normalize_json``, which ``TaskResult`` applies:
-    str, int, float, bool, None, lists, dicts; tuples become lists, UTF-8
-    ``bytes`` become str), so a task that runs on Django's built-in backends
-    takes the same arguments here - no datetime or Decimal quietly turned
-    into a string. Raises ``InvalidPayload`` (a ``ValueError``) naming the
-    path of the first value Django refuses (``$.args[1]``) and what to do.
-    """
-    from django.utils.json import normalize_json
-
-    try:
-        # A list normalizes to a list and a dict to a dict (the stubs return the union of every JSON type).
-        return cast(list[Any], normalize_json(list(args))), cast(dict[str, Any], normalize_json(dict(kwargs)))
-    except (TypeError, ValueError):
-        path, value = (
-            _refused_by_django(list(args), "$.args") or _refused_by_django(dict(kwargs), "$.kwargs") or ("$", None)
-        )
-    raise InvalidPayload(
-        f"{type(value).__name__} at {path} is not a task argument Django's task backends accept "
-        "(str, int, float, bool, None, list, dict; bytes only as UTF-8): convert it before enqueue(), "
-        "e.g. a datetime with .isoformat(), a Decimal with str(), a model instance by its pk.",
-        path=path,
-    )
-
-
-def _refused_by_django(value: Any, path: str) -> tuple[str, Any] | None:
-    """Where ``normalize_json`` would raise inside ``value``: ``(path, value)``, or None."""
-    from django_platformkit.outbox.payload import _path
-
-    if isinstance(value, Mapping):
-        for key, item in value.items():
-            found = _refused_by_django(key, f"{path} (a key)") or _refused_by_django(item, _path(path, key))
-            if found:
-                return found
-        return None
-    if isinstance(value, bytes):
-        try:
-            value.decode("utf-8")
-        except UnicodeDecodeError:
-            return path, value
-        return None
-    if value is None or isinstance(value, str | int | float | bool):
-        return None
-    if isinstance(value, Sequence):
-        for index, item in enumerate(value):
-            found = _refused_by_django(item, _path(path, index))
-            if found:
-                return found
-        return None
-    return path, value
-
-
-# Python 3.14 evaluates annotations when it reads a signature: a name imported
-# only under TYPE_CHECKING would raise NameError at enqueue(). Binding needs
-# no annotations, so read them as forward references (as django.utils.inspect does).
-_SIGNATURE_OPTIONS: dict[str, Any] = {}
-if sys.version_info >= (3, 14):
-    import annotationlib
-
-    _SIGNATURE_OPTIONS["annotation_format"] = annotationlib.Format.FORWARDREF
-
-#: Binds in the place of the ``TaskContext`` Django passes a
-#: ``takes_context`` task first: the caller of ``enqueue()`` doesn't give it.
-_CONTEXT = object()
-
-
-@functools.cache
-def _signature(func: Callable[..., Any]) -> inspect.Signature | None:
-    """``func``'s signature, read once per function (``enqueue()`` is
-    benchmarked against a bare ORM insert: reading it costs ~8 µs, binding
-    ~1.5 µs), or None when it has none (a builtin or C function: nothing to
-    check). ``func``'s own, not its ``__wrapped__``'s: a decorator that fills
-    an argument in would otherwise have every correct call refused."""
-    try:
-        return inspect.signature(func, follow_wrapped=False, **_SIGNATURE_OPTIONS)
-    except (TypeError, ValueError):
-        return None
-
-
-def _refuse_arguments_it_cant_take(task: Task[..., Any], args: Sequence[Any], kwargs: dict[str, Any]) -> None:
-    """Raise ``TypeError`` when ``task``'s function can't be called with
-    ``args`` and ``kwargs`` (after the ``TaskContext`` of a ``takes_context``
-    task), as calling it would, naming the task and ``inspect``'s reason
-    (``missing a required argument: 'label'``). Celery checks the same at the
-    call (``Task.typing``): enqueued, such a task would fail on the worker on
-    every attempt and become a dead letter ``MAX_ATTEMPTS`` backoffs later.
-    Only here, never on the worker: there a function a rolling deploy changed
-    since the enqueue fails that attempt and is retried (a newer worker may
-    take the arguments), see ``tasks_results.run_task``."""
-    signature = _signature(task.func)
-    if signature is None:
-        return
-    try:
-        if task.takes_context:
-            signature.bind(_CONTEXT, *args, **kwargs)
-        else:
-            signature.bind(*args, **kwargs)
-    except TypeError as exc:
-        shown = signature.replace(
-            parameters=[p.replace(annotation=p.empty) for p in signature.parameters.values()],
-            return_annotation=signature.empty,
-        )
-        context = " after the context (Django passes the TaskContext)" if task.takes_context else ""
-        raise TypeError(
-            f"task {task.module_path}{shown} can't be called with these arguments: {exc}. Nothing was "
-            f"enqueued: pass enqueue() the arguments the function takes{context}, or change the function "
-            "(a task enqueued like this would fail on every attempt)."
-        ) from None
 
 
 class OutboxBackend(BaseTaskBackend):
@@ -471,7 +224,7 @@ class OutboxBackend(BaseTaskBackend):
         self.validate_task(task)
         # The arguments' shape before their values: a call the function can't
         # take is the mistake Python itself would report first, whatever the values.
-        _refuse_arguments_it_cant_take(task, args, kwargs)
+        refuse_arguments_it_cant_take(task, args, kwargs)
         args, kwargs = django_json_arguments(args, kwargs)
         payload = {"task": task.module_path, "args": args, "kwargs": kwargs, "backend": self.alias}
         text, data = encode_payload(payload)
@@ -582,7 +335,7 @@ class OutboxBackend(BaseTaskBackend):
             return errors
         if "BATCH" in options and not isinstance(options["BATCH"], bool):
             errors.append(_check("E104", where, alias=self.alias, value=options["BATCH"]))
-        if "CONCURRENCY" in options and not _is_positive_int(options["CONCURRENCY"]):
+        if "CONCURRENCY" in options and not is_positive_int(options["CONCURRENCY"]):
             errors.append(_check("E106", where, alias=self.alias, value=options["CONCURRENCY"]))
         for key in sorted(set(options) - set(OPTIONS_KEYS), key=str):
             close = difflib.get_close_matches(str(key), OPTIONS_KEYS, n=1)
@@ -594,7 +347,7 @@ class OutboxBackend(BaseTaskBackend):
         """Check ``E107`` when ``QUEUES`` as written isn't a list of names
         (a string, read by Django as its letters), else None."""
         names = self._queues_setting
-        if _is_queue_list(names):
+        if is_queue_list(names):
             return None
         example = names if isinstance(names, str) and QUEUE_NAME.match(names) else "default"
         return _check("E107", where, alias=self.alias, value=names, example=example)
@@ -609,7 +362,7 @@ class OutboxBackend(BaseTaskBackend):
             if self.alias not in aliases:
                 continue
             for other in sorted(a for a in set(aliases) if a > self.alias):
-                theirs = _options_of(tasks_setting[other])
+                theirs = options_of(tasks_setting[other])
                 differences = [
                     f"{key} {mine.get(key, default)!r} vs {theirs.get(key, default)!r}"
                     for key, default in (("BATCH", DEFAULT_BATCH), ("CONCURRENCY", DEFAULT_CONCURRENCY))
@@ -632,10 +385,3 @@ class OutboxBackend(BaseTaskBackend):
 def _check(code: str, obj: str, **values: Any) -> checks.Error:
     message, hint = CHECKS[code]
     return checks.Error(message.format(**values), hint=hint.format(**values), obj=obj, id=f"platformkit.{code}")
-
-
-def _event_id(result_id: object) -> uuid.UUID | None:
-    try:
-        return uuid.UUID(str(result_id))
-    except ValueError:
-        return None

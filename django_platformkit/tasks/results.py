@@ -36,7 +36,8 @@ from django_platformkit._tables import DEAD_LETTER_TABLE, OUTBOX_TABLE, TASK_RES
 from django_platformkit.consume.units import unit_writes
 from django_platformkit.exceptions import InvalidPayload, PermanentFailure
 from django_platformkit.outbox.payload import encode_json_value
-from django_platformkit.tasks.backend import TASK_EVENT_PREFIX, _event_id, _refused_by_django, queue_of
+from django_platformkit.tasks.arguments import refused_by_django
+from django_platformkit.tasks.queues import TASK_EVENT_PREFIX, event_id_of, queue_of
 
 if TYPE_CHECKING:
     from django.tasks import Task, TaskResult
@@ -239,7 +240,7 @@ def run_task(event: ReceivedEvent) -> None:
     try:
         value = dj.normalize_json(value)
     except (TypeError, ValueError):
-        path, refused = _refused_by_django(value, "$") or ("$", value)
+        path, refused = refused_by_django(value, "$") or ("$", value)
         raise PermanentFailure(
             f"the task returned {type(refused).__name__} at {path} of its return value, which Django's task "
             "results can't store (str, int, float, bool, None, list, dict): return JSON values, e.g. a "
@@ -309,7 +310,7 @@ def _finished_failed(sender: Any, subscription: str, event_id: Any, **kwargs: An
     from django.tasks import task_backends
     from django.tasks.signals import task_finished
 
-    from django_platformkit.tasks.backend import configured_queues
+    from django_platformkit.tasks.queues import configured_queues
 
     aliases = configured_queues().get(queue_of(subscription) or "", [])
     if aliases:
@@ -332,7 +333,7 @@ def load_result(backend: _Backend, result_id: object) -> TaskResult[..., Any]:
     from django.tasks.base import TaskError, TaskResult, TaskResultStatus
     from django.tasks.exceptions import TaskResultDoesNotExist
 
-    event_id = _event_id(result_id)
+    event_id = event_id_of(result_id)
     if event_id is None:
         raise TaskResultDoesNotExist(f"{result_id!r} is not a task result id (a UUID).")
     with connections[conf.settings.DATABASE_ALIAS].cursor() as cursor:

@@ -4,7 +4,7 @@ own parse, for both forms of ADR-15 (pure: starts nothing)."""
 import pytest
 from nats.aio.msg import Msg
 
-from django_platformkit.broker.pulling import _ack_reply_fields
+from django_platformkit.broker.messages import ack_reply_fields
 
 pytestmark = pytest.mark.unit
 
@@ -16,7 +16,7 @@ V2_NO_TOKEN = "$JS.ACK._.ACCHASH.PLATFORMKIT.shop-send_receipt.1.7.7.17645900000
 @pytest.mark.parametrize("reply", [V1, V2, V2_NO_TOKEN])
 def test_delivery_count_sequence_and_pending_match_nats_py(reply):
     metadata = Msg.Metadata._from_reply(reply)
-    assert _ack_reply_fields(reply) == (
+    assert ack_reply_fields(reply) == (
         metadata.num_delivered,
         metadata.sequence.stream,
         metadata.num_pending,
@@ -27,4 +27,4 @@ def test_delivery_count_sequence_and_pending_match_nats_py(reply):
     "reply", [None, "", "_INBOX.abc.1", "$JS.ACK.too.short", "$JS.ACK.S.C.x.1042.977.1764590000000000000.12"]
 )
 def test_anything_else_is_none_so_the_caller_falls_back(reply):
-    assert _ack_reply_fields(reply) is None
+    assert ack_reply_fields(reply) is None

@@ -73,7 +73,7 @@ def test_event_loop_auto_takes_uvloop_when_installed_and_asyncio_when_asked(sett
 
     import uvloop
 
-    from django_platformkit.broker.transport import event_loop_kind, new_event_loop
+    from django_platformkit.broker.connection import event_loop_kind, new_event_loop
 
     assert conf.settings.EVENT_LOOP == "auto"
     loop = new_event_loop()

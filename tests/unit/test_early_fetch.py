@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from django_platformkit.consume.pool import EARLY_FETCH_MAX_PER_MESSAGE_SECONDS, UNIT_TARGET_SECONDS, _Lane
+from django_platformkit.consume.pool import EARLY_FETCH_MAX_PER_MESSAGE_SECONDS, UNIT_TARGET_SECONDS, Lane
 
 pytestmark = pytest.mark.unit
 
@@ -15,8 +15,8 @@ class _Subscription:
     name = "orders.record"
 
 
-def _lane() -> _Lane:
-    return _Lane(_Subscription(), [object()])  # type: ignore[arg-type, list-item]
+def _lane() -> Lane:
+    return Lane(_Subscription(), [object()])  # type: ignore[arg-type, list-item]
 
 
 def test_a_lane_not_measured_yet_fetches_when_its_unit_ends():

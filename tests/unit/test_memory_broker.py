@@ -7,7 +7,7 @@ import pytest
 from django_platformkit.broker.memory import InMemoryTransport
 from django_platformkit.broker.memory_stream import ConsumerSpec, subject_matches
 from django_platformkit.exceptions import ConsumerDrift
-from django_platformkit.wire import Outcome, OutgoingMessage, subject_for
+from django_platformkit.wire import OutgoingMessage, PublishOutcome, subject_for
 
 
 def broker(*, ack_wait: float = 30.0, max_ack_pending: int | None = None, **options) -> InMemoryTransport:
@@ -24,7 +24,7 @@ def broker(*, ack_wait: float = 30.0, max_ack_pending: int | None = None, **opti
 def send(transport: InMemoryTransport, *ids: str, event: str = "testapp.flaky") -> None:
     subject = subject_for(event, None)
     results = transport.publish_start([OutgoingMessage(subject, b"{}", i) for i in ids]).results()
-    assert [r.outcome for r in results] == [Outcome.STORED] * len(ids)
+    assert [r.outcome for r in results] == [PublishOutcome.STORED] * len(ids)
 
 
 def seqs(deliveries) -> list[tuple[int, int]]:
@@ -125,10 +125,10 @@ def test_a_message_over_max_payload_is_refused_for_good_and_one_without_a_stream
     transport = InMemoryTransport(max_payload=100)
     subject = subject_for("testapp.flaky", None)
     (no_stream,) = transport.publish_start([OutgoingMessage(subject, b"{}", "1")]).results()
-    assert (no_stream.outcome, no_stream.no_stream) == (Outcome.TEMPORARY, True)
+    assert (no_stream.outcome, no_stream.no_stream) == (PublishOutcome.TEMPORARY, True)
     transport.ensure_stream()
     (big,) = transport.publish_start([OutgoingMessage(subject, b"x" * 100, "2")]).results()
-    assert big.outcome is Outcome.PERMANENT
+    assert big.outcome is PublishOutcome.PERMANENT
     assert "max_payload" in big.error
 
 

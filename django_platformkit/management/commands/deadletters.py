@@ -31,7 +31,8 @@ from django_platformkit.admin.history import log_dead_letter_action, user_id_for
 from django_platformkit.exceptions import ReplayRefused
 from django_platformkit.management.commands._base import age, configure_logging, import_urlconf, parsed, tables_migrated
 from django_platformkit.models import Attempt, DeadLetter, OutboxEvent
-from django_platformkit.operate.deadletters import MALFORMED_BODY_BYTES, MALFORMED_NAME, discard, replay, replay_blocker
+from django_platformkit.operate.deadletters import discard, replay, replay_blocker
+from django_platformkit.outbox.deadletters import MALFORMED_BODY_BYTES, MALFORMED_NAME
 
 #: Past this many rows a long replay/discard reports its progress every PROGRESS_EVERY rows.
 PROGRESS_EVERY = 100
@@ -232,10 +233,10 @@ class Command(BaseCommand):
         subscription in code, the relay's own, and any name the table still
         holds (a subscription removed from code keeps its dead letters)."""
         from django_platformkit.consume.subscriptions import subscriptions
-        from django_platformkit.outbox.relay import RELAY_SUBSCRIPTION
+        from django_platformkit.outbox.deadletters import RELAY_DEAD_LETTERS
 
         import_urlconf()  # a views-declared subscription is known with --skip-checks too
-        known = {s.name for s in subscriptions()} | {RELAY_SUBSCRIPTION}
+        known = {s.name for s in subscriptions()} | {RELAY_DEAD_LETTERS}
         if name in known:
             return
         in_table = set(DeadLetter.objects.values_list("subscription", flat=True).distinct())

@@ -130,7 +130,7 @@ class Command(BaseCommand):
                 )
             subs = [known[n] for n in options["subscription"]]
         if options["queue"]:
-            from django_platformkit.tasks.backend import queue_subscriptions
+            from django_platformkit.tasks.registry import queue_subscriptions
 
             try:
                 queued = queue_subscriptions(options["queue"])

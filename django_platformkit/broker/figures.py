@@ -2,9 +2,10 @@
 age of its oldest unacknowledged message, from a one-off NATS connection
 under a hard total deadline (``BROKER_TIMEOUT_SECONDS``).
 
-Apart from ``overview.py``'s database figures because it is the page's only
-``nats`` code: a slow or unreachable NATS raises ``BrokerUnavailable`` here,
-and the page renders the database figures without it.
+Apart from the overview's database figures (``admin/figures.py``) because
+it is the page's only ``nats`` code, which lives in the broker package: a
+slow or unreachable NATS raises ``BrokerUnavailable`` here, and the page
+renders the database figures without it.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 from django.utils import timezone
 
 from django_platformkit import conf
-from django_platformkit.exceptions import ConfigurationError
+from django_platformkit.exceptions import BrokerUnavailable, ConfigurationError
 
 #: The whole broker round trip (connect + every durable's info) must end
 #: within this; a slow or unreachable NATS can't hold the page longer.
@@ -44,9 +45,9 @@ async def _broker_figures(
     import nats.js.errors
     from nats.aio.client import Client
 
-    from django_platformkit.broker.transport import Transport
+    from django_platformkit.broker.connection import Connection
 
-    kwargs = Transport(url, options)._connect_kwargs()
+    kwargs = Connection(url, options).connect_options()
 
     async def quiet(*_: Any) -> None:  # one page view, no reconnect chatter in the worker's log
         return None
@@ -131,14 +132,15 @@ def broker_figures(
     within ``timeout`` seconds in total, ``ConfigurationError`` when
     ``owner`` (this project's ``identity.database_identity()``) is given and
     the stream is recorded as another database's."""
-    from django_platformkit.broker.transport import Transport
-    from django_platformkit.exceptions import BrokerUnavailable
+    # Here, not at the top: the admin imports this module, and a web process
+    # loads nats only when the overview page asks the broker.
+    from django_platformkit.broker.connection import Connection
 
     settings = conf.settings
     connect_errors: list[BaseException] = []
     coro_args = (settings.NATS_URL, dict(settings.NATS_OPTIONS), settings.STREAM, subs, timeout, owner, connect_errors)
     # URLs without user info, and NATS_OPTIONS' password, token and seed hidden.
-    redact = Transport(settings.NATS_URL, dict(settings.NATS_OPTIONS)).redact
+    redact = Connection(settings.NATS_URL, dict(settings.NATS_OPTIONS)).redact
     where = conf.redact_url(settings.NATS_URL)
     # A thread of its own: the admin may run under ASGI with a loop in this
     # thread, and the deadline must hold however nats-py behaves.
