@@ -67,8 +67,8 @@ def _cell(text: Any) -> str:
 
 
 def _placeholders(text: str) -> str:
-    """A check text's ``{alias!r}`` / ``{timeout:g}`` as ``‹alias›``."""
-    text = re.sub(r"(?<!\{)\{(\w+)(?:![rsa])?(?::[^}]*)?\}(?!\})", r"‹\1›", text)
+    """A check text's ``{alias!r}`` / ``{timeout:g}`` as the name in single guillemets."""
+    text = re.sub(r"(?<!\{)\{(\w+)(?:![rsa])?(?::[^}]*)?\}(?!\})", "\u2039\\1\u203a", text)
     return text.replace("{{", "{").replace("}}", "}")
 
 
@@ -146,7 +146,7 @@ def _settings_page() -> str:
         out += [
             f"## `{key}`",
             "",
-            f"**Default** `{repr(default)}` · **Unit** {entry['unit']}",
+            f"**Default** `{default!r}` · **Unit** {entry['unit']}",
             "",
             f"**Accepted** {entry['values']} Anything else raises `ImproperlyConfigured` naming the key.",
             "",
@@ -237,7 +237,9 @@ def _metrics_page() -> str:
             )
     if not rows:
         raise IncompleteReference(f"{METRICS_MODULE}.Metrics defines no metric family")
-    return "\n".join(["| Series | Type | Labels | Meaning |", "| --- | --- | --- | --- |", *(r for _, r in sorted(rows))])
+    return "\n".join(
+        ["| Series | Type | Labels | Meaning |", "| --- | --- | --- | --- |", *(r for _, r in sorted(rows))]
+    )
 
 
 _MARKERS = {

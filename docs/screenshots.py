@@ -104,6 +104,7 @@ def traffic() -> int:
     from django.contrib.auth.models import User
     from django.core.management import call_command
     from django.test import Client, override_settings
+
     from shop.models import Order
 
     # The failures below are on purpose: keep their tracebacks out of this command's output.
@@ -123,8 +124,9 @@ def traffic() -> int:
 
 
 def shoot(base: str, out: Path, gone: int, nats_server) -> list[Path]:
-    from django_platformkit.models import DeadLetter, JobState
     from playwright.sync_api import expect, sync_playwright
+
+    from django_platformkit.models import DeadLetter, JobState
     from shop.models import Order
 
     written = []
@@ -201,6 +203,7 @@ def main() -> None:
         gone = traffic()
 
         from django.test import Client
+
         from django_platformkit.models import JobState
 
         port = free_port()
