@@ -312,6 +312,7 @@ def test_the_tutorial_runs_from_an_empty_folder_to_a_replayed_dead_letter(platfo
         assert "STATUS 200" in html, html
         for name in ("shop.send_confirmation", "shop.reserve_stock", "platformkit.task_default", "shop.report_sales"):
             assert name in html, f"the overview page does not show {name}"
+        assert "data-worker=" in html, "the overview page shows no worker"
     finally:
         _delete_stream(nats_url, stream)
         _admin(database_url, f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
