@@ -110,7 +110,8 @@ def test_an_operator_replays_a_dead_letter_with_a_reason_in_chromium(
 
 # --- the overview, the dead-letter list and detail at 1280 x 800 -------------------
 
-SCREENSHOTS = Path(__file__).resolve().parent.parent / "screenshots"  # gitignored; README's image is copied from here
+# gitignored; the docs' images come from docs/screenshots.py
+SCREENSHOTS = Path(__file__).resolve().parent.parent / "screenshots"
 VIEWPORT = {"width": 1280, "height": 800}
 
 

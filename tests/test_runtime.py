@@ -305,7 +305,7 @@ def test_creating_a_durable_over_retained_events_warns_how_many_will_run_once(br
     message = warning.getMessage()
     assert "subscription=testapp.record_order" in message
     assert "for 3 retained message(s)" in message
-    assert "README" in message
+    assert "docs/guide/events.md" in message
     assert Effect.objects.filter(subscription="testapp.record_order").count() == 3
 
     caplog.clear()

@@ -254,10 +254,13 @@ class _ScrapeCollector:
     def _families(self) -> dict[str, Any]:
         core = self.metrics._pc.core
         return {
-            "pending": core.GaugeMetricFamily("platformkit_outbox_pending", "Outbox rows not yet relayed."),
+            "pending": core.GaugeMetricFamily(
+                "platformkit_outbox_pending",
+                "Outbox rows due and not yet relayed (a task deferred with run_after counts once it is due).",
+            ),
             "lag": core.GaugeMetricFamily(
                 "platformkit_outbox_lag_seconds",
-                "Age of the oldest outbox row not yet relayed (0 when none): the relay lag.",
+                "How long the oldest due outbox row has waited for the relay (0 when none): the relay lag.",
             ),
             "dead": core.GaugeMetricFamily(
                 "platformkit_dead_letters", "Open dead letters, by subscription.", labels=["subscription"]

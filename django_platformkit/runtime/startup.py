@@ -158,7 +158,7 @@ class StartUp:
                 "new durable subscription=%s consumer=%s will run the handler for %d retained message(s) "
                 "matching %s, published before it existed (a new durable starts from the first message the "
                 "stream retains, up to RETENTION_DAYS back). If past events must not run it, check "
-                "event.occurred_at in the handler; see README 'Declaring, publishing, subscribing' (subscribe()).",
+                "event.occurred_at in the handler; see the docs' 'Events, publishing, subscribing' (docs/guide/events.md).",
                 subscription.name,
                 subscription.durable,
                 retained,

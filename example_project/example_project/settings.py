@@ -78,6 +78,7 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
     "loggers": {
         "django_platformkit": {"handlers": ["stderr"], "level": os.environ.get("PLATFORMKIT_LOG_LEVEL", "INFO")},
+        "shop": {"handlers": ["stderr"], "level": "INFO"},  # the periodic report (shop.report_sales)
         # Django logs every task's state change at INFO ("Task id=... state=RUNNING"): one line per
         # task run is noise in a worker's log (ours logs counts per interval and every failure).
         "django.tasks": {"level": "WARNING"},

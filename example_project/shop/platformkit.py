@@ -1,12 +1,15 @@
-"""The shop's events and subscriptions, found by django_platformkit's
-autodiscovery (like admin.py). Each handler runs inside the transaction that
-also writes its claim, so its database writes happen exactly once per event."""
+"""The shop's events, subscriptions and periodic job, found by
+django_platformkit's autodiscovery (like admin.py). Each handler runs inside
+the transaction that also writes its claim, so its database writes happen
+exactly once per event."""
 
+import logging
+from datetime import timedelta
 from decimal import Decimal
 
 from django.db.models import F
 
-from django_platformkit import declare, subscribe
+from django_platformkit import declare, job, subscribe
 
 from .models import Confirmation, Order, OrderStats
 
@@ -31,6 +34,8 @@ ORDER_PLACED = declare(
 )
 
 STATS_ROW = "all"
+
+logger = logging.getLogger(__name__)
 
 
 @subscribe(ORDER_PLACED)
@@ -62,3 +67,12 @@ def count_order(event):
         OrderStats.objects.create(
             name=STATS_ROW, orders=1, items=event.payload["quantity"], revenue=Decimal(event.payload["total"])
         )
+
+
+@job(every=timedelta(minutes=1))
+def report_sales():
+    """``shop.report_sales``: once a minute, log the counters (a stand-in for a
+    periodic report). One run per slot, however many workers run."""
+    stats = OrderStats.objects.filter(name=STATS_ROW).first()
+    if stats is not None:
+        logger.info("sales orders=%s items=%s revenue=%s", stats.orders, stats.items, stats.revenue)
