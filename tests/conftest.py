@@ -2,11 +2,13 @@
 broker namespace of its own per test (stream and subject prefix), and helpers
 to run workers in-process or as real processes.
 
-Tests are organised by what they need: those marked ``unit`` (everything
-under ``tests/unit/``, and modules that set ``pytestmark = pytest.mark.unit``)
-start nothing; any other test gets PostgreSQL and NATS through the session
-fixture ``platformkit_services``, started on first need. Shared fixtures
-live here; test modules never import fixtures from one another.
+Tests mirror the package (``tests/consume/test_claim.py`` for
+``django_platformkit/consume/claim.py``) beside the scenario suites
+(``chaos/``, ``test_security.py``, ``test_properties.py``, ...). Those marked
+``unit`` (modules that set ``pytestmark = pytest.mark.unit``) start nothing;
+any other test gets PostgreSQL and NATS through the session fixture
+``platformkit_services``, started on first need. Shared fixtures and
+helpers live here; test modules never import from one another.
 """
 
 from __future__ import annotations
@@ -25,15 +27,6 @@ from django.db import connection
 from django.test import override_settings
 
 ROOT = Path(__file__).resolve().parent.parent
-UNIT_DIR = ROOT / "tests" / "unit"
-
-
-def pytest_collection_modifyitems(config, items):
-    # Everything under tests/unit/ is a unit test, marked or not, so
-    # `-m unit` selects it and the fixture below starts nothing for it.
-    for item in items:
-        if UNIT_DIR in Path(str(item.path)).parents:
-            item.add_marker(pytest.mark.unit)
 
 
 @pytest.fixture(scope="session")
@@ -224,3 +217,28 @@ def background_worker(broker):
     for worker, thread in started:
         worker.stop()
         thread.join(30)
+
+
+@pytest.fixture
+def registries():
+    """Whatever a test declares, subscribes or schedules is forgotten afterwards."""
+    from django_platformkit.consume import subscriptions
+    from django_platformkit.jobs import specs
+    from django_platformkit.outbox import events
+
+    kept = (events._catalogue, events._validators, subscriptions._subscriptions, specs._jobs)
+    saved = [dict(registry) for registry in kept]
+    yield
+    for registry, before in zip(kept, saved):
+        registry.clear()
+        registry.update(before)
+
+
+def tables() -> dict[str, list[tuple]]:
+    """Every row an operator verb could touch (outbox, claims, dead letters), as comparable data."""
+    with connection.cursor() as cursor:
+        snapshot = {}
+        for table in ("platformkit_outbox", "platformkit_handled", "platformkit_dead_letters"):
+            cursor.execute(f"SELECT * FROM {table} ORDER BY 1, 2")
+            snapshot[table] = cursor.fetchall()
+    return snapshot

@@ -26,7 +26,7 @@ USE_TZ = True
 TIME_ZONE = "UTC"
 ALLOWED_HOSTS = ["*"]
 ROOT_URLCONF = "tests.urls"
-# The admin's CSS, served by pytest-django's live_server (tests/test_browser.py).
+# The admin's CSS, served by pytest-django's live_server (tests/admin/test_browser.py).
 STATIC_URL = "static/"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -105,7 +105,7 @@ LOGGING = {
 }
 
 # django.tasks (Django 6+): the test app's tasks are decorated against these
-# queues; tests/test_tasks.py switches the backend to OutboxBackend (and so
+# queues; tests/tasks/test_backend.py switches the backend to OutboxBackend (and so
 # do worker processes it starts, through PLATFORMKIT_TEST_TASKS), so other
 # tests' workers don't get the task subscriptions.
 TASKS = {

@@ -28,7 +28,6 @@ from django_platformkit.asyncapi import TASK_SCHEMA, document
 from django_platformkit.consume import subscriptions as subscription_registry
 from django_platformkit.tasks.backend import HAVE_DJANGO_TASKS
 from django_platformkit.tasks.registry import register_task_queues
-from tests.test_checks import registries  # noqa: F401 - fixture
 
 ROOT = Path(__file__).resolve().parent.parent
 SNAPSHOTS = Path(__file__).resolve().parent / "snapshots"
@@ -161,7 +160,7 @@ def test_channels_are_subjects_messages_carry_schemas_operations_are_subscriptio
     }
 
 
-def test_every_ref_in_the_document_resolves_inside_it(registries):  # noqa: F811
+def test_every_ref_in_the_document_resolves_inside_it(registries):
     declare(
         "pkdoc.with_defs",
         schema={
@@ -177,7 +176,7 @@ def test_every_ref_in_the_document_resolves_inside_it(registries):  # noqa: F811
         _pointer(doc, ref)  # KeyError if it dangles
 
 
-def test_a_subscription_to_an_undeclared_event_is_left_out(registries):  # noqa: F811
+def test_a_subscription_to_an_undeclared_event_is_left_out(registries):
     @subscribe("pkdoc.never_declared", name="pkdoc.orphan")
     def orphan(event):
         pass
@@ -216,7 +215,7 @@ needs_django_tasks = pytest.mark.skipif(not HAVE_DJANGO_TASKS, reason="django.ta
 
 
 @pytest.fixture
-def outbox_queues(registries):  # noqa: F811
+def outbox_queues(registries):
     """TASKS -> OutboxBackend with two queues, registered as AppConfig.ready() does."""
     with override_settings(TASKS=OUTBOX_TASKS):
         assert register_task_queues() == ["platformkit.task_default", "platformkit.task_emails"]

@@ -5,7 +5,7 @@ from tests.testapp import url_only  # noqa: F401 - a subscription only the URLco
 
 urlpatterns = [path("admin/", admin.site.urls)]
 
-try:  # django.tasks is Django 6+ (tests/test_tasks.py)
+try:  # django.tasks is Django 6+ (tests/tasks/test_backend.py)
     from tests.testapp import task_views
 except ImportError:
     pass

@@ -1,4 +1,4 @@
-"""Periodic jobs for the worker processes tests/test_jobs.py starts. Imported
+"""Periodic jobs for the worker processes tests/jobs/test_scheduler.py starts. Imported
 only when PLATFORMKIT_TEST_JOBS is set, so other tests' workers never run
 them. Each run is one row in the test's runs table (created by the test)."""
 

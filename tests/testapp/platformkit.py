@@ -61,6 +61,6 @@ def slow(event):
 
 
 if os.environ.get("PLATFORMKIT_TEST_JOBS"):
-    from . import _jobs  # noqa: F401 - periodic jobs for tests/test_jobs.py's worker processes
+    from . import _jobs  # noqa: F401 - periodic jobs for tests/jobs/test_scheduler.py's worker processes
 if os.environ.get("PLATFORMKIT_TEST_SCENARIOS"):
     from . import _scenarios  # noqa: F401 - the worker-runtime scenarios' subscriptions (tests/chaos/test_deploys.py)

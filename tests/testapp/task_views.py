@@ -1,4 +1,4 @@
-"""Async views that enqueue a task and read its result (tests/test_tasks.py)."""
+"""Async views that enqueue a task and read its result (tests/tasks/test_backend.py)."""
 
 from django.http import JsonResponse
 

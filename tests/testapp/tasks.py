@@ -1,4 +1,4 @@
-"""django.tasks tasks of the test app (run through OutboxBackend in tests/test_tasks.py).
+"""django.tasks tasks of the test app (run through OutboxBackend in tests/tasks/test_backend.py).
 Each writes an Effect row, so a duplicate run shows up as an extra row."""
 
 import functools

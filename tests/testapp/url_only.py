@@ -1,6 +1,6 @@
 """A subscription declared in a module only the URLconf imports (as a
 ``views.py`` would be), switched on by PLATFORMKIT_TEST_URL_ONLY so other
-tests' workers don't serve it (tests/test_runtime.py)."""
+tests' workers don't serve it (tests/runtime/test_worker.py)."""
 
 import os
 

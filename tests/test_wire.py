@@ -13,6 +13,8 @@ from django_platformkit.names import check_event_name
 from django_platformkit.outbox.payload import encode_payload
 from django_platformkit.wire import durable_name, parse_subject, subject_for
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.mark.parametrize("name", ["orders.placed", "shop.order_placed", "billing.invoice_paid2"])
 def test_good_event_names_are_returned_unchanged(name):

@@ -26,7 +26,7 @@ from django_platformkit.testing import capture_events, consumer_spec, run_pendin
 from django_platformkit.wire import OutgoingMessage, PublishOutcome, subject_for
 from tests.testapp.models import Effect
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 #: (subscription, event id, attempt, tenant seen by the handler) of every run, failed ones included.
 RUNS: list[tuple[str, uuid.UUID, int, str]] = []
 

@@ -9,7 +9,7 @@ from django_platformkit.tasks.queues import BACKEND_PATH, HAVE_DJANGO_TASKS, con
 from django_platformkit.tasks.registry import register_task_queues
 
 
-@pytest.mark.skipif(HAVE_DJANGO_TASKS, reason="Django 6+: tests/test_tasks.py covers the backend")
+@pytest.mark.skipif(HAVE_DJANGO_TASKS, reason="Django 6+: tests/tasks/test_backend.py covers the backend")
 def test_on_django_52_the_backend_says_it_needs_django_6(settings):
     import django
 

@@ -10,6 +10,8 @@ import pytest
 from django_platformkit import conf
 from django_platformkit.exceptions import ConfigurationError
 
+pytestmark = pytest.mark.unit
+
 
 def test_every_setting_is_a_typed_attribute_whose_default_is_valid():
     assert list(conf.DEFAULTS) == [

@@ -3,7 +3,7 @@ against the real PostgreSQL and NATS: credit-based fetching, the durable's
 max_ack_pending, ``runworker --processes``, SIGTERM during start-up, and a
 dead worker thread ending the process instead of leaving it alive and idle.
 (The named scenarios - deploys, 24 subscriptions, parked retries - are in
-tests/test_runtime_scenarios.py and tests/chaos/.)"""
+tests/runtime/test_scenarios.py and tests/chaos/.)"""
 
 from __future__ import annotations
 

@@ -14,6 +14,7 @@ from django.utils import timezone
 from django_platformkit import publish
 from django_platformkit.models import DeadLetter, HandledEvent, OutboxEvent
 from django_platformkit.outbox.deadletters import record_dead_letter
+from tests.conftest import tables
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -22,16 +23,6 @@ def run(*args, **options):
     out, err = io.StringIO(), io.StringIO()
     call_command("deadletters", *args, stdout=out, stderr=err, **options)
     return out.getvalue()
-
-
-def tables():
-    """Every row the command could touch, as comparable data."""
-    with connection.cursor() as cursor:
-        snapshot = {}
-        for table in ("platformkit_outbox", "platformkit_handled", "platformkit_dead_letters"):
-            cursor.execute(f"SELECT * FROM {table} ORDER BY 1, 2")
-            snapshot[table] = cursor.fetchall()
-    return snapshot
 
 
 @pytest.fixture

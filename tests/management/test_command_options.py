@@ -7,6 +7,8 @@ from __future__ import annotations
 import pytest
 from django.core.management import CommandError, call_command
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.mark.parametrize(
     "args, message",

@@ -32,21 +32,9 @@ from django_platformkit.consume import subscriptions as subscription_registry
 from django_platformkit.devservices import free_port
 from django_platformkit.exceptions import ConfigurationError
 from django_platformkit.jobs import specs as jobs
-from django_platformkit.outbox import events
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 BASE_APPS = list(django_settings.INSTALLED_APPS)
-
-
-@pytest.fixture
-def registries():
-    """Whatever a test declares or subscribes is forgotten afterwards."""
-    kept = (events._catalogue, events._validators, subscription_registry._subscriptions, jobs._jobs)
-    saved = [dict(registry) for registry in kept]
-    yield
-    for registry, before in zip(kept, saved):
-        registry.clear()
-        registry.update(before)
 
 
 @pytest.fixture

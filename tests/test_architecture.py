@@ -19,7 +19,7 @@ import pytest
 
 pytestmark = pytest.mark.unit
 
-PACKAGE = Path(__file__).resolve().parents[2] / "django_platformkit"
+PACKAGE = Path(__file__).resolve().parents[1] / "django_platformkit"
 NAME = "django_platformkit"
 
 FOUNDATIONS = {

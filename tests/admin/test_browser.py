@@ -111,7 +111,7 @@ def test_an_operator_replays_a_dead_letter_with_a_reason_in_chromium(
 # --- the overview, the dead-letter list and detail at 1280 x 800 -------------------
 
 # gitignored; the docs' images come from docs/screenshots.py
-SCREENSHOTS = Path(__file__).resolve().parent.parent / "screenshots"
+SCREENSHOTS = Path(__file__).resolve().parents[2] / "screenshots"
 VIEWPORT = {"width": 1280, "height": 800}
 
 

@@ -6,7 +6,11 @@ from __future__ import annotations
 import json
 import logging
 
+import pytest
+
 from django_platformkit.runtime.health import HealthFile
+
+pytestmark = pytest.mark.unit
 
 
 def test_each_write_replaces_the_whole_state_and_leaves_no_temporary_file(tmp_path):

@@ -9,6 +9,8 @@ from django_platformkit.broker.memory_stream import ConsumerSpec, subject_matche
 from django_platformkit.exceptions import ConsumerDrift
 from django_platformkit.wire import OutgoingMessage, PublishOutcome, subject_for
 
+pytestmark = pytest.mark.unit
+
 
 def broker(*, ack_wait: float = 30.0, max_ack_pending: int | None = None, **options) -> InMemoryTransport:
     transport = InMemoryTransport(**options)

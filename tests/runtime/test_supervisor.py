@@ -3,12 +3,16 @@ each time (1 s doubling to 30 s), one that lived a while starts over."""
 
 from __future__ import annotations
 
+import pytest
+
 from django_platformkit.runtime.supervisor import (
     GIVE_UP_AFTER_DEATHS,
     RESTART_MAX_SECONDS,
     STABLE_AFTER_SECONDS,
     _Child,
 )
+
+pytestmark = pytest.mark.unit
 
 
 def _crash_loop(child: _Child, start: float, times: int, lived_seconds: float = 0.5) -> list[float]:

@@ -20,7 +20,7 @@ from django_platformkit import publish, republish
 from django_platformkit.models import DeadLetter, HandledEvent, OutboxEvent
 from django_platformkit.outbox.deadletters import RELAY_DEAD_LETTERS, record_dead_letter
 from django_platformkit.outbox.relay import Relay
-from tests.test_deadletters_command import tables
+from tests.conftest import tables
 from tests.testapp.models import Attempt, Effect
 
 pytestmark = pytest.mark.django_db(transaction=True)

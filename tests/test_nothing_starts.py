@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.unit
+
+ROOT = Path(__file__).resolve().parents[1]
 
 PROBE = r"""
 import os, sys

@@ -30,7 +30,6 @@ from django_platformkit.models import Attempt, DeadLetter, HandledEvent, JobStat
 from django_platformkit.outbox.deadletters import record_dead_letter
 from django_platformkit.outbox.relay import Relay
 from django_platformkit.runtime.heartbeat import Heartbeat
-from tests.test_checks import registries  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -174,7 +173,7 @@ def test_the_claims_figures_use_the_subscription_handled_at_index_not_every_clai
     assert _figures(overview.collect(broker_timeout_seconds=1), "testapp.record_order").handled_1h == 10
 
 
-def test_a_job_is_running_now_only_while_its_lock_is_held(registries):  # noqa: F811
+def test_a_job_is_running_now_only_while_its_lock_is_held(registries):
     from django_platformkit.jobs import specs as jobs
     from django_platformkit.jobs.locks import advisory_key
 
@@ -202,7 +201,7 @@ def test_a_job_is_running_now_only_while_its_lock_is_held(registries):  # noqa: 
         holder.close()
 
 
-def test_the_page_renders_every_section_from_the_database(client, registries):  # noqa: F811
+def test_the_page_renders_every_section_from_the_database(client, registries):
     _publish("testapp.slow", 2)
     Heartbeat(["testapp.slow"], worker="web-9:123").beat()
     client.force_login(_viewer("view_outboxevent"))
@@ -470,7 +469,7 @@ def test_real_worker_processes_beat_a_killed_one_falls_silent_a_stopped_one_says
                 process.wait(30)
 
 
-def test_the_database_figures_cost_the_same_queries_for_four_subscriptions_or_forty(registries):  # noqa: F811
+def test_the_database_figures_cost_the_same_queries_for_four_subscriptions_or_forty(registries):
     from django.db import connection as conn
     from django.test.utils import CaptureQueriesContext
 

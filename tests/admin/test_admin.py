@@ -21,7 +21,6 @@ from django_platformkit import publish
 from django_platformkit.jobs import specs as jobs
 from django_platformkit.models import DeadLetter, HandledEvent, JobState, OutboxEvent
 from django_platformkit.outbox.deadletters import record_dead_letter
-from tests.test_checks import registries  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.django_db
 
@@ -497,7 +496,7 @@ def test_job_state_is_read_only(client, admin_user):
     )
 
 
-def test_job_state_shows_schedule_time_zone_last_run_and_next_slot(client, admin_user, registries):  # noqa: F811
+def test_job_state_shows_schedule_time_zone_last_run_and_next_slot(client, admin_user, registries):
     def nightly_report():
         pass
 

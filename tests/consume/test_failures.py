@@ -486,7 +486,7 @@ class RecordingTenantContext:
 
 
 def test_a_custom_tenant_context_is_entered_inside_the_handlers_transaction(broker, settings):
-    settings.PLATFORMKIT = dict(broker, TENANT_CONTEXT="tests.test_failures.RecordingTenantContext")
+    settings.PLATFORMKIT = dict(broker, TENANT_CONTEXT="tests.consume.test_failures.RecordingTenantContext")
     RecordingTenantContext.entered.clear()
     seen = []
     sub_ = Subscription(name="testapp.tenant_seen", event="testapp.flaky", handler=lambda e: seen.append(e.tenant))
