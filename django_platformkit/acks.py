@@ -70,48 +70,6 @@ class KeepAlive:
 #: Ack tasks started by ``Transport.ack_many``, held until they end.
 _ACKS_IN_FLIGHT: set[asyncio.Task[None]] = set()
 
-# PROTOTYPE (issue 29): loop callbacks a pool thread produces for one unit
-# (its acks, its lane's wake-up for the next pull) are collected here while
-# the unit runs and handed to the loop in ONE call_soon_threadsafe: one
-# cross-thread wake-up instead of two, and the ack and the next pull request
-# are published in the same loop pass, so nats-py's flusher sends them in
-# one socket write (at a trickle each unit is one delivery: nothing else
-# coalesces).
-_unit_calls = threading.local()
-
-
-class one_hand_over:
-    """While active on this thread, ``defer_to_loop`` collects callbacks; on exit they go to ``loop`` at once."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop | None) -> None:
-        self.loop = loop
-
-    def __enter__(self) -> None:
-        _unit_calls.pending = [] if self.loop is not None else None
-
-    def __exit__(self, *exc: object) -> None:
-        pending, _unit_calls.pending = getattr(_unit_calls, "pending", None), None
-        if not pending or self.loop is None or self.loop.is_closed():
-            return
-
-        def run_all() -> None:
-            for call in pending:
-                try:
-                    call()
-                except Exception:
-                    logger.exception("deferred loop callback failed")
-
-        self.loop.call_soon_threadsafe(run_all)
-
-
-def defer_to_loop(loop: asyncio.AbstractEventLoop, call: Any) -> None:
-    """``loop.call_soon_threadsafe(call)``, or collected for the unit's one hand-over (see ``one_hand_over``)."""
-    pending = getattr(_unit_calls, "pending", None)
-    if pending is not None:
-        pending.append(call)
-    else:
-        loop.call_soon_threadsafe(call)
-
 
 class _Acks:
     """``Transport``'s acks and keep-alives (see ``Transport``)."""
@@ -159,7 +117,7 @@ class _Acks:
             _ACKS_IN_FLIGHT.add(task)  # a task only weakly referenced by the loop may be collected mid-run
             task.add_done_callback(_ACKS_IN_FLIGHT.discard)
 
-        defer_to_loop(loop, start)
+        loop.call_soon_threadsafe(start)
 
     def nak(self, delivery: Delivery, delay_seconds: float | None = None) -> None:
         """Hand a delivery back for redelivery after ``delay_seconds`` (None: at once). Raises ``BrokerUnavailable`` on timeout."""

@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING, Any
 from django.db import DatabaseError, connections
 
 from . import conf
-from .acks import one_hand_over
 from .consumer import Consumer
 from .exceptions import BrokerUnavailable
 from .subscriptions import Subscription
@@ -254,23 +253,21 @@ class ConsumerPool:
             started = time.monotonic()
             running = _Taken()
             self._lend_later(lane, running, len(deliveries))
-            # PROTOTYPE (issue 29): the unit's acks and its lane's wake-up reach the loop as one hand-over.
-            with one_hand_over(getattr(self.transport, "_loop", None)):
-                try:
-                    self._handle(consumer, deliveries, keep)
-                finally:
-                    with contextlib.suppress(Exception):
-                        keep.stop()
-                    with self._cond:
-                        lane.measured(len(deliveries), time.monotonic() - started, self._batch_size)
-                        running.done = True
-                        if running.lent:
-                            lane.lent -= 1
-                        lane.free.append(consumer)
-                        lane.available += 1
-                        self._mark_ready(lane)
-                    if lane.puller is not None:
-                        lane.puller.wake()
+            try:
+                self._handle(consumer, deliveries, keep)
+            finally:
+                with contextlib.suppress(Exception):
+                    keep.stop()
+                with self._cond:
+                    lane.measured(len(deliveries), time.monotonic() - started, self._batch_size)
+                    running.done = True
+                    if running.lent:
+                        lane.lent -= 1
+                    lane.free.append(consumer)
+                    lane.available += 1
+                    self._mark_ready(lane)
+                if lane.puller is not None:
+                    lane.puller.wake()
 
     def _handle(self, consumer: Consumer, deliveries: list[Delivery], keep: Any) -> None:
         try:

@@ -189,9 +189,7 @@ class PullLane:
             return
         loop = self.transport._loop
         if loop is not None and self._wake is not None and not loop.is_closed():
-            from .acks import defer_to_loop  # PROTOTYPE (issue 29): one hand-over per unit
-
-            defer_to_loop(loop, self._wake.set)
+            loop.call_soon_threadsafe(self._wake.set)
 
     def wake_on_loop(self) -> None:
         """``wake()`` from the transport's loop itself."""
