@@ -731,9 +731,27 @@ def run_trickle(sizes: Sizes, transport: Any) -> list[Result]:
             "latency = commit -> the handler's row):"
         )
         for rate in RATES:
-            text, med = _table(rate, [r for r in runs if r.rate == rate])
+            mine = [r for r in runs if r.rate == rate]
+            text, med = _table(rate, mine)
             REPORT.append(text)
-            results += _targets(rate, med)
+            REPORT.append(
+                "per run, in the order run (worker CPU per handling, p99): "
+                + "; ".join(
+                    f"{name} "
+                    + ", ".join(f"{r.worker_ms_per_handling:.2f} ms/{_ms(r.p99_ms)}" for r in mine if r.system == name)
+                    for name in med
+                )
+            )
+            targets = _targets(rate, med)
+            REPORT.append(
+                f"issue 29 targets at {rate:g}/s: "
+                + "; ".join(
+                    f"{t.what.split(': ', 1)[1]} {_ms(t.ours) if t.unit == 'ms' and t.ratio is None else f'{t.ratio:.2f}x' if t.ratio is not None else '-'}"
+                    f" (target {t.target}) {'-' if t.met is None else 'met' if t.met else 'MISSED'}"
+                    for t in targets
+                )
+            )
+            results += targets
         REPORT.append("settings: " + "; ".join(f"{s.name}: {s.settings}" for s in systems))
         if skipped:
             REPORT.append("skipped: " + "; ".join(skipped))

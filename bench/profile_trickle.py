@@ -29,7 +29,10 @@ from pathlib import Path
 
 from .harness import ROOT, log
 
-PHASES = (("idle", 0.0), ("50/s", 50.0), ("200/s", 200.0))
+#: (label, events per second, events per transaction): "50/s pairs" publishes the
+#: same 50 events/s as 25 transactions of two, so the relay passes and units
+#: carry two events as they do at 200/s, at the same event rate as "50/s".
+PHASES = (("idle", 0.0, 1), ("50/s", 50.0, 1), ("50/s pairs", 50.0, 2), ("200/s", 200.0, 1))
 
 
 def _thread_cpu(pid: int) -> dict[str, float]:
@@ -55,6 +58,7 @@ def _thread_cpu(pid: int) -> dict[str, float]:
         elif tid == str(pid):
             name = "main"
         out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / CLK_TCK
+        out[f"stime {name}"] = out.get(f"stime {name}", 0.0) + int(fields[12]) / CLK_TCK
         try:
             with open(f"/proc/{pid}/task/{tid}/status") as f:
                 switches = sum(int(line.split()[1]) for line in f if "ctxt_switches" in line)
@@ -117,10 +121,11 @@ def _phase(
     trace: Path | None,
     tag: str,
     perf: bool = False,
+    per_tx: int = 1,
 ) -> dict:
     from django.db import transaction
 
-    from django_platformkit import publish
+    from django_platformkit import publish, publish_many
 
     from .benchapp.platformkit import TOPO_HOT
     from .harness import scalar, sql
@@ -196,14 +201,17 @@ def _phase(
     if helpers:
         time.sleep(0.2 if perf and not (spy or trace) else 1.0)  # attached before the window
     stats0, threads0, servers0, t0 = worker.stats(), _thread_cpu(worker.process.pid), meter(), time.monotonic()
-    count = int(rate * seconds)
+    count = int(rate * seconds) // per_tx * per_tx
     started = time.perf_counter()
-    for n in range(count):
+    for n in range(0, count, per_tx):
         wait = started + n / rate - time.perf_counter()
         if wait > 0:
             time.sleep(wait)
         with transaction.atomic():
-            publish(TOPO_HOT, {"n": n, "sku": f"sku-{n}"})
+            if per_tx == 1:
+                publish(TOPO_HOT, {"n": n, "sku": f"sku-{n}"})
+            else:
+                publish_many([(TOPO_HOT, {"n": n + i, "sku": f"sku-{n + i}"}) for i in range(per_tx)])
     if count:
         deadline = time.monotonic() + 60
         while scalar("SELECT count(*) FROM bench_sink WHERE kind = ANY(%s)", [list(HOT_KINDS)]) < 2 * count:
@@ -227,7 +235,10 @@ def _phase(
         "rate": rate,
         "events": count,
         "seconds": elapsed,
-        "threads": {k: threads1[k] - threads0.get(k, 0.0) for k in threads1 if not k.startswith("switches ")},
+        "threads": {
+            k: threads1[k] - threads0.get(k, 0.0) for k in threads1 if not k.startswith(("switches ", "stime "))
+        },
+        "stime": {k[6:]: threads1[k] - threads0.get(k, 0.0) for k in threads1 if k.startswith("stime ")},
         "switches": {k[9:]: threads1[k] - threads0.get(k, 0) for k in threads1 if k.startswith("switches ")},
         "servers": {k: servers1[k] - servers0[k] for k in servers1},
         "counts": {k: stats1[k] - stats0[k] for k in stats1 if isinstance(stats1[k], int)},
@@ -303,6 +314,16 @@ def _report(label: str, phases: dict[str, list[dict]]) -> list[str]:
         per = lambda v, r: v / (r["events"] or r["seconds"])  # noqa: E731
         unit = "per event" if rate else "per second"
         sw = {n: statistics.median(per(r["switches"].get(n, 0), r) for r in runs) for n in runs[0]["switches"]}
+        if rate:
+            st = {
+                n: statistics.median(r["stime"].get(n, 0.0) / max(1e-9, r["threads"].get(n, 0.0)) for r in runs)
+                for n in runs[0]["stime"]
+                if runs[0]["threads"].get(n)
+            }
+            lines.append(
+                f"  {phase}: system (kernel) share of each thread's CPU "
+                + ", ".join(f"{n} {100 * v:.0f}%" for n, v in sorted(st.items()) if v)
+            )
         pf = {n: statistics.median(per(r.get("perf", {}).get(n, 0), r) for r in runs) for n in runs[0].get("perf", {})}
         lines.append(
             f"  {phase} {unit}: context switches "
@@ -355,7 +376,7 @@ def main(argv: list[str] | None = None) -> int:
     services = services_module.start(machine=False)
     os.environ.update(services.env())
     os.environ["DJANGO_SETTINGS_MODULE"] = "bench.settings"
-    results: dict[str, dict[str, list[dict]]] = {str(t): {p: [] for p, _ in PHASES} for t in trees}
+    results: dict[str, dict[str, list[dict]]] = {str(t): {p: [] for p, _, _ in PHASES} for t in trees}
     try:
         import django
 
@@ -393,12 +414,14 @@ def main(argv: list[str] | None = None) -> int:
                     worker.topology.warm_up()
                     time.sleep(2.0)
                     order = PHASES if rep % 2 == 0 else PHASES[::-1]
-                    for phase, rate in order:
+                    for phase, rate, per_tx in order:
                         log(
                             f"profile rep {rep + 1}/{args.reps} tree {tree or 'installed'}: {phase} for {args.seconds:g}s"
                         )
-                        tag = f"{(tree.name if tree else 'installed')}-{phase.replace('/', '')}-{rep}"
-                        result = _phase(worker, rate, args.seconds, servers, args.py_spy, args.strace, tag, args.perf)
+                        tag = f"{(tree.name if tree else 'installed')}-{phase.replace('/', '').replace(' ', '-')}-{rep}"
+                        result = _phase(
+                            worker, rate, args.seconds, servers, args.py_spy, args.strace, tag, args.perf, per_tx
+                        )
                         results[str(tree)][phase].append(result)
                         log(
                             f"  worker {100 * sum(result['threads'].values()) / result['seconds']:.1f}% "
