@@ -753,6 +753,8 @@ def run_trickle(sizes: Sizes, transport: Any) -> list[Result]:
             )
             results += targets
         REPORT.append("settings: " + "; ".join(f"{s.name}: {s.settings}" for s in systems))
+        if nats_pid is None:
+            REPORT.append(f"nats-server (port {nats_port}) is not a process of this machine: its CPU is not counted")
         if skipped:
             REPORT.append("skipped: " + "; ".join(skipped))
         if results:
