@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import select
 import threading
 import time
 import uuid
@@ -474,14 +473,8 @@ class _Listener:
             if remaining <= 0:
                 return
             try:
-                # PROTOTYPE (issue 29): wait on the socket with select(), then
-                # read what arrived without waiting: psycopg 3.3's
-                # notifies(timeout=...) makes ~1,300 poll(2) calls a second on
-                # an idle connection. Short slices so a stop request is seen
-                # within a quarter second.
-                if not select.select([self.connection.fileno()], [], [], min(remaining, 0.25))[0]:
-                    continue
-                for _ in self.connection.notifies(timeout=0, stop_after=1):
+                # Short slices so a stop request is seen within a quarter second.
+                for _ in self.connection.notifies(timeout=min(remaining, 0.25), stop_after=1):
                     return
             except Exception as exc:
                 logger.warning("relay listen connection lost error=%s", exc)
