@@ -14,7 +14,15 @@ from django.db import models
 from django.db.models.functions import Now
 
 from django_platformkit._ids import uuid7
-from django_platformkit._tables import ATTEMPTS_TABLE, DEAD_LETTER_TABLE, HANDLED_TABLE, JOBS_TABLE, OUTBOX_TABLE, TASK_RESULTS_TABLE, WORKERS_TABLE
+from django_platformkit._tables import (
+    ATTEMPTS_TABLE,
+    DEAD_LETTER_TABLE,
+    HANDLED_TABLE,
+    JOBS_TABLE,
+    OUTBOX_TABLE,
+    TASK_RESULTS_TABLE,
+    WORKERS_TABLE,
+)
 from django_platformkit.wire import AttemptOutcome
 
 #: ``clock_timestamp()`` rather than ``now()``: ``now()`` is the transaction's

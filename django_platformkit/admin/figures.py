@@ -34,7 +34,14 @@ from django.utils import timezone
 from django.utils.html import format_html
 
 from django_platformkit import conf
-from django_platformkit._tables import DEAD_LETTER_TABLE, DUE_BACKLOG_SQL, HANDLED_TABLE, JOBS_TABLE, OUTBOX_TABLE, WORKERS_TABLE
+from django_platformkit._tables import (
+    DEAD_LETTER_TABLE,
+    DUE_BACKLOG_SQL,
+    HANDLED_TABLE,
+    JOBS_TABLE,
+    OUTBOX_TABLE,
+    WORKERS_TABLE,
+)
 from django_platformkit.broker.figures import BROKER_TIMEOUT_SECONDS, broker_figures
 from django_platformkit.runtime.heartbeat import ALIVE_AFTER_SECONDS
 

@@ -31,7 +31,17 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 from django.utils.timesince import timesince
 
-from django_platformkit.admin.display import ModelAdminOf, NoWritesAdmin, ReadOnlyAdmin, _duration, _first_line, _pre, _pretty_json, _truncated, _uuid_or_none
+from django_platformkit.admin.display import (
+    ModelAdminOf,
+    NoWritesAdmin,
+    ReadOnlyAdmin,
+    _duration,
+    _first_line,
+    _pre,
+    _pretty_json,
+    _truncated,
+    _uuid_or_none,
+)
 from django_platformkit.models import Attempt, DeadLetter, HandledEvent, JobState, OutboxEvent, OutboxQuerySet, Overview
 from django_platformkit.runtime.heartbeat import ALIVE_AFTER_SECONDS
 from django_platformkit.templatetags.platformkit_admin import when_html

@@ -17,7 +17,19 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from django_platformkit import conf, identity
-from django_platformkit.broker.memory_stream import ConsumerInfo, ManualClock, MemoryPullLane, PubAck, StoredMessage, StreamInfo, _Ack, _Durable, _KeepAlive, _Published, subject_matches
+from django_platformkit.broker.memory_stream import (
+    ConsumerInfo,
+    ManualClock,
+    MemoryPullLane,
+    PubAck,
+    StoredMessage,
+    StreamInfo,
+    _Ack,
+    _Durable,
+    _KeepAlive,
+    _Published,
+    subject_matches,
+)
 from django_platformkit.exceptions import ConfigurationError, ConsumerDrift, ConsumerNotFound
 from django_platformkit.wire import Delivery, OutgoingMessage, PublishOutcome, PublishResult
 

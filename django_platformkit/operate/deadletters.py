@@ -17,7 +17,13 @@ from dataclasses import dataclass
 from django.db import connections, transaction
 
 from django_platformkit import conf
-from django_platformkit._tables import ATTEMPTS_TABLE, DEAD_LETTER_TABLE, HANDLED_TABLE, OUTBOX_TABLE, TASK_RESULTS_TABLE
+from django_platformkit._tables import (
+    ATTEMPTS_TABLE,
+    DEAD_LETTER_TABLE,
+    HANDLED_TABLE,
+    OUTBOX_TABLE,
+    TASK_RESULTS_TABLE,
+)
 from django_platformkit.exceptions import ReplayRefused
 from django_platformkit.outbox.deadletters import MALFORMED_NAME, RELAY_DEAD_LETTERS
 from django_platformkit.outbox.events import EVENT_REPLAYED, publish

@@ -21,7 +21,13 @@ from django.db import ProgrammingError, connections
 from django_platformkit import conf, signals
 from django_platformkit._ids import uuid7
 from django_platformkit._tables import OUTBOX_TABLE
-from django_platformkit.exceptions import ConfigurationError, InvalidEventName, PlatformKitError, TransactionRequired, UndeclaredEvent
+from django_platformkit.exceptions import (
+    ConfigurationError,
+    InvalidEventName,
+    PlatformKitError,
+    TransactionRequired,
+    UndeclaredEvent,
+)
 from django_platformkit.names import RESERVED_MODULE, check_event_name, check_tenant
 from django_platformkit.outbox.payload import encode_payload
 

@@ -19,7 +19,13 @@ from django_platformkit import conf
 from django_platformkit._retry import Backoff
 from django_platformkit.broker.port import Broker
 from django_platformkit.consume.subscriptions import Subscription
-from django_platformkit.exceptions import BrokerUnavailable, ConfigurationError, ConsumerDrift, ConsumerNotFound, DatabaseUnavailable
+from django_platformkit.exceptions import (
+    BrokerUnavailable,
+    ConfigurationError,
+    ConsumerDrift,
+    ConsumerNotFound,
+    DatabaseUnavailable,
+)
 from django_platformkit.identity import database_identity
 from django_platformkit.outage import connect_timeout, database_location
 

@@ -35,7 +35,19 @@ from django.db import ProgrammingError, connections, transaction
 from django_platformkit import conf
 from django_platformkit.exceptions import ConfigurationError
 from django_platformkit.tasks.arguments import django_json_arguments, refuse_arguments_it_cant_take
-from django_platformkit.tasks.queues import BACKEND_PATH, DEFAULT_BATCH, DEFAULT_CONCURRENCY, HAVE_DJANGO_TASKS, OPTIONS_KEYS, QUEUE_NAME, configured_queues, event_name, is_positive_int, is_queue_list, options_of
+from django_platformkit.tasks.queues import (
+    BACKEND_PATH,
+    DEFAULT_BATCH,
+    DEFAULT_CONCURRENCY,
+    HAVE_DJANGO_TASKS,
+    OPTIONS_KEYS,
+    QUEUE_NAME,
+    configured_queues,
+    event_name,
+    is_positive_int,
+    is_queue_list,
+    options_of,
+)
 
 if HAVE_DJANGO_TASKS:  # Django 6.0+
     from django.tasks import TaskResult, TaskResultStatus
@@ -197,7 +209,14 @@ class OutboxBackend(BaseTaskBackend):
         """
         from django_platformkit._ids import uuid7
         from django_platformkit.names import check_tenant
-        from django_platformkit.outbox.events import _published, _trace_headers, announce, current_event, explain_unmigrated, get_event_type
+        from django_platformkit.outbox.events import (
+            _published,
+            _trace_headers,
+            announce,
+            current_event,
+            explain_unmigrated,
+            get_event_type,
+        )
         from django_platformkit.outbox.payload import encode_payload
 
         if not self._app_installed:

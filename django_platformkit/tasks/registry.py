@@ -10,7 +10,15 @@ from collections.abc import Sequence
 
 from django_platformkit.consume.subscriptions import Subscription
 from django_platformkit.exceptions import ConfigurationError
-from django_platformkit.tasks.queues import BACKEND_PATH, QUEUE_NAME, batch_of, concurrency_of, configured_queues, event_name, queue_of
+from django_platformkit.tasks.queues import (
+    BACKEND_PATH,
+    QUEUE_NAME,
+    batch_of,
+    concurrency_of,
+    configured_queues,
+    event_name,
+    queue_of,
+)
 
 
 def register_task_queues() -> list[str]:

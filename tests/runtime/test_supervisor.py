@@ -5,7 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from django_platformkit.runtime.supervisor import GIVE_UP_AFTER_DEATHS, RESTART_MAX_SECONDS, STABLE_AFTER_SECONDS, _Child
+from django_platformkit.runtime.supervisor import (
+    GIVE_UP_AFTER_DEATHS,
+    RESTART_MAX_SECONDS,
+    STABLE_AFTER_SECONDS,
+    _Child,
+)
 
 pytestmark = pytest.mark.unit
 

@@ -8,7 +8,14 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandParser
 
 from django_platformkit import conf
-from django_platformkit.management.commands._base import age, configure_logging, import_urlconf, parsed, result_printed_once, tables_migrated
+from django_platformkit.management.commands._base import (
+    age,
+    configure_logging,
+    import_urlconf,
+    parsed,
+    result_printed_once,
+    tables_migrated,
+)
 from django_platformkit.operate.purge import DEFAULT_BATCH_SIZE, purge
 
 

@@ -12,7 +12,14 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from django_platformkit.management.commands._base import WHEN_EXAMPLES, configure_logging, import_urlconf, point_in_time, positive, tables_migrated
+from django_platformkit.management.commands._base import (
+    WHEN_EXAMPLES,
+    configure_logging,
+    import_urlconf,
+    point_in_time,
+    positive,
+    tables_migrated,
+)
 from django_platformkit.operate.republish import DEFAULT_BATCH_SIZE, republish
 
 

@@ -10,7 +10,14 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_platformkit.exceptions import BrokerUnavailable, ConfigurationError, ConsumerDrift
-from django_platformkit.management.commands._base import configure_logging, import_urlconf, positive, result_printed_once, start_metrics, tcp_port
+from django_platformkit.management.commands._base import (
+    configure_logging,
+    import_urlconf,
+    positive,
+    result_printed_once,
+    start_metrics,
+    tcp_port,
+)
 
 
 class Command(BaseCommand):
