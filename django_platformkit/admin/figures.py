@@ -111,6 +111,11 @@ class JobFigures:
 
 @dataclass
 class WorkerFigures:
+    """One worker's heartbeat row. ``waiting_for_broker``: the worker beats
+    (its jobs run) but has not reached NATS yet, or lost it, since
+    ``waiting_for_broker_since``; the heartbeat records it, and False/None
+    means connected, or a heartbeat that doesn't say."""
+
     worker: str
     started_at: datetime
     last_seen: datetime
@@ -118,13 +123,18 @@ class WorkerFigures:
     subscriptions: list[str]
     version: str
     alive: bool
+    waiting_for_broker: bool = False
+    waiting_for_broker_since: datetime | None = None
 
 
 @dataclass
 class Overview:
     """What ``collect()`` returns. ``broker_error``: empty when NATS answered,
     else why not (credentials redacted). ``notes``: figures that could not be
-    computed, one sentence each."""
+    computed, one sentence each. ``stream_problems``: what could lose events
+    on the stream as the broker holds it (a limit that could discard unhandled
+    events, an identity two databases share), one sentence each naming the
+    problem and its fix; the page shows them in a banner above everything."""
 
     generated_at: datetime
     nats_url: str
@@ -135,6 +145,7 @@ class Overview:
     workers: list[WorkerFigures]
     broker_error: str = ""
     notes: list[str] = field(default_factory=list)
+    stream_problems: list[str] = field(default_factory=list)
 
     @property
     def broker_ok(self) -> bool:
