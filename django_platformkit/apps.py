@@ -13,6 +13,7 @@ from typing import Any
 
 from django.apps import AppConfig, apps
 from django.utils.module_loading import module_has_submodule
+from django.utils.translation import gettext_lazy as _
 
 from django_platformkit.exceptions import ConfigurationError
 
@@ -20,7 +21,7 @@ from django_platformkit.exceptions import ConfigurationError
 class PlatformKitConfig(AppConfig):
     name = "django_platformkit"
     label = "django_platformkit"
-    verbose_name = "Platform kit"
+    verbose_name = _("Platform kit")
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
