@@ -8,8 +8,9 @@ Owns the queries and the one broker round trip; the admin only renders what
 - the database, in bounded, indexed queries under a ``statement_timeout``:
   claims by (subscription, handled_at) over the last hour, the outbox's
   partial indexes (pending rows; published in the last hour), dead letters
-  by subscription, the slot ledger, worker heartbeats;
-- NATS (``overview_broker.py``), through a one-off connection with a hard total deadline
+  by subscription, the slot ledger, worker heartbeats, and the attempt
+  history behind each subscription's retries (``failures.py``);
+- NATS (``broker/figures.py``), through a one-off connection with a hard total deadline
   (``BROKER_TIMEOUT_SECONDS``): each durable's ``num_pending``,
   ``num_ack_pending``, ``num_redelivered``, and the time of the oldest
   message not yet acknowledged. When NATS is unreachable the database
@@ -18,6 +19,8 @@ Owns the queries and the one broker round trip; the admin only renders what
 The page's shape (a few figures per queue plus a one-hour sparkline) follows
 Oban Web's queue table and River UI's job-state counts; the lag definition
 (the oldest unrelayed row's age) is the Go platformkit's outbox-lag gauge.
+What the page concludes from the figures (states, overdue jobs, folded
+workers) follows the rules of ``states.py``.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from typing import Any
 
 from django.db import DatabaseError, connections, transaction
 from django.utils import timezone
-from django.utils.html import format_html
+from django.utils.translation import gettext as _
 
 from django_platformkit import conf
 from django_platformkit._tables import (
@@ -42,6 +45,10 @@ from django_platformkit._tables import (
     OUTBOX_TABLE,
     WORKERS_TABLE,
 )
+from django_platformkit.admin import states
+from django_platformkit.admin.display import schedule_text
+from django_platformkit.admin.failures import Failure, failures
+from django_platformkit.admin.states import SubscriptionState, WorkerState
 from django_platformkit.broker.figures import BROKER_TIMEOUT_SECONDS, broker_figures
 from django_platformkit.runtime.heartbeat import ALIVE_AFTER_SECONDS
 
@@ -81,6 +88,11 @@ class SubscriptionFigures:
     oldest_unhandled_source: str = ""
     broker_error: str = ""
     throughput_per_minute: list[int] | None = None
+    #: ``max_attempts`` of the subscription (None: not declared in this build).
+    max_attempts: int | None = None
+    #: Events retrying now, since when it fails, its newest error.
+    failure: Failure = field(default_factory=Failure)
+    state: SubscriptionState = SubscriptionState.OK
 
 
 @dataclass
@@ -107,6 +119,13 @@ class JobFigures:
     finished_at: datetime | None
     last_error: str
     running: bool
+    #: The first slot after ``last_slot`` no scheduler claimed in time
+    #: (``states.missed_slot``), or None: on time, or never run.
+    missed_slot: datetime | None = None
+
+    @property
+    def overdue(self) -> bool:
+        return self.missed_slot is not None
 
 
 @dataclass
@@ -125,6 +144,12 @@ class WorkerFigures:
     alive: bool
     waiting_for_broker: bool = False
     waiting_for_broker_since: datetime | None = None
+
+    @property
+    def state(self) -> WorkerState:
+        return states.worker_state(
+            alive=self.alive, stopped_at=self.stopped_at, waiting_for_broker=self.waiting_for_broker
+        )
 
 
 @dataclass
@@ -146,10 +171,22 @@ class Overview:
     broker_error: str = ""
     notes: list[str] = field(default_factory=list)
     stream_problems: list[str] = field(default_factory=list)
+    #: The age past which a subscription is lagging (``states.lagging_after_seconds``).
+    lagging_after_seconds: float = 0.0
 
     @property
     def broker_ok(self) -> bool:
         return not self.broker_error
+
+    @property
+    def workers_listed(self) -> list[WorkerFigures]:
+        """The workers the page lists: alive, waiting, or stopped recently."""
+        return [w for w in self.workers if not states.folded(w.state, w.last_seen, self.generated_at)]
+
+    @property
+    def workers_folded(self) -> list[WorkerFigures]:
+        """The workers the page folds away (``states.folded``)."""
+        return [w for w in self.workers if states.folded(w.state, w.last_seen, self.generated_at)]
 
 
 # --- the database ----------------------------------------------------------------
@@ -181,9 +218,8 @@ class _Timed:
                 return list(cursor.fetchall())
         except DatabaseError as exc:
             logger.warning("overview query failed what=%s error=%s", what, exc)
-            self.notes.append(
-                f"{what}: not shown ({str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__})."
-            )
+            why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            self.notes.append(_("%(what)s: not shown (%(why)s).") % {"what": what, "why": why})
             return None
 
 
@@ -241,7 +277,7 @@ def _database_figures(
     names = [s.name for s in subs]
     by_name = {s.name: s for s in subs}
 
-    dead = q.rows(_DEAD_SQL, [], "open dead letters") or []
+    dead = q.rows(_DEAD_SQL, [], _("open dead letters")) or []
     for subscription, count in dead:
         if subscription not in by_name:  # dead letters of a subscription that is gone (or the relay's)
             row = SubscriptionFigures(name=subscription, event="—", durable="—", registered=False)
@@ -250,7 +286,7 @@ def _database_figures(
             names.append(subscription)
         by_name[subscription].open_dead_letters = int(count)
 
-    handled = q.rows(_HANDLED_SQL, [names], "handled per subscription")
+    handled = q.rows(_HANDLED_SQL, [names], _("handled per subscription"))
     if handled is not None:
         per: dict[str, list[tuple[int, int]]] = {}
         for subscription, minutes_ago, count in handled:
@@ -259,42 +295,42 @@ def _database_figures(
             s.throughput_per_minute = _buckets(per.get(s.name, []))
             s.handled_1h = sum(s.throughput_per_minute)
             s.handled_5m = sum(s.throughput_per_minute[-5:])
-    for subscription, at in q.rows(_LAST_HANDLED_SQL, [names], "last handled") or []:
+    for subscription, at in q.rows(_LAST_HANDLED_SQL, [names], _("last handled")) or []:
         by_name[subscription].last_handled_at = at
 
     outbox = OutboxFigures()
-    pending = q.rows(_PENDING_SQL, [], "outbox pending")
+    pending = q.rows(_PENDING_SQL, [], _("outbox pending"))
     if pending:
         count, age_seconds = pending[0]
         outbox.pending = int(count)
         outbox.oldest_pending_age_seconds = float(age_seconds) if count else None
-    relayed = q.rows(_RELAYED_SQL, [], "relayed per minute")
+    relayed = q.rows(_RELAYED_SQL, [], _("relayed per minute"))
     if relayed is not None:
-        outbox.relayed_per_minute = _buckets([(m, int(c)) for m, c, _ in relayed])
-        outbox.lag_seconds_per_minute = _buckets([(m, float(lag or 0)) for m, _, lag in relayed], empty=0.0)
+        outbox.relayed_per_minute = _buckets([(m, int(c)) for m, c, _lag in relayed])
+        outbox.lag_seconds_per_minute = _buckets([(m, float(lag or 0)) for m, _count, lag in relayed], empty=0.0)
         outbox.relayed_5m = sum(outbox.relayed_per_minute[-5:])
     # Per event, the oldest pending row: what the overview can say about
     # "oldest unhandled" without the broker (a lower bound).
     for name, age in (
-        q.rows(_PENDING_BY_NAME_SQL, [sorted({s.event for s in subs if s.registered})], "pending per event") or []
+        q.rows(_PENDING_BY_NAME_SQL, [sorted({s.event for s in subs if s.registered})], _("pending per event")) or []
     ):
         for s in subs:
             if s.event == name:
                 s.oldest_unhandled_age_seconds, s.oldest_unhandled_source = float(age), "outbox"
 
     specs = {spec.name: spec for spec in job_specs()}
-    held = {_lock_key(c, o) for c, o in q.rows(_LOCKS_SQL, [], "job locks") or []}
-    ledger = {row[0]: row for row in q.rows(_JOBS_SQL, [], "jobs") or []}
+    held = {_lock_key(c, o) for c, o in q.rows(_LOCKS_SQL, [], _("job locks")) or []}
+    ledger = {row[0]: row for row in q.rows(_JOBS_SQL, [], _("jobs")) or []}
     now = timezone.now()
     job_rows = []
     for name in sorted(set(specs) | set(ledger)):
         spec = specs.get(name)
-        _, last_slot, started_at, finished_at, last_error = ledger.get(name, (name, None, None, None, ""))
+        _name, last_slot, started_at, finished_at, last_error = ledger.get(name, (name, None, None, None, ""))
         unfinished = started_at is not None and (finished_at is None or finished_at < started_at)
         job_rows.append(
             JobFigures(
                 name=name,
-                schedule=spec.schedule_text if spec else "— (no longer declared)",
+                schedule=schedule_text(spec),
                 declared=spec is not None,
                 last_slot=last_slot,
                 next_slot=spec.next_slot(now) if spec else None,
@@ -303,6 +339,7 @@ def _database_figures(
                 last_error=last_error or "",
                 # The ledger alone would call a run "running" forever after its worker died mid-run.
                 running=unfinished and advisory_key(name) in held,
+                missed_slot=states.missed_slot(spec, last_slot, now) if spec else None,
             )
         )
 
@@ -318,7 +355,7 @@ def _database_figures(
             alive=bool(alive),
         )
         for w, st, seen, stopped, subs_, v, alive in q.rows(
-            _WORKERS_SQL, [alive_within, WORKERS_SEEN_WITHIN], "workers"
+            _WORKERS_SQL, [alive_within, WORKERS_SEEN_WITHIN], _("workers")
         )
         or []
     ]
@@ -348,9 +385,15 @@ def collect(*, using: str | None = None, broker_timeout_seconds: float = BROKER_
 
     alias = using or conf.settings.DATABASE_ALIAS
     notes: list[str] = []
-    subs = [SubscriptionFigures(name=s.name, event=s.event, durable=s.durable) for s in registered()]
+    subs = [
+        SubscriptionFigures(name=s.name, event=s.event, durable=s.durable, max_attempts=s.max_attempts)
+        for s in registered()
+    ]
     filters = {s.durable: s.filter_subject for s in registered()}
     outbox, job_rows, workers = _database_figures(subs, alias, notes)
+    found = failures(_Timed(alias, notes), [s.name for s in subs], _("last dead letters"), _("retrying events"))
+    for s in subs:
+        s.failure = found.get(s.name, s.failure)
     broker_error = ""
     wanted = [(s.durable, filters[s.durable]) for s in subs if s.registered]
     if wanted:
@@ -375,6 +418,14 @@ def collect(*, using: str | None = None, broker_timeout_seconds: float = BROKER_
             age = f["oldest_age_seconds"]
             if age is not None and (s.oldest_unhandled_age_seconds is None or age >= s.oldest_unhandled_age_seconds):
                 s.oldest_unhandled_age_seconds, s.oldest_unhandled_source = age, "broker"
+    lagging_after = states.lagging_after_seconds()
+    for s in subs:
+        s.state = states.subscription_state(
+            retrying=s.failure.retrying,
+            open_dead_letters=s.open_dead_letters,
+            oldest_unhandled_age_seconds=s.oldest_unhandled_age_seconds,
+            lagging_after=lagging_after,
+        )
     return Overview(
         generated_at=timezone.now(),
         nats_url=conf.redact_url(conf.settings.NATS_URL),
@@ -385,38 +436,5 @@ def collect(*, using: str | None = None, broker_timeout_seconds: float = BROKER_
         workers=workers,
         broker_error=broker_error,
         notes=notes,
-    )
-
-
-# --- rendering helpers -------------------------------------------------------------
-
-
-def sparkline_svg(
-    values: Sequence[float] | None, *, width: int = 120, height: int = 24, label: str = "", unit: str = ""
-) -> str:
-    """A server-rendered SVG polyline of ``values`` (oldest first), scaled to
-    its own maximum, with a ``<title>`` for screen readers and hover. Returns
-    safe HTML (``format_html``); "—" for None."""
-    if values is None:
-        return "—"
-    values = list(values)
-    peak = max(values) if values else 0
-    n = max(len(values) - 1, 1)
-    pad = 2
-    points = " ".join(
-        f"{pad + i * (width - 2 * pad) / n:.1f},{height - pad - ((v / peak) if peak else 0) * (height - 2 * pad):.1f}"
-        for i, v in enumerate(values)
-    )
-    title = f"{label}: peak {peak:g}{unit} per minute over the last hour" if label else ""
-    return format_html(
-        '<svg class="platformkit-spark" width="{}" height="{}" viewBox="0 0 {} {}" role="img" aria-label="{}">'
-        "<title>{}</title>"
-        '<polyline fill="none" stroke="currentColor" stroke-width="1.5" points="{}"/></svg>',
-        width,
-        height,
-        width,
-        height,
-        title,
-        title,
-        points,
+        lagging_after_seconds=lagging_after,
     )
