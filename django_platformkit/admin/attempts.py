@@ -1,7 +1,9 @@
 """The attempts list: every recorded run of a handler (``platformkit_attempts``),
 newest first - what it raised, on which worker, for how long. The overview
-links a failing subscription's last error here; the columns are ordered so
-the error is on screen at 1280 px (the event id last, narrow, in monospace).
+links a failing subscription's last error here, so the error gets the
+width: the run's number and outcome share a column, and the event id is its
+last 12 characters (the whole id on hover, on the attempt's page, and in
+the search box, which finds an id by any part of it).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from typing import Any
 from django.contrib import admin
 from django.db.models import QuerySet
 from django.http import HttpRequest
+from django.utils.html import format_html
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
@@ -48,12 +51,11 @@ class AttemptAdmin(ReadOnlyAdmin[Attempt]):
     list_display = (
         "started",
         "subscription",
-        "attempt",
-        "outcome_text",
+        "run",
         "error_first_line",
         "ran_for",
         "worker",
-        "event_id",
+        "event",
     )
     list_display_links = ("started",)
     list_filter = (OutcomeFilter, "subscription")
@@ -87,6 +89,16 @@ class AttemptAdmin(ReadOnlyAdmin[Attempt]):
     @admin.display(description=gettext_lazy("outcome"), ordering="outcome")
     def outcome_text(self, obj: Attempt) -> str:
         return outcome_labels().get(obj.outcome, obj.outcome)
+
+    @admin.display(description=gettext_lazy("attempt"), ordering="attempt")
+    def run(self, obj: Attempt) -> str:
+        """``3 · failed``: the run's number and its outcome."""
+        return format_html("{} · {}", obj.attempt, self.outcome_text(obj))
+
+    @admin.display(description=gettext_lazy("event"))
+    def event(self, obj: Attempt) -> str:
+        full = str(obj.event_id)
+        return format_html('<span title="{}">…{}</span>', full, full[-12:])
 
     @admin.display(description=gettext_lazy("ran for"))
     def ran_for(self, obj: Attempt) -> str:

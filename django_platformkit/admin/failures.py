@@ -4,19 +4,19 @@ now, the newest error and since when it fails, from the attempt history
 showed "in flight 1, redelivered 1" and the reason sat on another list.
 
 Two bounded queries per page view, whatever the number of subscriptions,
-run through the page's ``statement_timeout`` wrapper (``figures._Timed``):
+run through the page's ``statement_timeout`` wrapper (``queries.Timed``):
 a query that can't finish in time becomes a note, not a hung page.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Protocol
+from typing import Any
 
 from django_platformkit._tables import ATTEMPTS_TABLE, DEAD_LETTER_TABLE, HANDLED_TABLE
+from django_platformkit.admin.queries import Timed
 from django_platformkit.wire import AttemptOutcome
 
 #: Attempt rows older than this are not read: an event nobody has run for a
@@ -48,12 +48,6 @@ _DEAD_SQL = (
     "SELECT DISTINCT ON (subscription) subscription, error, failed_at, attempts, event_id, "
     f"min(failed_at) OVER (PARTITION BY subscription) FROM {DEAD_LETTER_TABLE} ORDER BY subscription, failed_at DESC, id DESC"
 )
-
-
-class Rows(Protocol):
-    """Runs one query under the page's timeout; None (and a note) when it failed."""
-
-    def rows(self, sql: str, params: Sequence[Any], what: str) -> list[tuple[Any, ...]] | None: ...
 
 
 @dataclass
@@ -93,20 +87,21 @@ class Failure:
             self.since = at
 
 
-def failures(q: Rows, names: list[str], dead_letter_what: str, retrying_what: str) -> dict[str, Failure]:
+def failures(q: Timed, names: list[str]) -> dict[str, Failure]:
     """The failure figures of the subscriptions ``names`` (and of any other
-    subscription that holds open dead letters), by subscription name.
-    ``*_what``: how a note names each query if it can't finish."""
+    subscription that holds open dead letters), by subscription name."""
     found: dict[str, Failure] = {}
-    for subscription, count, first_at, attempts in q.rows(_RETRYING_SQL, [names, RETRYING_WITHIN], retrying_what) or []:
+    for subscription, count, first_at, attempts in (
+        q.rows(_RETRYING_SQL, [names, RETRYING_WITHIN], "retrying events") or []
+    ):
         failure = found.setdefault(subscription, Failure())
         failure.retrying, failure.retrying_attempts = int(count), int(attempts or 0)
         failure._older_since(first_at)
     for subscription, error, at, attempt, event_id in (
-        q.rows(_LAST_ERROR_SQL, [names, RETRYING_WITHIN], retrying_what) or []
+        q.rows(_LAST_ERROR_SQL, [names, RETRYING_WITHIN], "retrying events") or []
     ):
         found.setdefault(subscription, Failure())._newer_error(error, at, attempt, event_id, dead=False)
-    for subscription, error, at, attempts, event_id, oldest in q.rows(_DEAD_SQL, [], dead_letter_what) or []:
+    for subscription, error, at, attempts, event_id, oldest in q.rows(_DEAD_SQL, [], "last dead letters") or []:
         failure = found.setdefault(subscription, Failure())
         failure._newer_error(error, at, attempts, event_id, dead=True)
         failure._older_since(oldest)

@@ -32,9 +32,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import DatabaseError, connections, transaction
+from django.db import DatabaseError, transaction
 from django.utils import timezone
-from django.utils.translation import gettext as _
 
 from django_platformkit import conf
 from django_platformkit._tables import (
@@ -48,15 +47,13 @@ from django_platformkit._tables import (
 from django_platformkit.admin import states
 from django_platformkit.admin.display import schedule_text
 from django_platformkit.admin.failures import Failure, failures
+from django_platformkit.admin.queries import Timed
 from django_platformkit.admin.states import SubscriptionState, WorkerState
 from django_platformkit.broker.figures import BROKER_TIMEOUT_SECONDS, broker_figures
 from django_platformkit.runtime.heartbeat import ALIVE_AFTER_SECONDS
 
 logger = logging.getLogger(__name__)
 
-#: Each database query of the page gets this long (``SET LOCAL statement_timeout``):
-#: a huge hour of claims shows "not charted", it doesn't hang the admin.
-QUERY_TIMEOUT_MS = 2000
 #: Sparkline resolution: one bucket per minute over the last hour.
 BUCKETS = 60
 BUCKET_SECONDS = 60
@@ -201,28 +198,6 @@ def _buckets(rows: Sequence[tuple[int, Any]], *, empty: Any = 0) -> list[Any]:
     return values
 
 
-class _Timed:
-    """Run each query in its own savepoint under ``statement_timeout``; a
-    query that times out (or fails) yields None and a note instead of an
-    aborted page."""
-
-    def __init__(self, alias: str, notes: list[str]) -> None:
-        self.alias = alias
-        self.notes = notes
-
-    def rows(self, sql: str, params: Sequence[Any], what: str) -> list[tuple[Any, ...]] | None:
-        try:
-            with transaction.atomic(using=self.alias), connections[self.alias].cursor() as cursor:
-                cursor.execute("SELECT set_config('statement_timeout', %s, true)", [str(QUERY_TIMEOUT_MS)])
-                cursor.execute(sql, list(params))
-                return list(cursor.fetchall())
-        except DatabaseError as exc:
-            logger.warning("overview query failed what=%s error=%s", what, exc)
-            why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            self.notes.append(_("%(what)s: not shown (%(why)s).") % {"what": what, "why": why})
-            return None
-
-
 _MINUTES_AGO = f"floor(extract(epoch FROM (now() - {{col}})) / {BUCKET_SECONDS})::int"
 
 # Claims of the last hour that are successes (no dead letter beside them),
@@ -273,11 +248,11 @@ def _database_figures(
     from django_platformkit.jobs.locks import advisory_key
     from django_platformkit.jobs.specs import jobs as job_specs
 
-    q = _Timed(alias, notes)
+    q = Timed(alias, notes)
     names = [s.name for s in subs]
     by_name = {s.name: s for s in subs}
 
-    dead = q.rows(_DEAD_SQL, [], _("open dead letters")) or []
+    dead = q.rows(_DEAD_SQL, [], "open dead letters") or []
     for subscription, count in dead:
         if subscription not in by_name:  # dead letters of a subscription that is gone (or the relay's)
             row = SubscriptionFigures(name=subscription, event="—", durable="—", registered=False)
@@ -286,7 +261,7 @@ def _database_figures(
             names.append(subscription)
         by_name[subscription].open_dead_letters = int(count)
 
-    handled = q.rows(_HANDLED_SQL, [names], _("handled per subscription"))
+    handled = q.rows(_HANDLED_SQL, [names], "handled per subscription")
     if handled is not None:
         per: dict[str, list[tuple[int, int]]] = {}
         for subscription, minutes_ago, count in handled:
@@ -295,16 +270,16 @@ def _database_figures(
             s.throughput_per_minute = _buckets(per.get(s.name, []))
             s.handled_1h = sum(s.throughput_per_minute)
             s.handled_5m = sum(s.throughput_per_minute[-5:])
-    for subscription, at in q.rows(_LAST_HANDLED_SQL, [names], _("last handled")) or []:
+    for subscription, at in q.rows(_LAST_HANDLED_SQL, [names], "last handled") or []:
         by_name[subscription].last_handled_at = at
 
     outbox = OutboxFigures()
-    pending = q.rows(_PENDING_SQL, [], _("outbox pending"))
+    pending = q.rows(_PENDING_SQL, [], "outbox pending")
     if pending:
         count, age_seconds = pending[0]
         outbox.pending = int(count)
         outbox.oldest_pending_age_seconds = float(age_seconds) if count else None
-    relayed = q.rows(_RELAYED_SQL, [], _("relayed per minute"))
+    relayed = q.rows(_RELAYED_SQL, [], "relayed per minute")
     if relayed is not None:
         outbox.relayed_per_minute = _buckets([(m, int(c)) for m, c, _lag in relayed])
         outbox.lag_seconds_per_minute = _buckets([(m, float(lag or 0)) for m, _count, lag in relayed], empty=0.0)
@@ -312,15 +287,15 @@ def _database_figures(
     # Per event, the oldest pending row: what the overview can say about
     # "oldest unhandled" without the broker (a lower bound).
     for name, age in (
-        q.rows(_PENDING_BY_NAME_SQL, [sorted({s.event for s in subs if s.registered})], _("pending per event")) or []
+        q.rows(_PENDING_BY_NAME_SQL, [sorted({s.event for s in subs if s.registered})], "pending per event") or []
     ):
         for s in subs:
             if s.event == name:
                 s.oldest_unhandled_age_seconds, s.oldest_unhandled_source = float(age), "outbox"
 
     specs = {spec.name: spec for spec in job_specs()}
-    held = {_lock_key(c, o) for c, o in q.rows(_LOCKS_SQL, [], _("job locks")) or []}
-    ledger = {row[0]: row for row in q.rows(_JOBS_SQL, [], _("jobs")) or []}
+    held = {_lock_key(c, o) for c, o in q.rows(_LOCKS_SQL, [], "job locks") or []}
+    ledger = {row[0]: row for row in q.rows(_JOBS_SQL, [], "jobs") or []}
     now = timezone.now()
     job_rows = []
     for name in sorted(set(specs) | set(ledger)):
@@ -355,7 +330,7 @@ def _database_figures(
             alive=bool(alive),
         )
         for w, st, seen, stopped, subs_, v, alive in q.rows(
-            _WORKERS_SQL, [alive_within, WORKERS_SEEN_WITHIN], _("workers")
+            _WORKERS_SQL, [alive_within, WORKERS_SEEN_WITHIN], "workers"
         )
         or []
     ]
@@ -365,7 +340,6 @@ def _database_figures(
 def _owner(alias: str) -> str | None:
     """This project's database identity, or None when it can't be read now
     (the page then shows the stream's figures unchecked)."""
-    from django.db import DatabaseError, transaction
 
     from django_platformkit import identity
     from django_platformkit.exceptions import ConfigurationError, DatabaseUnavailable
@@ -391,7 +365,7 @@ def collect(*, using: str | None = None, broker_timeout_seconds: float = BROKER_
     ]
     filters = {s.durable: s.filter_subject for s in registered()}
     outbox, job_rows, workers = _database_figures(subs, alias, notes)
-    found = failures(_Timed(alias, notes), [s.name for s in subs], _("last dead letters"), _("retrying events"))
+    found = failures(Timed(alias, notes), [s.name for s in subs])
     for s in subs:
         s.failure = found.get(s.name, s.failure)
     broker_error = ""
