@@ -90,6 +90,8 @@ class SubscriptionFigures:
     #: Events retrying now, since when it fails, its newest error.
     failure: Failure = field(default_factory=Failure)
     state: SubscriptionState = SubscriptionState.OK
+    #: The oldest unhandled event waited past the lagging threshold (failing or not).
+    behind: bool = False
 
 
 @dataclass
@@ -400,6 +402,7 @@ def collect(*, using: str | None = None, broker_timeout_seconds: float = BROKER_
             oldest_unhandled_age_seconds=s.oldest_unhandled_age_seconds,
             lagging_after=lagging_after,
         )
+        s.behind = (s.oldest_unhandled_age_seconds or 0) > lagging_after
     return Overview(
         generated_at=timezone.now(),
         nats_url=conf.redact_url(conf.settings.NATS_URL),

@@ -7,7 +7,7 @@ import django_platformkit.wire
 
 class Migration(migrations.Migration):
     """The field labels the admin shows, translatable (``gettext_lazy``).
-    Labels only: no SQL runs (``sqlmigrate`` prints nothing but the transaction)."""
+    Labels only: ``sqlmigrate`` shows every operation as a no-op."""
 
     dependencies = [
         ("django_platformkit", "0005_ops"),

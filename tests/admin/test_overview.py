@@ -667,3 +667,14 @@ def test_the_page_reloads_itself_only_when_asked_and_only_at_the_intervals_it_of
     assert '<a href="?">off</a>' in asked
     for odd in ("1", "0", "abc", "30.5", "-10"):
         assert 'http-equiv="refresh"' not in client.get(url, {"refresh": odd}).content.decode(), odd
+
+
+def test_a_failing_subscription_that_is_also_behind_says_both(client):
+    waiting = _publish("testapp.slow", 2)
+    OutboxEvent.objects.filter(pk__in=waiting).update(created_at=timezone.now() - datetime.timedelta(minutes=3))
+    _run("testapp.slow", waiting[0], 1, Attempt.FAILED, ago=170, error="OSError: disk full")
+    client.force_login(_viewer("view_outboxevent"))
+    html = client.get(reverse(OVERVIEW)).content.decode()
+    why = html[html.index('data-why="testapp.slow"') : html.index("</tr>", html.index('data-why="testapp.slow"'))]
+    assert "OSError: disk full" in why
+    assert "The oldest unhandled event has waited 3 min" in why and "It is not relayed yet" in why
