@@ -66,6 +66,7 @@ class OverviewAdmin(NoWritesAdmin, ModelAdminOf[Overview]):
             raise PermissionDenied
         overview = figures.collect()
         by_state = Counter(s.state for s in overview.subscriptions)
+        consuming = {name for w in overview.workers if w.state == states.WorkerState.ALIVE for name in w.subscriptions}
         context = {
             **self.admin_site.each_context(request),
             "title": _("Overview"),
@@ -80,6 +81,8 @@ class OverviewAdmin(NoWritesAdmin, ModelAdminOf[Overview]):
                 "workers_alive": sum(1 for w in overview.workers if w.state == states.WorkerState.ALIVE),
                 "workers_waiting": sum(1 for w in overview.workers if w.state == states.WorkerState.WAITING_FOR_BROKER),
             },
+            # Subscriptions no live worker consumes: why one is behind, said on its row.
+            "unserved": {s.name for s in overview.subscriptions if s.registered and s.name not in consuming},
             "alive_after_seconds": int(ALIVE_AFTER_SECONDS),
             "stopped_shown_for": int(states.STOPPED_SHOWN_FOR.total_seconds() // 60),
             "silent_shown_for": int(states.SILENT_SHOWN_FOR.total_seconds() // 60),

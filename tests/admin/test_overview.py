@@ -564,7 +564,9 @@ def test_open_dead_letters_alone_make_a_subscription_failing_and_say_the_dead_le
     assert "replay them once fixed, or discard them" in why
 
 
-def test_a_subscription_is_lagging_once_its_oldest_unhandled_event_waited_longer_than_the_ack_wait(client, settings):
+def test_a_subscription_is_lagging_once_its_oldest_unhandled_event_waited_longer_than_the_ack_wait(
+    client, settings, monkeypatch
+):
     waiting = _publish("testapp.slow", 1)[0]
     OutboxEvent.objects.filter(pk=waiting).update(created_at=timezone.now() - datetime.timedelta(seconds=45))
     client.force_login(_viewer("view_outboxevent"))
@@ -575,6 +577,18 @@ def test_a_subscription_is_lagging_once_its_oldest_unhandled_event_waited_longer
     assert 'class="platformkit-lagging"' in _row(html, 'data-subscription="testapp.slow"')
     why = _row(html, 'data-why="testapp.slow"')
     assert "has waited 45 s, more than 30 s" in why and "It is not relayed yet" in why
+    # In the stream, handled lately, and no live worker consumes it now: said so, not "slower than the traffic".
+    collect = overview.collect
+
+    def in_the_stream(**kwargs):
+        figures = collect(**kwargs)
+        row = _figures(figures, "testapp.slow")
+        row.oldest_unhandled_source, row.num_pending, row.handled_5m = "broker", 1, 3
+        return figures
+
+    monkeypatch.setattr(overview, "collect", in_the_stream)
+    why = _row(client.get(reverse(OVERVIEW)).content.decode(), 'data-why="testapp.slow"')
+    assert "No live worker consumes it" in why and "slower than the traffic" not in why
     with override_settings(PLATFORMKIT=dict(settings.PLATFORMKIT, ACK_WAIT_SECONDS=60)):
         assert _figures(overview.collect(broker_timeout_seconds=1), "testapp.slow").state == "ok"
 
