@@ -13,6 +13,7 @@ from typing import Any
 
 from django.apps import AppConfig, apps
 from django.utils.module_loading import module_has_submodule
+from django.utils.translation import gettext_lazy as _
 
 from django_platformkit.exceptions import ConfigurationError
 
@@ -20,11 +21,12 @@ from django_platformkit.exceptions import ConfigurationError
 class PlatformKitConfig(AppConfig):
     name = "django_platformkit"
     label = "django_platformkit"
-    verbose_name = "Platform kit"
+    verbose_name = _("Platform kit")
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from django_platformkit.outbox import events  # noqa: F401 - declares the built-in events  # noqa: F401 - declares the built-in events  # noqa: F401 - declares the built-in events  # noqa: F401 - declares the built-in events  # noqa: F401 - declares the built-in events  # noqa: F401 - declares the built-in events  # noqa: F401 - declares the built-in events  # noqa: F401 - declares the built-in events
+        from django_platformkit import checks  # noqa: F401 - registers the system checks
+        from django_platformkit.outbox import events  # noqa: F401 - declares the built-in events
 
         discover()
         from django_platformkit.tasks.registry import register_task_queues

@@ -12,6 +12,8 @@ from uuid import UUID
 
 from django.db import models
 from django.db.models.functions import Now
+from django.utils.translation import gettext
+from django.utils.translation import gettext_lazy as _
 
 from django_platformkit._ids import uuid7
 from django_platformkit._tables import (
@@ -46,22 +48,22 @@ class OutboxEvent(models.Model):
     """One published event: written by ``publish()`` in the caller's
     transaction, stamped by the relay once JetStream acknowledged it."""
 
-    id = models.UUIDField(primary_key=True, default=uuid7, editable=False)
-    name = models.CharField(max_length=200)
-    tenant = models.CharField(max_length=64, null=True, blank=True)
-    payload = models.JSONField()
-    headers = models.JSONField(default=dict)
-    created_at = models.DateTimeField(db_default=ClockTimestamp)
-    published_at = models.DateTimeField(null=True, blank=True)
+    id = models.UUIDField(verbose_name=_("event id"), primary_key=True, default=uuid7, editable=False)
+    name = models.CharField(verbose_name=_("name"), max_length=200)
+    tenant = models.CharField(verbose_name=_("tenant"), max_length=64, null=True, blank=True)
+    payload = models.JSONField(verbose_name=_("payload"))
+    headers = models.JSONField(verbose_name=_("headers"), default=dict)
+    created_at = models.DateTimeField(verbose_name=_("created at"), db_default=ClockTimestamp)
+    published_at = models.DateTimeField(verbose_name=_("published at"), null=True, blank=True)
     # A deferred task's run_after (django.tasks): the relay leaves the row
     # pending until then. NULL for every plain event.
-    not_before = models.DateTimeField(null=True, blank=True)
+    not_before = models.DateTimeField(verbose_name=_("not before"), null=True, blank=True)
 
     objects = OutboxQuerySet.as_manager()
 
     class Meta:
         db_table = OUTBOX_TABLE
-        verbose_name = "outbox event"
+        verbose_name = _("outbox event")
         indexes = [
             # The relay walks this index in relay order; it stays as small as
             # the due backlog however large the table grows. Deferred rows are
@@ -105,15 +107,15 @@ class HandledEvent(models.Model):
     the handler's own transaction, so it commits exactly when its work does."""
 
     id = models.BigAutoField(primary_key=True)
-    subscription = models.CharField(max_length=200)
-    event_id = models.UUIDField()
-    handled_at = models.DateTimeField(db_default=Now())
+    subscription = models.CharField(verbose_name=_("subscription"), max_length=200)
+    event_id = models.UUIDField(verbose_name=_("event id"))
+    handled_at = models.DateTimeField(verbose_name=_("handled at"), db_default=Now())
 
     objects = HandledQuerySet.as_manager()
 
     class Meta:
         db_table = HANDLED_TABLE
-        verbose_name = "claim"
+        verbose_name = _("claim")
         constraints = [
             models.UniqueConstraint(fields=["subscription", "event_id"], name="platformkit_handled_once"),
         ]
@@ -168,21 +170,29 @@ class Attempt(models.Model):
     OUTCOMES = [(outcome.value, outcome.value) for outcome in AttemptOutcome]
 
     id = models.BigAutoField(primary_key=True)
-    subscription = models.CharField(max_length=200)
-    event_id = models.UUIDField()
-    attempt = models.PositiveIntegerField(help_text="1-based: the how-many-th run of the handler")
-    outcome = models.CharField(max_length=16, choices=OUTCOMES, default=RUNNING)
-    started_at = models.DateTimeField(db_default=Now())
-    finished_at = models.DateTimeField(null=True, blank=True)
-    error = models.TextField(blank=True, default="")
-    traceback = models.TextField(blank=True, default="")
-    worker = models.CharField(max_length=200, blank=True, default="", help_text="host:pid of the worker that ran it")
+    subscription = models.CharField(verbose_name=_("subscription"), max_length=200)
+    event_id = models.UUIDField(verbose_name=_("event id"))
+    attempt = models.PositiveIntegerField(
+        verbose_name=_("attempt"), help_text=_("1-based: the how-many-th run of the handler")
+    )
+    outcome = models.CharField(verbose_name=_("outcome"), max_length=16, choices=OUTCOMES, default=RUNNING)
+    started_at = models.DateTimeField(verbose_name=_("started at"), db_default=Now())
+    finished_at = models.DateTimeField(verbose_name=_("finished at"), null=True, blank=True)
+    error = models.TextField(verbose_name=_("error"), blank=True, default="")
+    traceback = models.TextField(verbose_name=_("traceback"), blank=True, default="")
+    worker = models.CharField(
+        verbose_name=_("worker"),
+        max_length=200,
+        blank=True,
+        default="",
+        help_text=_("host:pid of the worker that ran it"),
+    )
 
     objects = AttemptQuerySet.as_manager()
 
     class Meta:
         db_table = ATTEMPTS_TABLE
-        verbose_name = "attempt"
+        verbose_name = _("attempt")
         ordering = ["subscription", "event_id", "attempt"]
         constraints = [
             models.UniqueConstraint(fields=["subscription", "event_id", "attempt"], name="platformkit_attempt_once"),
@@ -199,27 +209,32 @@ class DeadLetter(models.Model):
     together with a terminal claim; the payload's only copy is the outbox row."""
 
     id = models.BigAutoField(primary_key=True)
-    event_id = models.UUIDField()
-    subscription = models.CharField(max_length=200)
-    name = models.CharField(max_length=200)
-    tenant = models.CharField(max_length=64, null=True, blank=True)
-    attempts = models.PositiveIntegerField(default=0)
-    error = models.TextField(blank=True, default="")
-    traceback = models.TextField(blank=True, default="")
-    failed_at = models.DateTimeField(db_default=Now())
+    event_id = models.UUIDField(verbose_name=_("event id"))
+    subscription = models.CharField(verbose_name=_("subscription"), max_length=200)
+    name = models.CharField(verbose_name=_("name"), max_length=200)
+    tenant = models.CharField(verbose_name=_("tenant"), max_length=64, null=True, blank=True)
+    attempts = models.PositiveIntegerField(verbose_name=_("attempts"), default=0)
+    error = models.TextField(verbose_name=_("error"), blank=True, default="")
+    traceback = models.TextField(verbose_name=_("traceback"), blank=True, default="")
+    failed_at = models.DateTimeField(verbose_name=_("failed at"), db_default=Now())
 
     class Meta:
         db_table = DEAD_LETTER_TABLE
-        verbose_name = "dead letter"
+        verbose_name = _("dead letter")
         ordering = ["-failed_at", "-id"]
         constraints = [
             models.UniqueConstraint(fields=["subscription", "event_id"], name="platformkit_dead_letter_once"),
         ]
         indexes = [models.Index(fields=["event_id"], name="platformkit_dead_letter_event")]
-        permissions = [("replay_deadletter", "Can replay or discard dead letters")]
+        permissions = [("replay_deadletter", _("Can replay or discard dead letters"))]
 
     def __str__(self) -> str:
-        return f"{self.subscription} gave up on {self.name} {self.event_id}"
+        # The admin's title of the dead letter's page and its History.
+        return gettext("%(subscription)s gave up on %(name)s %(event_id)s") % {
+            "subscription": self.subscription,
+            "name": self.name,
+            "event_id": self.event_id,
+        }
 
     @property
     def error_summary(self) -> str:
@@ -230,15 +245,15 @@ class JobState(models.Model):
     """The slot ledger of one periodic job: the newest slot claimed, and how
     its last run went."""
 
-    name = models.CharField(max_length=200, primary_key=True)
-    last_slot = models.DateTimeField(null=True, blank=True)
-    started_at = models.DateTimeField(null=True, blank=True)
-    finished_at = models.DateTimeField(null=True, blank=True)
-    last_error = models.TextField(blank=True, default="")
+    name = models.CharField(verbose_name=_("name"), max_length=200, primary_key=True)
+    last_slot = models.DateTimeField(verbose_name=_("last slot"), null=True, blank=True)
+    started_at = models.DateTimeField(verbose_name=_("started at"), null=True, blank=True)
+    finished_at = models.DateTimeField(verbose_name=_("finished at"), null=True, blank=True)
+    last_error = models.TextField(verbose_name=_("last error"), blank=True, default="")
 
     class Meta:
         db_table = JOBS_TABLE
-        verbose_name = "job state"
+        verbose_name = _("job state")
 
     def __str__(self) -> str:
         return self.name
@@ -275,8 +290,8 @@ class Overview(OutboxEvent):
 
     class Meta:
         proxy = True
-        verbose_name = "overview"
-        verbose_name_plural = "overview"
+        verbose_name = _("overview")
+        verbose_name_plural = _("overview")
 
 
 class TaskResultRecord(models.Model):
@@ -290,18 +305,18 @@ class TaskResultRecord(models.Model):
 
     event_id = models.UUIDField(primary_key=True)
     status = models.CharField(
-        max_length=16, blank=True, default="", help_text="SUCCESSFUL once a run committed; '' before"
+        max_length=16, blank=True, default="", help_text=_("SUCCESSFUL once a run committed; '' before")
     )
     return_value = models.JSONField(null=True, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
     last_attempted_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
-    errors = models.JSONField(default=list, help_text="[{exception_class_path, traceback}] per failed attempt")
-    worker_ids = models.JSONField(default=list, help_text="host:pid per run, in order")
+    errors = models.JSONField(default=list, help_text=_("[{exception_class_path, traceback}] per failed attempt"))
+    worker_ids = models.JSONField(default=list, help_text=_("host:pid per run, in order"))
 
     class Meta:
         db_table = TASK_RESULTS_TABLE
-        verbose_name = "task result"
+        verbose_name = _("task result")
 
     def __str__(self) -> str:
         return f"task {self.event_id}: {self.status or 'not finished'}"
@@ -338,4 +353,4 @@ class OutboxTask(OutboxEvent):
 
     class Meta:
         proxy = True
-        verbose_name = "task"
+        verbose_name = _("task")

@@ -7,12 +7,18 @@ Runs the example project (``example_project/``) on throwaway PostgreSQL and
 NATS (never your ``DATABASE_URL`` / ``NATS_URL``: the pictures must not show
 your data) with real traffic: orders through ``POST /orders/``, a worker run
 that handles them and their receipt tasks and dead-letters the two that fail,
-then a worker that serves one subscription and the scheduler, so the page
-shows a backlog, a job run and a live worker. It drives the admin in headless
-Chromium (the system's ``/usr/bin/chromium``, Debian's package, through
-Playwright from the test extra; never ``playwright install``) at 1280 px and
-writes one PNG per page. Takes about two minutes: the example's job runs once
-a minute, and the script waits for its first run.
+then a worker that serves one subscription and the scheduler until the job
+has run once. That worker stops (the overview lists it as stopped) and
+another takes over without the scheduler (so the job's next slot goes
+unclaimed: overdue) and with ``shop.send_confirmation`` too, which then
+fails on an order deleted under it and retries: the page shows a failing
+subscription with its error, a lagging task queue, an overdue job and both
+workers. It drives the admin in headless Chromium (the system's
+``/usr/bin/chromium``, Debian's package, through Playwright from the test
+extra; never ``playwright install``) at 1280 px and writes one PNG per page.
+Takes about two and a half minutes (2 min 0-30 s measured on 2 shared
+cores): the example's job runs once a minute, and the script waits for its
+first run and for its next slot to go by.
 """
 
 from __future__ import annotations
@@ -124,6 +130,8 @@ def traffic() -> int:
 
 
 def shoot(base: str, out: Path, gone: int, nats_server) -> list[Path]:
+    import re
+
     from playwright.sync_api import expect, sync_playwright
 
     from django_platformkit.models import DeadLetter, JobState
@@ -140,15 +148,29 @@ def shoot(base: str, out: Path, gone: int, nats_server) -> list[Path]:
             page.fill("#id_password", PASSWORD)
             page.click("input[type=submit]")
             expect(page.locator("#platformkit-subscriptions")).to_be_visible()
-            expect(page.locator('#platformkit-jobs tr[data-job="shop.report_sales"]')).to_be_visible()
+            expect(page.locator('#platformkit-jobs tr[data-job="shop.report_sales"]')).to_contain_text("overdue")
+            expect(page.locator('#platformkit-subscriptions tr[data-why="shop.send_confirmation"]')).to_contain_text(
+                "DoesNotExist"
+            )
 
             def save(name: str, *, full_page: bool = True) -> None:
+                wide, window = page.evaluate("[document.documentElement.scrollWidth, window.innerWidth]")
+                if wide > window:  # the docs promise pages readable at 1280 px
+                    raise SystemExit(f"screenshots: {page.url} scrolls sideways: {wide} px wide at {window} px")
                 path = out / name
                 page.screenshot(path=str(path), full_page=full_page)
                 written.append(path)
                 say(f"wrote {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
 
             save("overview.png")
+
+            page.locator('tr[data-why="shop.send_confirmation"] .pk-last-error a').click()
+            expect(page).to_have_url(re.compile(r"/attempt/"))
+            save("attempts.png", full_page=False)
+
+            page.goto(f"{base}/admin/django_platformkit/outboxtask/")
+            expect(page.locator("#result_list")).to_be_visible()
+            save("tasks.png", full_page=False)
 
             page.goto(f"{base}/admin/django_platformkit/deadletter/")
             expect(page.locator("#result_list")).to_be_visible()
@@ -202,9 +224,11 @@ def main() -> None:
         say("servers: " + ", ".join(f"{s.what} {s.url}" for s in started))
         gone = traffic()
 
+        from datetime import timedelta
+
         from django.test import Client
 
-        from django_platformkit.models import JobState
+        from django_platformkit.models import Attempt, JobState
 
         port = free_port()
         quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
@@ -221,6 +245,27 @@ def main() -> None:
                 "the job's first run",
                 timeout=90,
             )
+            # That worker stops (listed as stopped); the next runs no jobs, so
+            # the job's next slot goes unclaimed, and serves send_confirmation too.
+            stop(worker)
+            worker = manage(
+                "runworker",
+                "--subscription",
+                "shop.count_order",
+                "--subscription",
+                "shop.send_confirmation",
+                "--no-jobs",
+                **quiet,
+            )
+            ran = JobState.objects.get(name="shop.report_sales").last_slot
+            say("waiting for the job's next slot to go unclaimed (overdue)")
+            wait_until(lambda: _db_now() > ran + timedelta(seconds=60 + 12), "the job's next slot", timeout=90)
+            retrying = doomed_order(Client(), start=ORDERS + BACKLOG)
+            wait_until(
+                lambda: Attempt.objects.filter(subscription="shop.send_confirmation", event_id=retrying).exists(),
+                "send_confirmation's first failure",
+                timeout=30,
+            )
             wait_until(lambda: _listening(port), "runserver", timeout=30)
             nats = next(s.server for s in started if s.what == "NATS")
             written = shoot(f"http://127.0.0.1:{port}", out, gone, nats)
@@ -228,6 +273,32 @@ def main() -> None:
             stop(worker)
             stop(server)
     say(f"{len(written)} screenshots in {out}")
+
+
+def doomed_order(client, start: int):
+    """An order deleted in the transaction that placed it: its confirmation
+    fails (DoesNotExist) and retries, 1, 5, 15 and 30 s apart (the default
+    BACKOFF_SECONDS): the pictures are taken within that minute. Returns the
+    event id."""
+    from django.db import transaction
+
+    from django_platformkit.models import OutboxEvent
+    from shop.models import Order
+
+    with transaction.atomic():
+        order_id = place_orders(client, 1, start=start)[0]
+        Order.objects.filter(pk=order_id).delete()
+    return OutboxEvent.objects.filter(name="shop.order_placed", payload__order_id=order_id).values_list(
+        "id", flat=True
+    )[0]
+
+
+def _db_now():
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT now()")
+        return cursor.fetchone()[0]
 
 
 def _listening(port: int) -> bool:

@@ -3,7 +3,7 @@ attempts one by one, and the two operator actions, **Replay** (``replay()``)
 and **Discard** (``discard()``), with their confirmation page. Both ask for a
 reason, need the ``django_platformkit.replay_deadletter`` permission, and
 leave an admin ``LogEntry`` (actor, reason) on the dead letter and the
-outbox row. Registered on import; ``admin.py`` imports it.
+outbox row. Registered on import (``admin/__init__.py`` imports it).
 """
 
 from __future__ import annotations
@@ -18,7 +18,10 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path
 from django.utils.html import format_html, format_html_join
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy, ngettext
 
+from django_platformkit.admin.attempts import outcome_labels
 from django_platformkit.admin.display import ReadOnlyAdmin, _duration, _first_line, _pre, _pretty_json, _truncated
 from django_platformkit.admin.history import log_dead_letter_action
 from django_platformkit.models import Attempt, DeadLetter, OutboxEvent
@@ -41,7 +44,7 @@ class DeadLetterAdmin(ReadOnlyAdmin[DeadLetter]):
     list_filter = ("subscription", "name", "tenant")
     date_hierarchy = "failed_at"
     search_fields = ("event_id", "error")
-    search_help_text = "Search by event id (or part of it) or error text."
+    search_help_text = gettext_lazy("Search by event id (or part of it) or error text.")
     actions = ["replay_selected", "discard_selected"]
     fields = (
         "event_id",
@@ -60,43 +63,44 @@ class DeadLetterAdmin(ReadOnlyAdmin[DeadLetter]):
     change_form_template = "admin/django_platformkit/deadletter/change_form.html"
     change_list_template = "admin/django_platformkit/deadletter/change_list.html"
 
-    @admin.display(description="failed at", ordering="failed_at")
+    @admin.display(description=gettext_lazy("failed at"), ordering="failed_at")
     def failed(self, obj: DeadLetter) -> str:
         return when_html(obj.failed_at)
 
-    @admin.display(description="error", ordering="error")
+    @admin.display(description=gettext_lazy("error"), ordering="error")
     def error_first_line(self, obj: DeadLetter) -> str:
         return _truncated(obj.error)
 
-    @admin.display(description="error")
+    @admin.display(description=gettext_lazy("error"))
     def error_text(self, obj: DeadLetter) -> str:
         return _pre(obj.error)
 
-    @admin.display(description="payload")
+    @admin.display(description=gettext_lazy("payload"))
     def payload(self, obj: DeadLetter) -> str:
         row = OutboxEvent.objects.filter(pk=obj.event_id).only("payload").first()
         if row is None:
-            return "— (not in the outbox: purged, or a message that was never an event of ours)"
+            return _("— (not in the outbox: purged, or a message that was never an event of ours)")
         return _pretty_json(row.payload)
 
-    @admin.display(description="traceback")
+    @admin.display(description=gettext_lazy("traceback"))
     def traceback_text(self, obj: DeadLetter) -> str:
         return _pre(obj.traceback)
 
-    @admin.display(description="outbox row")
+    @admin.display(description=gettext_lazy("outbox row"))
     def outbox_link(self, obj: DeadLetter) -> str:
         if not OutboxEvent.objects.filter(pk=obj.event_id).exists():
             return "—"
         return format_html('<a href="{}">{}</a>', self._url(OutboxEvent, "change", obj.event_id), obj.event_id)
 
-    @admin.display(description="attempts, one by one")
+    @admin.display(description=gettext_lazy("attempts, one by one"))
     def attempt_history(self, obj: DeadLetter) -> str:
         """Each run of the handler for this (subscription, event), from ``Attempt`` rows."""
         rows = list(
             Attempt.objects.for_event(obj.event_id, obj.subscription).order_by("attempt")[:ATTEMPT_HISTORY_LIMIT]
         )
         if not rows:
-            return "— (no per-attempt record: the worker that ran it did not keep one; the last error is above)"
+            return _("— (no per-attempt record: the worker that ran it did not keep one; the last error is above)")
+        labels = outcome_labels()
         body = format_html_join(
             "",
             '<tr class="platformkit-attempt-{}"><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>',
@@ -104,7 +108,7 @@ class DeadLetterAdmin(ReadOnlyAdmin[DeadLetter]):
                 (
                     a.outcome,
                     a.attempt,
-                    a.get_outcome_display(),
+                    labels.get(a.outcome, a.outcome),
                     when_html(a.started_at, relative=False),
                     _duration(a.started_at, a.finished_at),
                     a.worker or "—",
@@ -114,8 +118,13 @@ class DeadLetterAdmin(ReadOnlyAdmin[DeadLetter]):
             ),
         )
         return format_html(
-            '<table class="platformkit-attempts"><thead><tr><th>#</th><th>outcome</th><th>started</th><th>ran for</th>'
-            "<th>worker</th><th>error</th></tr></thead><tbody>{}</tbody></table>",
+            '<table class="platformkit-attempts"><thead><tr><th>#</th><th>{}</th><th>{}</th><th>{}</th>'
+            "<th>{}</th><th>{}</th></tr></thead><tbody>{}</tbody></table>",
+            _("outcome"),
+            _("started at"),
+            _("ran for"),
+            _("worker"),
+            _("error"),
             body,
         )
 
@@ -131,11 +140,11 @@ class DeadLetterAdmin(ReadOnlyAdmin[DeadLetter]):
 
     # -- the two operator actions ------------------------------------------
 
-    @admin.action(permissions=["replay"], description="Replay selected dead letters…")
+    @admin.action(permissions=["replay"], description=gettext_lazy("Replay selected dead letters…"))
     def replay_selected(self, request: HttpRequest, queryset: QuerySet[DeadLetter]) -> HttpResponse | None:
         return self._confirm(request, queryset, "replay")
 
-    @admin.action(permissions=["replay"], description="Discard selected dead letters…")
+    @admin.action(permissions=["replay"], description=gettext_lazy("Discard selected dead letters…"))
     def discard_selected(self, request: HttpRequest, queryset: QuerySet[DeadLetter]) -> HttpResponse | None:
         return self._confirm(request, queryset, "discard")
 
@@ -168,7 +177,12 @@ class DeadLetterAdmin(ReadOnlyAdmin[DeadLetter]):
         blocked = replay_blocker(row) if verb == "replay" else None
         if blocked:
             # The page offers no Replay for it; a hand-typed URL is told why, not sent to a confirmation that can only fail.
-            self.message_user(request, f"No replay for {row.name} {row.event_id}: {blocked}", messages.ERROR)
+            self.message_user(
+                request,
+                _("No replay for %(name)s %(event_id)s: %(why)s")
+                % {"name": row.name, "event_id": row.event_id, "why": blocked},
+                messages.ERROR,
+            )
             return HttpResponseRedirect(self._url(DeadLetter, "change", row.pk))
         response = self._confirm(request, queryset, verb, from_object=True)
         return response or HttpResponseRedirect(self._url(DeadLetter, "changelist"))
@@ -184,12 +198,18 @@ class DeadLetterAdmin(ReadOnlyAdmin[DeadLetter]):
             # Selected on a page that is out of date: another operator (or
             # this form, sent twice) replayed or discarded them meanwhile.
             # Without this the action did nothing and said nothing.
-            self.message_user(
-                request,
-                f"Nothing to {verb}: the selected dead letters are gone (replayed or discarded meanwhile?). "
-                "The list below is what is left.",
-                messages.WARNING,
+            text = (
+                _(
+                    "Nothing to replay: the selected dead letters are gone (replayed or discarded meanwhile?). "
+                    "The list below is what is left."
+                )
+                if verb == "replay"
+                else _(
+                    "Nothing to discard: the selected dead letters are gone (replayed or discarded meanwhile?). "
+                    "The list below is what is left."
+                )
             )
+            self.message_user(request, text, messages.WARNING)
             return None
         if confirmed and reason:
             self._perform(request, list(queryset), verb, reason)
@@ -209,7 +229,7 @@ class DeadLetterAdmin(ReadOnlyAdmin[DeadLetter]):
         not_replayed = [(row, replay_blocker(row)) for row in blocked_rows[:CONFIRMATION_LIST_LIMIT]]
         context = {
             **self.admin_site.each_context(request),
-            "title": f"{verb.capitalize()} dead letters",
+            "title": _("Replay dead letters") if verb == "replay" else _("Discard dead letters"),
             "opts": self.model._meta,
             "verb": verb,
             "rows": rows,
@@ -245,24 +265,38 @@ class DeadLetterAdmin(ReadOnlyAdmin[DeadLetter]):
                 elif discard(row.event_id, subscription=row.subscription, actor=actor, reason=reason):
                     done.append(row)
                 else:
-                    refused.append((row, "already gone"))
+                    refused.append((row, _("already gone")))
                     continue
             except ReplayRefused as exc:
                 refused.append((row, str(exc)))
                 continue
             self._log(request, row, verb, reason)
         if done:
-            what = ", ".join(f"{row.name} for {row.subscription}" for row in done[:5]) + (" …" if len(done) > 5 else "")
-            plural, them = ("", "it") if len(done) == 1 else ("s", "them")
+            what = ", ".join(
+                _("%(name)s for %(subscription)s") % {"name": row.name, "subscription": row.subscription}
+                for row in done[:5]
+            ) + (" …" if len(done) > 5 else "")
             if verb == "replay":
-                text = f"Replayed {len(done)} dead letter{plural} ({what}): pending again, the relay sends {them} next."
+                text = ngettext(
+                    "Replayed %(n)d dead letter (%(what)s): pending again, the relay sends it next.",
+                    "Replayed %(n)d dead letters (%(what)s): pending again, the relay sends them next.",
+                    len(done),
+                )
             else:
-                text = f"Discarded {len(done)} dead letter{plural} ({what}): the failure is accepted, nothing runs {them} again."
-            self.message_user(request, text, messages.SUCCESS)
+                text = ngettext(
+                    "Discarded %(n)d dead letter (%(what)s): the failure is accepted, nothing runs it again.",
+                    "Discarded %(n)d dead letters (%(what)s): the failure is accepted, nothing runs them again.",
+                    len(done),
+                )
+            self.message_user(request, text % {"n": len(done), "what": what}, messages.SUCCESS)
         for row, why in refused:
-            self.message_user(
-                request, f"Did not {verb} {row.name} {row.event_id} for {row.subscription}: {why}", messages.ERROR
+            text = (
+                _("Did not replay %(name)s %(event_id)s for %(subscription)s: %(why)s")
+                if verb == "replay"
+                else _("Did not discard %(name)s %(event_id)s for %(subscription)s: %(why)s")
             )
+            values = {"name": row.name, "event_id": row.event_id, "subscription": row.subscription, "why": why}
+            self.message_user(request, text % values, messages.ERROR)
 
     def _log(self, request: HttpRequest, row: DeadLetter, verb: str, reason: str) -> None:
         """The admin's own history of what an operator did

@@ -1,8 +1,8 @@
 """What every admin table of the package shares: ``ReadOnlyAdmin`` (nothing
 added, edited or deleted by hand; query-string lookups limited to the list's
 own filters, a 400 otherwise) and the small display helpers (first lines,
-JSON, preformatted text, durations). ``admin.py`` and ``admin_deadletters.py``
-build on it; it registers nothing.
+JSON, preformatted text, durations). Every page module builds on it; it
+registers nothing.
 """
 
 from __future__ import annotations
@@ -17,6 +17,9 @@ from django.db.models import Model
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.urls import reverse
 from django.utils.html import format_html
+from django.utils.translation import gettext as _
+
+from django_platformkit.jobs.specs import JobSpec
 
 #: Lookup suffixes a list filter or the date hierarchy puts in the query string.
 _FILTER_SUFFIXES = ("", "__exact", "__isnull")
@@ -109,9 +112,13 @@ class ReadOnlyAdmin[ModelT: Model](NoWritesAdmin, ModelAdminOf[ModelT]):
             return super().changelist_view(request, extra_context=extra_context)
         except DisallowedModelAdminLookup as exc:
             # A 400 that says what to do, instead of Django's bare "Bad Request".
-            offered = ", ".join(sorted(self._allowed_lookups(request))) or "nothing"
+            offered = ", ".join(sorted(self._allowed_lookups(request))) or _("nothing")
             return HttpResponseBadRequest(
-                f"{exc}: this list filters only by what it offers ({offered}). Use the filters beside the list or the search box.",
+                _(
+                    "%(error)s: this list filters only by what it offers (%(offered)s). "
+                    "Use the filters beside the list or the search box."
+                )
+                % {"error": exc, "offered": offered},
                 content_type="text/plain; charset=utf-8",
             )
 
@@ -119,10 +126,20 @@ class ReadOnlyAdmin[ModelT: Model](NoWritesAdmin, ModelAdminOf[ModelT]):
         return reverse(f"{self.admin_site.name}:django_platformkit_{model._meta.model_name}_{view}", args=args)
 
 
+def schedule_text(spec: JobSpec | None) -> str:
+    """A job's schedule as the admin says it: ``every 0:00:20``,
+    ``cron 0 3 * * * (Europe/Paris)``, or that it is no longer declared."""
+    if spec is None:
+        return _("— (no longer declared)")
+    if spec.every is not None:
+        return _("every %(interval)s") % {"interval": spec.every}
+    return _("cron %(expression)s (%(zone)s)") % {"expression": spec.cron, "zone": spec.timezone}
+
+
 def _duration(started: Any, finished: Any) -> str:
     if started is None or finished is None:
-        return "— (never reported)"
+        return _("— (never reported)")
     from django_platformkit.templatetags.platformkit_admin import age_text
 
     seconds = (finished - started).total_seconds()
-    return f"{seconds * 1000:.0f} ms" if seconds < 1 else age_text(seconds)
+    return _("%(ms)d ms") % {"ms": round(seconds * 1000)} if seconds < 1 else age_text(seconds)

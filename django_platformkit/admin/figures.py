@@ -8,8 +8,9 @@ Owns the queries and the one broker round trip; the admin only renders what
 - the database, in bounded, indexed queries under a ``statement_timeout``:
   claims by (subscription, handled_at) over the last hour, the outbox's
   partial indexes (pending rows; published in the last hour), dead letters
-  by subscription, the slot ledger, worker heartbeats;
-- NATS (``overview_broker.py``), through a one-off connection with a hard total deadline
+  by subscription, the slot ledger, worker heartbeats, and the attempt
+  history behind each subscription's retries (``failures.py``);
+- NATS (``broker/figures.py``), through a one-off connection with a hard total deadline
   (``BROKER_TIMEOUT_SECONDS``): each durable's ``num_pending``,
   ``num_ack_pending``, ``num_redelivered``, and the time of the oldest
   message not yet acknowledged. When NATS is unreachable the database
@@ -18,6 +19,8 @@ Owns the queries and the one broker round trip; the admin only renders what
 The page's shape (a few figures per queue plus a one-hour sparkline) follows
 Oban Web's queue table and River UI's job-state counts; the lag definition
 (the oldest unrelayed row's age) is the Go platformkit's outbox-lag gauge.
+What the page concludes from the figures (states, overdue jobs, folded
+workers) follows the rules of ``states.py``.
 """
 
 from __future__ import annotations
@@ -29,9 +32,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import DatabaseError, connections, transaction
+from django.db import DatabaseError, transaction
 from django.utils import timezone
-from django.utils.html import format_html
 
 from django_platformkit import conf
 from django_platformkit._tables import (
@@ -42,14 +44,16 @@ from django_platformkit._tables import (
     OUTBOX_TABLE,
     WORKERS_TABLE,
 )
+from django_platformkit.admin import states
+from django_platformkit.admin.display import schedule_text
+from django_platformkit.admin.failures import Failure, failures
+from django_platformkit.admin.queries import Timed
+from django_platformkit.admin.states import SubscriptionState, WorkerState
 from django_platformkit.broker.figures import BROKER_TIMEOUT_SECONDS, broker_figures
 from django_platformkit.runtime.heartbeat import ALIVE_AFTER_SECONDS
 
 logger = logging.getLogger(__name__)
 
-#: Each database query of the page gets this long (``SET LOCAL statement_timeout``):
-#: a huge hour of claims shows "not charted", it doesn't hang the admin.
-QUERY_TIMEOUT_MS = 2000
 #: Sparkline resolution: one bucket per minute over the last hour.
 BUCKETS = 60
 BUCKET_SECONDS = 60
@@ -81,6 +85,13 @@ class SubscriptionFigures:
     oldest_unhandled_source: str = ""
     broker_error: str = ""
     throughput_per_minute: list[int] | None = None
+    #: ``max_attempts`` of the subscription (None: not declared in this build).
+    max_attempts: int | None = None
+    #: Events retrying now, since when it fails, its newest error.
+    failure: Failure = field(default_factory=Failure)
+    state: SubscriptionState = SubscriptionState.OK
+    #: The oldest unhandled event waited past the lagging threshold (failing or not).
+    behind: bool = False
 
 
 @dataclass
@@ -107,10 +118,22 @@ class JobFigures:
     finished_at: datetime | None
     last_error: str
     running: bool
+    #: The first slot after ``last_slot`` no scheduler claimed in time
+    #: (``states.missed_slot``), or None: on time, or never run.
+    missed_slot: datetime | None = None
+
+    @property
+    def overdue(self) -> bool:
+        return self.missed_slot is not None
 
 
 @dataclass
 class WorkerFigures:
+    """One worker's heartbeat row. ``waiting_for_broker``: the worker beats
+    (its jobs run) but has not reached NATS yet, or lost it, since
+    ``waiting_for_broker_since``; the heartbeat records it, and False/None
+    means connected, or a heartbeat that doesn't say."""
+
     worker: str
     started_at: datetime
     last_seen: datetime
@@ -118,13 +141,24 @@ class WorkerFigures:
     subscriptions: list[str]
     version: str
     alive: bool
+    waiting_for_broker: bool = False
+    waiting_for_broker_since: datetime | None = None
+
+    @property
+    def state(self) -> WorkerState:
+        return states.worker_state(
+            alive=self.alive, stopped_at=self.stopped_at, waiting_for_broker=self.waiting_for_broker
+        )
 
 
 @dataclass
 class Overview:
     """What ``collect()`` returns. ``broker_error``: empty when NATS answered,
     else why not (credentials redacted). ``notes``: figures that could not be
-    computed, one sentence each."""
+    computed, one sentence each. ``stream_problems``: what could lose events
+    on the stream as the broker holds it (a limit that could discard unhandled
+    events, an identity two databases share), one sentence each naming the
+    problem and its fix; the page shows them in a banner above everything."""
 
     generated_at: datetime
     nats_url: str
@@ -135,10 +169,23 @@ class Overview:
     workers: list[WorkerFigures]
     broker_error: str = ""
     notes: list[str] = field(default_factory=list)
+    stream_problems: list[str] = field(default_factory=list)
+    #: The age past which a subscription is lagging (``states.lagging_after_seconds``).
+    lagging_after_seconds: float = 0.0
 
     @property
     def broker_ok(self) -> bool:
         return not self.broker_error
+
+    @property
+    def workers_listed(self) -> list[WorkerFigures]:
+        """The workers the page lists: alive, waiting, or stopped recently."""
+        return [w for w in self.workers if not states.folded(w.state, w.last_seen, self.generated_at)]
+
+    @property
+    def workers_folded(self) -> list[WorkerFigures]:
+        """The workers the page folds away (``states.folded``)."""
+        return [w for w in self.workers if states.folded(w.state, w.last_seen, self.generated_at)]
 
 
 # --- the database ----------------------------------------------------------------
@@ -151,29 +198,6 @@ def _buckets(rows: Sequence[tuple[int, Any]], *, empty: Any = 0) -> list[Any]:
         if 0 <= int(minutes_ago) < BUCKETS:
             values[BUCKETS - 1 - int(minutes_ago)] = value
     return values
-
-
-class _Timed:
-    """Run each query in its own savepoint under ``statement_timeout``; a
-    query that times out (or fails) yields None and a note instead of an
-    aborted page."""
-
-    def __init__(self, alias: str, notes: list[str]) -> None:
-        self.alias = alias
-        self.notes = notes
-
-    def rows(self, sql: str, params: Sequence[Any], what: str) -> list[tuple[Any, ...]] | None:
-        try:
-            with transaction.atomic(using=self.alias), connections[self.alias].cursor() as cursor:
-                cursor.execute("SELECT set_config('statement_timeout', %s, true)", [str(QUERY_TIMEOUT_MS)])
-                cursor.execute(sql, list(params))
-                return list(cursor.fetchall())
-        except DatabaseError as exc:
-            logger.warning("overview query failed what=%s error=%s", what, exc)
-            self.notes.append(
-                f"{what}: not shown ({str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__})."
-            )
-            return None
 
 
 _MINUTES_AGO = f"floor(extract(epoch FROM (now() - {{col}})) / {BUCKET_SECONDS})::int"
@@ -226,7 +250,7 @@ def _database_figures(
     from django_platformkit.jobs.locks import advisory_key
     from django_platformkit.jobs.specs import jobs as job_specs
 
-    q = _Timed(alias, notes)
+    q = Timed(alias, notes)
     names = [s.name for s in subs]
     by_name = {s.name: s for s in subs}
 
@@ -259,8 +283,8 @@ def _database_figures(
         outbox.oldest_pending_age_seconds = float(age_seconds) if count else None
     relayed = q.rows(_RELAYED_SQL, [], "relayed per minute")
     if relayed is not None:
-        outbox.relayed_per_minute = _buckets([(m, int(c)) for m, c, _ in relayed])
-        outbox.lag_seconds_per_minute = _buckets([(m, float(lag or 0)) for m, _, lag in relayed], empty=0.0)
+        outbox.relayed_per_minute = _buckets([(m, int(c)) for m, c, _lag in relayed])
+        outbox.lag_seconds_per_minute = _buckets([(m, float(lag or 0)) for m, _count, lag in relayed], empty=0.0)
         outbox.relayed_5m = sum(outbox.relayed_per_minute[-5:])
     # Per event, the oldest pending row: what the overview can say about
     # "oldest unhandled" without the broker (a lower bound).
@@ -278,12 +302,12 @@ def _database_figures(
     job_rows = []
     for name in sorted(set(specs) | set(ledger)):
         spec = specs.get(name)
-        _, last_slot, started_at, finished_at, last_error = ledger.get(name, (name, None, None, None, ""))
+        _name, last_slot, started_at, finished_at, last_error = ledger.get(name, (name, None, None, None, ""))
         unfinished = started_at is not None and (finished_at is None or finished_at < started_at)
         job_rows.append(
             JobFigures(
                 name=name,
-                schedule=spec.schedule_text if spec else "— (no longer declared)",
+                schedule=schedule_text(spec),
                 declared=spec is not None,
                 last_slot=last_slot,
                 next_slot=spec.next_slot(now) if spec else None,
@@ -292,6 +316,7 @@ def _database_figures(
                 last_error=last_error or "",
                 # The ledger alone would call a run "running" forever after its worker died mid-run.
                 running=unfinished and advisory_key(name) in held,
+                missed_slot=states.missed_slot(spec, last_slot, now) if spec else None,
             )
         )
 
@@ -317,7 +342,6 @@ def _database_figures(
 def _owner(alias: str) -> str | None:
     """This project's database identity, or None when it can't be read now
     (the page then shows the stream's figures unchecked)."""
-    from django.db import DatabaseError, transaction
 
     from django_platformkit import identity
     from django_platformkit.exceptions import ConfigurationError, DatabaseUnavailable
@@ -337,9 +361,15 @@ def collect(*, using: str | None = None, broker_timeout_seconds: float = BROKER_
 
     alias = using or conf.settings.DATABASE_ALIAS
     notes: list[str] = []
-    subs = [SubscriptionFigures(name=s.name, event=s.event, durable=s.durable) for s in registered()]
+    subs = [
+        SubscriptionFigures(name=s.name, event=s.event, durable=s.durable, max_attempts=s.max_attempts)
+        for s in registered()
+    ]
     filters = {s.durable: s.filter_subject for s in registered()}
     outbox, job_rows, workers = _database_figures(subs, alias, notes)
+    found = failures(Timed(alias, notes), [s.name for s in subs])
+    for s in subs:
+        s.failure = found.get(s.name, s.failure)
     broker_error = ""
     wanted = [(s.durable, filters[s.durable]) for s in subs if s.registered]
     if wanted:
@@ -364,6 +394,15 @@ def collect(*, using: str | None = None, broker_timeout_seconds: float = BROKER_
             age = f["oldest_age_seconds"]
             if age is not None and (s.oldest_unhandled_age_seconds is None or age >= s.oldest_unhandled_age_seconds):
                 s.oldest_unhandled_age_seconds, s.oldest_unhandled_source = age, "broker"
+    lagging_after = states.lagging_after_seconds()
+    for s in subs:
+        s.state = states.subscription_state(
+            retrying=s.failure.retrying,
+            open_dead_letters=s.open_dead_letters,
+            oldest_unhandled_age_seconds=s.oldest_unhandled_age_seconds,
+            lagging_after=lagging_after,
+        )
+        s.behind = (s.oldest_unhandled_age_seconds or 0) > lagging_after
     return Overview(
         generated_at=timezone.now(),
         nats_url=conf.redact_url(conf.settings.NATS_URL),
@@ -374,38 +413,5 @@ def collect(*, using: str | None = None, broker_timeout_seconds: float = BROKER_
         workers=workers,
         broker_error=broker_error,
         notes=notes,
-    )
-
-
-# --- rendering helpers -------------------------------------------------------------
-
-
-def sparkline_svg(
-    values: Sequence[float] | None, *, width: int = 120, height: int = 24, label: str = "", unit: str = ""
-) -> str:
-    """A server-rendered SVG polyline of ``values`` (oldest first), scaled to
-    its own maximum, with a ``<title>`` for screen readers and hover. Returns
-    safe HTML (``format_html``); "—" for None."""
-    if values is None:
-        return "—"
-    values = list(values)
-    peak = max(values) if values else 0
-    n = max(len(values) - 1, 1)
-    pad = 2
-    points = " ".join(
-        f"{pad + i * (width - 2 * pad) / n:.1f},{height - pad - ((v / peak) if peak else 0) * (height - 2 * pad):.1f}"
-        for i, v in enumerate(values)
-    )
-    title = f"{label}: peak {peak:g}{unit} per minute over the last hour" if label else ""
-    return format_html(
-        '<svg class="platformkit-spark" width="{}" height="{}" viewBox="0 0 {} {}" role="img" aria-label="{}">'
-        "<title>{}</title>"
-        '<polyline fill="none" stroke="currentColor" stroke-width="1.5" points="{}"/></svg>',
-        width,
-        height,
-        width,
-        height,
-        title,
-        title,
-        points,
+        lagging_after_seconds=lagging_after,
     )

@@ -1,18 +1,23 @@
-"""Template filters of the operator's console: times to the second with a
-relative age, ages in seconds as short text, and sparklines."""
+"""Template filters of the operator's console, and the one way it writes a
+time: ``2026-12-01 09:23:51 UTC`` (the site's time zone, to the second)
+with its age beside it, on every page of the package. Ages in seconds as
+short text, and the overview's sparklines, rendered on the server."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
 from django import template
 from django.utils import timezone
 from django.utils.html import format_html
-
-from django_platformkit.admin.figures import sparkline_svg
+from django.utils.translation import gettext as _
 
 register = template.Library()
+
+#: The console's one date format (``strftime``): sortable, to the second, with the zone.
+WHEN_FORMAT = "%Y-%m-%d %H:%M:%S %Z"
 
 
 def age_text(seconds: float | None) -> str:
@@ -21,31 +26,73 @@ def age_text(seconds: float | None) -> str:
         return "—"
     seconds = max(0, int(round(seconds)))
     if seconds < 60:
-        return f"{seconds} s"
+        return _("%(s)d s") % {"s": seconds}
     minutes, s = divmod(seconds, 60)
     if minutes < 60:
-        return f"{minutes} min {s} s" if s else f"{minutes} min"
+        return (_("%(m)d min %(s)d s") if s else _("%(m)d min")) % {"m": minutes, "s": s}
     hours, m = divmod(minutes, 60)
     if hours < 48:
-        return f"{hours} h {m} min" if m else f"{hours} h"
+        return (_("%(h)d h %(m)d min") if m else _("%(h)d h")) % {"h": hours, "m": m}
     days, h = divmod(hours, 24)
-    return f"{days} d {h} h" if h else f"{days} d"
+    return (_("%(d)d d %(h)d h") if h else _("%(d)d d")) % {"d": days, "h": h}
+
+
+def when_text(value: datetime) -> str:
+    """``value`` (aware) in the site's time zone, in ``WHEN_FORMAT``."""
+    return timezone.localtime(value).strftime(WHEN_FORMAT)
 
 
 def when_html(value: datetime | None, *, relative: bool = True) -> str:
-    """An aware datetime as ``2026-12-01 09:23:51 UTC`` (local time zone, to
-    the second) with its age (``3 min 12 s ago``, ``in 5 min``); "—" for None."""
+    """An aware datetime as ``2026-12-01 09:23:51 UTC`` in a ``<time>``
+    element, followed (``relative``) by its age (``3 min 12 s ago``,
+    ``in 5 min``); "—" for None."""
     if value is None:
         return "—"
-    local = timezone.localtime(value)
-    text = local.strftime("%Y-%m-%d %H:%M:%S %Z")
+    text = when_text(value)
     if not relative:
         return format_html('<time datetime="{}">{}</time>', value.isoformat(), text)
-    now = timezone.now()
-    seconds = (value - now).total_seconds()
-    rel = f"in {age_text(seconds)}" if seconds > 0 else f"{age_text(-seconds)} ago"
+    seconds = (value - timezone.now()).total_seconds()
+    rel = (
+        _("in %(age)s") % {"age": age_text(seconds)} if seconds > 0 else _("%(age)s ago") % {"age": age_text(-seconds)}
+    )
     return format_html(
         '<time datetime="{}">{}</time><span class="platformkit-age"> · {}</span>', value.isoformat(), text, rel
+    )
+
+
+def sparkline_svg(
+    values: Sequence[float] | None, *, width: int = 120, height: int = 24, label: str = "", unit: str = ""
+) -> str:
+    """A server-rendered SVG polyline of ``values`` (oldest first), scaled to
+    its own maximum, with a ``<title>`` for screen readers and hover. Returns
+    safe HTML (``format_html``); "—" for None."""
+    if values is None:
+        return "—"
+    values = list(values)
+    peak = max(values) if values else 0
+    n = max(len(values) - 1, 1)
+    pad = 2
+    points = " ".join(
+        f"{pad + i * (width - 2 * pad) / n:.1f},{height - pad - ((v / peak) if peak else 0) * (height - 2 * pad):.1f}"
+        for i, v in enumerate(values)
+    )
+    title = (
+        _("%(label)s: peak %(peak)s%(unit)s per minute over the last hour")
+        % {"label": label, "peak": f"{peak:g}", "unit": unit}
+        if label
+        else ""
+    )
+    return format_html(
+        '<svg class="platformkit-spark" width="{}" height="{}" viewBox="0 0 {} {}" role="img" aria-label="{}">'
+        "<title>{}</title>"
+        '<polyline fill="none" stroke="currentColor" stroke-width="1.5" points="{}"/></svg>',
+        width,
+        height,
+        width,
+        height,
+        title,
+        title,
+        points,
     )
 
 

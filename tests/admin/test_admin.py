@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import re
 import uuid
 import zoneinfo
 from html import unescape
@@ -428,7 +429,7 @@ def test_the_outbox_list_shows_status_age_and_the_relay_lag_at_the_top(client, v
     assert response.status_code == 200
     html = response.content.decode()
     assert 'id="platformkit-outbox-lag"' in html
-    assert "Pending: <strong>1</strong>" in html and "oldest pending: <strong>7\xa0minutes</strong> old" in html
+    assert "Pending: <strong>1</strong>" in html and "oldest pending: <strong>7 min</strong> old" in html
     for column in ("column-status", "column-age", "column-name", "column-tenant"):
         assert column in html
     assert [r.pk for r in client.get(url, {"status": "pending"}).context["cl"].result_list] == [pending]
@@ -817,3 +818,75 @@ def test_the_filters_the_lists_offer_still_work_from_the_query_string(client, vi
         {"handled_at__year": str(row.failed_at.year), "kind": "terminal"},
     )
     assert claims.status_code == 200 and len(claims.context["cl"].result_list) == 1
+
+
+# --- one date format on every page ---------------------------------------------------
+
+#: The console's one way of writing a time: to the second, with the zone.
+ONE_FORMAT = re.compile(r"\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2} UTC")
+#: What a time looks like in any other format Django or Python would print.
+ANY_TIME = re.compile(
+    r"\d{4}-\d{2}-\d{2}(?:[ T]\d{2}:\d{2}(?::\d{2})?(?:\.\d+)?(?:[+-]\d{2}:?\d{2}|Z)?(?: [A-Z]{2,5})?)?"
+)
+OTHER_FORMATS = re.compile(r"\b(?:a\.m\.|p\.m\.|noon|midnight)|\b[A-Z][a-z]{2,8}\.? \d{1,2}, \d{4}")
+
+
+def _visible_text(html: str) -> str:
+    """The page's text without tags (a ``<time datetime="...">``'s attribute is
+    the machine's copy) and without the date hierarchy's navigation (months
+    and days to click, not times)."""
+    html = re.sub(r'<nav class="toplinks">.*?</nav>', " ", html, flags=re.S)
+    html = re.sub(r"<(script|style)\b.*?</\1>", " ", html, flags=re.S)
+    return unescape(re.sub(r"<[^>]+>", " ", html))
+
+
+def test_every_page_of_the_console_writes_times_in_one_format(client, registries):
+    from django_platformkit.models import Attempt, TaskResultRecord
+    from django_platformkit.runtime.heartbeat import Heartbeat
+
+    operator = User.objects.create_superuser("ursula", password=None)
+    row = dead_letter()
+    Attempt.objects.create(
+        subscription=row.subscription, event_id=row.event_id, attempt=1, outcome=Attempt.FAILED, error="E"
+    )
+    Attempt.objects.filter(event_id=row.event_id).update(finished_at=timezone.now())
+    jobs.job(every=datetime.timedelta(minutes=5), name="testapp.report")(lambda: None)
+    now = timezone.now()
+    JobState.objects.create(name="testapp.report", last_slot=now, started_at=now, finished_at=now)
+    task = OutboxEvent.objects.create(
+        name="platformkit.task_default",
+        payload={"task": "tests.testapp.tasks.record", "args": ["x"], "kwargs": {}},
+        published_at=now,
+        not_before=now + datetime.timedelta(hours=1),
+    )
+    TaskResultRecord.objects.create(
+        event_id=task.pk, status="SUCCESSFUL", started_at=now, last_attempted_at=now, finished_at=now
+    )
+    Heartbeat([], worker="web-1:1").beat()
+    claim = HandledEvent.objects.get(event_id=row.event_id)
+    attempt = Attempt.objects.get(event_id=row.event_id)
+    pages = {
+        "overview": reverse("admin:django_platformkit_overview"),
+        "outbox list": reverse("admin:django_platformkit_outboxevent_changelist"),
+        "outbox row": reverse("admin:django_platformkit_outboxevent_change", args=[row.event_id]),
+        "claims list": reverse("admin:django_platformkit_handledevent_changelist"),
+        "claim": reverse("admin:django_platformkit_handledevent_change", args=[claim.pk]),
+        "attempts list": reverse("admin:django_platformkit_attempt_changelist"),
+        "attempt": reverse("admin:django_platformkit_attempt_change", args=[attempt.pk]),
+        "dead letters list": reverse(CHANGELIST),
+        "dead letter": reverse("admin:django_platformkit_deadletter_change", args=[row.pk]),
+        "replay confirmation": reverse("admin:django_platformkit_deadletter_replay", args=[row.pk]),
+        "jobs list": reverse("admin:django_platformkit_jobstate_changelist"),
+        "job": reverse("admin:django_platformkit_jobstate_change", args=["testapp.report"]),
+        "tasks list": reverse("admin:django_platformkit_outboxtask_changelist"),
+        "task": reverse("admin:django_platformkit_outboxtask_change", args=[task.pk]),
+    }
+    client.force_login(operator)
+    for page, url in pages.items():
+        response = client.get(url)
+        assert response.status_code == 200, page
+        text = _visible_text(response.content.decode())
+        times = ANY_TIME.findall(text)
+        assert times, f"{page}: no time shown at all"
+        assert [t for t in times if not ONE_FORMAT.fullmatch(t)] == [], f"{page} writes a time in another format"
+        assert not OTHER_FORMATS.search(text), f"{page}: {OTHER_FORMATS.search(text)}"

@@ -5,7 +5,9 @@ it with a reason and sees the admin say so. Headless Chromium is the system's
 
 from __future__ import annotations
 
+import datetime
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -112,6 +114,8 @@ def test_an_operator_replays_a_dead_letter_with_a_reason_in_chromium(
 
 # gitignored; the docs' images come from docs/screenshots.py
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "screenshots"
+#: The console pictures (``PLATFORMKIT_CONSOLE_SHOTS`` to put them elsewhere, e.g. /tmp/console-shots).
+CONSOLE_SHOTS = Path(os.environ.get("PLATFORMKIT_CONSOLE_SHOTS") or SCREENSHOTS / "console")
 VIEWPORT = {"width": 1280, "height": 800}
 
 
@@ -144,6 +148,7 @@ def console_user(transactional_db) -> User:
                 "view_handledevent",
                 "view_jobstate",
                 "view_attempt",
+                "view_outboxtask",
                 "replay_deadletter",
             ],
         )
@@ -270,3 +275,172 @@ def test_the_overview_shows_a_backlog_and_a_dead_letter_and_still_renders_with_n
             browser.close()
     for name in ("overview.png", "dead-letters.png", "dead-letter.png", "overview-nats-stopped.png"):
         assert (SCREENSHOTS / name).stat().st_size > 10_000, name
+
+
+# --- the console under a retrying handler, an overdue job and stopped workers --------
+
+
+def _a_task_row(path: str, *, ago_seconds: float, ran_for_seconds: float | None, failed: bool = False) -> None:
+    """A ``django.tasks`` task as the outbox and its result hold it: run for
+    ``ran_for_seconds`` and finished (or dead-lettered, ``failed``), or not run yet (None)."""
+    from django_platformkit.models import TaskResultRecord
+
+    created = timezone.now() - datetime.timedelta(seconds=ago_seconds)
+    row = OutboxEvent.objects.create(
+        name="platformkit.task_default",
+        payload={"task": path, "args": ["order-7"], "kwargs": {}, "backend": "default"},
+        published_at=created,
+    )
+    OutboxEvent.objects.filter(pk=row.pk).update(created_at=created)
+    if ran_for_seconds is None:
+        return
+    started = created + datetime.timedelta(seconds=1)
+    finished = started + datetime.timedelta(seconds=ran_for_seconds)
+    TaskResultRecord.objects.create(
+        event_id=row.pk,
+        status="" if failed else "SUCCESSFUL",
+        started_at=started,
+        last_attempted_at=started,
+        finished_at=None if failed else finished,
+        worker_ids=["worker-1:4242"],
+    )
+    if failed:
+        record_dead_letter(
+            subscription="platformkit.task_default",
+            event_id=row.pk,
+            name="platformkit.task_default",
+            tenant=None,
+            attempts=5,
+            error="smtplib.SMTPServerDisconnected: Connection unexpectedly closed",
+            traceback="",
+        )
+        DeadLetter.objects.filter(event_id=row.pk).update(failed_at=finished)
+
+
+def test_the_overview_under_a_retrying_handler_shows_the_last_error_and_leads_to_its_attempts(
+    live_server, broker, console_user, registries, monkeypatch
+):
+    """A handler keeps failing (the next try five minutes away): the overview
+    says *failing*, 1 retrying, the error and since when, and its link opens
+    the attempts list with that error on screen at 1280 px. Beside it, a job
+    whose last slot is 82 s old on a 20 s schedule is overdue, a worker that
+    stopped a minute ago is listed as stopped, those that stopped an hour ago
+    are folded away; the tasks list shows each task by path, with its finish
+    and duration."""
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    import threading
+
+    from playwright.sync_api import expect, sync_playwright
+
+    from django_platformkit import declare, subscribe
+    from django_platformkit.consume.subscriptions import get_subscription
+    from django_platformkit.jobs import specs as jobs
+    from django_platformkit.models import Attempt, JobState, WorkerHeartbeat
+    from django_platformkit.runtime.heartbeat import Heartbeat
+    from django_platformkit.runtime.worker import Worker
+    from tests.conftest import wait_for
+
+    declare("testapp.payment_due")
+
+    @subscribe("testapp.payment_due", name="testapp.charge_card", max_attempts=5, backoff_seconds=[300])
+    def charge_card(event):
+        raise RuntimeError(f"card declined by the processor for order {event.payload['order']} (code 51)")
+
+    with transaction.atomic():
+        publish("testapp.payment_due", {"order": 7})
+    worker = Worker(subscriptions=[get_subscription("testapp.charge_card")], scheduler=False)
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    try:
+        wait_for(
+            lambda: Attempt.objects.filter(subscription="testapp.charge_card", outcome=Attempt.FAILED).exists(),
+            timeout=60,
+            what="the handler's first failure",
+        )
+        # A job every 20 s whose last slot is 82 s old: overdue. One every hour, on time.
+        jobs.job(every=datetime.timedelta(seconds=20), name="testapp.sync_prices")(lambda: None)
+        jobs.job(every=datetime.timedelta(hours=1), name="testapp.hourly_report")(lambda: None)
+        now = timezone.now()
+        late = now - datetime.timedelta(seconds=82)
+        JobState.objects.create(name="testapp.sync_prices", last_slot=late, started_at=late, finished_at=late)
+        on_time = jobs.job_named("testapp.hourly_report").prev_slot(now)
+        JobState.objects.create(
+            name="testapp.hourly_report", last_slot=on_time, started_at=on_time, finished_at=on_time
+        )
+        # A worker stopped a minute ago (listed), three an hour ago (folded away).
+        for n in range(4):
+            Heartbeat(["testapp.charge_card"], worker=f"web-{n}:{4000 + n}").stopped()
+        WorkerHeartbeat.objects.filter(worker="web-0:4000").update(last_seen=now - datetime.timedelta(minutes=1))
+        WorkerHeartbeat.objects.exclude(worker__in=["web-0:4000", worker.heartbeat.worker]).filter(
+            worker__startswith="web-"
+        ).update(last_seen=now - datetime.timedelta(hours=1))
+        # Tasks: two done, one failed for good, one not run yet.
+        _a_task_row("shop.tasks.send_receipt", ago_seconds=300, ran_for_seconds=0.42)
+        _a_task_row("shop.tasks.rebuild_search_index", ago_seconds=240, ran_for_seconds=75)
+        _a_task_row("shop.tasks.send_receipt", ago_seconds=200, ran_for_seconds=2.5, failed=True)
+        _a_task_row("shop.tasks.send_receipt", ago_seconds=5, ran_for_seconds=None)
+
+        CONSOLE_SHOTS.mkdir(parents=True, exist_ok=True)
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+            try:
+                page = browser.new_page(viewport=VIEWPORT)
+                page.set_default_timeout(15_000)
+                page.goto(f"{live_server.url}/admin/login/?next=/admin/django_platformkit/overview/")
+                page.fill("#id_username", "otto")
+                page.fill("#id_password", PASSWORD)
+                page.click("input[type=submit]")
+
+                row = page.locator('#platformkit-subscriptions tr[data-subscription="testapp.charge_card"]')
+                expect(row.locator(".pk-state")).to_contain_text("failing")
+                expect(row.locator(".pk-state")).to_contain_text("1 retrying")
+                why = page.locator('#platformkit-subscriptions tr[data-why="testapp.charge_card"]')
+                expect(why).to_contain_text("card declined by the processor for order 7 (code 51)")
+                expect(why).to_contain_text("attempt 1 of 5")
+                expect(why).to_contain_text("Failing since")
+                error_link = why.locator(".pk-last-error a")
+                expect(error_link).to_be_visible()
+                expect(page.locator("#platformkit-summary")).to_contain_text(
+                    "2 subscriptions failing"
+                )  # and the task queue, below
+                job = page.locator('#platformkit-jobs tr[data-job="testapp.sync_prices"]')
+                expect(job.locator(".pk-job-state")).to_contain_text("overdue")
+                expect(page.locator('#platformkit-jobs tr[data-job="testapp.hourly_report"]')).to_contain_text(
+                    "on time"
+                )
+                expect(page.locator('#platformkit-workers tr[data-worker="web-0:4000"]')).to_contain_text("stopped")
+                expect(page.locator("#platformkit-workers tr[data-worker]")).to_have_count(2)  # ours and web-0
+                folded = page.locator("#platformkit-workers-folded")
+                expect(folded.locator("summary")).to_contain_text("3 workers stopped earlier")
+                expect(folded.locator('tr[data-worker="web-1:4001"]')).to_be_hidden()  # folded away
+                expect(page.locator('meta[http-equiv="refresh"]')).to_have_count(0)  # no reload unless asked
+                page.screenshot(path=str(CONSOLE_SHOTS / "overview-retrying.png"), full_page=True)
+                _assert_no_sideways_scroll(page, "#platformkit-subscriptions")
+
+                error_link.click()
+                expect(page).to_have_url(re.compile(r"/attempt/\?.*subscription=testapp.charge_card"))
+                error = page.locator("#result_list td.field-error_first_line").first
+                expect(error).to_contain_text("card declined by the processor")
+                box = error.bounding_box()
+                assert box is not None and box["x"] + box["width"] <= VIEWPORT["width"], box
+                page.screenshot(path=str(CONSOLE_SHOTS / "attempts.png"), full_page=True)
+                _assert_no_sideways_scroll(page, ".results")
+
+                page.goto(f"{live_server.url}/admin/django_platformkit/outboxtask/")
+                header = page.locator("#result_list thead").inner_text()
+                for column in ("TASK", "STATUS", "FINISHED AT", "DURATION"):
+                    assert column in header.upper(), header
+                expect(page.locator("#changelist-filter")).to_contain_text("shop.tasks.rebuild_search_index")
+                expect(page.locator("#result_list")).to_contain_text("1 min 15 s")
+                page.screenshot(path=str(CONSOLE_SHOTS / "tasks.png"), full_page=True)
+                _assert_no_sideways_scroll(page, ".results")
+
+                page.goto(f"{live_server.url}/admin/django_platformkit/overview/?refresh=10")
+                expect(page.locator('meta[http-equiv="refresh"]')).to_have_attribute("content", "10")
+            finally:
+                browser.close()
+    finally:
+        worker.stop()
+        thread.join(30)
+    for name in ("overview-retrying.png", "attempts.png", "tasks.png"):
+        assert (CONSOLE_SHOTS / name).stat().st_size > 10_000, name

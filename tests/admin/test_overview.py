@@ -415,15 +415,6 @@ def test_a_heartbeat_that_cannot_write_logs_once_and_never_raises(caplog):
     assert WorkerHeartbeat.objects.filter(worker="host-b:2").exists()
 
 
-def test_sparklines_are_svg_polylines_scaled_to_their_peak():
-    svg = str(overview.sparkline_svg([0] * 59 + [10], width=120, height=24, label="handled"))
-    points = svg.split('points="')[1].split('"')[0].split()
-    assert len(points) == 60
-    assert points[0] == "2.0,22.0" and points[-1] == "118.0,2.0"
-    assert "<title>handled: peak 10" in svg
-    assert overview.sparkline_svg(None) == "—"
-
-
 def test_real_worker_processes_beat_a_killed_one_falls_silent_a_stopped_one_says_so(broker):
     import signal
 
@@ -486,3 +477,218 @@ def test_the_database_figures_cost_the_same_queries_for_four_subscriptions_or_fo
         subscribe("testapp.flaky", name=f"testapp.extra_{i}")(lambda event: None)
     assert len(subscriptions()) >= 40
     assert measure() == few
+
+
+# --- states: failing (and why), lagging, overdue jobs, folded workers ---------------------
+
+
+def _run(subscription: str, event_id, attempt: int, outcome: str, *, ago: float, error: str = "") -> None:
+    """An attempt row as the consumer writes it, started ``ago`` seconds ago."""
+    started = timezone.now() - datetime.timedelta(seconds=ago)
+    Attempt.objects.create(
+        subscription=subscription,
+        event_id=event_id,
+        attempt=attempt,
+        outcome=outcome,
+        started_at=started,
+        finished_at=None if outcome == Attempt.RUNNING else started + datetime.timedelta(milliseconds=30),
+        error=error,
+        worker="web-1:4242",
+    )
+
+
+def _row(html: str, marker: str) -> str:
+    start = html.index(marker)
+    return html[start : html.index("</tr>", start)]
+
+
+def test_an_event_waiting_for_its_retry_makes_its_subscription_failing_with_the_last_error_and_since_when(client):
+    retrying, recovered, slow = _publish("testapp.order_placed", 3)
+    _run("testapp.record_order", retrying, 1, Attempt.FAILED, ago=600, error="TimeoutError: gateway timed out")
+    _run("testapp.record_order", retrying, 2, Attempt.FAILED, ago=120, error="RuntimeError: card declined\nline 2")
+    # Failed once, then handled: settled, not retrying.
+    _run("testapp.record_order", recovered, 1, Attempt.FAILED, ago=30, error="RuntimeError: newer, but settled")
+    HandledEvent.objects.create(subscription="testapp.record_order", event_id=recovered)
+    # A first run still running, slow enough to have its row written: not a retry.
+    _run("testapp.record_order", slow, 1, Attempt.RUNNING, ago=1)
+
+    result = overview.collect(broker_timeout_seconds=1)
+    row = _figures(result, "testapp.record_order")
+    assert row.state == overview.SubscriptionState.FAILING
+    assert (row.failure.retrying, row.failure.last_error_attempt, row.failure.last_error_dead) == (1, 2, False)
+    assert row.failure.last_error_line == "RuntimeError: card declined"
+    assert row.failure.last_error_event_id == retrying
+    assert abs((timezone.now() - row.failure.since).total_seconds() - 600) < 5
+    assert _figures(result, "testapp.count_order").state == overview.SubscriptionState.OK
+
+    client.force_login(_viewer("view_attempt"))
+    html = client.get(reverse(OVERVIEW)).content.decode()
+    assert "1 retrying" in _row(html, 'data-subscription="testapp.record_order"')
+    why = _row(html, 'data-why="testapp.record_order"')
+    assert "Last error (attempt 2 of 5, <time" in why and ">RuntimeError: card declined</code>" in why
+    assert 'href="/admin/django_platformkit/attempt/?subscription=testapp.record_order&amp;outcome=failed"' in why
+    assert "Failing since <time" in why and "> · 10 min" in why
+    assert 'data-why="testapp.count_order"' not in html
+
+
+def test_a_run_that_never_reported_and_was_run_again_counts_as_retrying(client):
+    event_id = _publish("testapp.slow", 1)[0]
+    _run("testapp.slow", event_id, 1, Attempt.RUNNING, ago=90)  # its worker was killed in it
+    _run("testapp.slow", event_id, 2, Attempt.RUNNING, ago=2)
+    row = _figures(overview.collect(broker_timeout_seconds=1), "testapp.slow")
+    assert (row.state, row.failure.retrying, row.failure.last_error) == (overview.SubscriptionState.FAILING, 1, "")
+    client.force_login(_viewer("view_attempt"))
+    why = _row(client.get(reverse(OVERVIEW)).content.decode(), 'data-why="testapp.slow"')
+    assert "A run started and never reported: its worker died or hung in it." in why
+
+
+def test_open_dead_letters_alone_make_a_subscription_failing_and_say_the_dead_letters_error(client):
+    event_id = _publish("testapp.flaky", 1)[0]
+    record_dead_letter(
+        subscription="testapp.flaky",
+        event_id=event_id,
+        name="testapp.flaky",
+        tenant=None,
+        attempts=3,
+        error="ValueError: sku 42 unknown",
+        traceback="",
+    )
+    row = _figures(overview.collect(broker_timeout_seconds=1), "testapp.flaky")
+    assert row.state == overview.SubscriptionState.FAILING and row.failure.retrying == 0
+    assert row.failure.last_error_dead and row.failure.last_error_attempt == 3
+    assert row.failure.since == row.failure.last_error_at == DeadLetter.objects.get().failed_at
+    client.force_login(_viewer("view_deadletter"))
+    why = _row(client.get(reverse(OVERVIEW)).content.decode(), 'data-why="testapp.flaky"')
+    assert "Last error (gave up after 3 attempts, <time" in why and "ValueError: sku 42 unknown" in why
+    assert 'href="/admin/django_platformkit/deadletter/?subscription=testapp.flaky"' in why
+    assert "replay them once fixed, or discard them" in why
+
+
+def test_a_subscription_is_lagging_once_its_oldest_unhandled_event_waited_longer_than_the_ack_wait(
+    client, settings, monkeypatch
+):
+    waiting = _publish("testapp.slow", 1)[0]
+    OutboxEvent.objects.filter(pk=waiting).update(created_at=timezone.now() - datetime.timedelta(seconds=45))
+    client.force_login(_viewer("view_outboxevent"))
+    assert settings.PLATFORMKIT["ACK_WAIT_SECONDS"] == 30
+    row = _figures(overview.collect(broker_timeout_seconds=1), "testapp.slow")
+    assert (row.state, row.oldest_unhandled_source) == (overview.SubscriptionState.LAGGING, "outbox")
+    html = client.get(reverse(OVERVIEW)).content.decode()
+    assert 'class="platformkit-lagging"' in _row(html, 'data-subscription="testapp.slow"')
+    why = _row(html, 'data-why="testapp.slow"')
+    assert "has waited 45 s, more than 30 s" in why and "It is not relayed yet" in why
+    # In the stream, handled lately, and no live worker consumes it now: said so, not "slower than the traffic".
+    collect = overview.collect
+
+    def in_the_stream(**kwargs):
+        figures = collect(**kwargs)
+        row = _figures(figures, "testapp.slow")
+        row.oldest_unhandled_source, row.num_pending, row.handled_5m = "broker", 1, 3
+        return figures
+
+    monkeypatch.setattr(overview, "collect", in_the_stream)
+    why = _row(client.get(reverse(OVERVIEW)).content.decode(), 'data-why="testapp.slow"')
+    assert "No live worker consumes it" in why and "slower than the traffic" not in why
+    with override_settings(PLATFORMKIT=dict(settings.PLATFORMKIT, ACK_WAIT_SECONDS=60)):
+        assert _figures(overview.collect(broker_timeout_seconds=1), "testapp.slow").state == "ok"
+
+
+def test_a_job_whose_slot_went_unclaimed_is_marked_overdue_on_the_overview_and_the_jobs_list(client, registries):
+    from django_platformkit.jobs import specs as jobs
+
+    jobs.job(every=datetime.timedelta(seconds=20), name="testapp.sync_prices")(lambda: None)
+    jobs.job(every=datetime.timedelta(hours=1), name="testapp.hourly_report")(lambda: None)
+    now = timezone.now()
+    late = jobs.job_named("testapp.sync_prices").prev_slot(now - datetime.timedelta(seconds=82))
+    JobState.objects.create(name="testapp.sync_prices", last_slot=late, started_at=late, finished_at=late)
+    on_time = jobs.job_named("testapp.hourly_report").prev_slot(now)
+    JobState.objects.create(name="testapp.hourly_report", last_slot=on_time, started_at=on_time, finished_at=on_time)
+    found = {j.name: j for j in overview.collect(broker_timeout_seconds=1).jobs}
+    assert found["testapp.sync_prices"].overdue and found[
+        "testapp.sync_prices"
+    ].missed_slot == late + datetime.timedelta(seconds=20)
+    assert not found["testapp.hourly_report"].overdue
+    client.force_login(_viewer("view_jobstate"))
+    html = client.get(reverse(OVERVIEW)).content.decode()
+    late_row = _row(html, 'data-job="testapp.sync_prices"')
+    assert 'class="platformkit-overdue"' in late_row and '<strong class="pk-overdue">overdue</strong>' in late_row
+    assert "on time" in _row(html, 'data-job="testapp.hourly_report"')
+    assert "1 job overdue" in html
+    jobs_list = client.get(reverse("admin:django_platformkit_jobstate_changelist")).content.decode()
+    assert jobs_list.count("pk-overdue") == 1 and "on time" in jobs_list
+
+
+def test_workers_that_stopped_a_while_ago_are_folded_away_those_that_stopped_just_now_are_listed(client):
+    now = timezone.now()
+    Heartbeat([], worker="alive:1").beat()
+    for worker, stopped, ago in (
+        ("stopped-just-now:2", True, datetime.timedelta(minutes=1)),
+        ("stopped-long-ago:3", True, datetime.timedelta(minutes=10)),
+        ("silent-lately:4", False, datetime.timedelta(minutes=30)),
+        ("silent-long-ago:5", False, datetime.timedelta(hours=2)),
+    ):
+        beat = Heartbeat([], worker=worker)
+        beat.stopped() if stopped else beat.beat()
+        WorkerHeartbeat.objects.filter(worker=worker).update(last_seen=now - ago)
+    result = overview.collect(broker_timeout_seconds=1)
+    assert [w.worker for w in result.workers_listed] == ["alive:1", "stopped-just-now:2", "silent-lately:4"]
+    assert {w.worker for w in result.workers_folded} == {"stopped-long-ago:3", "silent-long-ago:5"}
+    client.force_login(_viewer("view_outboxevent"))
+    html = client.get(reverse(OVERVIEW)).content.decode()
+    listed = html[html.index('id="platformkit-workers"') : html.index('id="platformkit-workers-folded"')]
+    folded = html[html.index('id="platformkit-workers-folded"') :]
+    assert 'data-worker="stopped-just-now:2" data-state="stopped"' in listed
+    assert 'data-worker="silent-lately:4" data-state="silent"' in listed
+    assert "stopped-long-ago:3" not in listed and "stopped-long-ago:3" in folded
+    assert "2 workers stopped earlier (stopped more than 5 min ago, or silent for more than 60 min)" in folded
+
+
+def test_a_worker_waiting_for_the_broker_and_stream_problems_show_when_the_figures_carry_them(client, monkeypatch):
+    """The fields the stream-safety work fills: absent, the page shows nothing of them."""
+    Heartbeat([], worker="web-7:77").beat()
+    client.force_login(_viewer("view_outboxevent"))
+    plain = client.get(reverse(OVERVIEW)).content.decode()
+    assert "platformkit-stream-problems" not in plain and "waiting for the broker" not in plain
+
+    collect = overview.collect
+    since = timezone.now() - datetime.timedelta(minutes=4)
+
+    def carrying(**kwargs):
+        figures = collect(**kwargs)
+        figures.stream_problems = ["max_msgs=300 discards events nobody has handled: run manage.py stream info."]
+        worker = next(w for w in figures.workers if w.worker == "web-7:77")
+        worker.waiting_for_broker, worker.waiting_for_broker_since = True, since
+        return figures
+
+    monkeypatch.setattr(overview, "collect", carrying)
+    html = client.get(reverse(OVERVIEW)).content.decode()
+    banner = html[html.index('id="platformkit-stream-problems"') : html.index("</div>", html.index("stream-problems"))]
+    assert "The stream could lose events:" in banner and "<li>max_msgs=300 discards events" in banner
+    row = _row(html, 'data-worker="web-7:77"')
+    assert 'data-state="waiting_for_broker"' in row and "waiting for the broker" in row and "4 min ago" in row
+    assert "0 workers alive, 1 waiting for the broker" in " ".join(html.split())
+
+
+def test_the_page_reloads_itself_only_when_asked_and_only_at_the_intervals_it_offers(client):
+    client.force_login(_viewer("view_outboxevent"))
+    url = reverse(OVERVIEW)
+    plain = client.get(url).content.decode()
+    assert 'http-equiv="refresh"' not in plain
+    for seconds in (10, 30, 60):
+        assert f'<a href="?refresh={seconds}">every {seconds} s</a>' in plain
+    asked = client.get(url, {"refresh": "30"}).content.decode()
+    assert '<meta http-equiv="refresh" content="30">' in asked and "<strong>every 30 s</strong>" in asked
+    assert '<a href="?">off</a>' in asked
+    for odd in ("1", "0", "abc", "30.5", "-10"):
+        assert 'http-equiv="refresh"' not in client.get(url, {"refresh": odd}).content.decode(), odd
+
+
+def test_a_failing_subscription_that_is_also_behind_says_both(client):
+    waiting = _publish("testapp.slow", 2)
+    OutboxEvent.objects.filter(pk__in=waiting).update(created_at=timezone.now() - datetime.timedelta(minutes=3))
+    _run("testapp.slow", waiting[0], 1, Attempt.FAILED, ago=170, error="OSError: disk full")
+    client.force_login(_viewer("view_outboxevent"))
+    html = client.get(reverse(OVERVIEW)).content.decode()
+    why = html[html.index('data-why="testapp.slow"') : html.index("</tr>", html.index('data-why="testapp.slow"'))]
+    assert "OSError: disk full" in why
+    assert "The oldest unhandled event has waited 3 min" in why and "It is not relayed yet" in why

@@ -678,3 +678,18 @@ def test_boot_says_a_handler_that_takes_no_argument_must_take_one_event(registri
         "app 'pkboot_noarg': handler pkboot_noarg.platformkit.handle takes no argument; a handler takes one event. "
         "Fix: define it as 'def handle(event): ...' (one ReceivedEvent)."
     )
+
+
+def test_setting_django_up_registers_every_check_family():
+    """apps.ready() imports the checks package, which registers each family:
+    in a process of its own, where no test has imported a check module."""
+    probe = (
+        "import django; django.setup(); from django.core.checks.registry import registry; "
+        "print(sorted(f'{c.__module__}.{c.__name__}' for c in registry.get_checks() if c.__module__.startswith('django_platformkit')))"
+    )
+    env = _env(DJANGO_SETTINGS_MODULE="tests.settings", PLATFORMKIT_TEST_SERVICES="none")
+    result = subprocess.run([sys.executable, "-c", probe], env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    registered = result.stdout
+    for family in ("declarations.check_subscriptions", "settings.check_settings", "services.check_database"):
+        assert f"django_platformkit.checks.{family}" in registered, registered

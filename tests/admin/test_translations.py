@@ -1,0 +1,302 @@
+"""Every user-facing string of the console goes through gettext: rendered
+under a test translation that marks each string it is asked for (⟪…⟫), the
+pages show no English word of ours unmarked; and, without rendering, every
+template text sits in {% translate %} / {% blocktranslate %} and every admin
+label, filter title and message is a gettext call."""
+
+from __future__ import annotations
+
+import ast
+import datetime
+import gettext as gettext_module
+import re
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+from django.contrib.auth.models import User
+from django.db import transaction
+from django.template.base import Lexer, TokenType
+from django.urls import reverse
+from django.utils import timezone, translation
+from django.utils.translation import trans_real
+
+from django_platformkit import publish
+from django_platformkit.models import Attempt, DeadLetter, JobState, OutboxEvent
+from django_platformkit.outbox.deadletters import record_dead_letter
+from django_platformkit.runtime.heartbeat import Heartbeat
+
+PACKAGE = Path(__file__).resolve().parents[2] / "django_platformkit"
+TEMPLATES = PACKAGE / "templates" / "admin" / "django_platformkit"
+
+
+class Marking(gettext_module.NullTranslations):
+    """A test language: every string asked for comes back marked ⟪…⟫, so a
+    string that never went through gettext stands out unmarked."""
+
+    def gettext(self, message: str) -> str:
+        if trans_real.CONTEXT_SEPARATOR in message:  # pgettext: "context\x04message"
+            message = message.split(trans_real.CONTEXT_SEPARATOR, 1)[1]
+        return f"⟪{message}⟫"
+
+    def ngettext(self, singular: str, plural: str, n: int) -> str:
+        return f"⟪{singular if n == 1 else plural}⟫"
+
+    def language(self) -> str:
+        return "xx"
+
+    def to_language(self) -> str:
+        return "xx"
+
+
+@contextmanager
+def marked() -> Iterator[None]:
+    trans_real._active.value = Marking()
+    try:
+        yield
+    finally:
+        translation.deactivate()
+
+
+class _Text(HTMLParser):
+    """The text a reader sees, and the title / aria-label texts, of ``#content``
+    (Django's own header, navigation and footer are Django's to translate)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.depth = 0  # > 0 inside #content
+        self.skip = 0  # > 0 inside <style>/<script>/<pre>/<code> (data, not words of ours)
+        self.parts: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        found = dict(attrs)
+        if self.depth or found.get("id") == "content":
+            if tag not in ("br", "input", "meta", "img", "link", "hr"):
+                self.depth += 1
+            if tag in ("style", "script", "pre", "code", "textarea"):
+                self.skip += 1
+            said = [found.get("title"), found.get("aria-label")]
+            if tag == "input" and found.get("type") == "submit":
+                said.append(found.get("value"))
+            self.parts.extend(text for text in said if text)
+
+    def handle_endtag(self, tag: str) -> None:
+        if self.depth and tag not in ("br", "input", "meta", "img", "link", "hr"):
+            self.depth -= 1
+            if tag in ("style", "script", "pre", "code", "textarea"):
+                self.skip -= 1
+
+    def handle_data(self, data: str) -> None:
+        if self.depth and not self.skip:
+            self.parts.append(data)
+
+
+# Data the pages show as it is: names, ids, paths, times, numbers, what handlers raised.
+_DATA = [
+    r"\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2} [A-Z]{2,5}",  # a time, in the console's one format
+    r"[\w.:/@*-]*[\d._:/@-][\w.:/@*-]*",  # names with dots, ids, host:pid, URLs, numbers, durations' digits
+]
+
+
+def unmarked_words(html: str, data: list[str]) -> list[str]:
+    parser = _Text()
+    parser.feed(html)
+    text = " ".join(parser.parts)
+    for value in sorted(data, key=len, reverse=True):
+        text = text.replace(value, " ")
+    while (unwrapped := re.sub(r"⟪[^⟪⟫]*⟫", " ", text)) != text:  # marked (translated), innermost first
+        text = unwrapped
+    for pattern in _DATA:
+        text = re.sub(pattern, " ", text)
+    return re.findall(r"[A-Za-z]{2,}", text)
+
+
+@pytest.fixture
+def operator() -> User:
+    return User.objects.create_superuser(f"op{uuid.uuid4().hex[:6]}", password=None)
+
+
+@pytest.fixture
+def scene(registries) -> dict[str, object]:
+    """Something on every page: a failing subscription (a retry and a dead
+    letter), a lagging one, an overdue job, a live and a folded worker, a task."""
+    from django_platformkit.jobs import specs as jobs
+
+    with transaction.atomic():
+        failed, retrying = publish("testapp.flaky", {"n": 1}), publish("testapp.flaky", {"n": 2})
+        waiting = publish("testapp.slow", {"n": 3})
+    OutboxEvent.objects.filter(pk=failed).update(published_at=timezone.now())
+    OutboxEvent.objects.filter(pk=waiting).update(created_at=timezone.now() - datetime.timedelta(minutes=5))
+    record_dead_letter(
+        subscription="testapp.flaky",
+        event_id=failed,
+        name="testapp.flaky",
+        tenant=None,
+        attempts=3,
+        error="KeyError: 'sku'",
+        traceback="Traceback ...",
+    )
+    Attempt.objects.create(
+        subscription="testapp.flaky", event_id=retrying, attempt=1, outcome=Attempt.FAILED, error="KeyError: 'sku'"
+    )
+    jobs.job(every=datetime.timedelta(seconds=20), name="testapp.sync_prices")(lambda: None)
+    late = timezone.now() - datetime.timedelta(seconds=82)
+    JobState.objects.create(name="testapp.sync_prices", last_slot=late, started_at=late, finished_at=late)
+    Heartbeat(["testapp.flaky"], worker="web-1:4242").beat()
+    Heartbeat([], worker="web-2:4343").stopped()
+    from django_platformkit.models import WorkerHeartbeat
+
+    WorkerHeartbeat.objects.filter(worker="web-2:4343").update(last_seen=timezone.now() - datetime.timedelta(hours=1))
+    task = OutboxEvent.objects.create(
+        name="platformkit.task_default",
+        payload={"task": "shop.tasks.send_receipt", "args": [7], "kwargs": {}, "backend": "default"},
+    )
+    return {"dead_letter": DeadLetter.objects.get(), "event": failed, "task": task.pk}
+
+
+# Values of the scene (and of the test settings) that the pages show as data.
+SCENE_DATA = ["KeyError: 'sku'", "Traceback ...", "default", "UTC", "shop.tasks.send_receipt"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_overview_shows_no_word_of_ours_that_did_not_go_through_gettext(client, operator, scene):
+    client.force_login(operator)
+    with marked():
+        html = client.get(reverse("admin:django_platformkit_overview")).content.decode()
+    assert "⟪failing⟫" in html and "⟪overdue⟫" in html and "⟪Subscriptions⟫" in html
+    assert "⟪%(age)s ago⟫" not in html and re.search(r"⟪\d+ min( \d+ s)?⟫", html), "ages are translated whole"
+    # Broker notes are the broker's own messages (data), as NATS said them.
+    broker_notes = re.findall(r'pk-broker-note" title="([^"]*)"', html)
+    assert unmarked_words(html, SCENE_DATA + broker_notes) == []
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    "page",
+    [
+        "outboxevent",
+        "handledevent",
+        "attempt",
+        "deadletter",
+        "jobstate",
+        "outboxtask",
+        "deadletter-change",
+        "outboxevent-change",
+        "outboxtask-change",
+        "deadletter-replay",
+    ],
+)
+def test_every_list_and_page_shows_no_word_of_ours_that_did_not_go_through_gettext(client, operator, scene, page):
+    model, _, view = page.partition("-")
+    if view == "change":
+        pk = {"deadletter": scene["dead_letter"].pk, "outboxevent": scene["event"], "outboxtask": scene["task"]}[model]
+        url = reverse(f"admin:django_platformkit_{model}_change", args=[pk])
+    elif view == "replay":
+        url = reverse("admin:django_platformkit_deadletter_replay", args=[scene["dead_letter"].pk])
+    else:
+        url = reverse(f"admin:django_platformkit_{model}_changelist")
+    client.force_login(operator)
+    with marked():
+        response = client.get(url)
+    assert response.status_code == 200
+    data = SCENE_DATA + [str(scene["event"]), "order", "sku", "n"]  # payload keys
+    # The list's filters show the values of a field (subscription names) and Django's own words.
+    assert unmarked_words(response.content.decode(), data) == []
+
+
+def _untranslated_template(path: Path) -> str:
+    """The template as a reader's text would come out of it: every tag and
+    variable, and all of a {% blocktranslate %} or {% comment %} block, in
+    place as "§" (its lines kept, so line numbers still hold)."""
+    out, inside = [], None  # the block whose text is translated or ignored
+    for token in Lexer(path.read_text()).tokenize():
+        bits = token.contents.split() if token.token_type == TokenType.BLOCK else []
+        word = bits[0] if bits else ""
+        if word in ("blocktranslate", "blocktrans", "comment") or bits == ["block", "bodyclass"]:
+            inside = word  # translated, a comment, or CSS class names
+        if token.token_type == TokenType.TEXT and inside is None:
+            out.append(token.contents)
+        else:
+            out.append("§" + "\n" * token.contents.count("\n"))
+        if word in ("endblocktranslate", "endblocktrans", "endcomment") or (inside == "block" and word == "endblock"):
+            inside = None
+    return "".join(out)
+
+
+def test_every_text_in_the_consoles_templates_is_inside_a_translate_tag():
+    found = []
+    for path in sorted(TEMPLATES.rglob("*.html")):
+        text = _untranslated_template(path)
+        text = re.sub(r"<style>.*?</style>", lambda m: "\n" * m.group().count("\n"), text, flags=re.S)
+        said = r'(?:title|aria-label|placeholder)="([^"]*)"|type="submit"[^>]*value="([^"]*)"'
+        for match in re.finditer(rf"{said}|<[^>]*>|([^<]+)", text):
+            words = re.findall(r"[A-Za-z]{2,}", re.sub(r"&\w+;", " ", "".join(g or "" for g in match.groups())))
+            if words:
+                line = text.count("\n", 0, match.start()) + 1
+                found.append(f"{path.relative_to(PACKAGE)}:{line}: {' '.join(words)}")
+    assert found == [], "text outside {% translate %}:\n" + "\n".join(found)
+
+
+def _gettext_call(node: ast.AST | None) -> bool:
+    return isinstance(node, ast.Call) and getattr(node.func, "id", "") in {
+        "_",
+        "gettext",
+        "gettext_lazy",
+        "ngettext",
+        "pgettext",
+        "pgettext_lazy",
+        "format_html",
+    }
+
+
+def _words(node: ast.AST | None) -> bool:
+    """A literal a reader would see: a str with a word in it, or an f-string."""
+    if isinstance(node, ast.JoinedStr):
+        return True
+    return (
+        isinstance(node, ast.Constant) and isinstance(node.value, str) and bool(re.search(r"[A-Za-z]{2}", node.value))
+    )
+
+
+def test_every_label_filter_title_choice_and_message_of_the_admin_goes_through_gettext():
+    found = []
+    for path in sorted((PACKAGE / "admin").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            where = f"{path.name}:{getattr(node, 'lineno', '?')}"
+            # @admin.display(description=...) / @admin.action(description=...)
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", "") in ("display", "action"):
+                for keyword in node.keywords:
+                    if keyword.arg == "description" and not _gettext_call(keyword.value):
+                        found.append(f"{where}: description={ast.unparse(keyword.value)}")
+            # class attributes: a filter's title, a list's search help
+            if (
+                isinstance(node, ast.Assign)
+                and any(getattr(t, "id", "") in ("title", "search_help_text") for t in node.targets)
+                and not _gettext_call(node.value)
+            ):
+                found.append(f"{where}: {ast.unparse(node)}")
+            # self.message_user(request, <text>, ...)
+            if (
+                isinstance(node, ast.Call)
+                and getattr(node.func, "attr", "") == "message_user"
+                and len(node.args) > 1
+                and _words(node.args[1])
+            ):
+                found.append(f"{where}: message_user({ast.unparse(node.args[1])})")
+            # a filter's choices: return [("value", "label"), ...]
+            if isinstance(node, ast.FunctionDef) and node.name == "lookups":
+                for inner in ast.walk(node):
+                    if isinstance(inner, ast.Tuple) and len(inner.elts) == 2 and _words(inner.elts[1]):
+                        found.append(f"{where}: lookups {ast.unparse(inner)}")
+            # what a column or a field shows: return "words" from a display method
+            if isinstance(node, ast.FunctionDef) and any(
+                getattr(getattr(d, "func", None), "attr", "") == "display" for d in node.decorator_list
+            ):
+                for inner in ast.walk(node):
+                    if isinstance(inner, ast.Return) and _words(inner.value):
+                        found.append(f"{where}: {node.name} returns {ast.unparse(inner.value)}")
+    assert found == [], "user-facing text not through gettext:\n" + "\n".join(found)
