@@ -107,6 +107,8 @@ class HandlingOutcome(enum.StrEnum):
     RETRIED = "retried"
     #: The handler failed its last attempt; a dead letter and a terminal claim were written, the message termed.
     DEAD_LETTERED = "dead_lettered"
+    #: An operator cancelled it before it ran (``cancel()``): a terminal claim; acked, the handler not run.
+    CANCELLED = "cancelled"
     #: Not a message this subscription can run (undecodable, or not in this project's outbox); recorded, termed.
     MALFORMED = "malformed"
     #: The database was gone: not settled, the broker redelivers it after the ack wait.

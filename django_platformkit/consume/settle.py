@@ -27,7 +27,7 @@ from django_platformkit.consume.handler import HandlerRunner
 from django_platformkit.consume.subscriptions import Subscription
 from django_platformkit.consume.units import Stopping, Work
 from django_platformkit.consume.waiting import DatabaseWait
-from django_platformkit.exceptions import PermanentFailure
+from django_platformkit.exceptions import is_permanent
 from django_platformkit.outage import close_old_connections_for
 from django_platformkit.outbox.deadletters import malformed_id, record_dead_letter, record_malformed
 from django_platformkit.wire import AttemptOutcome, Delivery, HandlingOutcome, ReceivedEvent
@@ -98,8 +98,8 @@ class Settlement:
             )
             connections[self.using].close()
             return HandlingOutcome.UNACKED
-        # A PermanentFailure says a retry can't help: dead-letter it now.
-        will_retry = event.attempt < sub.max_attempts and not isinstance(error, PermanentFailure)
+        # A PermanentFailure (or a mark_permanent() error) says a retry can't help: dead-letter it now.
+        will_retry = event.attempt < sub.max_attempts and not is_permanent(error)
         signals.event_failed.send_robust(
             sender=sub,
             subscription=sub.name,

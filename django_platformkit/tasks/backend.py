@@ -199,9 +199,11 @@ class OutboxBackend(BaseTaskBackend):
         ``run_after`` naive, ...), ``TypeError`` when the task's function
         can't take ``args`` and ``kwargs`` (a missing or unknown argument, too
         many; a ``takes_context`` task's context excepted: Django passes it),
-        naming the task and why, ``InvalidPayload`` (a ``ValueError``) when
-        an argument doesn't survive a JSON round trip, naming its path
-        (``$.args[0]``, ``$.kwargs.when``) or exceeding ``MAX_PAYLOAD_BYTES``.
+        naming the task and why, ``InvalidTaskArgument`` (a ``TypeError``
+        and an ``InvalidPayload``, as Django's backends raise ``TypeError``)
+        when an argument isn't one Django's task backends store, naming its
+        path (``$.args[0]``, ``$.kwargs.when``), ``InvalidPayload`` (a
+        ``ValueError``) when the payload exceeds ``MAX_PAYLOAD_BYTES``.
         ``ConfigurationError`` when ``django_platformkit`` is not in
         ``INSTALLED_APPS``. ``TransactionRequired`` when called inside an atomic block of another
         database than the outbox's. ``ProgrammingError`` saying to migrate if
@@ -244,17 +246,14 @@ class OutboxBackend(BaseTaskBackend):
             task.run_after,
         ]
         try:
-            if connection.in_atomic_block:
-                with connection.cursor() as cursor:
-                    cursor.execute(sql, params)
-                    enqueued_at = cursor.fetchone()[0]
-            else:
+            if not connection.in_atomic_block:
                 # The one place we don't require atomic(): plain code may enqueue
-                # anywhere, and then the row is its own transaction.
+                # anywhere, and then the row is its own transaction - one
+                # autocommit statement, not BEGIN, INSERT, COMMIT.
                 _refuse_atomic_elsewhere(alias)
-                with transaction.atomic(using=alias), connection.cursor() as cursor:
-                    cursor.execute(sql, params)
-                    enqueued_at = cursor.fetchone()[0]
+            with connection.cursor() as cursor:
+                cursor.execute(sql, params)
+                enqueued_at = cursor.fetchone()[0]
         except ProgrammingError as exc:
             explain_unmigrated(exc, alias)
             raise

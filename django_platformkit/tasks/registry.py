@@ -28,7 +28,8 @@ def register_task_queues() -> list[str]:
     the check ``platformkit.E102``. Returns the subscription names."""
     from django_platformkit.consume.subscriptions import get_subscription, subscribe
     from django_platformkit.outbox.events import declare
-    from django_platformkit.tasks.results import RUNNING_LOCK_NAMESPACE, run_task
+    from django_platformkit.tasks.results import RUNNING_LOCK_NAMESPACE
+    from django_platformkit.tasks.runner import run_task
 
     names = []
     for queue in configured_queues():
