@@ -20,10 +20,11 @@ from django_platformkit._tables import (
     HANDLED_TABLE,
     JOBS_TABLE,
     OUTBOX_TABLE,
+    RATE_LIMITS_TABLE,
     TASK_RESULTS_TABLE,
     WORKERS_TABLE,
 )
-from django_platformkit.wire import AttemptOutcome
+from django_platformkit.wire import AttemptOutcome, HandlingOutcome
 
 #: ``clock_timestamp()`` rather than ``now()``: ``now()`` is the transaction's
 #: start, so every event of one transaction would tie and lose its order.
@@ -95,6 +96,10 @@ class OutboxEvent(models.Model):
         return self.published_at is None
 
 
+#: The outcomes a claim row records (``HandledEvent.outcome``).
+CLAIM_OUTCOMES = (HandlingOutcome.HANDLED, HandlingOutcome.DEAD_LETTERED, HandlingOutcome.CANCELLED)
+
+
 class HandledQuerySet(models.QuerySet["HandledEvent"]):
     def for_event(self, event_id: UUID | str) -> Self:
         return self.filter(event_id=event_id)
@@ -108,6 +113,14 @@ class HandledEvent(models.Model):
     subscription = models.CharField(max_length=200)
     event_id = models.UUIDField()
     handled_at = models.DateTimeField(db_default=Now())
+    #: Why the claim exists: ``handled`` (the handler committed), ``dead_lettered``
+    #: (a dead letter's terminal claim) or ``cancelled`` (``cancel()``). A database
+    #: default, so the claim statement of the hot path doesn't name it.
+    outcome = models.CharField(
+        max_length=16,
+        db_default=HandlingOutcome.HANDLED.value,
+        choices=[(o.value, o.value) for o in CLAIM_OUTCOMES],
+    )
 
     objects = HandledQuerySet.as_manager()
 
@@ -339,3 +352,19 @@ class OutboxTask(OutboxEvent):
     class Meta:
         proxy = True
         verbose_name = "task"
+
+
+class RateLimit(models.Model):
+    """The shared limiter of a rate-limited subscription (``subscribe(...,
+    rate_limit=...)``): the earliest time its next handler may start, moved
+    on by ``period / count`` with each start any worker takes."""
+
+    name = models.CharField(max_length=200, primary_key=True, help_text="the subscription")
+    next_at = models.DateTimeField()
+
+    class Meta:
+        db_table = RATE_LIMITS_TABLE
+        verbose_name = "rate limit"
+
+    def __str__(self) -> str:
+        return f"{self.name}: next start at {self.next_at}"

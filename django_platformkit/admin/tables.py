@@ -31,6 +31,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 from django.utils.timesince import timesince
 
+from django_platformkit.admin.cancelling import cancel_selected
 from django_platformkit.admin.display import (
     ModelAdminOf,
     NoWritesAdmin,
@@ -102,6 +103,7 @@ class OutboxEventAdmin(ReadOnlyAdmin[OutboxEvent]):
     ordering = ("-created_at", "-id")
     # Counting a large outbox on every page view is the slow part: skip the total.
     show_full_result_count = False
+    actions = [cancel_selected]
     fields = (
         "id",
         "name",

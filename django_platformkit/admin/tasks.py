@@ -19,6 +19,7 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 
+from django_platformkit.admin.cancelling import cancel_selected
 from django_platformkit.admin.display import NoWritesAdmin
 from django_platformkit.models import DeadLetter, OutboxTask, TaskResultRecord
 from django_platformkit.tasks.queues import queue_of
@@ -87,7 +88,7 @@ class OutboxTaskAdmin(NoWritesAdmin, _TaskModelAdmin):
     search_fields = ("payload__task",)
     search_help_text = "Search by the task's function path."
     list_per_page = 50
-    actions = ["replay_failed"]
+    actions = ["replay_failed", cancel_selected]
     fields = (
         "id",
         "task_path",

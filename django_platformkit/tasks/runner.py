@@ -83,7 +83,6 @@ def _django_tasks() -> SimpleNamespace:
     )
 
 
-
 class _Announced(threading.local):
     """Per pool thread: the tasks whose ``task_started`` was sent and whose
     ``task_finished`` was not yet (a batch rolled back by a neighbour's
