@@ -182,7 +182,7 @@ class Worker:
                         )
                         for instance in range(subscription.concurrency)
                     ]
-                    lanes.append(Lane(subscription, consumers))
+                    lanes.append(Lane(subscription, consumers, using=self.using))
                 self.pool = ConsumerPool(
                     self.transport, lanes, using=self.using, stop_event=self.stop_event, spawn=self._spawn
                 )
