@@ -96,7 +96,11 @@ class Lane:
         """Seconds after a unit of ``deliveries`` starts at which its slot
         lends its credit to the next unit, or None (handlers not measured
         yet, or slow, or rate-limited: the next unit is fetched when this one ends)."""
-        if self.limiter is not None or self.per_message is None or self.per_message > EARLY_FETCH_MAX_PER_MESSAGE_SECONDS:
+        if (
+            self.limiter is not None
+            or self.per_message is None
+            or self.per_message > EARLY_FETCH_MAX_PER_MESSAGE_SECONDS
+        ):
             return None
         expected = deliveries * self.per_message
         return max(0.0, expected * (1 - EARLY_FETCH_LEAD_SHARE) - EARLY_FETCH_LEAD_FETCHES * self.fetch_seconds)
