@@ -103,7 +103,7 @@ def task_at(path: str, alias: str, queue: str) -> Task[..., Any]:
     return task
 
 
-def _missing_task(path: str, alias: str, queue: str, reason: str) -> Task[..., Any]:
+def missing_task(path: str, alias: str, queue: str, reason: str) -> Task[..., Any]:
     """A stand-in ``Task`` for a result whose function can't be imported any
     more: its ``module_path`` is ``path``, calling it raises ``ValueError``
     (``reason``), and it skips the backend's validation (its queue may be
@@ -206,7 +206,7 @@ def load_result(backend: _Backend, result_id: object) -> TaskResult[..., Any]:
     try:
         task = task_at(payload["task"], alias, queue)
     except ValueError as exc:  # renamed or removed since: the result still exists
-        task = _missing_task(payload["task"], alias, queue, str(exc))
+        task = missing_task(payload["task"], alias, queue, str(exc))
     if run_after is not None and task.run_after != run_after:
         task = _with_fields(task, run_after=run_after)  # as enqueued: task.using(run_after=...)
     errors = [TaskError(**e) for e in json.loads(errors_text or "[]")]
