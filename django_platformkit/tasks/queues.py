@@ -15,6 +15,8 @@ from typing import Any
 from django.conf import settings as django_settings
 from django.utils.module_loading import import_string
 
+from django_platformkit.wire import TASK_EVENT_PREFIX
+
 try:  # Django 6.0+
     import django.tasks  # noqa: F401 - only whether it is there
 
@@ -26,10 +28,6 @@ except ImportError:  # Django 5.2
 BACKEND_PATH = "django_platformkit.tasks.OutboxBackend"
 #: Where the backend class is defined (a subclass of it is ours too).
 _BACKEND_CLASS = "django_platformkit.tasks.backend.OutboxBackend"
-
-
-#: ``platformkit.task_<queue>``: the event and the subscription of a queue.
-TASK_EVENT_PREFIX = "platformkit.task_"
 
 
 #: Queue names our event grammar can carry after ``task_``.

@@ -31,8 +31,8 @@ from django_platformkit import conf, signals
 from django_platformkit._process import worker_id
 from django_platformkit._tables import DEAD_LETTER_TABLE, HANDLED_TABLE, OUTBOX_TABLE, TASK_RESULTS_TABLE
 from django_platformkit.exceptions import Cancelled
-from django_platformkit.tasks.queues import TASK_EVENT_PREFIX, event_id_of, queue_of
-from django_platformkit.wire import HandlingOutcome
+from django_platformkit.tasks.queues import event_id_of, queue_of
+from django_platformkit.wire import TASK_EVENT_PREFIX, HandlingOutcome
 
 if TYPE_CHECKING:
     from django.tasks import Task, TaskResult

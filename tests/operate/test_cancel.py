@@ -136,6 +136,7 @@ def test_cancel_racing_a_running_handler_exactly_one_wins_and_cancel_says_which(
     background_worker(subscriptions=[get_subscription("testapp.racing")])
     assert started.wait(20)
     results = []
+
     def cancel_in_a_thread():
         try:
             results.append(cancel(running_id, actor="a", reason="race"))

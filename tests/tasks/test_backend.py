@@ -478,10 +478,15 @@ def test_django_signals_are_sent_as_djangos_backends_send_them(outbox_tasks, run
     # Paired per attempt: each run's task_started is followed by its task_finished (FAILED).
     failed = [(s[0], s[3]) for s in seen if s[2] == bad.id]
     runs = settings.PLATFORMKIT["MAX_ATTEMPTS"]
-    assert failed == [("enqueued", TaskResultStatus.READY)] + [
-        ("started", TaskResultStatus.RUNNING),
-        ("finished", TaskResultStatus.FAILED),
-    ] * runs
+    assert (
+        failed
+        == [("enqueued", TaskResultStatus.READY)]
+        + [
+            ("started", TaskResultStatus.RUNNING),
+            ("finished", TaskResultStatus.FAILED),
+        ]
+        * runs
+    )
 
 
 def test_a_running_task_reads_as_running(outbox_tasks):
