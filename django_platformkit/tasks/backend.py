@@ -113,7 +113,7 @@ class OutboxBackend(BaseTaskBackend):
             raise ConfigurationError(NEEDS_DJANGO_6.format(version=django.get_version()))
         super().__init__(alias, params)
         # As written: Django's set() of a str is its letters (check E107).
-        self._queues_setting = params.get("QUEUES", ["default"])
+        self.queues_setting = params.get("QUEUES", ["default"])
         self._app_installed: bool | None = None  # looked up at the first enqueue()
 
     def validate_task(self, task: Task[..., Any]) -> None:
@@ -254,4 +254,4 @@ class OutboxBackend(BaseTaskBackend):
 
     def _queues_refusal(self, where: str = "settings.TASKS") -> checks.Error | None:
         """Check ``E107`` when ``QUEUES`` as written isn't a list of names, else None."""
-        return queues_refusal(self.alias, self._queues_setting, where)
+        return queues_refusal(self.alias, self.queues_setting, where)

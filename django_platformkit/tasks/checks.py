@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import difflib
 import re
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from django.conf import settings as django_settings
 from django.core import checks
@@ -28,8 +28,19 @@ from django_platformkit.tasks.queues import (
     queue_options_of,
 )
 
-if TYPE_CHECKING:
-    from django_platformkit.tasks.backend import OutboxBackend
+
+class Checked(Protocol):
+    """What the checks read of an ``OutboxBackend``: its settings, as written."""
+
+    @property
+    def alias(self) -> str: ...
+    @property
+    def queues(self) -> Any: ...
+    @property
+    def options(self) -> Any: ...
+    @property
+    def queues_setting(self) -> Any: ...
+
 
 # System checks of the backend (ids in a range of their own, 1xx, so they
 # can't collide with checks.py's): message, hint.
@@ -102,7 +113,7 @@ CHECKS = {
 }
 
 
-def check_backend(backend: OutboxBackend) -> list[checks.CheckMessage]:
+def check_backend(backend: Checked) -> list[checks.CheckMessage]:
     """``E101`` app not installed, ``E102`` a queue name our event grammar
     can't carry, ``E103`` no queues, ``E104`` a ``BATCH`` that isn't a bool,
     ``E105`` an option we don't know, ``E106`` a ``CONCURRENCY`` that isn't a
@@ -117,7 +128,7 @@ def check_backend(backend: OutboxBackend) -> list[checks.CheckMessage]:
     where = "settings.TASKS"
     if not apps.is_installed("django_platformkit"):
         errors.append(check("E101", where, alias=alias, backend=BACKEND_PATH))
-    refusal = queues_refusal(alias, backend._queues_setting, where)
+    refusal = queues_refusal(alias, backend.queues_setting, where)
     if refusal is not None:
         errors.append(refusal)
     elif not backend.queues:
@@ -186,7 +197,7 @@ def queues_refusal(alias: str, names: Any, where: str = "settings.TASKS") -> che
     return check("E107", where, alias=alias, value=names, example=example)
 
 
-def _check_shared_queues(backend: OutboxBackend, where: str) -> list[checks.CheckMessage]:
+def _check_shared_queues(backend: Checked, where: str) -> list[checks.CheckMessage]:
     """``E109`` for each queue this backend shares with a later one (by
     alias, so a pair is reported once) whose BATCH, CONCURRENCY or per-queue
     options differ."""
