@@ -295,7 +295,7 @@ class ConsumerPool:
             if limiter is not None:
                 # Its ack is kept alive meanwhile; a stop during the wait hands it back uncounted (handle()).
                 for _ in deliveries:
-                    self.stop_event.wait(limiter.take())
+                    limiter.wait_for_slot(self.stop_event)
             consumer.handle(deliveries, keep)
         except (DatabaseError, BrokerUnavailable, TimeoutError, OSError) as exc:
             # Outside a handler (the consumer settles a handler's own errors):

@@ -15,10 +15,20 @@ depth one), as pgqueuer's global limits keep their count in PostgreSQL.
 
 from __future__ import annotations
 
+import threading
+import time
+
 from django.db import connections
 
 from django_platformkit._tables import RATE_LIMITS_TABLE
 from django_platformkit.conf import Rate
+
+#: A start that wakes later than its slot by more than this share of the
+#: spacing takes a fresh slot instead (its own is gone): a late start would
+#: share a window with the slots after it (a busy machine, a pause).
+LATE_SHARE_OF_SPACING = 0.5
+#: Fresh slots a late waker takes at most before it starts anyway.
+LATE_RETAKES = 3
 
 #: Take the next slot and say how long to wait for it, in seconds (<= 0: now).
 #: ``clock_timestamp()`` read once: the slot is never earlier than the read.
@@ -60,3 +70,20 @@ class RateLimiter:
             cursor.execute(_TAKE_SLOT_SQL, [self.name, spacing, spacing, spacing])
             row = cursor.fetchone()
         return max(0.0, float(row[0])) if row else 0.0
+
+    def wait_for_slot(self, stop: threading.Event) -> None:
+        """Take a slot and sleep until it (returns early when ``stop`` is
+        set). Woken too late - past ``LATE_SHARE_OF_SPACING`` of the spacing
+        - it takes a fresh slot rather than start in the next one's window.
+
+        Raises:
+            DatabaseError: The database didn't answer.
+        """
+        late_after = self.rate.spacing_seconds * LATE_SHARE_OF_SPACING
+        for _ in range(1 + LATE_RETAKES):
+            wait = self.take()
+            due = time.monotonic() + wait
+            if stop.wait(wait):
+                return
+            if time.monotonic() - due <= late_after:
+                return
