@@ -32,12 +32,12 @@ from django_platformkit import conf, signals
 from django_platformkit._tables import OUTBOX_TABLE
 from django_platformkit.broker.memory import InMemoryTransport
 from django_platformkit.broker.memory_stream import ConsumerSpec, ManualClock
-from django_platformkit.consume.consumer import Consumer
+from django_platformkit.consume.consumer import COUNTED, Consumer
 from django_platformkit.consume.subscriptions import Subscription
 from django_platformkit.consume.subscriptions import subscriptions as registered_subscriptions
 from django_platformkit.identity import database_identity
 from django_platformkit.outbox.relay import Relay
-from django_platformkit.wire import ReceivedEvent
+from django_platformkit.wire import HandlingOutcome, ReceivedEvent
 
 if TYPE_CHECKING:
     from django_platformkit.broker.transport import Transport
@@ -144,7 +144,10 @@ def run_pending(
                     headers=json.loads(headers or "{}"),
                 )
                 for sub in by_event.get(name, []):
-                    if Consumer(sub, no_broker, using=alias).run_event(event, timeout=timeout) == "handled":
+                    if (
+                        Consumer(sub, no_broker, using=alias).run_event(event, timeout=timeout)
+                        == HandlingOutcome.HANDLED
+                    ):
                         runs += 1
                 with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
                     cursor.execute(f"UPDATE {OUTBOX_TABLE} SET published_at = now() WHERE id = %s", [event_id])
@@ -277,7 +280,7 @@ def run_worker_burst(
     alias = using or conf.settings.DATABASE_ALIAS
     subs = list(registered_subscriptions() if subscriptions is None else subscriptions)
     result = BurstResult(transport)
-    outcomes: collections.Counter[str] = collections.Counter()
+    outcomes: collections.Counter[HandlingOutcome] = collections.Counter()
 
     def failed(
         sender: Any, *, subscription: str, event: ReceivedEvent, error: BaseException, will_retry: bool, **kwargs: Any
@@ -289,13 +292,11 @@ def run_worker_burst(
     try:
         with _session_settings_kept(alias):
             transport.ensure_stream(owner=database_identity(alias))
-            # The runtime is typed against Transport; InMemoryTransport has the part of its interface it uses.
-            runtime = cast("Transport", transport)
             consumers = []
             for sub in subs:
                 transport.ensure_consumer(consumer_spec(sub))
-                consumers.append(Consumer(sub, runtime, using=alias))
-            relay = Relay(runtime, using=alias, lanes=1)  # one lane: no threads, so it sees a TestCase's rows
+                consumers.append(Consumer(sub, transport, using=alias))
+            relay = Relay(transport, using=alias, lanes=1)  # one lane: no threads, so it sees a TestCase's rows
             batch = int(conf.settings.CONSUMER_BATCH_SIZE)
             for _ in range(max_rounds):
                 # Reset after each drain, not only after the burst: the relay's
@@ -322,6 +323,6 @@ def run_worker_burst(
                 )
     finally:
         signals.event_failed.disconnect(dispatch_uid=uid)
-    for name in ("handled", "skipped", "retried", "dead_lettered", "malformed", "unacked"):
-        setattr(result, name, outcomes[name])
+    for outcome in (*COUNTED, HandlingOutcome.UNACKED):
+        setattr(result, outcome.value, outcomes[outcome])
     return result

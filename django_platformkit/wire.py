@@ -135,6 +135,13 @@ class HandlingOutcome(enum.StrEnum):
     NOT_IN_OUTBOX = "not_in_outbox"
 
 
+class JobOutcome(enum.StrEnum):
+    """How a periodic job's run ended (``job_finished`` and ``platformkit_job_runs_total``)."""
+
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+
 class AttemptOutcome(enum.StrEnum):
     """A recorded run's ``outcome`` (``platformkit_attempts``, DESIGN.md "Attempts")."""
 

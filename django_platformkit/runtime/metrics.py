@@ -27,12 +27,18 @@ from django_platformkit import conf, signals
 from django_platformkit._tables import DEAD_LETTER_TABLE, DUE_BACKLOG_SQL
 from django_platformkit.broker.port import Broker
 from django_platformkit.exceptions import ConfigurationError
-from django_platformkit.wire import task_path
+from django_platformkit.wire import HandlingOutcome, task_path
 
 logger = logging.getLogger(__name__)
 
 #: ``platformkit_handled_total`` outcomes: one per settled delivery.
-OUTCOMES = ("handled", "retried", "dead_lettered", "skipped", "malformed")
+OUTCOMES = (
+    HandlingOutcome.HANDLED,
+    HandlingOutcome.RETRIED,
+    HandlingOutcome.DEAD_LETTERED,
+    HandlingOutcome.SKIPPED,
+    HandlingOutcome.MALFORMED,
+)
 #: Handler runs take milliseconds to minutes; the default buckets stop at 10 s.
 DURATION_BUCKETS_SECONDS = (
     0.005,
@@ -158,7 +164,7 @@ class Metrics:
     ) -> None:
         task = task_path(event.name, event.payload) if event is not None else ""
         self.handled.labels(subscription, outcome, task).inc()
-        if outcome == "handled":
+        if outcome == HandlingOutcome.HANDLED:
             self.duration.labels(subscription, task).observe(duration_seconds)
             if delivery_latency_seconds is not None:
                 self.latency.labels(subscription).observe(delivery_latency_seconds)
@@ -179,13 +185,13 @@ class Metrics:
         if delivery_latency_seconds is not None:
             self.latency.labels(subscription).observe(delivery_latency_seconds)
         if will_retry:  # the last failure is counted once, by event_dead_lettered
-            self.handled.labels(subscription, "retried", task).inc()
+            self.handled.labels(subscription, HandlingOutcome.RETRIED, task).inc()
 
     def _on_dead_lettered(self, sender: Any, *, subscription: str, task: str = "", **kwargs: Any) -> None:
-        self.handled.labels(subscription, "dead_lettered", task).inc()
+        self.handled.labels(subscription, HandlingOutcome.DEAD_LETTERED, task).inc()
 
     def _on_malformed(self, sender: Any, *, subscription: str, **kwargs: Any) -> None:
-        self.handled.labels(subscription, "malformed", "").inc()
+        self.handled.labels(subscription, HandlingOutcome.MALFORMED, "").inc()
 
     def _on_relayed(self, sender: Any, *, stored: int, dead_lettered: int = 0, **kwargs: Any) -> None:
         if stored:

@@ -38,8 +38,10 @@ BASE_APPS = list(django_settings.INSTALLED_APPS)
 
 
 @pytest.fixture
-def make_app(tmp_path, monkeypatch):
-    """Write a throwaway app package: ``make_app("name", {"views.py": src})``."""
+def make_app(tmp_path, monkeypatch, registries):
+    """Write a throwaway app package: ``make_app("name", {"views.py": src})``. Its
+    INSTALLED_APPS override runs every AppConfig.ready() again: ``registries``
+    forgets what that registers."""
     monkeypatch.syspath_prepend(str(tmp_path))
     made: list[str] = []
 
