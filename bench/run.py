@@ -4,6 +4,7 @@ print the table and write ``bench/results/latest.json``.
     python -m bench                 # full run, throwaway PostgreSQL + NATS (~15 min on 2 cores)
     python -m bench --quick         # smaller sizes, one repetition (~2 min)
     python -m bench --only relay    # one measurement (repeatable)
+    python -m bench --only ratelimit        # the rate limit's accuracy across two worker processes
     python -m bench --only topology-drain   # one part of the realistic topology (measure_topology.PARTS)
     python -m bench --machine       # the machine's servers on 127.0.0.1:5432 / :4222
     DATABASE_URL=... NATS_URL=... python -m bench   # given servers (a database of its own is created on them)
@@ -23,7 +24,7 @@ from pathlib import Path
 
 from .harness import Result, Sizes, log
 
-MEASUREMENTS = ("publish", "relay", "handle", "latency", "backlog", "topology", "tasks", "trickle")
+MEASUREMENTS = ("publish", "relay", "handle", "latency", "backlog", "topology", "tasks", "trickle", "ratelimit")
 #: One part of the topology alone: ``--only topology-drain`` (see measure_topology.PARTS).
 TOPOLOGY_PARTS = tuple(f"topology-{p}" for p in ("latency", "drain", "processes", "isolation", "rss", "idle"))
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -68,6 +69,8 @@ def _fmt(value: float | None, unit: str) -> str:
         return f"{value:.1f} s"
     if unit == "MiB":
         return f"{value:.1f} MiB"
+    if unit == "starts":
+        return f"{value:.0f} starts"
     return f"{value:.3g} {unit}"
 
 
@@ -256,6 +259,10 @@ def _run(name: str, sizes: Sizes, transport) -> list[Result]:
         from .measure_trickle import run_trickle
 
         return run_trickle(sizes, transport)
+    if name == "ratelimit":
+        from .measure_ratelimit import run_ratelimit
+
+        return run_ratelimit(sizes, transport)
     raise ValueError(name)
 
 

@@ -6,6 +6,7 @@ the models, so it is safe in settings modules and AppConfigs.
 
 from django_platformkit.consume.subscriptions import subscribe
 from django_platformkit.jobs.specs import job
+from django_platformkit.operate.cancel import cancel
 from django_platformkit.operate.deadletters import discard, replay
 from django_platformkit.operate.republish import republish
 from django_platformkit.outbox.events import EventType, declare, publish, publish_many
@@ -18,6 +19,7 @@ __version__ = "0.1.0"
 __all__ = [
     "EventType",
     "ReceivedEvent",
+    "cancel",
     "declare",
     "discard",
     "job",

@@ -9,6 +9,7 @@ ATTEMPTS_TABLE = "platformkit_attempts"
 IDENTITY_TABLE = "platformkit_identity"
 WORKERS_TABLE = "platformkit_workers"
 TASK_RESULTS_TABLE = "platformkit_task_results"
+RATE_LIMITS_TABLE = "platformkit_rate_limits"
 
 #: The relay's backlog as operators read it (metrics, the admin overview):
 #: ``(rows, seconds the oldest has been due)`` over rows the relay may send

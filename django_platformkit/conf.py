@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, overload
 
 from django.conf import settings as django_settings
@@ -169,11 +170,45 @@ def _boolean(key: str, value: object) -> bool:
     return value
 
 
+#: ``rate_limit`` periods: the unit letter -> seconds.
+RATE_PERIODS = {"s": 1.0, "m": 60.0, "h": 3600.0}
+_RATE = re.compile(r"\s*([1-9][0-9]{0,8})\s*/\s*([smh])\s*")
+
+
+@dataclass(frozen=True)
+class Rate:
+    """A parsed rate limit: at most ``count`` handler starts in any window of
+    ``period_seconds`` (``"100/s"`` -> ``Rate(100, 1.0)``)."""
+
+    count: int
+    period_seconds: float
+
+    @property
+    def spacing_seconds(self) -> float:
+        """The least time between two starts: ``period_seconds / count``."""
+        return self.period_seconds / self.count
+
+    def __str__(self) -> str:
+        unit = next(k for k, v in RATE_PERIODS.items() if v == self.period_seconds)
+        return f"{self.count}/{unit}"
+
+
+def _rate(key: str, value: object) -> Rate:
+    match = _RATE.fullmatch(value) if isinstance(value, str) else None
+    if match is None:
+        raise ConfigurationError(
+            f"PLATFORMKIT[{key!r}] must be a rate like '100/s', '30/m' or '1000/h' (a whole number of handler "
+            f"starts per second, minute or hour), got {value!r}."
+        )
+    return Rate(int(match.group(1)), RATE_PERIODS[match.group(2)])
+
+
 #: The validators an option that overrides a setting uses too (``subscribe()``):
 #: ``(key, value) -> value``, raising ``ConfigurationError`` that names ``PLATFORMKIT[key]``.
 positive_int = _positive_int
 boolean = _boolean
 backoff_seconds = _backoff
+rate = _rate
 
 
 #: ``EVENT_LOOP`` values: the transport's event loop (see ``event_loop_kind``).

@@ -37,9 +37,26 @@ class InvalidPayload(PlatformKitError, ValueError):
         self.path = path
 
 
+class InvalidTaskArgument(InvalidPayload, TypeError):
+    """A ``django.tasks`` argument the task backends can't store (Django's
+    ``normalize_json`` rule). Also a ``TypeError``, as Django's own backends
+    raise, so portable code that catches ``TypeError`` catches it."""
+
+
 class ReplayRefused(PlatformKitError, ValueError):
     """``replay()`` would not run: missing actor or reason, unknown event, or
     nothing to replay. Nothing was written."""
+
+
+class CancelRefused(PlatformKitError, ValueError):
+    """``cancel()`` would not run: missing actor or reason, an unknown event,
+    or a subscription that doesn't receive it. Nothing was written."""
+
+
+class Cancelled(PlatformKitError):
+    """An operator cancelled the event before its handler ran
+    (``cancel()``): the error class a cancelled task's result reads as
+    FAILED with."""
 
 
 class ConfigurationError(PlatformKitError, ImproperlyConfigured):
@@ -73,5 +90,22 @@ class PermanentFailure(PlatformKitError, Exception):
     the attempt counts and its work rolls back as for any error, but the
     event is dead-lettered at once instead of retried, with this error and
     its traceback (the idea of Celery's ``Reject(requeue=False)`` and of
-    Dramatiq's ``Retries(throws=...)``). Replay it after the fix. The worker raises it
-    itself for a task whose return value JSON can't carry."""
+    Dramatiq's ``Retries(throws=...)``). Replay it after the fix. Any other
+    exception marked with ``mark_permanent()`` is treated the same way."""
+
+
+#: The attribute ``mark_permanent()`` sets on an exception.
+_PERMANENT = "_platformkit_permanent"
+
+
+def mark_permanent(error: BaseException) -> BaseException:
+    """Mark ``error`` as one no retry can fix (as a ``PermanentFailure``
+    is), keeping its class: a task's unstorable return value stays the
+    ``TypeError`` Django's backends record. Returns ``error``."""
+    setattr(error, _PERMANENT, True)
+    return error
+
+
+def is_permanent(error: BaseException | None) -> bool:
+    """Whether ``error`` is a ``PermanentFailure`` or was ``mark_permanent()``-ed."""
+    return isinstance(error, PermanentFailure) or bool(getattr(error, _PERMANENT, False))

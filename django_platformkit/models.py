@@ -22,10 +22,11 @@ from django_platformkit._tables import (
     HANDLED_TABLE,
     JOBS_TABLE,
     OUTBOX_TABLE,
+    RATE_LIMITS_TABLE,
     TASK_RESULTS_TABLE,
     WORKERS_TABLE,
 )
-from django_platformkit.wire import AttemptOutcome
+from django_platformkit.wire import AttemptOutcome, HandlingOutcome
 
 #: ``clock_timestamp()`` rather than ``now()``: ``now()`` is the transaction's
 #: start, so every event of one transaction would tie and lose its order.
@@ -97,6 +98,10 @@ class OutboxEvent(models.Model):
         return self.published_at is None
 
 
+#: The outcomes a claim row records (``HandledEvent.outcome``).
+CLAIM_OUTCOMES = (HandlingOutcome.HANDLED, HandlingOutcome.DEAD_LETTERED, HandlingOutcome.CANCELLED)
+
+
 class HandledQuerySet(models.QuerySet["HandledEvent"]):
     def for_event(self, event_id: UUID | str) -> Self:
         return self.filter(event_id=event_id)
@@ -110,6 +115,15 @@ class HandledEvent(models.Model):
     subscription = models.CharField(verbose_name=_("subscription"), max_length=200)
     event_id = models.UUIDField(verbose_name=_("event id"))
     handled_at = models.DateTimeField(verbose_name=_("handled at"), db_default=Now())
+    #: Why the claim exists: ``handled`` (the handler committed), ``dead_lettered``
+    #: (a dead letter's terminal claim) or ``cancelled`` (``cancel()``). A database
+    #: default, so the claim statement of the hot path doesn't name it.
+    outcome = models.CharField(
+        verbose_name=_("outcome"),
+        max_length=16,
+        db_default=HandlingOutcome.HANDLED.value,
+        choices=[(o.value, o.value) for o in CLAIM_OUTCOMES],
+    )
 
     objects = HandledQuerySet.as_manager()
 
@@ -354,3 +368,19 @@ class OutboxTask(OutboxEvent):
     class Meta:
         proxy = True
         verbose_name = _("task")
+
+
+class RateLimit(models.Model):
+    """The shared limiter of a rate-limited subscription (``subscribe(...,
+    rate_limit=...)``): the earliest time its next handler may start, moved
+    on by ``period / count`` with each start any worker takes."""
+
+    name = models.CharField(verbose_name=_("subscription"), max_length=200, primary_key=True)
+    next_at = models.DateTimeField(verbose_name=_("next start at"))
+
+    class Meta:
+        db_table = RATE_LIMITS_TABLE
+        verbose_name = _("rate limit")
+
+    def __str__(self) -> str:
+        return f"{self.name}: next start at {self.next_at}"

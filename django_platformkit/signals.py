@@ -29,19 +29,23 @@ event_published = Signal()
 #: A delivery was settled without error. kwargs: ``subscription`` (name),
 #: ``event`` (``ReceivedEvent``), ``outcome`` (``"handled"``: the handler
 #: ran and committed; ``"skipped"``: a claim already existed),
-#: ``duration_seconds`` (float, the handler's run; 0.0 when skipped).
+#: ``duration_seconds`` (float, the handler's run; 0.0 when skipped),
+#: ``delivery_latency_seconds`` (float: from the event's commit, or a task's
+#: ``run_after``, to the handler's start; None when skipped or unknown).
 event_handled = Signal()
 
 #: One attempt of a handler failed (the last one included, before its dead
 #: letter). kwargs: ``subscription``, ``event`` (``ReceivedEvent``),
 #: ``error`` (the exception), ``attempt`` (int, 1-based handler runs),
-#: ``will_retry`` (bool), ``duration_seconds`` (float).
+#: ``will_retry`` (bool), ``duration_seconds`` (float),
+#: ``delivery_latency_seconds`` (float or None, as for ``event_handled``).
 event_failed = Signal()
 
 #: A dead letter was written. kwargs: ``subscription``, ``event_id`` (UUID),
 #: ``name`` (str), ``tenant`` (str | None), ``attempts`` (int), ``error``
 #: (str, one line), ``exception`` (the last exception, or None when the event
-#: was dead-lettered without running: malformed, never reported).
+#: was dead-lettered without running: malformed, never reported), ``task``
+#: (a ``django.tasks`` task's dotted path, else "").
 event_dead_lettered = Signal()
 
 #: A periodic job's run ended. kwargs: ``job`` (name), ``slot`` (aware

@@ -6,8 +6,12 @@ that ran it: ``publish()`` stores the caller's W3C trace context with the row
 and each handler run a CONSUMER span, both children of that context.
 Attributes follow OpenTelemetry's messaging semantic conventions (v1.27+,
 "Semantic Conventions for Messaging Spans"): ``messaging.system=nats``,
-``messaging.destination.name``, ``messaging.message.id``,
-``messaging.operation.type`` (``send`` | ``process``).
+``messaging.destination.name`` (the event name on both sides: the subject,
+which carries the tenant, is ``messaging.nats.subject`` on the send),
+``messaging.message.id``, ``messaging.operation.type`` (``send`` |
+``process``); each span is also linked to the creation context (the
+conventions' link for a batch or a retry, whose parent may differ), and a
+failed one carries ``error.type`` (the exception's class path).
 
 Without OpenTelemetry installed, or while no tracer provider is configured
 (the API's default proxy), these are no-ops: the import is tried once and
@@ -39,7 +43,7 @@ def _api() -> Any:
     if _otel is None:
         try:
             from opentelemetry import propagate, trace
-            from opentelemetry.trace import ProxyTracerProvider, SpanKind, Status, StatusCode
+            from opentelemetry.trace import Link, ProxyTracerProvider, SpanKind, Status, StatusCode
         except ImportError:  # looked up once: a failed import costs a filesystem walk every time
             _otel = False
         else:
@@ -52,6 +56,7 @@ def _api() -> Any:
                 kind=SpanKind,
                 status=Status,
                 code=StatusCode,
+                link=Link,
             )
     return _otel
 
@@ -98,18 +103,32 @@ def _parent(api: Any, traceparent: Any, tracestate: Any) -> Any:
     return api.propagate.extract(carrier)
 
 
+def _creation_links(api: Any, parent: Any) -> list[Any]:
+    """A link to the creation context (the publisher's span), when there is one."""
+    span_context = api.trace.get_current_span(parent).get_span_context()
+    return [api.link(span_context)] if span_context.is_valid else []
+
+
+def error_type(exc: BaseException) -> str:
+    """``error.type`` of a failed span: the exception's class path (``builtins.ValueError``)."""
+    kind = type(exc)
+    return f"{kind.__module__}.{kind.__qualname__}"
+
+
 @contextlib.contextmanager
 def consumer_span(
-    *, subscription: str, event_id: Any, name: str, headers: Mapping[str, str], attempt: int
+    *, subscription: str, event_id: Any, name: str, headers: Mapping[str, str], attempt: int, task: str = ""
 ) -> Iterator[Any]:
     """Wrap one handler run: a CONSUMER span ``process <event name>`` whose
     parent is the publisher's context (``traceparent``/``tracestate`` in
     ``headers``), current while the handler runs (spans the handler starts
     are its children). Attributes: the messaging ones above plus
     ``messaging.consumer.group.name`` (the subscription) and
-    ``platformkit.attempt`` (int, 1-based). Yields the span, or None when
-    tracing is off. An exception leaving the block is recorded on the span
-    (``record_exception``, status ERROR) and re-raised unchanged."""
+    ``platformkit.attempt`` (int, 1-based), and ``platformkit.task`` (a
+    ``django.tasks`` task's dotted path) for a task. Linked to the creation
+    context too. Yields the span, or None when tracing is off. An exception
+    leaving the block is recorded on the span (``record_exception``, status
+    ERROR, ``error.type``) and re-raised unchanged."""
     tracer = _tracer()
     if tracer is None:
         yield None
@@ -124,15 +143,23 @@ def consumer_span(
         "messaging.consumer.group.name": subscription,
         "platformkit.attempt": int(attempt),
     }
+    if task:
+        attributes["platformkit.task"] = task
+    parent = _parent(api, headers.get("traceparent"), headers.get("tracestate"))
     with tracer.start_as_current_span(
         f"process {name}",
-        context=_parent(api, headers.get("traceparent"), headers.get("tracestate")),
+        context=parent,
         kind=api.kind.CONSUMER,
         attributes=attributes,
+        links=_creation_links(api, parent),
         record_exception=True,
         set_status_on_exception=True,
     ) as span:
-        yield span
+        try:
+            yield span
+        except BaseException as exc:
+            span.set_attribute("error.type", error_type(exc))
+            raise
 
 
 class _ProducerSpans:
@@ -151,6 +178,7 @@ class _ProducerSpans:
         for span in self.spans:
             if exc is not None:
                 span.record_exception(exc)
+                span.set_attribute("error.type", error_type(exc))
                 span.set_status(api.status(api.code.ERROR, f"{type(exc).__name__}: {exc}"))
             span.end()
 
@@ -170,24 +198,28 @@ def producer_spans(
     parent is the publisher's context; attributes: the messaging ones,
     ``messaging.destination.name`` being the NATS subject,
     ``messaging.message.id`` the event id (``Nats-Msg-Id`` differs on a
-    replay and is kept as ``platformkit.nats_msg_id``). Returns a context
-    manager that ends them."""
+    replay and is kept as ``platformkit.nats_msg_id``), the destination the
+    event name, as the consumer's (the subject is ``messaging.nats.subject``),
+    and a link to the creation context. Returns a context manager that ends them."""
     tracer = _tracer()
     if tracer is None:
         return _NO_SPANS
     api = _otel
     spans = []
     for message, (event_id, name, traceparent, tracestate) in zip(messages, events, strict=True):
+        parent = _parent(api, traceparent, tracestate)
         spans.append(
             tracer.start_span(
                 f"send {name}",
-                context=_parent(api, traceparent, tracestate),
+                context=parent,
                 kind=api.kind.PRODUCER,
+                links=_creation_links(api, parent),
                 attributes={
                     "messaging.system": MESSAGING_SYSTEM,
                     "messaging.operation.type": "send",
                     "messaging.operation.name": "send",
-                    "messaging.destination.name": message.subject,
+                    "messaging.destination.name": name,
+                    "messaging.nats.subject": message.subject,
                     "messaging.message.id": str(event_id),
                     "messaging.message.body.size": len(message.body),
                     "platformkit.nats_msg_id": message.msg_id,

@@ -57,6 +57,20 @@ def parse_subject(subject: str) -> tuple[str | None, str] | None:
     return (None if tenant == NO_TENANT else tenant), f"{module}.{event}"
 
 
+#: ``platformkit.task_<queue>``: the event (and subscription) of a ``django.tasks`` queue.
+TASK_EVENT_PREFIX = "platformkit.task_"
+
+
+def task_path(name: str, payload: Mapping[str, Any]) -> str:
+    """The dotted path of the ``django.tasks`` task an event carries
+    (``payload["task"]`` of a ``platformkit.task_<queue>`` event), else ""
+    - the ``task`` label of the metrics, log lines and spans."""
+    if not name.startswith(TASK_EVENT_PREFIX):
+        return ""
+    path = payload.get("task")
+    return path if isinstance(path, str) else ""
+
+
 def durable_name(subscription_name: str) -> str:
     """The durable consumer of a subscription: its name with ``.`` -> ``-``
     (subscription names contain no ``-``, so this is one-to-one)."""
@@ -107,6 +121,8 @@ class HandlingOutcome(enum.StrEnum):
     RETRIED = "retried"
     #: The handler failed its last attempt; a dead letter and a terminal claim were written, the message termed.
     DEAD_LETTERED = "dead_lettered"
+    #: An operator cancelled it before it ran (``cancel()``): a terminal claim; acked, the handler not run.
+    CANCELLED = "cancelled"
     #: Not a message this subscription can run (undecodable, or not in this project's outbox); recorded, termed.
     MALFORMED = "malformed"
     #: The database was gone: not settled, the broker redelivers it after the ack wait.

@@ -35,7 +35,7 @@ SETTINGS_MODULE = "django_platformkit.conf"
 #: ``MESSAGES``: the core system checks, id -> (message, hint); ``TAG``.
 CHECKS_MODULE = "django_platformkit.checks.messages"
 #: ``CHECKS``: the django.tasks backend's system checks, id -> (message, hint).
-TASK_CHECKS_MODULE = "django_platformkit.tasks.backend"
+TASK_CHECKS_MODULE = "django_platformkit.tasks.checks"
 #: ``Metrics``: builds every series of a worker's ``/metrics`` on its own registry.
 METRICS_MODULE = "django_platformkit.runtime.metrics"
 #: The management commands' package.

@@ -202,7 +202,10 @@ def test_an_operator_with_the_permission_discards_and_the_terminal_claim_stays(c
     assert response.status_code == 302
     assert not DeadLetter.objects.exists()
     assert HandledEvent.objects.filter(subscription="testapp.record_order", event_id=dead_letter.event_id).exists()
-    assert not OutboxEvent.objects.pending().exists()
+    # Nothing is sent again; the one pending row is the discard's audit event.
+    (audit,) = OutboxEvent.objects.pending()
+    assert audit.name == "platformkit.event_discarded"
+    assert audit.payload["actor"] == "operator" and audit.payload["reason"] == "obsolete order"
 
 
 # --- NATS credentials and TLS ----------------------------------------------------

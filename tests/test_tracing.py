@@ -56,7 +56,11 @@ def test_one_publish_gives_one_producer_span_and_one_consumer_span_per_subscript
     (producer,) = producers
     assert producer.name == "send testapp.order_placed"
     assert producer.attributes["messaging.operation.type"] == "send"
-    assert producer.attributes["messaging.destination.name"].endswith("._.testapp.order_placed")
+    assert producer.attributes["messaging.nats.subject"].endswith("._.testapp.order_placed")
+    # One destination name on both sides: the event's.
+    assert {s.attributes["messaging.destination.name"] for s in producers + consumers} == {"testapp.order_placed"}
+    for span in producers + consumers:  # linked to the creation context as well as its child
+        assert [link.context.span_id for link in span.links] == [request.get_span_context().span_id]
     assert {c.attributes["messaging.consumer.group.name"] for c in consumers} == {
         "testapp.record_order",
         "testapp.count_order",
@@ -78,6 +82,7 @@ def test_a_failing_handler_records_its_error_on_each_attempts_span(spans, run_wo
     for consumer in consumers:
         assert consumer.context.trace_id == request.get_span_context().trace_id
         assert consumer.status.status_code is StatusCode.ERROR
+        assert consumer.attributes["error.type"] == "builtins.RuntimeError"
         (exception,) = [e for e in consumer.events if e.name == "exception"]
         assert exception.attributes["exception.type"] == "RuntimeError"
         assert "flaky failure on attempt" in exception.attributes["exception.message"]
@@ -90,6 +95,7 @@ def test_an_event_published_outside_any_trace_starts_a_trace_of_its_own(spans, r
     finished = spans.get_finished_spans()
     assert {s.kind for s in finished} == {SpanKind.PRODUCER, SpanKind.CONSUMER}
     assert all(s.parent is None for s in finished)
+    assert all(not s.links for s in finished)  # no creation context to link to
 
 
 def test_without_a_tracer_provider_nothing_is_traced(monkeypatch):

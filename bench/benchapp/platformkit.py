@@ -1,6 +1,8 @@
 """The benchmark's events and subscriptions: one event per measurement, so
 each durable sees only its own backlog. Every handler does one INSERT."""
 
+import os
+
 from django.db import connections
 
 from django_platformkit import conf, declare, subscribe
@@ -12,6 +14,7 @@ HANDLE = declare("bench.handle")
 HANDLE_BATCH = declare("bench.handle_batch")
 HANDLE_BATCH_CONCURRENT = declare("bench.handle_batch_concurrent")
 LATENCY = declare("bench.latency")
+RATED = declare("bench.rated")
 BACKLOG = declare("bench.backlog")
 
 SINK_SQL = "INSERT INTO bench_sink (kind, event_id, occurred_at, at) VALUES (%s, %s, %s, clock_timestamp())"
@@ -40,6 +43,10 @@ subscribe(LATENCY, name="bench.sink_latency")(_sink("latency"))
 subscribe(BACKLOG, name="bench.sink_backlog")(_sink("backlog"))
 if BATCH_SUPPORTED:
     subscribe(HANDLE_BATCH, name="bench.sink_batch", batch=True)(_sink("batch"))
+#: ``subscribe(rate_limit=...)``'s limit in the rate-limit measurement (measure_ratelimit.py).
+RATE_LIMIT = "50/s"
+if os.environ.get("BENCH_RATELIMIT"):  # only that measurement's two workers subscribe
+    subscribe(RATED, name="bench.sink_rated", rate_limit=RATE_LIMIT)(_sink("rated"))
 if CONCURRENCY_SUPPORTED:
     subscribe(HANDLE_BATCH_CONCURRENT, name="bench.sink_batch_concurrent", batch=True, concurrency=CONCURRENCY)(
         _sink("batch_concurrent")

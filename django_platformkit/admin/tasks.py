@@ -26,6 +26,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy, ngettext
 
+from django_platformkit.admin.cancelling import cancel_selected
 from django_platformkit.admin.display import NoWritesAdmin, _duration
 from django_platformkit.models import DeadLetter, OutboxTask, TaskResultRecord
 from django_platformkit.tasks.queues import queue_of
@@ -134,7 +135,7 @@ class OutboxTaskAdmin(NoWritesAdmin, _TaskModelAdmin):
     search_fields = ("payload__task",)
     search_help_text = gettext_lazy("Search by the task's function path.")
     list_per_page = 50
-    actions = ["replay_failed"]
+    actions = ["replay_failed", cancel_selected]
     change_list_template = "admin/django_platformkit/change_list.html"
     fields = (
         "id",

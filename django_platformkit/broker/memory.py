@@ -185,7 +185,8 @@ class InMemoryTransport:
     # -- durables --
     def ensure_consumer(self, want: Any) -> ConsumerInfo:
         """Create the durable ``want.durable_name`` if missing (delivering
-        from the stream's first message); update ``ack_wait`` and
+        from the stream's first message, or - ``deliver_policy`` new - from
+        the next one stored); update ``ack_wait`` and
         ``max_ack_pending`` in place. ``want``: a ``ConsumerSpec`` or a
         ``nats.js.api.ConsumerConfig``. Raises ``ConsumerDrift`` when an
         existing durable filters another subject (the broker can't change that)."""
@@ -197,6 +198,9 @@ class InMemoryTransport:
             durable = self._durables.get(name)
             if durable is None:
                 durable = self._durables[name] = _Durable(name, str(want.filter_subject), ack_wait, max_ack_pending)
+                policy = getattr(want, "deliver_policy", "all")
+                if str(getattr(policy, "value", policy)) == "new":
+                    durable.next_seq = len(self._messages) + 1
             elif durable.filter_subject != want.filter_subject:
                 raise ConsumerDrift(
                     f"durable consumer {name!r} filters {durable.filter_subject!r}, this build wants "

@@ -96,12 +96,14 @@ class ConsumerSpec:
     """The parts of a durable's config the in-memory broker honours, named
     as ``nats.js.api.ConsumerConfig`` (which ``ensure_consumer`` accepts as
     well): ``durable_name``, ``filter_subject``, ``ack_wait`` (seconds),
-    ``max_ack_pending`` (None: unlimited)."""
+    ``max_ack_pending`` (None: unlimited), ``deliver_policy`` (``"all"``,
+    or ``"new"``: a new durable starts after the last stored message)."""
 
     durable_name: str
     filter_subject: str
     ack_wait: float
     max_ack_pending: int | None = None
+    deliver_policy: str = "all"
 
 
 @dataclass(frozen=True)

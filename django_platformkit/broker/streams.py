@@ -63,13 +63,15 @@ def max_ack_pending_for(concurrency: int = 1, override: int | None = None) -> in
 
 
 def consumer_config(
-    subscription_name: str, event_name: str, *, max_ack_pending: int | None = None
+    subscription_name: str, event_name: str, *, max_ack_pending: int | None = None, backfill: bool = True
 ) -> api.ConsumerConfig:
     """The durable consumer of one subscription, used to create it and to
     compare an existing one. ``max_deliver`` is unlimited on purpose: the
     worker counts attempts itself and dead-letters, so the broker never drops
     a message silently after its own count. ``max_ack_pending`` None: the
-    ``max_ack_pending_for()`` default (a change is applied in place)."""
+    ``max_ack_pending_for()`` default (a change is applied in place).
+    ``backfill`` False: a new durable starts with the messages stored after
+    its creation (``deliver_policy=new``), not with every retained one."""
     if max_ack_pending is None:
         max_ack_pending = max_ack_pending_for()
     durable = durable_name(subscription_name)
@@ -77,7 +79,7 @@ def consumer_config(
         durable_name=durable,
         name=durable,
         description=f"django_platformkit subscription {subscription_name}",
-        deliver_policy=api.DeliverPolicy.ALL,
+        deliver_policy=api.DeliverPolicy.ALL if backfill else api.DeliverPolicy.NEW,
         ack_policy=api.AckPolicy.EXPLICIT,
         ack_wait=float(conf.settings.ACK_WAIT_SECONDS),
         max_deliver=-1,
@@ -92,6 +94,9 @@ def consumer_config(
 # doesn't (changing those needs a new durable; we never delete one for you).
 _UPDATABLE = ("description", "ack_wait", "max_deliver", "max_ack_pending", "max_waiting")
 _FIXED = ("deliver_policy", "ack_policy", "filter_subject", "replay_policy")
+#: Where a new durable starts (``subscribe(backfill=...)``): once it exists,
+#: a change between these is no drift - it has started, and backfill changes nothing.
+_START_POLICIES = {api.DeliverPolicy.ALL.value, api.DeliverPolicy.NEW.value}
 
 
 def consumer_differences(
@@ -110,6 +115,8 @@ def consumer_differences(
 
     updatable = {n: (norm(getattr(have, n, None)), norm(getattr(want, n))) for n in _UPDATABLE if differs(n)}
     fixed = {n: (norm(getattr(have, n, None)), norm(getattr(want, n))) for n in _FIXED if differs(n)}
+    if set(fixed.get("deliver_policy", ())) <= _START_POLICIES:
+        fixed.pop("deliver_policy", None)
     return updatable, fixed
 
 

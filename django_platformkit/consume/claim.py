@@ -49,10 +49,11 @@ def _claim_sql(trust_outbox: bool, lock_namespace: int | None = None) -> str:
     statements refuse "multiple commands in a prepared statement".
     """
     if trust_outbox:
-        rows = f"SELECT id, name, tenant, payload::text AS payload, created_at FROM {OUTBOX_TABLE} WHERE id = ANY(%s::uuid[]) AND name = %s"
+        rows = f"SELECT id, name, tenant, payload::text AS payload, created_at, not_before FROM {OUTBOX_TABLE} WHERE id = ANY(%s::uuid[]) AND name = %s"
     else:
         rows = (
-            "SELECT u.id, NULL::text AS name, NULL::text AS tenant, NULL::text AS payload, NULL::timestamptz AS created_at "
+            "SELECT u.id, NULL::text AS name, NULL::text AS tenant, NULL::text AS payload, NULL::timestamptz AS created_at, "
+            "NULL::timestamptz AS not_before "
             "FROM unnest(%s::uuid[]) AS u(id) WHERE %s::text IS NOT NULL"
         )
     return (
@@ -65,7 +66,7 @@ def _claim_sql(trust_outbox: bool, lock_namespace: int | None = None) -> str:
         # created_at as integer microseconds since the epoch: Django's
         # timestamptz loader is Python code per value, this is one C int.
         "SELECT o.id, o.name, o.tenant, o.payload, (EXTRACT(EPOCH FROM o.created_at) * 1000000)::bigint, "
-        "c.event_id IS NOT NULL"
+        "c.event_id IS NOT NULL, (EXTRACT(EPOCH FROM o.not_before) * 1000000)::bigint"
         + (
             ""
             if lock_namespace is None
@@ -101,6 +102,7 @@ class ClaimRow(NamedTuple):
     payload: str | None  # the outbox's jsonb as text
     created_us: int | None  # created_at, microseconds since the epoch
     claimed: bool
+    not_before_us: int | None  # a deferred task's run_after, microseconds since the epoch
 
 
 class UnitTransaction:
@@ -199,7 +201,7 @@ class UnitTransaction:
                 tenant,
             ],
         )
-        rows = {row[0]: ClaimRow._make(row[:6]) for row in cursor.fetchall() if row[0] is not None}
+        rows = {row[0]: ClaimRow._make(row[:7]) for row in cursor.fetchall() if row[0] is not None}
         missing = [w for w in todo if w.event.id not in rows]
         if missing:
             cursor.execute(_ALREADY_CLAIMED_SQL, [sub.name, "{" + ",".join(str(w.event.id) for w in missing) + "}"])
@@ -252,6 +254,9 @@ class UnitTransaction:
                     event.headers,
                 )
             events[id(work)] = event
+            # Due since its commit (created_at) or its run_after: the delivery latency's start.
+            due_us = max(row.created_us or 0, row.not_before_us or 0)
+            work.due_epoch = due_us / 1e6 if due_us else None
             event_tenant = event.tenant or ""
             if event_tenant != checked_tenant:
                 event_tenant = check_tenant(event.tenant) or ""

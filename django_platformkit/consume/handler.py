@@ -31,7 +31,7 @@ from django_platformkit.consume.subscriptions import Subscription
 from django_platformkit.consume.tenancy import set_config_tenant, tenant_context_factory
 from django_platformkit.consume.units import Work
 from django_platformkit.outbox.events import current_event
-from django_platformkit.wire import Delivery, ReceivedEvent
+from django_platformkit.wire import Delivery, ReceivedEvent, task_path
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
@@ -67,6 +67,7 @@ class HandlerRunner:
         #: thread ident -> the run its handler is in (``record_stuck_runs``).
         self.running: dict[int, Work] = {}
         self._durations: dict[uuid.UUID, float] = {}  # event id -> the handler's last run, for the signals
+        self._latencies: dict[uuid.UUID, float] = {}  # event id -> due (commit or run_after) to its handler's start
         self._local = threading.local()  # .keep: (KeepAlive, {event id: Delivery}) of this thread's unit
         self._tenant_factory = tenant_context_factory()
         self.default_tenant_context = self._tenant_factory is set_config_tenant
@@ -93,6 +94,11 @@ class HandlerRunner:
         """How long the event's last handler run took, in seconds (0.0 when unknown); forgets it."""
         return self._durations.pop(event_id, 0.0)
 
+    def latency(self, event_id: uuid.UUID) -> float | None:
+        """Seconds from the event's commit (or ``run_after``) to its last
+        handler start on this machine's clock, or None when unknown; forgets it."""
+        return self._latencies.pop(event_id, None)
+
     # -- one run --
     def run(self, work: Work, event: ReceivedEvent, timeout: float, wrapper: BaseDatabaseWrapper) -> None:
         """Run the handler for ``work`` (its claim already taken) inside the
@@ -111,6 +117,8 @@ class HandlerRunner:
         """
         ident = threading.get_ident()
         work.started_epoch = time.time()
+        if work.due_epoch is not None:
+            self._latencies[event.id] = max(0.0, work.started_epoch - work.due_epoch)
         watched = work.delivery is not None and work.attempt_row is None
         if watched:
             work.running = True
@@ -148,6 +156,7 @@ class HandlerRunner:
                             name=event.name,
                             headers=event.headers,
                             attempt=event.attempt,
+                            task=task_path(event.name, event.payload),
                         )
                         if tracing.enabled()
                         else contextlib.nullcontext()

@@ -11,6 +11,12 @@ with its own database connection, take units round-robin over the lanes
 with one ready and a slot free, so a busy subscription can't starve the
 others. The worker (``runtime/worker.py``) owns the lifecycle and is given
 its pool.
+
+A rate-limited subscription's lane (``ratelimit``) fetches one delivery per
+free slot and never early: the pool thread that takes it first takes its
+start slot from the shared limiter and sleeps until then, its ack kept alive
+meanwhile, so a worker holds no more of it than it can start next. A
+stopping worker hands such a delivery back uncounted.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from django.db import DatabaseError, connections
 from django_platformkit import conf
 from django_platformkit.broker.port import Broker, KeepAlive, PullLane
 from django_platformkit.consume.consumer import Consumer
+from django_platformkit.consume.ratelimit import RateLimiter
 from django_platformkit.consume.subscriptions import Subscription
 from django_platformkit.exceptions import BrokerUnavailable
 from django_platformkit.wire import Delivery
@@ -61,9 +68,12 @@ class Lane:
     ``concurrency`` slot), the units fetched and not started, and its puller.
     Guarded by the pool's condition lock."""
 
-    def __init__(self, subscription: Subscription, consumers: list[Consumer]) -> None:
+    def __init__(self, subscription: Subscription, consumers: list[Consumer], *, using: str = "default") -> None:
         self.subscription = subscription
         self.consumers = consumers
+        rate = subscription.rate_limit
+        #: The shared limiter of a rate-limited subscription, else None (no cost).
+        self.limiter = RateLimiter(subscription.name, rate, using) if rate is not None else None
         self.free = list(consumers)  # not running a unit
         self.available = len(consumers)  # slots neither running nor holding a queued unit: the credit
         self.queue: collections.deque[tuple[list[Delivery], KeepAlive]] = collections.deque()
@@ -85,8 +95,12 @@ class Lane:
     def early_fetch_in(self, deliveries: int) -> float | None:
         """Seconds after a unit of ``deliveries`` starts at which its slot
         lends its credit to the next unit, or None (handlers not measured
-        yet, or slow: the next unit is fetched when this one ends)."""
-        if self.per_message is None or self.per_message > EARLY_FETCH_MAX_PER_MESSAGE_SECONDS:
+        yet, or slow, or rate-limited: the next unit is fetched when this one ends)."""
+        if (
+            self.limiter is not None
+            or self.per_message is None
+            or self.per_message > EARLY_FETCH_MAX_PER_MESSAGE_SECONDS
+        ):
             return None
         expected = deliveries * self.per_message
         return max(0.0, expected * (1 - EARLY_FETCH_LEAD_SHARE) - EARLY_FETCH_LEAD_FETCHES * self.fetch_seconds)
@@ -177,6 +191,8 @@ class ConsumerPool:
                 return 0
             if lane.credit_since is None:
                 lane.credit_since = time.monotonic()
+            if lane.limiter is not None:
+                return 1  # one start slot per delivery: fetch nothing the limit won't let start next
             return min(batch_size, lane.unit_size)
 
     def _delivered(self, lane: Lane, deliveries: list[Delivery]) -> None:
@@ -257,7 +273,7 @@ class ConsumerPool:
             running = _Taken()
             self._lend_later(lane, running, len(deliveries))
             try:
-                self._handle(consumer, deliveries, keep)
+                self._handle(consumer, deliveries, keep, lane.limiter)
             finally:
                 with contextlib.suppress(Exception):
                     keep.stop()
@@ -272,8 +288,14 @@ class ConsumerPool:
                 if lane.puller is not None:
                     lane.puller.wake()
 
-    def _handle(self, consumer: Consumer, deliveries: list[Delivery], keep: KeepAlive) -> None:
+    def _handle(
+        self, consumer: Consumer, deliveries: list[Delivery], keep: KeepAlive, limiter: RateLimiter | None
+    ) -> None:
         try:
+            if limiter is not None:
+                # Its ack is kept alive meanwhile; a stop during the wait hands it back uncounted (handle()).
+                for _ in deliveries:
+                    limiter.wait_for_slot(self.stop_event)
             consumer.handle(deliveries, keep)
         except (DatabaseError, BrokerUnavailable, TimeoutError, OSError) as exc:
             # Outside a handler (the consumer settles a handler's own errors):

@@ -27,10 +27,10 @@ from django_platformkit.consume.handler import HandlerRunner
 from django_platformkit.consume.subscriptions import Subscription
 from django_platformkit.consume.units import Stopping, Work
 from django_platformkit.consume.waiting import DatabaseWait
-from django_platformkit.exceptions import PermanentFailure
+from django_platformkit.exceptions import is_permanent
 from django_platformkit.outage import close_old_connections_for
 from django_platformkit.outbox.deadletters import malformed_id, record_dead_letter, record_malformed
-from django_platformkit.wire import AttemptOutcome, Delivery, HandlingOutcome, ReceivedEvent
+from django_platformkit.wire import AttemptOutcome, Delivery, HandlingOutcome, ReceivedEvent, task_path
 
 logger = logging.getLogger(__name__)
 
@@ -98,8 +98,8 @@ class Settlement:
             )
             connections[self.using].close()
             return HandlingOutcome.UNACKED
-        # A PermanentFailure says a retry can't help: dead-letter it now.
-        will_retry = event.attempt < sub.max_attempts and not isinstance(error, PermanentFailure)
+        # A PermanentFailure (or a mark_permanent() error) says a retry can't help: dead-letter it now.
+        will_retry = event.attempt < sub.max_attempts and not is_permanent(error)
         signals.event_failed.send_robust(
             sender=sub,
             subscription=sub.name,
@@ -108,13 +108,15 @@ class Settlement:
             attempt=event.attempt,
             will_retry=will_retry,
             duration_seconds=self.runner.duration(event.id),
+            delivery_latency_seconds=self.runner.latency(event.id),
         )
         if not will_retry:
             return self.dead_letter(work.message, event, attempts=event.attempt, error=message, tb=tb, exception=error)
         delay = sub.delay_after(event.attempt)
         logger.warning(
-            "handler failed, retrying subscription=%s event_id=%s attempt=%s/%s retry_in=%ss error=%s",
+            "handler failed, retrying subscription=%s%s event_id=%s attempt=%s/%s retry_in=%ss error=%s",
             sub.name,
+            _task_text(event),
             event.id,
             event.attempt,
             sub.max_attempts,
@@ -167,6 +169,7 @@ class Settlement:
         sub = self.subscription
         if not signals.event_handled.receivers:  # once per handling: skip building the call
             self.runner.duration(event.id)
+            self.runner.latency(event.id)
             return
         signals.event_handled.send_robust(
             sender=sub,
@@ -174,6 +177,7 @@ class Settlement:
             event=event,
             outcome=outcome,
             duration_seconds=self.runner.duration(event.id),
+            delivery_latency_seconds=self.runner.latency(event.id),
         )
 
     def settle(self, action: Callable[[], None], event: ReceivedEvent, what: str) -> None:
@@ -217,8 +221,9 @@ class Settlement:
             return HandlingOutcome.UNACKED
         if written:
             logger.error(
-                "dead letter subscription=%s event_id=%s name=%s attempts=%s error=%s%s",
+                "dead letter subscription=%s%s event_id=%s name=%s attempts=%s error=%s%s",
                 sub.name,
+                _task_text(event),
                 event.id,
                 event.name,
                 attempts,
@@ -236,6 +241,7 @@ class Settlement:
                 attempts=attempts,
                 error=error.splitlines()[0] if error else "",
                 exception=exception,
+                task=task_path(event.name, event.payload),
             )
         else:
             logger.info("already claimed, no dead letter subscription=%s event_id=%s", sub.name, event.id)
@@ -287,3 +293,9 @@ class Settlement:
             event_id=event_id,
         )
         return HandlingOutcome.MALFORMED
+
+
+def _task_text(event: ReceivedEvent) -> str:
+    """`` task=<dotted path>`` for a ``django.tasks`` task's log line, else "" (the path names what failed)."""
+    path = task_path(event.name, event.payload)
+    return f" task={path}" if path else ""

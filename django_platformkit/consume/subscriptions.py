@@ -38,6 +38,10 @@ class Subscription:
     external: bool = False
     #: The durable's ``max_ack_pending`` for this subscription, or None for the derived default.
     max_ack_pending_override: int | None = None
+    #: A new durable starts with every retained event (True) or with the ones published from its creation on (False).
+    backfill: bool = True
+    #: At most this many handler starts per period across every worker together, or None (no limiter at all).
+    rate_limit: conf.Rate | None = None
     #: Not a ``subscribe()`` option: the claim also takes the transaction-scoped
     #: advisory lock ``(claim_lock_namespace, hashtext(event id))`` on each event
     #: it claims, held until the unit's transaction ends (the task queues set
@@ -81,7 +85,10 @@ class Subscription:
         from django_platformkit.broker.streams import consumer_config, max_ack_pending_for
 
         return consumer_config(
-            self.name, self.event, max_ack_pending=max_ack_pending_for(self.concurrency, self.max_ack_pending_override)
+            self.name,
+            self.event,
+            max_ack_pending=max_ack_pending_for(self.concurrency, self.max_ack_pending_override),
+            backfill=self.backfill,
         )
 
 
@@ -98,6 +105,8 @@ def subscribe(
     concurrency: int = 1,
     external: bool = False,
     max_ack_pending: int | None = None,
+    backfill: bool = True,
+    rate_limit: str | None = None,
 ) -> Callable[[Callable[[ReceivedEvent], None]], Callable[[ReceivedEvent], None]]:
     """Decorator: run ``handler(event: ReceivedEvent) -> None`` once per published ``event``.
 
@@ -132,6 +141,18 @@ def subscribe(
             project's outbox holds, with the outbox's payload (DESIGN.md "Trust model").
         max_ack_pending: This durable's cap on delivered, unacked messages
             (default derived: what can be in flight, plus room for parked retries).
+        backfill: When this subscription's durable doesn't exist yet, start
+            with every event the stream retains (True, up to
+            ``RETENTION_DAYS``) or only with the events published from the
+            durable's creation on (False: a new payment handler must not
+            charge last week's orders). Once the durable exists it changes
+            nothing.
+        rate_limit: At most this many handler starts per period for this
+            subscription, across every worker, process and machine together:
+            ``"100/s"``, ``"30/m"``, ``"1000/h"``. Starts are spaced evenly,
+            ``period / count`` apart (no burst above the rate in any window
+            of the period's length); a shared row in PostgreSQL hands out
+            the start times. None (the default): no limiter, no cost.
 
     Returns:
         The decorator; it returns the handler unchanged.
@@ -176,6 +197,8 @@ def subscribe(
                 conf.positive_int("max_ack_pending", max_ack_pending)
             conf.boolean("batch", batch)
             conf.boolean("external", external)
+            conf.boolean("backfill", backfill)
+            rate = None if rate_limit is None else conf.rate("rate_limit", rate_limit)
         except ConfigurationError as exc:
             raise ConfigurationError(
                 f"@subscribe{where}: " + re.sub(r"PLATFORMKIT\['(\w+)'\]", r"\1", str(exc))
@@ -191,6 +214,8 @@ def subscribe(
             concurrency=concurrency,
             external=external,
             max_ack_pending_override=max_ack_pending,
+            backfill=backfill,
+            rate_limit=rate,
         )
         existing = _subscriptions.get(sub_name)
         # Same function and event again is a re-import; one function stacked

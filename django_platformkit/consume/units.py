@@ -92,6 +92,7 @@ class Work:
     event: ReceivedEvent
     attempt_row: int | None = None
     started_epoch: float | None = None  # time.time() when the handler started; see started_at
+    due_epoch: float | None = None  # time.time() since when the event was due (commit or run_after)
     outcome: HandlingOutcome | None = None
     error: BaseException | None = None
     tb: str = ""

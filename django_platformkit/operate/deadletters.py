@@ -26,7 +26,7 @@ from django_platformkit._tables import (
 )
 from django_platformkit.exceptions import ReplayRefused
 from django_platformkit.outbox.deadletters import MALFORMED_NAME, RELAY_DEAD_LETTERS
-from django_platformkit.outbox.events import EVENT_REPLAYED, publish
+from django_platformkit.outbox.events import EVENT_DISCARDED, EVENT_REPLAYED, publish
 
 logger = logging.getLogger(__name__)
 
@@ -207,13 +207,15 @@ def discard(event_id: uuid.UUID | str, *, subscription: str, actor: str, reason:
 
     Its terminal claim stays, so nothing runs the event for that
     subscription again, and the outbox row becomes purgeable once no dead
-    letter describes it.
+    letter describes it. In the same transaction it publishes the audit
+    event ``platformkit.event_discarded`` {event_id, name, subscription,
+    actor, reason}.
 
     Args:
         event_id: The event's id.
         subscription: Whose dead letter it is.
-        actor: Who discards (logged: the dead letter was the evidence).
-        reason: Why (logged).
+        actor: Who discards (logged and in the audit event: the dead letter was the evidence).
+        reason: Why (logged and in the audit event).
         using: The database alias holding the outbox (default ``DATABASE_ALIAS``).
 
     Returns:
@@ -233,6 +235,18 @@ def discard(event_id: uuid.UUID | str, *, subscription: str, actor: str, reason:
             [uuid.UUID(str(event_id)), subscription],
         )
         row = cursor.fetchone()
+        if row is not None:
+            publish(
+                EVENT_DISCARDED,
+                {
+                    "event_id": str(event_id),
+                    "name": row[0],
+                    "subscription": subscription,
+                    "actor": actor,
+                    "reason": reason,
+                },
+                using=alias,
+            )
     if row is not None:
         logger.info(
             "discarded dead letter event_id=%s name=%s subscription=%s actor=%s reason=%s",

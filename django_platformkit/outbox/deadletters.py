@@ -15,6 +15,7 @@ from django.db import connections, transaction
 from django_platformkit import conf
 from django_platformkit._tables import DEAD_LETTER_TABLE, HANDLED_TABLE, OUTBOX_TABLE
 from django_platformkit._text import storable_text
+from django_platformkit.wire import HandlingOutcome
 
 #: The ``name`` of a dead letter recording a message that isn't an event of ours.
 MALFORMED_NAME = "(malformed)"
@@ -30,8 +31,8 @@ _NAMESPACE_MALFORMED = uuid.UUID("8a1d6c61-3f5e-4c2c-9a59-1f0a3d6b7e21")
 
 _TERMINAL_CLAIM_SQL = (
     f"WITH row AS (SELECT 1 FROM {OUTBOX_TABLE} WHERE id = %s FOR KEY SHARE) "
-    f"INSERT INTO {HANDLED_TABLE} (subscription, event_id, handled_at) "
-    "SELECT %s, %s, now() FROM (SELECT count(*) FROM row) locked "
+    f"INSERT INTO {HANDLED_TABLE} (subscription, event_id, handled_at, outcome) "
+    f"SELECT %s, %s, now(), '{HandlingOutcome.DEAD_LETTERED}' FROM (SELECT count(*) FROM row) locked "
     "ON CONFLICT (subscription, event_id) DO NOTHING RETURNING 1"
 )
 

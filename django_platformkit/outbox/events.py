@@ -409,18 +409,31 @@ def publish_many(
     return ids
 
 
+#: The payload of the operator verbs' audit events (replay, discard, cancel);
+#: ``subscription`` null: every subscription of the event.
+_AUDIT_SCHEMA = {
+    "type": "object",
+    "required": ["event_id", "name", "subscription", "actor", "reason"],
+    "properties": {
+        "event_id": {"type": "string", "format": "uuid"},
+        "name": {"type": "string"},
+        "subscription": {"type": ["string", "null"]},
+        "actor": {"type": "string", "minLength": 1},
+        "reason": {"type": "string", "minLength": 1},
+    },
+}
 EVENT_REPLAYED = declare(
     "platformkit.event_replayed",
-    schema={
-        "type": "object",
-        "required": ["event_id", "name", "subscription", "actor", "reason"],
-        "properties": {
-            "event_id": {"type": "string", "format": "uuid"},
-            "name": {"type": "string"},
-            "subscription": {"type": ["string", "null"]},
-            "actor": {"type": "string", "minLength": 1},
-            "reason": {"type": "string", "minLength": 1},
-        },
-    },
+    schema=_AUDIT_SCHEMA,
     description="An operator replayed an event: the audit record of replay().",
+)
+EVENT_DISCARDED = declare(
+    "platformkit.event_discarded",
+    schema=_AUDIT_SCHEMA,
+    description="An operator discarded a dead letter for good: the audit record of discard().",
+)
+EVENT_CANCELLED = declare(
+    "platformkit.event_cancelled",
+    schema=_AUDIT_SCHEMA,
+    description="An operator cancelled an event before its handler ran: the audit record of cancel().",
 )

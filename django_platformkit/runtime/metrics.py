@@ -27,7 +27,7 @@ from django_platformkit import conf, signals
 from django_platformkit._tables import DEAD_LETTER_TABLE, DUE_BACKLOG_SQL
 from django_platformkit.broker.port import Broker
 from django_platformkit.exceptions import ConfigurationError
-from django_platformkit.wire import HandlingOutcome
+from django_platformkit.wire import HandlingOutcome, task_path
 
 logger = logging.getLogger(__name__)
 
@@ -117,13 +117,21 @@ class Metrics:
         )
         self.handled = pc.Counter(
             "platformkit_handled",
-            "Deliveries settled, by subscription and outcome (handled, retried, dead_lettered, skipped, malformed).",
-            ["subscription", "outcome"],
+            "Deliveries settled, by subscription, outcome (handled, retried, dead_lettered, skipped, malformed) "
+            "and task (a django.tasks task's dotted path; empty for other events).",
+            ["subscription", "outcome", "task"],
             registry=self.registry,
         )
         self.duration = pc.Histogram(
             "platformkit_handler_duration_seconds",
-            "How long a handler ran, successful or not (skips excluded).",
+            "How long a handler ran, successful or not (skips excluded), by subscription and task.",
+            ["subscription", "task"],
+            buckets=DURATION_BUCKETS_SECONDS,
+            registry=self.registry,
+        )
+        self.latency = pc.Histogram(
+            "platformkit_delivery_latency_seconds",
+            "From an event's commit (or a task's run_after) to its handler's start, per handler run.",
             ["subscription"],
             buckets=DURATION_BUCKETS_SECONDS,
             registry=self.registry,
@@ -136,7 +144,7 @@ class Metrics:
         )
         for sub in self.subscriptions:  # a subscription that never ran still shows 0, not a missing series
             for outcome in OUTCOMES:
-                self.handled.labels(sub.name, outcome)
+                self.handled.labels(sub.name, outcome, "")
         self.registry.register(_ScrapeCollector(self))
         self._uid = f"platformkit-metrics-{id(self)}"
         self._server: Any = None
@@ -144,24 +152,46 @@ class Metrics:
 
     # -- signal receivers (run in worker threads: prometheus-client is thread-safe) --
     def _on_handled(
-        self, sender: Any, *, subscription: str, outcome: str, duration_seconds: float = 0.0, **kwargs: Any
+        self,
+        sender: Any,
+        *,
+        subscription: str,
+        outcome: str,
+        event: Any = None,
+        duration_seconds: float = 0.0,
+        delivery_latency_seconds: float | None = None,
+        **kwargs: Any,
     ) -> None:
-        self.handled.labels(subscription, outcome).inc()
+        task = task_path(event.name, event.payload) if event is not None else ""
+        self.handled.labels(subscription, outcome, task).inc()
         if outcome == HandlingOutcome.HANDLED:
-            self.duration.labels(subscription).observe(duration_seconds)
+            self.duration.labels(subscription, task).observe(duration_seconds)
+            if delivery_latency_seconds is not None:
+                self.latency.labels(subscription).observe(delivery_latency_seconds)
 
     def _on_failed(
-        self, sender: Any, *, subscription: str, will_retry: bool, duration_seconds: float = 0.0, **kwargs: Any
+        self,
+        sender: Any,
+        *,
+        subscription: str,
+        will_retry: bool,
+        event: Any = None,
+        duration_seconds: float = 0.0,
+        delivery_latency_seconds: float | None = None,
+        **kwargs: Any,
     ) -> None:
-        self.duration.labels(subscription).observe(duration_seconds)
+        task = task_path(event.name, event.payload) if event is not None else ""
+        self.duration.labels(subscription, task).observe(duration_seconds)
+        if delivery_latency_seconds is not None:
+            self.latency.labels(subscription).observe(delivery_latency_seconds)
         if will_retry:  # the last failure is counted once, by event_dead_lettered
-            self.handled.labels(subscription, HandlingOutcome.RETRIED).inc()
+            self.handled.labels(subscription, HandlingOutcome.RETRIED, task).inc()
 
-    def _on_dead_lettered(self, sender: Any, *, subscription: str, **kwargs: Any) -> None:
-        self.handled.labels(subscription, HandlingOutcome.DEAD_LETTERED).inc()
+    def _on_dead_lettered(self, sender: Any, *, subscription: str, task: str = "", **kwargs: Any) -> None:
+        self.handled.labels(subscription, HandlingOutcome.DEAD_LETTERED, task).inc()
 
     def _on_malformed(self, sender: Any, *, subscription: str, **kwargs: Any) -> None:
-        self.handled.labels(subscription, HandlingOutcome.MALFORMED).inc()
+        self.handled.labels(subscription, HandlingOutcome.MALFORMED, "").inc()
 
     def _on_relayed(self, sender: Any, *, stored: int, dead_lettered: int = 0, **kwargs: Any) -> None:
         if stored:

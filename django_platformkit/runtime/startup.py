@@ -153,12 +153,19 @@ class StartUp:
         with contextlib.suppress(Exception):  # the count is advice: the creation's own answer will do
             info = self.broker.consumer_info(subscription.durable)
         retained = int(info.num_pending or 0)
-        if retained:
+        if not subscription.backfill:
+            logger.info(
+                "new durable subscription=%s consumer=%s starts with the events published from now on "
+                "(backfill=False): retained ones are not run",
+                subscription.name,
+                subscription.durable,
+            )
+        elif retained:
             logger.warning(
                 "new durable subscription=%s consumer=%s will run the handler for %d retained message(s) "
                 "matching %s, published before it existed (a new durable starts from the first message the "
-                "stream retains, up to RETENTION_DAYS back). If past events must not run it, check "
-                "event.occurred_at in the handler; see the docs' 'Events, publishing, subscribing' (docs/guide/events.md).",
+                "stream retains, up to RETENTION_DAYS back). If past events must not run it, subscribe with "
+                "backfill=False (before its durable exists); see the docs' 'Events, publishing, subscribing' (docs/guide/events.md).",
                 subscription.name,
                 subscription.durable,
                 retained,

@@ -14,6 +14,8 @@ exit 1, so its own supervisor (systemd, Kubernetes) sees the failure. A
 child refused by its configuration (a connection pool too small for it, a
 durable that drifted, a stream another project owns) is not restarted: no
 restart can fix it, so the supervisor stops the others and exits 1 at once.
+A consumer child that recycled itself (``recycle.py``: ``EXIT_RECYCLE``,
+after finishing and acking what it held) is replaced at once, no backoff.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from django.db import connections
 from django_platformkit._retry import Backoff
 from django_platformkit.exceptions import ConfigurationError, ConsumerDrift
 from django_platformkit.runtime.health import HealthFile
+from django_platformkit.runtime.recycle import EXIT_RECYCLE, RecyclePolicy
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +64,7 @@ class _Child:
         self.deaths: list[float] = []
         self.restart_at: float | None = None
         self.exit_code: int | None = None
+        self.recycles = 0  # exits with EXIT_RECYCLE: restarted at once, never counted as deaths
         self.backoff = Backoff(RESTART_FIRST_SECONDS, RESTART_MAX_SECONDS)
 
     def died(self, now: float) -> float:
@@ -96,6 +100,7 @@ class Supervisor:
         subscriptions: Sequence[Any] | None = None,
         jobs: Sequence[str] | None = None,
         health_file: str | os.PathLike[str] | None = None,
+        recycle: RecyclePolicy | None = None,
     ) -> None:
         self.health_file = Path(health_file) if health_file else None
         self.children: list[_Child] = []
@@ -107,7 +112,13 @@ class Supervisor:
             self.children.append(
                 _Child(
                     f"consumer{number}",
-                    {"relay": False, "scheduler": False, "consumers": True, "subscriptions": subscriptions},
+                    {
+                        "relay": False,
+                        "scheduler": False,
+                        "consumers": True,
+                        "subscriptions": subscriptions,
+                        "recycle": recycle,
+                    },
                 )
             )
         self.stopping = False
@@ -212,6 +223,12 @@ class Supervisor:
                     self.exit_code = code if code > 0 else 1
                 continue
             now = time.monotonic()
+            if code == EXIT_RECYCLE:
+                # Not a death: it finished and acked what it held. A fresh one now.
+                child.recycles += 1
+                child.restart_at = now
+                logger.info("child recycled role=%s pid=%s; starting a fresh one", child.role, pid)
+                continue
             delay = child.died(now)
             if code == EXIT_CONFIGURATION:
                 logger.critical(
@@ -244,7 +261,12 @@ class Supervisor:
         children = {}
         healthy = not self.stopping
         for child in self.children:
-            state: dict[str, Any] = {"pid": child.pid, "up": child.pid is not None, "restarts": len(child.deaths)}
+            state: dict[str, Any] = {
+                "pid": child.pid,
+                "up": child.pid is not None,
+                "restarts": len(child.deaths),
+                "recycles": child.recycles,
+            }
             if self.health_file is not None and child.pid is not None:
                 try:
                     reported = json.loads(Path(f"{self.health_file}.{child.role}").read_text())

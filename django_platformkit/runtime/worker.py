@@ -43,6 +43,7 @@ from django_platformkit.outbox.relay import Relay, RelayStats
 from django_platformkit.runtime import burst
 from django_platformkit.runtime.health import HealthFile, Watchdog, beat_while
 from django_platformkit.runtime.heartbeat import Heartbeat
+from django_platformkit.runtime.recycle import EXIT_RECYCLE, RECYCLE_CHECK_SECONDS, RecyclePolicy
 from django_platformkit.runtime.startup import StartUp
 
 logger = logging.getLogger(__name__)
@@ -76,6 +77,8 @@ class Worker:
         connect_timeout_seconds: With ``burst`` (and ``relay_once``), how
             long to keep trying to reach NATS before failing (a running
             worker waits for it forever).
+        recycle: When to stop and exit ``EXIT_RECYCLE`` so a supervisor
+            starts a fresh process (``recycle.py``), or None.
     """
 
     def __init__(
@@ -92,6 +95,7 @@ class Worker:
         burst_timeout_seconds: float | None = None,
         jobs: Sequence[str] | None = None,
         connect_timeout_seconds: float = 30.0,
+        recycle: RecyclePolicy | None = None,
     ) -> None:
         if transport is None:
             from django_platformkit.broker.transport import Transport
@@ -126,6 +130,7 @@ class Worker:
         # Re-entrant: the final write may come from a signal handler on a thread that holds it.
         self._health_lock = threading.RLock()
         self._crashed: str | None = None
+        self.recycle = recycle
 
     @property
     def consumers(self) -> list[Consumer]:
@@ -182,7 +187,7 @@ class Worker:
                         )
                         for instance in range(subscription.concurrency)
                     ]
-                    lanes.append(Lane(subscription, consumers))
+                    lanes.append(Lane(subscription, consumers, using=self.using))
                 self.pool = ConsumerPool(
                     self.transport, lanes, using=self.using, stop_event=self.stop_event, spawn=self._spawn
                 )
@@ -410,8 +415,21 @@ class Worker:
             self._scheduler = Scheduler(using=self.using, jobs=self.job_names)
             self._spawn("platformkit-scheduler", functools.partial(self._scheduler.run, self.stop_event))
         self._watchdog_thread = self._spawn("platformkit-watchdog", self._watchdog)
-        while not self.stop_event.wait(0.5):
-            pass
+        check = 0.5 if self.recycle is None else RECYCLE_CHECK_SECONDS
+        while not self.stop_event.wait(check):
+            if self.recycle is not None:
+                self._recycle_when_due(self.recycle)
+
+    def _recycle_when_due(self, recycle: RecyclePolicy) -> None:
+        """Past the recycle policy: stop as SIGTERM stops (nothing more is
+        fetched, what was fetched and not started is handed back uncounted,
+        in-flight units finish and ack), then exit ``EXIT_RECYCLE``."""
+        why = recycle.reason(sum(sum(consumer.counts.values()) for consumer in self.consumers))
+        if why is None:
+            return
+        logger.info("worker recycling %s: finishing in-flight handlers, then exit=%s", why, EXIT_RECYCLE)
+        self.exit_code = EXIT_RECYCLE
+        self.stop_event.set()
 
     # -- burst --
     def _run_burst(self) -> None:

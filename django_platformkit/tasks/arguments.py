@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
-from django_platformkit.exceptions import InvalidPayload
+from django_platformkit.exceptions import InvalidTaskArgument
 
 if TYPE_CHECKING:
     from django.tasks import Task
@@ -25,21 +25,24 @@ def django_json_arguments(args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[
     str, int, float, bool, None, lists, dicts; tuples become lists, UTF-8
     ``bytes`` become str), so a task that runs on Django's built-in backends
     takes the same arguments here - no datetime or Decimal quietly turned
-    into a string. Raises ``InvalidPayload`` (a ``ValueError``) naming the
-    path of the first value Django refuses (``$.args[1]``) and what to do.
+    into a string. Raises ``InvalidTaskArgument`` (an ``InvalidPayload``
+    and a ``TypeError``, as Django's backends raise) naming the path of the
+    first value Django refuses (``$.args[1]``), Django's own words
+    (``Unsupported type: ...``) and what to do.
     """
     from django.utils.json import normalize_json
 
     try:
         # A list normalizes to a list and a dict to a dict (the stubs return the union of every JSON type).
         return cast(list[Any], normalize_json(list(args))), cast(dict[str, Any], normalize_json(dict(kwargs)))
-    except (TypeError, ValueError):
+    except (TypeError, ValueError) as exc:
+        django_says = str(exc)
         path, value = (
             refused_by_django(list(args), "$.args") or refused_by_django(dict(kwargs), "$.kwargs") or ("$", None)
         )
-    raise InvalidPayload(
-        f"{type(value).__name__} at {path} is not a task argument Django's task backends accept "
-        "(str, int, float, bool, None, list, dict; bytes only as UTF-8): convert it before enqueue(), "
+    raise InvalidTaskArgument(
+        f"{django_says} at {path}: {type(value).__name__} is not a task argument Django's task backends "
+        "accept (str, int, float, bool, None, list, dict; bytes only as UTF-8): convert it before enqueue(), "
         "e.g. a datetime with .isoformat(), a Decimal with str(), a model instance by its pk.",
         path=path,
     )

@@ -22,32 +22,18 @@ needed. We don't support the ``django-tasks`` backport: one contract, Django's.
 
 from __future__ import annotations
 
-import difflib
 import logging
-import re
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from django.conf import settings as django_settings
 from django.core import checks
 from django.db import ProgrammingError, connections, transaction
 
 from django_platformkit import conf
 from django_platformkit.exceptions import ConfigurationError
 from django_platformkit.tasks.arguments import django_json_arguments, refuse_arguments_it_cant_take
-from django_platformkit.tasks.queues import (
-    BACKEND_PATH,
-    DEFAULT_BATCH,
-    DEFAULT_CONCURRENCY,
-    HAVE_DJANGO_TASKS,
-    OPTIONS_KEYS,
-    QUEUE_NAME,
-    configured_queues,
-    event_name,
-    is_positive_int,
-    is_queue_list,
-    options_of,
-)
+from django_platformkit.tasks.checks import CHECKS, check_backend, queues_refusal
+from django_platformkit.tasks.queues import BACKEND_PATH, HAVE_DJANGO_TASKS, QUEUE_NAME, event_name
 
 if HAVE_DJANGO_TASKS:  # Django 6.0+
     from django.tasks import TaskResult, TaskResultStatus
@@ -71,49 +57,6 @@ NEEDS_DJANGO_6 = (
     "this project runs Django {version}. Upgrade to Django 6.0+ or remove the backend from TASKS "
     "(publish() + @subscribe work on Django 5.2)."
 )
-
-# System checks of the backend (ids in a range of their own, 1xx, so they
-# can't collide with checks.py's): message, hint.
-CHECKS = {
-    "E101": (
-        "TASKS[{alias!r}] uses {backend} but 'django_platformkit' is not in INSTALLED_APPS",
-        "Add 'django_platformkit' to INSTALLED_APPS and run migrate: tasks are outbox rows and need its tables.",
-    ),
-    "E102": (
-        "TASKS[{alias!r}]: queue {queue!r} can't be an event name",
-        "Rename the queue to lowercase letters, digits and underscores (at most 150), e.g. {suggestion!r}.",
-    ),
-    "E103": (
-        "TASKS[{alias!r}]: QUEUES is empty",
-        'List the queues, e.g. "QUEUES": ["default"]: each is a subscription a worker must know before a task arrives.',
-    ),
-    "E104": (
-        "TASKS[{alias!r}]['OPTIONS']['BATCH'] is {value!r}, not True or False",
-        "Set it to True (the default: a queue's tasks run in units, one transaction each) or False "
-        "(a transaction per task).",
-    ),
-    "E105": (
-        "TASKS[{alias!r}]['OPTIONS'] has {key!r}, which OutboxBackend doesn't know{did_you_mean}",
-        "Remove it: the options are BATCH (True or False) and CONCURRENCY (a positive int).",
-    ),
-    "E106": (
-        "TASKS[{alias!r}]['OPTIONS']['CONCURRENCY'] is {value!r}, not a positive int",
-        "Set it to how many units of a queue's tasks one worker runs at once, e.g. 2 (the default).",
-    ),
-    "E107": (
-        "TASKS[{alias!r}]['QUEUES'] is {value!r}, not a list of queue names",
-        'Write it as a list, e.g. "QUEUES": [{example!r}] (a string would be read as its letters).',
-    ),
-    "E108": (
-        "TASKS[{alias!r}]['OPTIONS'] is {value!r}, not a dict",
-        'Write it as a dict, e.g. "OPTIONS": {{"BATCH": True, "CONCURRENCY": 2}}, or leave it out.',
-    ),
-    "E109": (
-        "TASKS: queue {queue!r} is served by {alias!r} and {other!r} with different OPTIONS ({differences})",
-        "A worker runs a queue as one subscription, with one BATCH and one CONCURRENCY: give the backends "
-        "serving {queue!r} the same OPTIONS, or each its own queues.",
-    ),
-}
 
 
 def _refuse_atomic_elsewhere(alias: str) -> None:
@@ -170,7 +113,7 @@ class OutboxBackend(BaseTaskBackend):
             raise ConfigurationError(NEEDS_DJANGO_6.format(version=django.get_version()))
         super().__init__(alias, params)
         # As written: Django's set() of a str is its letters (check E107).
-        self._queues_setting = params.get("QUEUES", ["default"])
+        self.queues_setting = params.get("QUEUES", ["default"])
         self._app_installed: bool | None = None  # looked up at the first enqueue()
 
     def validate_task(self, task: Task[..., Any]) -> None:
@@ -199,9 +142,11 @@ class OutboxBackend(BaseTaskBackend):
         ``run_after`` naive, ...), ``TypeError`` when the task's function
         can't take ``args`` and ``kwargs`` (a missing or unknown argument, too
         many; a ``takes_context`` task's context excepted: Django passes it),
-        naming the task and why, ``InvalidPayload`` (a ``ValueError``) when
-        an argument doesn't survive a JSON round trip, naming its path
-        (``$.args[0]``, ``$.kwargs.when``) or exceeding ``MAX_PAYLOAD_BYTES``.
+        naming the task and why, ``InvalidTaskArgument`` (a ``TypeError``
+        and an ``InvalidPayload``, as Django's backends raise ``TypeError``)
+        when an argument isn't one Django's task backends store, naming its
+        path (``$.args[0]``, ``$.kwargs.when``), ``InvalidPayload`` (a
+        ``ValueError``) when the payload exceeds ``MAX_PAYLOAD_BYTES``.
         ``ConfigurationError`` when ``django_platformkit`` is not in
         ``INSTALLED_APPS``. ``TransactionRequired`` when called inside an atomic block of another
         database than the outbox's. ``ProgrammingError`` saying to migrate if
@@ -244,17 +189,14 @@ class OutboxBackend(BaseTaskBackend):
             task.run_after,
         ]
         try:
-            if connection.in_atomic_block:
-                with connection.cursor() as cursor:
-                    cursor.execute(sql, params)
-                    enqueued_at = cursor.fetchone()[0]
-            else:
+            if not connection.in_atomic_block:
                 # The one place we don't require atomic(): plain code may enqueue
-                # anywhere, and then the row is its own transaction.
+                # anywhere, and then the row is its own transaction - one
+                # autocommit statement, not BEGIN, INSERT, COMMIT.
                 _refuse_atomic_elsewhere(alias)
-                with transaction.atomic(using=alias), connection.cursor() as cursor:
-                    cursor.execute(sql, params)
-                    enqueued_at = cursor.fetchone()[0]
+            with connection.cursor() as cursor:
+                cursor.execute(sql, params)
+                enqueued_at = cursor.fetchone()[0]
         except ProgrammingError as exc:
             explain_unmigrated(exc, alias)
             raise
@@ -306,82 +248,10 @@ class OutboxBackend(BaseTaskBackend):
 
     # -- checks --
     def check(self, **kwargs: Any) -> list[checks.CheckMessage]:
-        """``platformkit.E101`` app not installed, ``E102`` a queue name our
-        event grammar can't carry, ``E103`` no queues, ``E104`` a ``BATCH``
-        option that isn't a bool, ``E105`` an option we don't know, ``E106`` a
-        ``CONCURRENCY`` that isn't a positive int, ``E107`` ``QUEUES`` not a
-        list, ``E108`` ``OPTIONS`` not a dict, ``E109`` a queue shared with
-        another of our backends under different options. No queries."""
-        from django.apps import apps
-
-        errors = list(super().check(**kwargs))
-        where = "settings.TASKS"
-        if not apps.is_installed("django_platformkit"):
-            errors.append(_check("E101", where, alias=self.alias, backend=BACKEND_PATH))
-        refusal = self._queues_refusal(where)
-        if refusal is not None:
-            errors.append(refusal)
-        elif not self.queues:
-            errors.append(_check("E103", where, alias=self.alias))
-        else:
-            for queue in sorted(self.queues):
-                if not QUEUE_NAME.match(str(queue)):
-                    suggestion = re.sub(r"[^a-z0-9_]", "_", str(queue).lower())[:150] or "default"
-                    errors.append(_check("E102", where, alias=self.alias, queue=queue, suggestion=suggestion))
-            errors.extend(self._check_shared_queues(where))
-        options: Any = self.options or {}  # as written in the setting: anything
-        if not isinstance(options, dict):
-            errors.append(_check("E108", where, alias=self.alias, value=options))
-            return errors
-        if "BATCH" in options and not isinstance(options["BATCH"], bool):
-            errors.append(_check("E104", where, alias=self.alias, value=options["BATCH"]))
-        if "CONCURRENCY" in options and not is_positive_int(options["CONCURRENCY"]):
-            errors.append(_check("E106", where, alias=self.alias, value=options["CONCURRENCY"]))
-        for key in sorted(set(options) - set(OPTIONS_KEYS), key=str):
-            close = difflib.get_close_matches(str(key), OPTIONS_KEYS, n=1)
-            did_you_mean = f" (did you mean {close[0]!r}?)" if close else ""
-            errors.append(_check("E105", where, alias=self.alias, key=key, did_you_mean=did_you_mean))
-        return errors
+        """Django's checks of a backend, then ours (``tasks.checks``: ids
+        ``platformkit.E101`` to ``E115``). No queries."""
+        return [*super().check(**kwargs), *check_backend(self)]
 
     def _queues_refusal(self, where: str = "settings.TASKS") -> checks.Error | None:
-        """Check ``E107`` when ``QUEUES`` as written isn't a list of names
-        (a string, read by Django as its letters), else None."""
-        names = self._queues_setting
-        if is_queue_list(names):
-            return None
-        example = names if isinstance(names, str) and QUEUE_NAME.match(names) else "default"
-        return _check("E107", where, alias=self.alias, value=names, example=example)
-
-    def _check_shared_queues(self, where: str) -> list[checks.CheckMessage]:
-        """``E109`` for each queue this backend shares with a later one (by
-        alias, so a pair is reported once) whose BATCH or CONCURRENCY differ."""
-        tasks_setting = getattr(django_settings, "TASKS", None) or {}
-        mine: dict[str, Any] = self.options if isinstance(self.options, dict) else {}  # not a dict: E108
-        errors: list[checks.CheckMessage] = []
-        for queue, aliases in sorted(configured_queues().items(), key=lambda item: str(item[0])):
-            if self.alias not in aliases:
-                continue
-            for other in sorted(a for a in set(aliases) if a > self.alias):
-                theirs = options_of(tasks_setting[other])
-                differences = [
-                    f"{key} {mine.get(key, default)!r} vs {theirs.get(key, default)!r}"
-                    for key, default in (("BATCH", DEFAULT_BATCH), ("CONCURRENCY", DEFAULT_CONCURRENCY))
-                    if mine.get(key, default) != theirs.get(key, default)
-                ]
-                if differences:
-                    errors.append(
-                        _check(
-                            "E109",
-                            where,
-                            queue=queue,
-                            alias=self.alias,
-                            other=other,
-                            differences=", ".join(differences),
-                        )
-                    )
-        return errors
-
-
-def _check(code: str, obj: str, **values: Any) -> checks.Error:
-    message, hint = CHECKS[code]
-    return checks.Error(message.format(**values), hint=hint.format(**values), obj=obj, id=f"platformkit.{code}")
+        """Check ``E107`` when ``QUEUES`` as written isn't a list of names, else None."""
+        return queues_refusal(self.alias, self.queues_setting, where)

@@ -1,7 +1,9 @@
 """The task queues ``TASKS`` configures, named for the outbox: queue ``Q``
 is the event and the subscription ``platformkit.task_Q`` (durable
-``platformkit-task_Q``), and its ``OPTIONS`` (``BATCH``, ``CONCURRENCY``)
-become that subscription's. Reads settings only: no backend is made here.
+``platformkit-task_Q``), and its ``OPTIONS`` (``BATCH``, ``CONCURRENCY``,
+and per queue ``QUEUES[Q]``: ``MAX_ATTEMPTS``, ``BACKOFF_SECONDS``,
+``RATE_LIMIT``) become that subscription's. Reads settings only: no backend
+is made here.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from typing import Any
 
 from django.conf import settings as django_settings
 from django.utils.module_loading import import_string
+
+from django_platformkit.wire import TASK_EVENT_PREFIX
 
 try:  # Django 6.0+
     import django.tasks  # noqa: F401 - only whether it is there
@@ -26,16 +30,15 @@ BACKEND_PATH = "django_platformkit.tasks.OutboxBackend"
 _BACKEND_CLASS = "django_platformkit.tasks.backend.OutboxBackend"
 
 
-#: ``platformkit.task_<queue>``: the event and the subscription of a queue.
-TASK_EVENT_PREFIX = "platformkit.task_"
-
-
 #: Queue names our event grammar can carry after ``task_``.
 QUEUE_NAME = re.compile(r"^[a-z0-9_]{1,150}$")
 
 
 #: The keys OutboxBackend reads from a TASKS entry's OPTIONS.
-OPTIONS_KEYS = ("BATCH", "CONCURRENCY")
+OPTIONS_KEYS = ("BATCH", "CONCURRENCY", "QUEUES")
+#: The keys of one queue's entry in ``OPTIONS["QUEUES"]``, as the
+#: ``subscribe()`` options they set (the same meaning and validation).
+QUEUE_OPTIONS = {"MAX_ATTEMPTS": "max_attempts", "BACKOFF_SECONDS": "backoff_seconds", "RATE_LIMIT": "rate_limit"}
 
 
 def event_name(queue: str) -> str:
@@ -141,3 +144,33 @@ def event_id_of(result_id: object) -> uuid.UUID | None:
         return uuid.UUID(str(result_id))
     except ValueError:
         return None
+
+
+def queue_options_of(options: dict[str, Any], queue: str) -> dict[str, Any]:
+    """``OPTIONS["QUEUES"][queue]`` of one backend's options, or {} (missing,
+    or not a dict: checks E110 and E112 say so)."""
+    queues = options.get("QUEUES") or {}
+    entry = queues.get(queue) if isinstance(queues, dict) else None
+    return entry if isinstance(entry, dict) else {}
+
+
+def subscribe_options(queue: str) -> dict[str, Any]:
+    """The ``subscribe()`` keyword arguments ``OPTIONS["QUEUES"][queue]`` sets
+    (``max_attempts``, ``backoff_seconds``, ``rate_limit``), from the first
+    backend serving ``queue`` that sets each (check E109 makes them agree).
+    A value the checks refuse is left out here (the setting's default holds)."""
+    from django_platformkit import conf
+    from django_platformkit.exceptions import ConfigurationError
+
+    validators = {"MAX_ATTEMPTS": conf.positive_int, "BACKOFF_SECONDS": conf.backoff_seconds, "RATE_LIMIT": conf.rate}
+    found: dict[str, Any] = {}
+    for options in _options(queue):
+        for key, value in queue_options_of(options, queue).items():
+            if key not in QUEUE_OPTIONS or QUEUE_OPTIONS[key] in found:
+                continue
+            try:
+                validators[key](key, value)
+            except ConfigurationError:
+                continue
+            found[QUEUE_OPTIONS[key]] = value
+    return found

@@ -18,6 +18,7 @@ from django_platformkit.tasks.queues import (
     configured_queues,
     event_name,
     queue_of,
+    subscribe_options,
 )
 
 
@@ -28,7 +29,8 @@ def register_task_queues() -> list[str]:
     the check ``platformkit.E102``. Returns the subscription names."""
     from django_platformkit.consume.subscriptions import get_subscription, subscribe
     from django_platformkit.outbox.events import declare
-    from django_platformkit.tasks.results import RUNNING_LOCK_NAMESPACE, run_task
+    from django_platformkit.tasks.results import RUNNING_LOCK_NAMESPACE
+    from django_platformkit.tasks.runner import run_task
 
     names = []
     for queue in configured_queues():
@@ -39,7 +41,9 @@ def register_task_queues() -> list[str]:
             name,
             description=f"A django.tasks task on queue {queue!r} (payload: task path, args, kwargs, backend alias).",
         )
-        subscribe(name, name=name, batch=batch_of(queue), concurrency=concurrency_of(queue))(run_task)
+        subscribe(
+            name, name=name, batch=batch_of(queue), concurrency=concurrency_of(queue), **subscribe_options(queue)
+        )(run_task)
         # The claim takes each task's RUNNING lock: no statement of its own per task.
         subscription = get_subscription(name)
         assert subscription is not None  # registered by the line above

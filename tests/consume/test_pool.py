@@ -13,6 +13,7 @@ pytestmark = pytest.mark.unit
 
 class _Subscription:
     name = "orders.record"
+    rate_limit = None
 
 
 def _lane() -> Lane:

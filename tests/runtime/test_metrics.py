@@ -35,8 +35,37 @@ def scrape(port: int) -> dict[tuple[str, tuple], float]:
     }
 
 
-def handled(samples, subscription, outcome):
-    return samples.get(("platformkit_handled_total", (("outcome", outcome), ("subscription", subscription))), 0.0)
+def handled(samples, subscription, outcome, task=""):
+    labels = (("outcome", outcome), ("subscription", subscription), ("task", task))
+    return samples.get(("platformkit_handled_total", labels), 0.0)
+
+
+def test_a_tasks_handlings_durations_and_dead_letter_carry_its_dotted_path_as_the_task_label():
+    import uuid
+
+    from django.utils import timezone
+
+    from django_platformkit import signals
+    from django_platformkit.wire import ReceivedEvent
+
+    m = Metrics(subscriptions=[]).connect()
+    try:
+        event = ReceivedEvent(
+            uuid.uuid4(), "platformkit.task_default", None, {"task": "shop.tasks.send"}, timezone.now(), 1
+        )
+        common = dict(sender=None, subscription="shop.runner", event=event)
+        signals.event_handled.send(**common, outcome="handled", duration_seconds=0.5, delivery_latency_seconds=2.0)
+        signals.event_failed.send(**common, error=ValueError(), attempt=1, will_retry=True, duration_seconds=0.1)
+        signals.event_dead_lettered.send(sender=None, subscription="shop.runner", task="shop.tasks.send")
+        value = m.registry.get_sample_value
+        labels = {"subscription": "shop.runner", "task": "shop.tasks.send"}
+        assert value("platformkit_handled_total", {**labels, "outcome": "handled"}) == 1
+        assert value("platformkit_handled_total", {**labels, "outcome": "retried"}) == 1
+        assert value("platformkit_handled_total", {**labels, "outcome": "dead_lettered"}) == 1
+        assert value("platformkit_handler_duration_seconds_count", labels) == 2
+        assert value("platformkit_delivery_latency_seconds_sum", {"subscription": "shop.runner"}) == 2.0
+    finally:
+        m.close()
 
 
 @pytest.fixture
@@ -84,7 +113,13 @@ def test_metrics_scraped_after_a_burst_equal_what_the_database_says_happened(run
     assert handled(samples, "testapp.flaky", "malformed") == 1
     assert handled(samples, "testapp.record_order", "handled") == 5
     # one observation per handler run, failed runs included
-    assert samples[("platformkit_handler_duration_seconds_count", (("subscription", "testapp.flaky"),))] == runs == 5
+    assert (
+        samples[("platformkit_handler_duration_seconds_count", (("subscription", "testapp.flaky"), ("task", "")))]
+        == runs
+        == 5
+    )
+    # one delivery latency per handler run too, from the row's commit to the start
+    assert samples[("platformkit_delivery_latency_seconds_count", (("subscription", "testapp.flaky"),))] == runs
     # scrape-time gauges: nothing waits after a burst ...
     assert samples[("platformkit_outbox_pending", ())] == 0
     assert samples[("platformkit_outbox_lag_seconds", ())] == 0

@@ -86,3 +86,50 @@ def with_unit(func):
 def decorated(unit, label):
     Effect.objects.create(subscription=label, event_id=uuid.uuid4(), payload={"unit": unit})
     return unit
+
+
+# --- Django's own tests/tasks task functions (tests/tasks/test_django_contract.py) ---
+
+
+@task
+def noop_task(*args, **kwargs):
+    return None
+
+
+@task
+def calculate_meaning_of_life():
+    return 42
+
+
+@task
+def failing_task_value_error():
+    raise ValueError("This task failed due to ValueError")
+
+
+@task
+def failing_task_system_exit():
+    raise SystemExit("This task failed due to SystemExit")
+
+
+@task
+def complex_exception():
+    raise ValueError(ValueError("This task failed"))
+
+
+@task
+def complex_return_value():
+    # Return something which isn't JSON serializable nor picklable.
+    return lambda: True
+
+
+@task(takes_context=True)
+def get_task_id(context):
+    return context.task_result.id
+
+
+@task(takes_context=True)
+def check_context(context, attempt):
+    from django.tasks import TaskContext
+
+    assert isinstance(context, TaskContext)
+    assert context.attempt == attempt

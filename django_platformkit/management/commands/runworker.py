@@ -97,6 +97,21 @@ class Command(BaseCommand):
             "(uses the cores: one Python process uses one). One SIGTERM/SIGINT stops them all; a child that dies is "
             "restarted with backoff, and the supervisor exits 1 if one keeps dying.",
         )
+        parser.add_argument(
+            "--max-handlings-per-process",
+            default=None,
+            metavar="K",
+            help="With --processes: replace a consumer process after K handlings (Celery's --max-tasks-per-child). "
+            "It stops fetching, finishes and acks what it holds, hands back what it fetched and did not start "
+            "(not an attempt), exits, and a fresh one starts at once. Default: never.",
+        )
+        parser.add_argument(
+            "--max-memory-per-process",
+            default=None,
+            metavar="MIB",
+            help="With --processes: replace a consumer process, as --max-handlings-per-process does, once its "
+            "resident memory exceeds MIB mebibytes (Celery's --max-memory-per-child). Default: never.",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         configure_logging(options["verbosity"])
@@ -108,6 +123,21 @@ class Command(BaseCommand):
         connect_timeout = positive("--connect-timeout", options["connect_timeout"], omitted="the default is 30")
         tcp_port("--metrics-port", options["metrics_port"])
         processes = positive("--processes", options["processes"], unit="processes", whole=True, example="2")
+        max_handlings = positive(
+            "--max-handlings-per-process",
+            options.get("max_handlings_per_process"),
+            unit="handlings",
+            whole=True,
+            example="1000",
+        )
+        max_memory = positive(
+            "--max-memory-per-process", options.get("max_memory_per_process"), unit="MiB", example="512"
+        )
+        if (max_handlings is not None or max_memory is not None) and processes is None:
+            raise CommandError(
+                "--max-handlings-per-process and --max-memory-per-process replace consumer processes, which only "
+                "--processes N has: add --processes 1 (or more)."
+            )
 
         if options["health_file"]:
             import os
@@ -161,6 +191,7 @@ class Command(BaseCommand):
                     "`runworker --metrics-port PORT` per process instead (e.g. `--no-relay` beside one `runrelay`), "
                     "or drop --metrics-port."
                 )
+            from django_platformkit.runtime.recycle import RecyclePolicy
             from django_platformkit.runtime.supervisor import Supervisor
 
             supervisor = Supervisor(
@@ -170,6 +201,9 @@ class Command(BaseCommand):
                 subscriptions=subs,
                 jobs=options["job"],
                 health_file=options["health_file"],
+                recycle=RecyclePolicy(max_handlings, max_memory)
+                if max_handlings is not None or max_memory is not None
+                else None,
             )
             try:
                 supervisor.refuse_what_no_child_could_run()

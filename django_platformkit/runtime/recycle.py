@@ -1,0 +1,54 @@
+"""Worker recycling (``runworker --processes N --max-handlings-per-process K
+--max-memory-per-process MIB``, Celery's ``--max-tasks-per-child`` and
+``--max-memory-per-child``): a long-running Django process grows, so a
+consumer child past its limit stops fetching, lets what it holds finish
+and ack - a delivery fetched and not started is handed back, never counted
+as an attempt - and exits ``EXIT_RECYCLE``; its supervisor starts a fresh
+one at once, with no crash backoff.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+#: Exit status of a child that recycled itself (sysexits.h's EX_TEMPFAIL):
+#: not a crash, restart it at once.
+EXIT_RECYCLE = 75
+#: How often a worker with a recycle policy compares its counts and memory with it, seconds.
+RECYCLE_CHECK_SECONDS = 0.1
+
+
+def resident_mib() -> float:
+    """This process's resident set size in MiB (Linux ``/proc/self/statm``; 0 where it can't be read)."""
+    try:
+        with open("/proc/self/statm") as statm:
+            pages = int(statm.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0.0
+    return pages * os.sysconf("SC_PAGE_SIZE") / (1024 * 1024)
+
+
+@dataclass(frozen=True)
+class RecyclePolicy:
+    """When a consumer process replaces itself.
+
+    Attributes:
+        max_handlings: After this many handlings (every delivery its
+            consumers settled: handled, skipped, retried, dead-lettered,
+            malformed), or None.
+        max_memory_mib: Above this resident set size in MiB, or None.
+    """
+
+    max_handlings: int | None = None
+    max_memory_mib: float | None = None
+
+    def reason(self, handlings: int) -> str | None:
+        """Why the process should recycle now (``handlings``: its total so far), or None."""
+        if self.max_handlings is not None and handlings >= self.max_handlings:
+            return f"handlings={handlings} max_handlings_per_process={self.max_handlings}"
+        if self.max_memory_mib is not None:
+            rss = resident_mib()
+            if rss > self.max_memory_mib:
+                return f"rss_mib={rss:.0f} max_memory_per_process_mib={self.max_memory_mib:g}"
+        return None
