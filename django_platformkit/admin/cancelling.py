@@ -16,6 +16,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy
 
 from django_platformkit.models import OutboxEvent
 
@@ -25,7 +26,7 @@ OPERATOR_PERMISSION = "django_platformkit.replay_deadletter"
 CONFIRMATION_LIST_LIMIT = 100
 
 
-@admin.action(description="Cancel selected events (before they run)…")
+@admin.action(description=gettext_lazy("Cancel selected events (before they run)…"))
 def cancel_selected(
     modeladmin: admin.ModelAdmin[Any], request: HttpRequest, queryset: QuerySet[Any]
 ) -> HttpResponse | None:
@@ -84,7 +85,7 @@ def _perform(modeladmin: admin.ModelAdmin[Any], request: HttpRequest, rows: list
                 change_message=text,
                 single_object=True,
             )
-            modeladmin.message_user(request, f"{row}: {text}", messages.SUCCESS)
+            modeladmin.message_user(request, _("%(event)s: %(done)s") % {"event": row, "done": text}, messages.SUCCESS)
         if result.already_cancelled:
             modeladmin.message_user(
                 request,

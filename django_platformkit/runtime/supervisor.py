@@ -219,7 +219,8 @@ class Supervisor:
             child.pid, child.exit_code = None, code
             if self.stopping:
                 logger.info("child stopped role=%s pid=%s exit=%s", child.role, pid, code)
-                if code and not self.exit_code:
+                # A child that recycled itself as the stop came finished and acked what it held: a clean exit.
+                if code and code != EXIT_RECYCLE and not self.exit_code:
                     self.exit_code = code if code > 0 else 1
                 continue
             now = time.monotonic()

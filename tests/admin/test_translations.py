@@ -106,7 +106,8 @@ def unmarked_words(html: str, data: list[str]) -> list[str]:
     parser.feed(html)
     text = " ".join(parser.parts)
     for value in sorted(data, key=len, reverse=True):
-        text = text.replace(value, " ")
+        # Whole values only: a payload key such as "n" must not cut words in two.
+        text = re.sub(rf"(?<!\w){re.escape(value)}(?!\w)", " ", text)
     while (unwrapped := re.sub(r"⟪[^⟪⟫]*⟫", " ", text)) != text:  # marked (translated), innermost first
         text = unwrapped
     for pattern in _DATA:

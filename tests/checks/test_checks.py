@@ -688,7 +688,9 @@ def test_setting_django_up_registers_every_check_family():
         "print(sorted(f'{c.__module__}.{c.__name__}' for c in registry.get_checks() if c.__module__.startswith('django_platformkit')))"
     )
     env = _env(DJANGO_SETTINGS_MODULE="tests.settings", PLATFORMKIT_TEST_SERVICES="none")
-    result = subprocess.run([sys.executable, "-c", probe], env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-c", probe], env=env, cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0, result.stderr
     registered = result.stdout
     for family in ("declarations.check_subscriptions", "settings.check_settings", "services.check_database"):
