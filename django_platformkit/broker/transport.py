@@ -20,6 +20,7 @@ from django_platformkit.broker.acks import Acks, KeepAlive
 from django_platformkit.broker.connection import Connection
 from django_platformkit.broker.publishing import PendingPublish, Publisher
 from django_platformkit.broker.pulling import Puller, PullLane
+from django_platformkit.broker.standing import StreamStanding
 from django_platformkit.broker.streams import Streams
 from django_platformkit.wire import Delivery, OutgoingMessage
 
@@ -82,8 +83,11 @@ class Transport:
         return self.connection.max_payload
 
     # -- the stream and its durables --
-    def ensure_stream(self, *, owner: str | None = None) -> api.StreamInfo:
-        return self.streams.ensure_stream(owner=owner)
+    def ensure_stream(self, *, owner: str | None = None, instance: str | None = None) -> api.StreamInfo:
+        return self.streams.ensure_stream(owner=owner, instance=instance)
+
+    def stream_standing(self, *, owner: str, instance: str | None) -> StreamStanding:
+        return self.streams.stream_standing(owner=owner, instance=instance)
 
     def stream_info(self) -> api.StreamInfo:
         return self.streams.stream_info()

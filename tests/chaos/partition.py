@@ -33,6 +33,7 @@ class RouteProxies:
         self._open: dict[tuple[str, str], asyncio.Event] = {}
         self._loop = asyncio.new_event_loop()
         self._servers: list[asyncio.AbstractServer] = []
+        self._writers: set[asyncio.StreamWriter] = set()
         self._thread = threading.Thread(target=self._loop.run_forever, name="route-proxies", daemon=True)
         self._thread.start()
         asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(10)
@@ -55,10 +56,14 @@ class RouteProxies:
         async def stop() -> None:
             for server in self._servers:
                 server.close()
+            for writer in list(self._writers):
+                writer.close()
+            await asyncio.sleep(0.1)  # the pipes see their ends and return
 
         asyncio.run_coroutine_threadsafe(stop(), self._loop).result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
+        self._loop.close()
 
     # -- on the loop --
     def _set(self, node: str, cut: bool) -> None:
@@ -81,13 +86,17 @@ class RouteProxies:
     async def _link(
         self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter, b: str, gate: asyncio.Event
     ) -> None:
+        self._writers.add(client_w)
         await gate.wait()  # dialled while cut: held, as a SYN into a partition is
         try:
             server_r, server_w = await asyncio.open_connection("127.0.0.1", self.route_ports[b])
         except OSError:
             client_w.close()
+            self._writers.discard(client_w)
             return
+        self._writers.add(server_w)
         await asyncio.gather(self._pipe(client_r, server_w, gate), self._pipe(server_r, client_w, gate))
+        self._writers.difference_update((client_w, server_w))
 
     @staticmethod
     async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, gate: asyncio.Event) -> None:
