@@ -43,6 +43,7 @@ from django_platformkit._tables import (
     WORKERS_TABLE,
 )
 from django_platformkit.broker.figures import BROKER_TIMEOUT_SECONDS, broker_figures
+from django_platformkit.broker.standing import StreamStanding
 from django_platformkit.runtime.heartbeat import ALIVE_AFTER_SECONDS
 
 logger = logging.getLogger(__name__)
@@ -111,6 +112,11 @@ class JobFigures:
 
 @dataclass
 class WorkerFigures:
+    """``state``: a ``models.WorkerState`` value (``waiting_for_broker``,
+    ``running``, ``contested``, ``refused`` ...); ``detail``: why it waits or
+    was refused, and the fix ("" otherwise); ``instance``: the database
+    instance it works for."""
+
     worker: str
     started_at: datetime
     last_seen: datetime
@@ -118,6 +124,9 @@ class WorkerFigures:
     subscriptions: list[str]
     version: str
     alive: bool
+    state: str = "running"
+    detail: str = ""
+    instance: str = ""
 
 
 @dataclass
@@ -135,10 +144,23 @@ class Overview:
     workers: list[WorkerFigures]
     broker_error: str = ""
     notes: list[str] = field(default_factory=list)
+    #: The stream as the broker holds it, judged for this database (None when NATS didn't answer).
+    stream_standing: StreamStanding | None = None
 
     @property
     def broker_ok(self) -> bool:
         return not self.broker_error
+
+    @property
+    def stream_problems(self) -> list[str]:
+        """Each limit of the stream that could discard unhandled events, with its fix (workers refuse such a stream)."""
+        return [str(p) for p in self.stream_standing.problems] if self.stream_standing else []
+
+    @property
+    def identity_conflict(self) -> str:
+        """A live copy of this database holds or tried the stream: who, and the fix ("" when none)."""
+        judgement = self.stream_standing.judgement if self.stream_standing else None
+        return judgement.text if judgement is not None else ""
 
 
 # --- the database ----------------------------------------------------------------
@@ -210,7 +232,7 @@ _LOCKS_SQL = (
 )
 _WORKERS_SQL = (
     f"SELECT worker, started_at, last_seen, stopped_at, subscriptions, version, "
-    f"(stopped_at IS NULL AND last_seen >= now() - %s) AS alive FROM {WORKERS_TABLE} "
+    f"(stopped_at IS NULL AND last_seen >= now() - %s) AS alive, state, detail, instance FROM {WORKERS_TABLE} "
     "WHERE last_seen >= now() - %s ORDER BY alive DESC, last_seen DESC LIMIT 100"
 )
 
@@ -305,8 +327,11 @@ def _database_figures(
             subscriptions=list(json.loads(subs_) if isinstance(subs_, str) else subs_ or []),
             version=v,
             alive=bool(alive),
+            state=state,
+            detail=detail,
+            instance=instance,
         )
-        for w, st, seen, stopped, subs_, v, alive in q.rows(
+        for w, st, seen, stopped, subs_, v, alive, state, detail, instance in q.rows(
             _WORKERS_SQL, [alive_within, WORKERS_SEEN_WITHIN], "workers"
         )
         or []
@@ -314,9 +339,9 @@ def _database_figures(
     return outbox, job_rows, workers
 
 
-def _owner(alias: str) -> str | None:
-    """This project's database identity, or None when it can't be read now
-    (the page then shows the stream's figures unchecked)."""
+def _owner(alias: str) -> tuple[str | None, str | None]:
+    """This project's database identity and instance, or None for what
+    can't be read now (the page then shows the stream's figures unchecked)."""
     from django.db import DatabaseError, transaction
 
     from django_platformkit import identity
@@ -324,9 +349,9 @@ def _owner(alias: str) -> str | None:
 
     try:
         with transaction.atomic(using=alias):  # a failed read can't abort a request's transaction
-            return identity.database_identity(alias)
+            return identity.database_identity(alias), identity.database_instance(alias)
     except (DatabaseError, DatabaseUnavailable, ConfigurationError):
-        return None
+        return None, None
 
 
 def collect(*, using: str | None = None, broker_timeout_seconds: float = BROKER_TIMEOUT_SECONDS) -> Overview:
@@ -341,10 +366,13 @@ def collect(*, using: str | None = None, broker_timeout_seconds: float = BROKER_
     filters = {s.durable: s.filter_subject for s in registered()}
     outbox, job_rows, workers = _database_figures(subs, alias, notes)
     broker_error = ""
+    standing = None
     wanted = [(s.durable, filters[s.durable]) for s in subs if s.registered]
     if wanted:
         try:
-            figures = broker_figures(wanted, timeout=broker_timeout_seconds, owner=_owner(alias))
+            owner, instance = _owner(alias)
+            answer = broker_figures(wanted, timeout=broker_timeout_seconds, owner=owner, instance=instance)
+            figures, standing = answer.durables, answer.stream
         except (BrokerUnavailable, ConfigurationError) as exc:
             broker_error = str(exc)
             figures = {}
@@ -374,6 +402,7 @@ def collect(*, using: str | None = None, broker_timeout_seconds: float = BROKER_
         workers=workers,
         broker_error=broker_error,
         notes=notes,
+        stream_standing=standing,
     )
 
 
