@@ -144,7 +144,7 @@ class InMemoryTransport:
     def edit_stream(self, **settings: Any) -> None:
         """Change the stream's settings as an operator's ``nats stream edit``
         would (tests): ``retention``, ``max_msgs``, ``max_bytes``,
-        ``max_msgs_per_subject``, ``max_age_seconds``. The twin only reports them."""
+        ``max_msgs_per_subject``, ``max_age`` (seconds): JetStream's names. The twin only reports them."""
         with self._cond:
             for key, value in settings.items():
                 if not hasattr(self._settings, key) or key == "tenure":

@@ -70,7 +70,7 @@ class StreamSettings:
         self.max_msgs = UNLIMITED
         self.max_bytes = UNLIMITED
         self.max_msgs_per_subject = UNLIMITED
-        self.max_age_seconds: float | None = None
+        self.max_age: float | None = None  # seconds, as JetStream names it
         self.tenure = identity.Tenure(None)
 
     def standing(self, stream: str, url: str, owner: str | None, instance: str | None, now: float) -> StreamStanding:
@@ -84,7 +84,7 @@ class StreamSettings:
             max_msgs=self.max_msgs,
             max_bytes=self.max_bytes,
             max_msgs_per_subject=self.max_msgs_per_subject,
-            max_age_seconds=self.max_age_seconds,
+            max_age_seconds=self.max_age,
             owner=owner,
             instance=instance,
             now=now,

@@ -123,7 +123,9 @@ def test_killing_the_stream_leader_of_a_three_replica_cluster_mid_relay_loses_an
     rig.assert_exactly_once(tally, events)
 
 
-def test_a_paused_then_partitioned_stream_leader_loses_doubles_and_dead_letters_nothing(make_rig, partitionable_cluster):
+def test_a_paused_then_partitioned_stream_leader_loses_doubles_and_dead_letters_nothing(
+    make_rig, partitionable_cluster
+):
     """The issue-27 probe: the leader SIGSTOPped 15 s, then (the new leader)
     cut off from its peers 20 s, while two writers publish and the relay
     sends. Re-sends of what the stuck leader had proposed get 409 "duplicate
