@@ -192,14 +192,15 @@ def purge(
         raise ValueError(f"older_than must be a positive timedelta, got {older_than!r}")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
-    retention = retention_of(stream_max_age)
-    if older_than is None:
-        older_than = retention or timedelta(days=float(conf.settings.RETENTION_DAYS))
     alias = using or conf.settings.DATABASE_ALIAS
     guards = _guards()
     with connections[alias].cursor() as cursor:
-        cursor.execute("SELECT now()")
+        # The outbox is read before NATS is asked: a database without our tables says so first.
+        cursor.execute(f"SELECT now(), EXISTS (SELECT 1 FROM {OUTBOX_TABLE})")
         now = cursor.fetchone()[0]
+        retention = retention_of(stream_max_age)
+        if older_than is None:
+            older_than = retention or timedelta(days=float(conf.settings.RETENTION_DAYS))
         cutoff = _before(now, older_than)
         retention_cutoff = _before(now, retention)
         # A claim lives as long as the stream can redeliver its message.
