@@ -354,8 +354,8 @@ class Streams:
                 f"can't update ({what}). Claims are keyed by the subscription's name, so a new name (a new "
                 f"durable from the first retained message) runs the handler again for every event the stream "
                 f"still holds (up to RETENTION_DAYS). To keep the name, delete the old durable once it is "
-                f"drained with `nats consumer rm {stream} {want.durable_name}`: the durable made again under "
-                "the same name meets its claims and skips what was handled."
+                f"drained with `manage.py stream prune --durable {want.durable_name}`: the durable made again "
+                "under the same name meets its claims and skips what was handled."
             )
         if updatable:
             logger.info("durable updated consumer=%s changes=%s", want.durable_name, updatable)

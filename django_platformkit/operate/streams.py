@@ -11,6 +11,7 @@ renders what these return.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from django_platformkit import conf, identity
@@ -76,16 +77,28 @@ def stream_view(upkeep: StreamUpkeep, *, using: str | None = None) -> StreamView
     return StreamView(report, standing, declared_durables(), ours, instance)
 
 
-def prune_durables(upkeep: StreamUpkeep, *, dry_run: bool = False, using: str | None = None) -> list[DurableReport]:
-    """Delete the durables no declared subscription owns (``StreamView.unowned``);
-    with ``dry_run``, only say which. Returns them (those deleted). A stream
-    that is another project's is left alone: ``ConfigurationError``."""
+def prune_durables(
+    upkeep: StreamUpkeep, *, dry_run: bool = False, also: Sequence[str] = (), using: str | None = None
+) -> list[DurableReport]:
+    """Delete the durables no declared subscription owns (``StreamView.unowned``)
+    and those named in ``also`` (a declared one that drifted: its filter
+    changed, which the broker can't update); with ``dry_run``, only say
+    which. Returns them (those deleted). Raises ``ConfigurationError`` for a
+    stream another project owns, and for a name in ``also`` that is no
+    django_platformkit durable of this stream."""
     from django_platformkit.exceptions import ConfigurationError
 
     view = stream_view(upkeep, using=using)
     if view.standing.standing is identity.Standing.FOREIGN and view.standing.judgement is not None:
         raise ConfigurationError(view.standing.judgement.text)
-    doomed = view.unowned
+    ours = {d.name: d for d in (view.report.durables if view.report else []) if d.subscription is not None}
+    unknown = sorted(set(also) - set(ours))
+    if unknown:
+        raise ConfigurationError(
+            f"no durable {', '.join(unknown)} made by django_platformkit on the stream {conf.settings.STREAM!r} "
+            "(`manage.py stream info` lists them)"
+        )
+    doomed = view.unowned + [ours[name] for name in dict.fromkeys(also) if name in view.owners]
     if dry_run or not doomed:
         return doomed
     gone = set(upkeep.delete_durables([d.name for d in doomed]))

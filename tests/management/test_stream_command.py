@@ -103,3 +103,13 @@ def test_reset_is_refused_without_yes_and_deletes_the_stream_with_it(ours, broke
     assert f"deleted the stream {broker['STREAM']!r} with 1 message(s)" in stream("reset", "--yes")
     assert ours.upkeep.report() is None
     assert "none on" in stream("info")
+
+
+def test_prune_deletes_a_declared_durable_only_when_named_after_its_filter_drifted(ours):
+    with pytest.raises(CommandError, match="no durable nobody-here made by django_platformkit"):
+        stream("prune", "--durable", "nobody-here")
+    with pytest.raises(CommandError, match="no durable someone-elses made by django_platformkit"):
+        stream("prune", "--durable", "someone-elses")  # another tool's consumer: never
+    out = stream("prune", "--durable", "testapp-flaky")
+    assert "deleted retired-old_handler" in out and "deleted testapp-flaky (subscription testapp.flaky" in out
+    assert "testapp-flaky" not in durables(ours) and "someone-elses" in durables(ours)

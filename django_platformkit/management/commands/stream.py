@@ -2,7 +2,7 @@
 the operator's verbs on it - no routine step needs the ``nats`` CLI.
 
     manage.py stream info                 the stream and its durables beside what this build wants
-    manage.py stream prune [--dry-run]    delete the durables no declared subscription owns
+    manage.py stream prune [--dry-run] [--durable NAME]   delete the durables no declared subscription owns
     manage.py stream reset --yes          delete the stream and every message it holds (a development reset)
     manage.py stream update [--dry-run]   lift limits that could discard unhandled events; set what can change in place
 """
@@ -57,6 +57,15 @@ class Command(BaseCommand):
             "Run it once every deployment runs this build: an older one still consuming would lose its durable.",
         )
         prune.add_argument("--dry-run", action="store_true", help="Say which durables would go; delete nothing.")
+        prune.add_argument(
+            "--durable",
+            action="append",
+            default=[],
+            metavar="NAME",
+            help="Also delete this durable of a declared subscription (repeatable): one whose filter changed, which "
+            "the broker can't update (the worker refuses it as drift). Once it is drained: the worker makes it "
+            "again, and its claims skip what was handled.",
+        )
         reset = verbs.add_parser(
             "reset",
             help="Delete the stream with every message it holds and every durable (a development reset after "
@@ -145,7 +154,7 @@ class Command(BaseCommand):
         from django_platformkit.operate.streams import prune_durables
 
         dry_run = options["dry_run"]
-        doomed = prune_durables(transport.upkeep, dry_run=dry_run)
+        doomed = prune_durables(transport.upkeep, dry_run=dry_run, also=options["durable"])
         for d in doomed:
             self.stdout.write(
                 f"{'would delete' if dry_run else 'deleted'} {d.name} (subscription {d.subscription}, "
