@@ -39,6 +39,8 @@ class Sizes:
     topo_rss_rows: int = 1_000_000
     topo_rss_seconds: float = 30.0
     topo_idle_seconds: float = 20.0
+    # the peers at a trickle (measure_trickle.py): each rate's window per run
+    trickle_seconds: float = 10.0
 
     @classmethod
     def quick(cls) -> Sizes:
@@ -59,6 +61,7 @@ class Sizes:
             topo_rss_rows=200_000,
             topo_rss_seconds=10.0,
             topo_idle_seconds=10.0,
+            trickle_seconds=4.0,
         )
 
 

@@ -9,8 +9,7 @@ from django.db import connection, transaction
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 
-from django_platformkit import conf, publish
-from django_platformkit.outbox.events import publish_many
+from django_platformkit import conf, publish, publish_many
 
 from .benchapp.models import Row
 from .benchapp.platformkit import PUBLISH
@@ -41,7 +40,7 @@ def _publish_many_rate(batches: int) -> float:
     started = time.perf_counter()
     for b in range(batches):
         with transaction.atomic():
-            publish_many([(PUBLISH, _payload(b * 100 + i)) for i in range(100)])
+            publish_many(PUBLISH, [_payload(b * 100 + i) for i in range(100)])
     return batches * 100 / (time.perf_counter() - started)
 
 
@@ -76,7 +75,7 @@ def run_publish(sizes: Sizes) -> list[Result]:
     trips = {
         "publish": _statements(lambda: publish(PUBLISH, _payload(0))),
         "create": _statements(lambda: Row.objects.create(name="bench.publish", payload=_payload(0))),
-        "publish_many_100": _statements(lambda: publish_many([(PUBLISH, _payload(i)) for i in range(100)])),
+        "publish_many_100": _statements(lambda: publish_many(PUBLISH, [_payload(i) for i in range(100)])),
         "bulk_create_100": _statements(
             lambda: Row.objects.bulk_create([Row(name="bench.publish", payload=_payload(i)) for i in range(100)])
         ),

@@ -190,7 +190,7 @@ def _paced_publish(rate: float, seconds: float, per_transaction: int) -> float:
                 publish(TOPO_HOT, {"n": n, "sku": f"sku-{n}"})
             else:  # one INSERT: a single publisher process can't write 1,000 transactions/s beside the worker on 2 cores
                 publish_many(
-                    [(TOPO_HOT, {"n": n * per_transaction + i, "sku": f"sku-{n}"}) for i in range(per_transaction)]
+                    TOPO_HOT, [{"n": n * per_transaction + i, "sku": f"sku-{n}"} for i in range(per_transaction)]
                 )
     return count * per_transaction / (time.perf_counter() - started)
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from .harness import Result, Sizes, log
 
-MEASUREMENTS = ("publish", "relay", "handle", "latency", "backlog", "topology", "tasks")
+MEASUREMENTS = ("publish", "relay", "handle", "latency", "backlog", "topology", "tasks", "trickle")
 #: One part of the topology alone: ``--only topology-drain`` (see measure_topology.PARTS).
 TOPOLOGY_PARTS = tuple(f"topology-{p}" for p in ("latency", "drain", "processes", "isolation", "rss", "idle"))
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -91,7 +91,17 @@ def table(results: list[Result]) -> str:
 
 def _versions() -> dict[str, str]:
     out = {"python": platform.python_version()}
-    for dist in ("django", "psycopg", "nats-py", "procrastinate", "pgqueuer", "asyncpg"):
+    for dist in (
+        "django",
+        "psycopg",
+        "nats-py",
+        "procrastinate",
+        "pgqueuer",
+        "asyncpg",
+        "django-tasks-db",
+        "celery",
+        "redis",
+    ):
         try:
             out[dist] = metadata.version(dist)
         except metadata.PackageNotFoundError:
@@ -184,6 +194,10 @@ def main(argv: list[str] | None = None) -> int:
     for r in results:
         if r.note:
             print(f"  {r.key}: {r.note}")
+    if "trickle" in chosen:
+        from .measure_trickle import REPORT
+
+        print("\n" + "\n\n".join(REPORT))
     if missed:
         print(
             "missed: "
@@ -238,6 +252,10 @@ def _run(name: str, sizes: Sizes, transport) -> list[Result]:
         return run_topology(sizes, transport, PARTS if name == "topology" else (name.split("-", 1)[1],))
     if name == "tasks":  # django.tasks through the outbox (bench/measure_tasks.py)
         return __import__("bench.measure_tasks", fromlist=["run_tasks"]).run_tasks(sizes, transport)
+    if name == "trickle":  # the peers at 200/s and 50/s (bench/measure_trickle.py)
+        from .measure_trickle import run_trickle
+
+        return run_trickle(sizes, transport)
     raise ValueError(name)
 
 

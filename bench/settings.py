@@ -62,6 +62,26 @@ try:
 except ImportError:
     pass
 
+# The trickle's peers (bench/measure_trickle.py, bench/peers/): procrastinate
+# through its Django integration (its migrations make its tables), and
+# Celery's settings (read by bench/peers/celery_app.py) when installed.
+try:
+    import procrastinate.contrib.django  # noqa: F401
+
+    INSTALLED_APPS.append("procrastinate.contrib.django")
+    PROCRASTINATE_AUTODISCOVER_MODULE_NAME = "procrastinate_tasks"  # no app has one: the tasks are named below
+    PROCRASTINATE_IMPORT_PATHS = ["bench.peers.procrastinate_tasks"]
+except ImportError:
+    pass
+CELERY_BROKER_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
+CELERY_TASK_IGNORE_RESULT = True  # no result backend: nothing reads the results
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# Celery's Django fixup closes every database connection before and after
+# each task unless this is set (a reconnect per task, ignoring CONN_MAX_AGE);
+# every other system here keeps its connections, so Celery does too.
+CELERY_DB_REUSE_MAX = 1_000_000
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

@@ -24,7 +24,7 @@ class PlatformKitConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from django_platformkit.outbox import events  # noqa: F401 - declares the built-in events  # noqa: F401 - declares the built-in events  # noqa: F401 - declares the built-in events  # noqa: F401 - declares the built-in events
+        from django_platformkit.outbox import events  # noqa: F401 - declares the built-in events  # noqa: F401 - declares the built-in events  # noqa: F401 - declares the built-in events  # noqa: F401 - declares the built-in events  # noqa: F401 - declares the built-in events  # noqa: F401 - declares the built-in events  # noqa: F401 - declares the built-in events  # noqa: F401 - declares the built-in events
 
         discover()
         from django_platformkit.tasks.registry import register_task_queues

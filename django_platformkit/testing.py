@@ -32,12 +32,12 @@ from django_platformkit import conf, signals
 from django_platformkit._tables import OUTBOX_TABLE
 from django_platformkit.broker.memory import InMemoryTransport
 from django_platformkit.broker.memory_stream import ConsumerSpec, ManualClock
-from django_platformkit.consume.consumer import Consumer
+from django_platformkit.consume.consumer import COUNTED, Consumer
 from django_platformkit.consume.subscriptions import Subscription
 from django_platformkit.consume.subscriptions import subscriptions as registered_subscriptions
 from django_platformkit.identity import database_identity
 from django_platformkit.outbox.relay import Relay
-from django_platformkit.wire import ReceivedEvent
+from django_platformkit.wire import HandlingOutcome, ReceivedEvent
 
 if TYPE_CHECKING:
     from django_platformkit.broker.transport import Transport
@@ -97,12 +97,23 @@ class _NoTransport:
 def run_pending(
     *, subscriptions: Iterable[Subscription] | None = None, using: str | None = None, max_rounds: int = 10
 ) -> int:
-    """Handle every pending outbox event now, in this thread: for each event
-    (relay order) and each subscription of its name, claim and run the handler
-    in one transaction, as the worker does; then mark the rows published.
-    Events the handlers publish are handled too, up to ``max_rounds`` rounds.
-    Returns how many handler runs happened. A handler's exception propagates
-    (after its transaction rolled back), so a test sees it.
+    """Handle every pending outbox event now, in this thread, with no broker.
+
+    For each event (relay order) and each subscription of its name: claim
+    and run the handler in one transaction, as the worker does; then mark
+    the rows published. Events the handlers publish are handled too.
+
+    Args:
+        subscriptions: Which subscriptions run (default every registered one).
+        using: The database alias holding the outbox (default ``DATABASE_ALIAS``).
+        max_rounds: How many rounds of events published by handlers to follow.
+
+    Returns:
+        How many handler runs happened.
+
+    Raises:
+        BaseException: A handler's exception, after its transaction rolled
+            back, so the test sees it.
     """
     alias = using or conf.settings.DATABASE_ALIAS
     subs = list(registered_subscriptions() if subscriptions is None else subscriptions)
@@ -133,7 +144,10 @@ def run_pending(
                     headers=json.loads(headers or "{}"),
                 )
                 for sub in by_event.get(name, []):
-                    if Consumer(sub, no_broker, using=alias).run_event(event, timeout=timeout) == "handled":
+                    if (
+                        Consumer(sub, no_broker, using=alias).run_event(event, timeout=timeout)
+                        == HandlingOutcome.HANDLED
+                    ):
                         runs += 1
                 with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
                     cursor.execute(f"UPDATE {OUTBOX_TABLE} SET published_at = now() WHERE id = %s", [event_id])
@@ -233,32 +247,40 @@ def run_worker_burst(
     using: str | None = None,
     max_rounds: int = 1000,
 ) -> BurstResult:
-    """Do what ``runworker --burst`` does, in this thread, over an
-    in-memory broker: relay every pending outbox row, deliver each
-    subscription's messages to the real consumer (claim and handler in one
-    transaction, tenant context, ``attempt``, retries after the
-    subscription's backoff up to its ``max_attempts``, then a dead letter and
-    a terminal claim; malformed messages recorded), and repeat until nothing
-    is pending, in flight or awaiting a retry. Handler exceptions don't
-    propagate: they are retries and dead letters, listed in ``failures``.
+    """Do what ``runworker --burst`` does, in this thread, over an in-memory broker.
 
-    ``transport``: an ``InMemoryTransport`` to reuse (its stream and
-    durables), default a new one. Its clock jumps over backoffs (no test
-    waits for one); with ``auto_advance=False`` the burst stops at the first
-    retry that isn't due yet, and a later call after ``clock.advance()``
-    goes on. Rows deferred by the database clock (a task's ``run_after``)
-    stay pending until due, as in ``runworker --burst``. ``subscriptions``:
-    default every registered one. ``using``: the outbox's database alias.
+    Relay every pending outbox row, deliver each subscription's messages to
+    the real consumer (claim and handler in one transaction, tenant context,
+    ``attempt``, retries after the subscription's backoff up to its
+    ``max_attempts``, then a dead letter and a terminal claim; malformed
+    messages recorded), and repeat until nothing is pending, in flight or
+    awaiting a retry. Handler exceptions don't propagate: they are retries
+    and dead letters, listed in the result's ``failures``. Rows deferred by
+    the database clock (a task's ``run_after``) stay pending until due.
 
-    Raises ``RuntimeError`` when it is still not drained after
-    ``max_rounds`` rounds (a handler that publishes on every run), and what
-    the database raises outside a handler.
+    Args:
+        transport: An ``InMemoryTransport`` to reuse (its stream and
+            durables), default a new one. Its clock jumps over backoffs (no
+            test waits for one); with ``auto_advance=False`` the burst stops
+            at the first retry that isn't due yet, and a later call after
+            ``clock.advance()`` goes on.
+        subscriptions: Which subscriptions run (default every registered one).
+        using: The database alias holding the outbox (default ``DATABASE_ALIAS``).
+        max_rounds: Relay-and-deliver rounds before giving up.
+
+    Returns:
+        What happened: handled and dead-lettered counts, and every failed run.
+
+    Raises:
+        RuntimeError: Still not drained after ``max_rounds`` rounds (a handler
+            that publishes on every run).
+        DatabaseError: What the database raises outside a handler.
     """
     transport = InMemoryTransport() if transport is None else transport
     alias = using or conf.settings.DATABASE_ALIAS
     subs = list(registered_subscriptions() if subscriptions is None else subscriptions)
     result = BurstResult(transport)
-    outcomes: collections.Counter[str] = collections.Counter()
+    outcomes: collections.Counter[HandlingOutcome] = collections.Counter()
 
     def failed(
         sender: Any, *, subscription: str, event: ReceivedEvent, error: BaseException, will_retry: bool, **kwargs: Any
@@ -270,13 +292,11 @@ def run_worker_burst(
     try:
         with _session_settings_kept(alias):
             transport.ensure_stream(owner=database_identity(alias))
-            # The runtime is typed against Transport; InMemoryTransport has the part of its interface it uses.
-            runtime = cast("Transport", transport)
             consumers = []
             for sub in subs:
                 transport.ensure_consumer(consumer_spec(sub))
-                consumers.append(Consumer(sub, runtime, using=alias))
-            relay = Relay(runtime, using=alias, lanes=1)  # one lane: no threads, so it sees a TestCase's rows
+                consumers.append(Consumer(sub, transport, using=alias))
+            relay = Relay(transport, using=alias, lanes=1)  # one lane: no threads, so it sees a TestCase's rows
             batch = int(conf.settings.CONSUMER_BATCH_SIZE)
             for _ in range(max_rounds):
                 # Reset after each drain, not only after the burst: the relay's
@@ -303,6 +323,6 @@ def run_worker_burst(
                 )
     finally:
         signals.event_failed.disconnect(dispatch_uid=uid)
-    for name in ("handled", "skipped", "retried", "dead_lettered", "malformed", "unacked"):
-        setattr(result, name, outcomes[name])
+    for outcome in (*COUNTED, HandlingOutcome.UNACKED):
+        setattr(result, outcome.value, outcomes[outcome])
     return result

@@ -119,6 +119,13 @@ class HandlingOutcome(enum.StrEnum):
     NOT_IN_OUTBOX = "not_in_outbox"
 
 
+class JobOutcome(enum.StrEnum):
+    """How a periodic job's run ended (``job_finished`` and ``platformkit_job_runs_total``)."""
+
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+
 class AttemptOutcome(enum.StrEnum):
     """A recorded run's ``outcome`` (``platformkit_attempts``, DESIGN.md "Attempts")."""
 
@@ -163,15 +170,18 @@ class Delivery:
 class ReceivedEvent:
     """What a handler receives.
 
-    ``id``: the event id (outbox id = CloudEvents ``id`` = claim key);
-    ``name``: the event name; ``tenant``: the tenant token or None;
-    ``payload``: the JSON object published (as decoded from JSON);
-    ``occurred_at``: aware datetime of the outbox insert (database clock);
-    ``attempt``: 1-based, how many times the handler has started for this
-    (subscription, event), this run included - hand-backs, outages and
-    deliveries that never reached the handler don't count (DESIGN.md
-    "Attempts"); ``headers``: message
-    headers (``traceparent``/``tracestate`` when the publisher had a trace).
+    Attributes:
+        id: The event id: the outbox id, the CloudEvents ``id`` and the claim key.
+        name: The event name (``"shop.order_placed"``).
+        tenant: The tenant token, or None.
+        payload: The JSON object published, as the outbox holds it.
+        occurred_at: When the outbox row was inserted (aware, the database's clock).
+        attempt: 1-based: how many times the handler has started for this
+            (subscription, event), this run included. Hand-backs, outages and
+            deliveries that never reached the handler don't count (DESIGN.md
+            "Attempts").
+        headers: The message headers (``traceparent``/``tracestate`` when
+            the publisher had a trace).
     """
 
     id: uuid.UUID

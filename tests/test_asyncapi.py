@@ -26,7 +26,7 @@ from referencing.jsonschema import DRAFT202012
 from django_platformkit import declare, subscribe
 from django_platformkit.asyncapi import TASK_SCHEMA, document
 from django_platformkit.consume import subscriptions as subscription_registry
-from django_platformkit.tasks.backend import HAVE_DJANGO_TASKS
+from django_platformkit.tasks.queues import HAVE_DJANGO_TASKS
 from django_platformkit.tasks.registry import register_task_queues
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -68,7 +68,9 @@ def subs(*names):
 def test_publish_and_publish_many_send_event_published_once_per_row(recorder):
     with transaction.atomic():
         one = publish("testapp.order_placed", {"n": 1}, tenant="acme")
-        many = publish_many([("testapp.order_placed", {"n": 2}), ("testapp.flaky", {"n": 3}, "beta")])
+        many = publish_many("testapp.order_placed", [{"n": 2}]) + publish_many(
+            "testapp.flaky", [{"n": 3}], tenant="beta"
+        )
     sent = recorder.of("event_published")
     assert [s["event_id"] for s in sent] == [one, *many]
     assert [(s["name"], s["tenant"]) for s in sent] == [
@@ -184,7 +186,7 @@ def test_capture_events_uses_the_signal_and_nests():
         with transaction.atomic():
             publish("testapp.order_placed", {"n": 1})
         with capture_events() as inner, transaction.atomic():
-            publish_many([("testapp.order_placed", {"n": 2})])
+            publish_many("testapp.order_placed", [{"n": 2}])
     assert [e.payload for e in outer] == [{"n": 1}, {"n": 2}]
     assert [e.payload for e in inner] == [{"n": 2}]
     assert not signals.event_published.has_listeners()

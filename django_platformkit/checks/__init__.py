@@ -8,4 +8,4 @@ database with the broker down. ``apps.ready()`` imports this package; each
 module registers its checks with Django as it is imported.
 """
 
-from django_platformkit.checks import declarations, services, settings  # noqa: F401 - registers the checks  # noqa: F401 - registers the checks  # noqa: F401 - registers the checks  # noqa: F401 - registers the checks
+from django_platformkit.checks import declarations, services, settings  # noqa: F401 - registers the checks  # noqa: F401 - registers the checks  # noqa: F401 - registers the checks  # noqa: F401 - registers the checks  # noqa: F401 - registers the checks  # noqa: F401 - registers the checks  # noqa: F401 - registers the checks  # noqa: F401 - registers the checks

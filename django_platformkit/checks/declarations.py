@@ -127,22 +127,6 @@ def _argument(call: ast.Call, keyword: str) -> ast.expr | None:
     return next((k.value for k in call.keywords if k.arg == keyword), None)
 
 
-def _many_literals(node: ast.expr | None) -> Iterator[tuple[str, int]]:
-    """Event names from ``publish_many([("a.b", {...}), ...])`` and from a
-    comprehension whose element is such a tuple."""
-    if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
-        items: list[ast.expr] = list(node.elts)
-    elif isinstance(node, (ast.ListComp, ast.GeneratorExp, ast.SetComp)):
-        items = [node.elt]
-    else:
-        return
-    for item in items:
-        if isinstance(item, ast.Tuple) and item.elts:
-            found = _literal(item.elts[0])
-            if found:
-                yield found
-
-
 def publish_calls(source: str, path: Path) -> list[PublishCall]:
     """Every literal event name ``source`` passes to django_platformkit's
     ``publish``/``publish_many``, with its line. Names built at run time are
@@ -165,14 +149,10 @@ def publish_calls(source: str, path: Path) -> list[PublishCall]:
         if head not in names:
             continue
         call = _PUBLISH_FUNCTIONS.get(names[head] + ("." + rest if rest else ""))
-        if call == "publish":
-            literal = _literal(_argument(node, "event"))
+        if call is not None:
+            literal = _literal(_argument(node, "event"))  # publish() and publish_many() both name it first
             if literal:
                 found.append(PublishCall(path, literal[1], call, literal[0]))
-        elif call == "publish_many":
-            found.extend(
-                PublishCall(path, line, call, name) for name, line in _many_literals(_argument(node, "events"))
-            )
     return sorted(found, key=lambda c: (c.line, c.event))
 
 

@@ -99,30 +99,46 @@ def subscribe(
     external: bool = False,
     max_ack_pending: int | None = None,
 ) -> Callable[[Callable[[ReceivedEvent], None]], Callable[[ReceivedEvent], None]]:
-    """Decorator: run ``handler(event: ReceivedEvent) -> None`` once per
-    published ``event`` (a name or ``EventType``).
+    """Decorator: run ``handler(event: ReceivedEvent) -> None`` once per published ``event``.
 
-    ``name`` defaults to ``"<app_label>.<function name>"``. ``max_attempts``
-    and ``backoff_seconds`` (one delay in seconds per retry; the last repeats)
-    override ``MAX_ATTEMPTS`` / ``BACKOFF_SECONDS``. ``batch=True`` (the
-    default, the fast path) claims consecutive first deliveries in one
-    statement and runs their handlers in one transaction; a failure rolls it
-    back and the rest is redone with a savepoint per message, so each
-    message still succeeds or fails alone (effects outside the database may
-    then happen twice, as with any retry). ``batch=False``: each handler
-    commits alone. ``external=True``: also run for events other services
-    published on a shared broker (the message body is trusted and checked
-    against the declared schema); by default a handler runs only for an
-    event this project's outbox holds, with the outbox's payload (DESIGN.md
-    "Trust model"). ``max_ack_pending``: this durable's cap on unacked
-    messages (default derived by the worker). ``concurrency``: how many
-    of a worker's consumer threads (``CONSUMER_THREADS`` bounds them) fetch
-    and handle this subscription at once, each with its own database
-    connection; above 1 the subscription gives up stream order (events are
-    handled side by side; each still exactly once). Subscribing to an undeclared
-    event is a system-check error, not an import error. Raises
-    ``ConfigurationError`` for a malformed name or option, or a name already
-    used by another handler, or for a bare ``@subscribe`` without the event.
+    Handling is exactly once per (subscription, event): the handler runs in
+    a transaction that also writes the claim, and a failing handler is
+    retried after its backoff, then dead-lettered. Subscribing to an
+    undeclared event is a system-check error (``platformkit.E001``), not an
+    import error.
+
+    Args:
+        event: A declared event name or ``EventType``.
+        name: The subscription's name: the claim's namespace and, with ``.``
+            -> ``-``, the durable consumer's. Default ``"<app_label>.<function name>"``.
+        max_attempts: Handler runs before a failing event is dead-lettered
+            (default ``MAX_ATTEMPTS``).
+        backoff_seconds: One delay in seconds per retry, the last repeating
+            (default ``BACKOFF_SECONDS``).
+        batch: Claim consecutive first deliveries in one statement and run
+            their handlers in one transaction (the fast path). A failure
+            rolls it back and the rest is redone with a savepoint per
+            message, so each message still succeeds or fails alone (effects
+            outside the database may then happen twice, as with any retry).
+            False: each handler commits alone.
+        concurrency: How many of a worker's consumer threads
+            (``CONSUMER_THREADS`` bounds them) fetch and handle this
+            subscription at once, each with its own connection, per worker
+            process. Above 1 the subscription gives up stream order (each
+            event is still handled exactly once).
+        external: Also run for events other services published on a shared
+            broker (the body is trusted and checked against the declared
+            schema). By default a handler runs only for an event this
+            project's outbox holds, with the outbox's payload (DESIGN.md "Trust model").
+        max_ack_pending: This durable's cap on delivered, unacked messages
+            (default derived: what can be in flight, plus room for parked retries).
+
+    Returns:
+        The decorator; it returns the handler unchanged.
+
+    Raises:
+        ConfigurationError: A malformed name or option, a name another
+            handler already uses, or a bare ``@subscribe`` without the event.
     """
     if callable(event) and not hasattr(event, "name"):
         # ``@subscribe`` without parentheses hands us the handler itself: the

@@ -23,6 +23,7 @@ from django_platformkit._tables import JOBS_TABLE
 from django_platformkit._text import storable_text
 from django_platformkit.jobs.specs import JobSpec, in_slot
 from django_platformkit.outage import database_unavailable
+from django_platformkit.wire import JobOutcome
 
 logger = logging.getLogger(__name__)
 
@@ -268,7 +269,7 @@ class SlotRun:
             sender=spec,
             job=spec.name,
             slot=slot,
-            outcome="failed" if failure is not None else "succeeded",
+            outcome=JobOutcome.FAILED if failure is not None else JobOutcome.SUCCEEDED,
             error=failure,
             duration_seconds=duration,
         )

@@ -194,15 +194,26 @@ def job(
 ) -> Callable[[Callable[[], None]], Callable[[], None]]:
     """Decorator: run ``func() -> None`` once per slot across all workers.
 
-    Exactly one of ``every`` (a ``timedelta`` >= 1 s; slots are multiples of
-    it since the Unix epoch) or ``cron`` (five fields, read in ``timezone``,
-    an IANA name; DST follows Vixie cron, see ``_cron.CronSchedule``).
-    ``name`` defaults to ``"<app_label>.<function name>"``; it is the lock.
-    ``grace``: how old the newest missed slot may be for one catch-up run
-    after no worker ran (default: one interval). The function runs in a
-    thread of its own with Django database access; ``current_slot()`` says
-    which slot. Raises ``ConfigurationError`` naming the function and the
-    fix for a bad schedule or name, or a name another job already uses.
+    The slot is claimed under the job's advisory lock before the run, so a
+    crash mid-run loses that slot (the next slot is the retry) and never
+    doubles it. The function runs in a thread of its own with Django
+    database access (autocommit); ``current_slot()`` says which slot.
+
+    Args:
+        every: A ``timedelta`` of at least 1 s; slots are its multiples since the Unix epoch.
+        cron: Five cron fields, read in ``timezone``; DST follows Vixie cron
+            (``jobs.cron.CronSchedule``). Exactly one of ``every`` and ``cron``.
+        timezone: An IANA zone name for ``cron``.
+        name: The job's name, which is its lock. Default ``"<app_label>.<function name>"``.
+        grace: How old the newest missed slot may be for one catch-up run
+            after no worker ran (default: one interval).
+
+    Returns:
+        The decorator; it returns the function unchanged.
+
+    Raises:
+        ConfigurationError: A bad schedule or name, or a name another job
+            already uses; the message names the function and the fix.
     """
 
     def decorator(func: Callable[[], None]) -> Callable[[], None]:

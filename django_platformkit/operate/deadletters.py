@@ -88,15 +88,29 @@ def replay(
     terminal claim for ``subscription`` - or, when None, for every
     subscription that dead-lettered this event (the relay's
     ``platformkit.relay`` included); set the row pending again with a fresh
-    ``Nats-Msg-Id``; and publish ``platformkit.event_replayed`` {event_id,
-    name, subscription, actor, reason}. Subscriptions that handled the event
-    keep their claims and skip the re-send. ``include_handled=True`` (with a
-    named ``subscription``) also clears a success claim, to run a handler
-    again on purpose.
+    ``Nats-Msg-Id`` (the broker would drop the old one); publish
+    ``platformkit.event_replayed`` {event_id, name, subscription, actor,
+    reason}. Subscriptions that handled the event keep their claims and skip
+    the re-send.
 
-    Raises ``ReplayRefused`` (a ``ValueError``), writing nothing, when
-    ``actor`` or ``reason`` is empty, the event is unknown (or purged), or
-    there is no dead letter to replay.
+    Args:
+        event_id: The event's id.
+        subscription: The subscription to replay for, or None for every one
+            that dead-lettered the event.
+        actor: Who replays (logged and in the audit event).
+        reason: Why (logged and in the audit event).
+        include_handled: With a named ``subscription``: also clear a success
+            claim, to run a handler again on purpose.
+        using: The database alias holding the outbox (default ``DATABASE_ALIAS``).
+
+    Returns:
+        What was replayed: the subscriptions cleared, the dead letters
+        removed and the audit event's id.
+
+    Raises:
+        ReplayRefused: (a ``ValueError``) writing nothing, when ``actor`` or
+            ``reason`` is empty, the event is unknown (or purged), or there
+            is no dead letter to replay.
     """
     actor = str(actor or "").strip()
     reason = str(reason or "").strip()
@@ -189,13 +203,24 @@ def replay(
 
 
 def discard(event_id: uuid.UUID | str, *, subscription: str, actor: str, reason: str, using: str | None = None) -> bool:
-    """Accept a failure: delete the dead letter of (``subscription``,
-    ``event_id``). Its terminal claim stays, so nothing runs the event for
-    that subscription again, and the outbox row becomes purgeable once no
-    dead letter describes it. Returns whether a dead letter was deleted.
+    """Accept a failure: close the dead letter of (``subscription``, ``event_id``) for good.
 
-    Raises ``ReplayRefused`` (a ``ValueError``), writing nothing, without an
-    ``actor`` or a ``reason`` (both are logged: the dead letter was the evidence).
+    Its terminal claim stays, so nothing runs the event for that
+    subscription again, and the outbox row becomes purgeable once no dead
+    letter describes it.
+
+    Args:
+        event_id: The event's id.
+        subscription: Whose dead letter it is.
+        actor: Who discards (logged: the dead letter was the evidence).
+        reason: Why (logged).
+        using: The database alias holding the outbox (default ``DATABASE_ALIAS``).
+
+    Returns:
+        Whether a dead letter was deleted (False: there was none).
+
+    Raises:
+        ReplayRefused: (a ``ValueError``) writing nothing, without an ``actor`` or a ``reason``.
     """
     actor = str(actor or "").strip()
     reason = str(reason or "").strip()

@@ -132,33 +132,39 @@ def republish(
     using: str | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> RepublishResult:
-    """Set outbox rows published in a window pending again, so the relay
-    sends them again: the tool for messages the broker lost after the relay
-    stamped them (README "Running NATS in production", Retention).
+    """Set outbox rows published in a window pending again, so the relay sends them again.
 
-    ``since``/``until``: the window on ``published_at``, each an aware
-    datetime or a positive ``timedelta`` meaning that long before the
-    database's clock; ``until`` defaults to now, and a later one is read as
-    now (rows the relay stamps during the run are never taken again).
-    ``events``: event names to limit it to (None: every event). Only rows
-    still in the outbox can be republished; a row the relay dead-lettered
-    (the broker refused it: it never reached the stream) is left to
-    ``replay()``, and stays left once that dead letter is discarded. ``reason``: why, logged at INFO with the window and count.
+    The tool for messages the broker lost after the relay stamped them (one
+    replica and its store lost, a stream deleted or purged by hand; see the
+    docs' "Running NATS in production"). Exactly once still holds: each
+    subscription's claim skips an event it already handled, and a
+    dead-lettered event keeps its terminal claim. The re-send gets a fresh
+    ``Nats-Msg-Id``, so the broker's duplicate window can't drop it. Rows
+    are taken ``FOR NO KEY UPDATE SKIP LOCKED``, so it never waits on the relay.
 
-    Exactly once still holds: each subscription's claim skips an event it
-    already handled, and a dead-lettered event keeps its terminal claim (it
-    stays a dead letter). The re-send gets a fresh ``Nats-Msg-Id`` (as a
-    replay's does), so the broker's duplicate window can't drop it; where
-    the broker still had the message, claims make the second copy harmless.
+    Args:
+        since: Where the window on ``published_at`` starts: an aware datetime,
+            or a positive ``timedelta`` meaning that long before the database's clock.
+        until: Where it ends (the same forms); default and at most now, so
+            rows the relay stamps during the run are never taken again.
+        events: Event names to limit it to (None: every event). A row the
+            relay dead-lettered (it never reached the stream) is left to ``replay()``.
+        reason: Why, logged at INFO with the window and the count.
+        dry_run: Count, write nothing.
+        batch_size: Rows per transaction (each commits on its own outside
+            ``transaction.atomic``).
+        using: The database alias holding the outbox (default ``DATABASE_ALIAS``).
+        progress: Called as ``progress(republished_so_far, batches)`` after every batch but the last.
 
-    ``batch_size``: rows per transaction (each commits on its own outside
-    ``transaction.atomic``); ``progress(republished_so_far, batches)`` is
-    called after every batch but the last. ``dry_run``: count, write nothing.
-    ``using``: the outbox's database alias. Raises ``ValueError``, writing
-    nothing, for a blank ``reason``, a bound that is neither an aware
-    datetime nor a positive timedelta, an empty window (``until`` not after
-    ``since``), ``events`` that isn't a non-empty list of names, or a batch
-    size below 1.
+    Returns:
+        How many rows were republished (or would be, with ``dry_run``), and
+        how many were skipped because another transaction held them.
+
+    Raises:
+        ValueError: Writing nothing, for a blank ``reason``, a bound that is
+            neither an aware datetime nor a positive timedelta, an empty
+            window, ``events`` that isn't a non-empty list of names, or a
+            batch size below 1.
     """
     reason = str(reason or "").strip()
     if not reason:

@@ -24,7 +24,6 @@ from django_platformkit._tables import OUTBOX_TABLE
 from django_platformkit.exceptions import (
     ConfigurationError,
     InvalidEventName,
-    InvalidPayload,
     PlatformKitError,
     TransactionRequired,
     UndeclaredEvent,
@@ -61,8 +60,14 @@ _MANY_NOTIFY_SQL = f"WITH e AS ({_MANY_SQL} RETURNING 1) SELECT pg_notify('{NOTI
 
 @dataclass(frozen=True)
 class EventType:
-    """A declared event: ``name`` (``<module>.<event>``), an optional JSON
-    Schema checked at publish, and a description for the catalogue."""
+    """A declared event (what ``declare()`` returns; ``publish()`` takes it as well as a name).
+
+    Attributes:
+        name: ``<module>.<event>``.
+        schema: The JSON Schema every payload must satisfy, or None.
+        description: What the event means, for the catalogue.
+        declared_in: The module that declared it.
+    """
 
     name: str
     schema: Mapping[str, Any] | None = None
@@ -98,14 +103,29 @@ def _caller_module(depth: int = 2) -> str:
 
 
 def declare(name: str, *, schema: Mapping[str, Any] | None = None, description: str = "") -> EventType:
-    """Add an event to the catalogue and return its ``EventType``.
+    """Add an event to the catalogue.
 
-    ``name``: ``<module>.<event>``, each part ``[a-z][a-z0-9_]*``.
-    ``schema``: a JSON Schema (dict, any draft ``jsonschema`` knows; 2020-12
-    when ``$schema`` is absent) every payload must satisfy at ``publish()``.
-    Declaring the same name again with the same schema returns the same event;
-    with a different schema it raises. Raises ``ConfigurationError`` (an
-    ``ImproperlyConfigured``) naming the declaring module and the fix.
+    Declare events in an app's ``platformkit.py`` (imported at start-up, as
+    ``admin.py`` is). Declaring the same name again with the same schema
+    returns the same event; with another schema it raises.
+
+    Args:
+        name: ``<module>.<event>``, each part ``[a-z][a-z0-9_]*``, exactly
+            one dot (``"shop.order_placed"``). The module ``platformkit`` is
+            the package's own.
+        schema: A JSON Schema (a dict, any draft ``jsonschema`` knows;
+            2020-12 when ``$schema`` is absent) every payload must satisfy
+            at ``publish()``; None: any JSON object.
+        description: What the event means, for the catalogue and the
+            AsyncAPI document.
+
+    Returns:
+        The declared ``EventType``.
+
+    Raises:
+        ConfigurationError: A malformed name, an invalid schema, or the name
+            declared again with another schema; the message names the
+            declaring module and the fix.
     """
     where = _caller_module()
     try:
@@ -282,20 +302,37 @@ def explain_unmigrated(exc: ProgrammingError, alias: str) -> None:
 def publish(
     event: str | EventType, payload: Mapping[str, Any], *, tenant: str | None = None, using: str | None = None
 ) -> uuid.UUID:
-    """Write one event into the outbox, in the caller's transaction; return its id.
+    """Write one event into the outbox, in the caller's transaction.
 
-    ``event``: a declared name or ``EventType``. ``payload``: a dict, encoded
-    as ``DjangoJSONEncoder`` does. ``tenant``: ``[A-Za-z0-9_-]{1,64}`` or None;
-    inside a handler it defaults to the handled event's tenant. ``using``: the
-    database alias holding the outbox (default ``DATABASE_ALIAS``).
+    The event exists exactly when the caller's transaction commits: a
+    rollback (savepoints included) leaves no row and sends nothing. One round
+    trip: the INSERT and the relay's wake-up ``pg_notify`` travel in one
+    statement, and PostgreSQL delivers the notification only on commit.
+    Every check runs before any SQL, so a refused call leaves the caller's
+    transaction usable.
 
-    One round trip: the INSERT and the relay's wake-up ``pg_notify`` travel
-    in one statement; PostgreSQL delivers the notification only if the
-    transaction commits. Raises, before any SQL: ``TransactionRequired``
-    (outside ``transaction.atomic(using=using)``), ``UndeclaredEvent``,
-    ``InvalidEventName`` (bad name or tenant), ``InvalidPayload``. From the
-    INSERT: ``ProgrammingError`` saying to migrate if the outbox table is
-    missing (the caller's transaction is then aborted).
+    Args:
+        event: A declared event name (``"shop.order_placed"``) or ``EventType``.
+        payload: A JSON object (a dict), encoded as ``DjangoJSONEncoder``
+            does (datetimes, decimals and UUIDs as strings); checked against
+            the event's schema; at most ``MAX_PAYLOAD_BYTES``.
+        tenant: ``[A-Za-z0-9_-]{1,64}`` (a UUID fits) or None; inside a
+            handler it defaults to the handled event's tenant.
+        using: The database alias holding the outbox (default ``DATABASE_ALIAS``).
+
+    Returns:
+        The event's id (a UUIDv7): the outbox key, the CloudEvents ``id``,
+        the ``Nats-Msg-Id`` and the claim key.
+
+    Raises:
+        TransactionRequired: Outside ``transaction.atomic(using=using)``.
+        UndeclaredEvent: ``event`` is not declared (the message suggests a close name).
+        InvalidEventName: A malformed event name or tenant.
+        InvalidPayload: Not encodable, NaN or Infinity, a NUL character,
+            over ``MAX_PAYLOAD_BYTES`` or failing the schema; the message
+            names the JSON path.
+        ProgrammingError: From the INSERT, saying to migrate, when the
+            outbox table is missing (the caller's transaction is then aborted).
     """
     event_id, event_type, tenant, text, headers = _prepare(event, payload, tenant)
     connection = _connection(using)
@@ -314,27 +351,43 @@ def publish(
 
 
 def publish_many(
-    events: Iterable[tuple[str | EventType, Mapping[str, Any]] | tuple[str | EventType, Mapping[str, Any], str | None]],
+    event: str | EventType,
+    payloads: Iterable[Mapping[str, Any]],
     *,
+    tenant: str | None = None,
     using: str | None = None,
 ) -> list[uuid.UUID]:
-    """Write many events in one INSERT statement, in the caller's transaction.
+    """Write many events of one name in one INSERT, in the caller's transaction.
 
-    ``events``: ``(event, payload)`` or ``(event, payload, tenant)`` tuples,
-    kept in order (they relay in this order). Same checks and errors as
-    ``publish()``; every event is validated before the statement runs, so one
-    bad event writes nothing. Returns the ids in order.
+    The same rules as ``publish()``; every payload is checked before the
+    statement runs, so one bad payload writes nothing. The events relay in
+    the order of ``payloads``.
+
+    Args:
+        event: A declared event name (``"shop.order_placed"``) or ``EventType``.
+        payloads: JSON objects (dicts), encoded as ``DjangoJSONEncoder`` does.
+        tenant: Every event's tenant (``[A-Za-z0-9_-]{1,64}``) or None;
+            inside a handler it defaults to the handled event's tenant.
+        using: The database alias holding the outbox (default ``DATABASE_ALIAS``).
+
+    Returns:
+        The events' ids (UUIDv7), in the order of ``payloads``.
+
+    Raises:
+        TransactionRequired: Outside ``transaction.atomic(using=using)``.
+        UndeclaredEvent: ``event`` is not declared.
+        InvalidEventName: A malformed event name or tenant.
+        InvalidPayload: A payload that can't be stored; the message names
+            which one (``publish_many() payload 217: ...``) and its JSON path.
     """
     prepared = []
-    for index, item in enumerate(events):
-        if not isinstance(item, tuple) or len(item) not in (2, 3):
-            raise InvalidPayload("publish_many() takes (event, payload) or (event, payload, tenant) tuples.")
+    for index, payload in enumerate(payloads):
         try:
-            prepared.append(_prepare(item[0], item[1], item[2] if len(item) == 3 else None))
+            prepared.append(_prepare(event, payload, tenant))
         except PlatformKitError as exc:
-            # Which of the events: the message alone names a path, not an item.
+            # Which of the payloads: the message alone names a path, not an item.
             if exc.args and isinstance(exc.args[0], str):
-                exc.args = (f"publish_many() item {index}: {exc.args[0]}", *exc.args[1:])
+                exc.args = (f"publish_many() payload {index}: {exc.args[0]}", *exc.args[1:])
             raise
     connection = _connection(using)
     if not prepared:

@@ -27,11 +27,18 @@ from django_platformkit import conf, signals
 from django_platformkit._tables import DEAD_LETTER_TABLE, DUE_BACKLOG_SQL
 from django_platformkit.broker.port import Broker
 from django_platformkit.exceptions import ConfigurationError
+from django_platformkit.wire import HandlingOutcome
 
 logger = logging.getLogger(__name__)
 
 #: ``platformkit_handled_total`` outcomes: one per settled delivery.
-OUTCOMES = ("handled", "retried", "dead_lettered", "skipped", "malformed")
+OUTCOMES = (
+    HandlingOutcome.HANDLED,
+    HandlingOutcome.RETRIED,
+    HandlingOutcome.DEAD_LETTERED,
+    HandlingOutcome.SKIPPED,
+    HandlingOutcome.MALFORMED,
+)
 #: Handler runs take milliseconds to minutes; the default buckets stop at 10 s.
 DURATION_BUCKETS_SECONDS = (
     0.005,
@@ -140,7 +147,7 @@ class Metrics:
         self, sender: Any, *, subscription: str, outcome: str, duration_seconds: float = 0.0, **kwargs: Any
     ) -> None:
         self.handled.labels(subscription, outcome).inc()
-        if outcome == "handled":
+        if outcome == HandlingOutcome.HANDLED:
             self.duration.labels(subscription).observe(duration_seconds)
 
     def _on_failed(
@@ -148,13 +155,13 @@ class Metrics:
     ) -> None:
         self.duration.labels(subscription).observe(duration_seconds)
         if will_retry:  # the last failure is counted once, by event_dead_lettered
-            self.handled.labels(subscription, "retried").inc()
+            self.handled.labels(subscription, HandlingOutcome.RETRIED).inc()
 
     def _on_dead_lettered(self, sender: Any, *, subscription: str, **kwargs: Any) -> None:
-        self.handled.labels(subscription, "dead_lettered").inc()
+        self.handled.labels(subscription, HandlingOutcome.DEAD_LETTERED).inc()
 
     def _on_malformed(self, sender: Any, *, subscription: str, **kwargs: Any) -> None:
-        self.handled.labels(subscription, "malformed").inc()
+        self.handled.labels(subscription, HandlingOutcome.MALFORMED).inc()
 
     def _on_relayed(self, sender: Any, *, stored: int, dead_lettered: int = 0, **kwargs: Any) -> None:
         if stored:

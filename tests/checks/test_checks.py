@@ -38,8 +38,10 @@ BASE_APPS = list(django_settings.INSTALLED_APPS)
 
 
 @pytest.fixture
-def make_app(tmp_path, monkeypatch):
-    """Write a throwaway app package: ``make_app("name", {"views.py": src})``."""
+def make_app(tmp_path, monkeypatch, registries):
+    """Write a throwaway app package: ``make_app("name", {"views.py": src})``. Its
+    INSTALLED_APPS override runs every AppConfig.ready() again: ``registries``
+    forgets what that registers."""
     monkeypatch.syspath_prepend(str(tmp_path))
     made: list[str] = []
 
@@ -154,16 +156,16 @@ VIEWS = """
     import redis
     import django_platformkit as pk
     from django_platformkit import publish, publish_many
-    from django_platformkit.events import publish as emit
+    from django_platformkit.outbox.events import publish as emit
 
     def place(order):
         publish("testapp.order_placd", {"order": 1})
         publish("testapp.order_placed", {"order": 1})
         pk.publish(event="billing.invoice_paid", payload={})
-        publish_many([
-            ("testapp.flaky", {}),
-            ("testapp.slwo", {}, "tenant-1"),
-        ])
+        publish_many("testapp.flaky", [{}])
+        publish_many(
+            "testapp.slwo", [{}], tenant="tenant-1"
+        )
         emit(f"testapp.{order}", {})
         redis.publish("not.ours", "message")
 """

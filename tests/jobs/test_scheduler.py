@@ -199,7 +199,7 @@ def test_a_schedule_that_cant_run_is_refused_with_the_fix(registry, schedule, fr
 
     with pytest.raises(ConfigurationError, match="report") as raised:
         job(name="testapp.report", **schedule)(report)
-    assert fragment in str(raised.value) and "test_jobs" in str(raised.value)
+    assert fragment in str(raised.value) and "test_scheduler" in str(raised.value)
     assert "testapp.report" not in jobs_module._jobs
 
 

@@ -167,16 +167,16 @@ def test_an_integer_past_4300_digits_is_refused_even_where_python_may_print_it()
 def test_publish_many_says_which_item_is_bad():
     """One bad payload among hundreds: the error named its JSON path but not
     which of the events it was in."""
-    items = [("testapp.order_placed", {"n": i}) for i in range(300)]
-    items[217] = ("testapp.order_placed", {"n": float("nan")})
+    payloads = [{"n": i} for i in range(300)]
+    payloads[217] = {"n": float("nan")}
     with transaction.atomic():
-        with pytest.raises(InvalidPayload, match=r"^publish_many\(\) item 217: nan at \$.n ") as caught:
-            publish_many(items)
+        with pytest.raises(InvalidPayload, match=r"^publish_many\(\) payload 217: nan at \$.n ") as caught:
+            publish_many("testapp.order_placed", payloads)
         assert caught.value.path == "$.n"
-        with pytest.raises(UndeclaredEvent, match=r"^publish_many\(\) item 1: event 'testapp.nope'"):
-            publish_many([("testapp.order_placed", {}), ("testapp.nope", {})])
-        with pytest.raises(InvalidEventName, match=r"^publish_many\(\) item 0: tenant"):
-            publish_many([("testapp.order_placed", {}, "a.b")])
+        with pytest.raises(UndeclaredEvent, match=r"^publish_many\(\) payload 0: event 'testapp.nope'"):
+            publish_many("testapp.nope", [{}])
+        with pytest.raises(InvalidEventName, match=r"^publish_many\(\) payload 0: tenant"):
+            publish_many("testapp.order_placed", [{}], tenant="a.b")
     assert OutboxEvent.objects.count() == 0
 
 
@@ -210,17 +210,16 @@ def test_values_encode_the_way_django_json_encoder_does():
 
 def test_publish_many_writes_every_event_in_one_statement_in_order(django_assert_num_queries):
     with transaction.atomic(), django_assert_num_queries(1):
-        ids = publish_many(
-            [("testapp.order_placed", {"n": i}) for i in range(100)] + [("testapp.order_placed", {"n": 100}, "acme")]
-        )
-    stored = list(OutboxEvent.objects.order_by("created_at", "id").values_list("id", "tenant"))
-    assert [i for i, _ in stored] == ids
-    assert stored[-1][1] == "acme"
+        ids = publish_many("testapp.order_placed", [{"n": i} for i in range(100)], tenant="acme")
+    stored = list(OutboxEvent.objects.order_by("created_at", "id").values_list("id", "tenant", "payload"))
+    assert [i for i, _, _ in stored] == ids
+    assert {tenant for _, tenant, _ in stored} == {"acme"}
+    assert [payload["n"] for _, _, payload in stored] == list(range(100))
 
 
 def test_publish_many_writes_nothing_when_one_event_is_bad():
     with transaction.atomic(), pytest.raises(InvalidPayload):
-        publish_many([("testapp.order_placed", {"n": 1}), ("testapp.order_placed", {"n": math.nan})])
+        publish_many("testapp.order_placed", [{"n": 1}, {"n": math.nan}])
     assert OutboxEvent.objects.count() == 0
 
 
@@ -302,7 +301,7 @@ def test_an_unmigrated_outbox_is_an_error_that_says_to_migrate(how):
             if how == "publish":
                 publish("testapp.order_placed", {"order": 1})
             else:
-                publish_many([("testapp.order_placed", {"order": 1})])
+                publish_many("testapp.order_placed", [{"order": 1}])
     with transaction.atomic():
         publish("testapp.order_placed", {"order": 2})
     assert OutboxEvent.objects.count() == 1

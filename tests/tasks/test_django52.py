@@ -4,7 +4,7 @@ no queues, and configuring OutboxBackend says that Django 6 is needed."""
 import pytest
 
 from django_platformkit.exceptions import ConfigurationError
-from django_platformkit.tasks import OutboxBackend
+from django_platformkit.tasks.backend import OutboxBackend
 from django_platformkit.tasks.queues import BACKEND_PATH, HAVE_DJANGO_TASKS, configured_queues
 from django_platformkit.tasks.registry import register_task_queues
 
