@@ -9,15 +9,27 @@ database isn't the one recorded refuses to start; a stream made before
 identities existed is adopted (ours recorded, logged at WARNING).
 
 A copy of the database (a restore, ``CREATE DATABASE ... TEMPLATE``) keeps
-the identity: it is the same project to the broker. Give a staging copy its
-own ``STREAM`` and ``SUBJECT_PREFIX`` - or a new identity with
-``UPDATE platformkit_identity SET database_id = gen_random_uuid()``.
+the identity, so the identity alone can't tell production from a staging
+copy started against the same NATS and names - which would share
+production's durables and take half its deliveries. So the stream also
+records which database *instance* holds it (``database_instance()``: the
+cluster's ``system_identifier`` and the database's oid) and when that
+instance last said it is alive (``Tenure``, renewed by its running workers
+every ``RENEW_SECONDS``). A second live instance with the same identity is
+refused (``judge``), and the holder learns that one tried (``Standing.CONTESTED``:
+it then never terminates a message its outbox doesn't know). An instance
+not seen for ``LIVE_SECONDS`` is taken over: a database restored or
+upgraded onto a new server goes on without a hand step. The fix for a copy
+is a new identity and names of its own (``copy_text``).
 """
 
 from __future__ import annotations
 
+import enum
+import logging
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass, replace
 
 from django.db import connections
 
@@ -26,11 +38,26 @@ from django_platformkit._tables import IDENTITY_TABLE
 from django_platformkit.exceptions import ConfigurationError, DatabaseUnavailable
 from django_platformkit.outage import database_unavailable, is_database_error, sqlstate
 
+logger = logging.getLogger(__name__)
+
 #: The stream's metadata key (NATS 2.10+).
 METADATA_KEY = "platformkit_database"
 _DESCRIBED = re.compile(r"database ([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})")
+# The tenure, in the description: every NATS version has one (2.9 has no metadata).
+_INSTANCE = re.compile(r"; instance (\S+) seen (\d+)")
+_CONTENDER = re.compile(r"; contender (\S+) seen (\d+)")
+
+#: How often the holder's workers say it is alive (seconds): a running
+#: worker checks its stream this often, and renews the tenure when it is older.
+RENEW_SECONDS = 30.0
+#: An instance seen within this many seconds is live: another instance with
+#: the same identity is refused meanwhile. Four renewals, so a slow or
+#: missed one (NATS busy, a worker restarting) never looks like an absence;
+#: hosts' clocks must agree far better than this.
+LIVE_SECONDS = 4 * RENEW_SECONDS
 
 _cache: dict[tuple[str, str], str] = {}
+_instances: dict[tuple[str, str], str] = {}
 
 
 def database_identity(using: str | None = None) -> str:
@@ -67,9 +94,53 @@ def database_identity(using: str | None = None) -> str:
     return found
 
 
-def describe(identity: str) -> str:
-    """The stream description that records ``identity``."""
-    return f"django_platformkit stream of database {identity}"
+def database_instance(using: str | None = None) -> str:
+    """Which database instance is behind ``using`` (default
+    ``DATABASE_ALIAS``): ``"<system_identifier>:<database oid>"``, read once
+    per database and process.
+
+    A copy made with ``CREATE DATABASE ... TEMPLATE`` gets another oid, a
+    restore into another server another system identifier; a failover to a
+    physical replica keeps both, so it is the same instance. (A block-level
+    clone - a snapshot restored as staging - keeps both too: give it a new
+    identity when you make it, as the docs' operating guide says.) Where
+    ``pg_control_system()`` is not granted, the system identifier reads
+    ``-``. Raises ``DatabaseUnavailable`` while the database can't answer."""
+    from django.db import transaction
+
+    alias = using or conf.settings.DATABASE_ALIAS
+    key = (alias, str(connections[alias].settings_dict.get("NAME")))
+    if key in _instances:
+        return _instances[key]
+    try:
+        with connections[alias].cursor() as cursor:
+            cursor.execute("SELECT oid::text FROM pg_database WHERE datname = current_database()")
+            oid = cursor.fetchone()[0]
+            try:
+                with transaction.atomic(using=alias):  # a refusal must not abort a caller's transaction
+                    cursor.execute("SELECT system_identifier::text FROM pg_control_system()")
+                    system = cursor.fetchone()[0]
+            except Exception as exc:
+                if not is_database_error(exc) or database_unavailable(exc):
+                    raise
+                system = "-"  # not granted (some managed services): the oid still tells a TEMPLATE copy apart
+    except Exception as exc:
+        if is_database_error(exc) and database_unavailable(exc):
+            connections[alias].close()
+            raise DatabaseUnavailable(f"the database is unavailable: {' '.join(str(exc).split())}") from exc
+        raise
+    found = _instances[key] = f"{system}:{oid}"
+    return found
+
+
+def describe(identity: str, tenure: Tenure | None = None) -> str:
+    """The stream description that records ``identity`` (and ``tenure``'s instances)."""
+    text = f"django_platformkit stream of database {identity}"
+    if tenure is not None and tenure.instance is not None:
+        text += f"; instance {tenure.instance} seen {int(tenure.seen or 0)}"
+        if tenure.contender is not None:
+            text += f"; contender {tenure.contender} seen {int(tenure.contender_seen or 0)}"
+    return text
 
 
 def recorded_identity(description: str | None, metadata: Mapping[str, object] | None) -> str | None:
@@ -88,5 +159,146 @@ def foreign_stream_text(stream: str, url: str, theirs: str, ours: str) -> str:
         "Give this project its own PLATFORMKIT['STREAM'] and PLATFORMKIT['SUBJECT_PREFIX'] "
         "(e.g. STREAM='MYSHOP', SUBJECT_PREFIX='myshop'). If this is the same project with its database "
         "re-created (a dev machine), the old stream's events are the old database's: delete the stream "
-        f"(`nats stream rm {stream}`) and the worker makes a new one."
+        "with `manage.py stream reset --yes` and the worker makes a new one."
+    )
+
+
+class Standing(enum.StrEnum):
+    """A database instance's standing on a stream (``judge``)."""
+
+    #: It holds the stream, and no other live instance with its identity tried it.
+    OWNER = "owner"
+    #: It holds the stream, and another live database with its identity tried
+    #: it within ``LIVE_SECONDS`` (a staging copy): it runs on, but never
+    #: terminates a message its outbox doesn't know - the copy's, perhaps.
+    CONTESTED = "contested"
+    #: Another live instance with the same identity holds it: refused (a copy).
+    COPY = "copy"
+    #: Another project's database owns it: refused.
+    FOREIGN = "foreign"
+
+
+@dataclass(frozen=True)
+class Tenure:
+    """What a stream records about who holds it: the owning ``identity``,
+    the ``instance`` holding it and when it was last ``seen`` (unix
+    seconds), and the last other live instance of the same identity that
+    tried it (``contender``, ``contender_seen``). None where nothing is recorded."""
+
+    identity: str | None
+    instance: str | None = None
+    seen: float | None = None
+    contender: str | None = None
+    contender_seen: float | None = None
+
+    @classmethod
+    def read(cls, description: str | None, metadata: Mapping[str, object] | None) -> Tenure:
+        """The tenure a stream's description (and metadata) record."""
+        holder = _INSTANCE.search(description or "")
+        contender = _CONTENDER.search(description or "")
+        return cls(
+            identity=recorded_identity(description, metadata),
+            instance=holder[1] if holder else None,
+            seen=float(holder[2]) if holder else None,
+            contender=contender[1] if contender else None,
+            contender_seen=float(contender[2]) if contender else None,
+        )
+
+    def contender_live(self, now: float) -> bool:
+        return self.contender is not None and now - (self.contender_seen or 0) < LIVE_SECONDS
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """``judge``'s answer: the ``standing``; the ``tenure`` to record now
+    (None: nothing to write); the text an operator reads (refusal or
+    contest, with the fix; "" for a plain owner); ``taken_over``: the
+    tenure of a holder not seen for ``LIVE_SECONDS`` that this instance
+    replaces (whoever records it logs that at WARNING)."""
+
+    standing: Standing
+    tenure: Tenure | None
+    text: str
+    taken_over: Tenure | None = None
+
+    def log_taken_over(self, stream: str) -> None:
+        """Say, at WARNING, that the stream changed hands (after recording it)."""
+        old, new = self.taken_over, self.tenure
+        if old is not None and new is not None:
+            logger.warning(
+                "stream taken over stream=%s identity=%s instance=%s from_instance=%s not_seen_for=%.0fs: the "
+                "database instance that held it is gone (restored or upgraded onto a new server?)",
+                stream,
+                new.identity,
+                new.instance,
+                old.instance,
+                (new.seen or 0) - (old.seen or 0),
+            )
+
+    @property
+    def refused(self) -> bool:
+        return self.standing in (Standing.COPY, Standing.FOREIGN)
+
+
+def judge(recorded: Tenure, identity: str, instance: str | None, *, now: float, stream: str, url: str) -> Judgement:
+    """Decide ``instance`` (of database ``identity``) on a stream recording
+    ``recorded``, at ``now`` (unix seconds: the hosts' clocks; ``LIVE_SECONDS``
+    is far above any sane skew). ``instance`` None: the identity alone is checked.
+
+    - another identity: ``FOREIGN`` (``foreign_stream_text``);
+    - no identity or no instance recorded (a new stream, one made by an
+      older build): ours is recorded, ``OWNER``;
+    - our instance: ``OWNER`` (the tenure renewed once it is ``RENEW_SECONDS``
+      old), ``CONTESTED`` while a contender was seen within ``LIVE_SECONDS``;
+    - another instance seen within ``LIVE_SECONDS``: ``COPY``, recorded as
+      the contender so the holder learns it (``copy_text``);
+    - another instance not seen for ``LIVE_SECONDS``: taken over, ``OWNER``
+      (``taken_over``: a database restored or upgraded onto a new server).
+
+    Pure: it reads and writes nothing; the caller records ``tenure``.
+    """
+    fresh = Tenure(identity, instance, now)
+    if recorded.identity is not None and recorded.identity != identity:
+        return Judgement(Standing.FOREIGN, None, foreign_stream_text(stream, url, recorded.identity, identity))
+    if instance is None:
+        return Judgement(Standing.OWNER, None if recorded.identity else Tenure(identity), "")
+    if recorded.identity is None or recorded.instance is None:
+        return Judgement(Standing.OWNER, fresh, "")
+    if recorded.instance == instance:
+        due = now - (recorded.seen or 0) >= RENEW_SECONDS
+        renewed = replace(recorded, seen=now) if due else None
+        if recorded.contender_live(now) and recorded.contender != instance:
+            return Judgement(Standing.CONTESTED, renewed, contested_text(stream, identity, instance, recorded, now))
+        return Judgement(Standing.OWNER, renewed, "")
+    if now - (recorded.seen or 0) < LIVE_SECONDS:
+        tried = replace(recorded, contender=instance, contender_seen=now)
+        return Judgement(Standing.COPY, tried, copy_text(stream, url, identity, instance, recorded, now))
+    return Judgement(Standing.OWNER, fresh, "", taken_over=recorded)
+
+
+_NEW_IDENTITY = "UPDATE platformkit_identity SET database_id = gen_random_uuid()"
+
+
+def copy_text(stream: str, url: str, identity: str, instance: str, recorded: Tenure, now: float) -> str:
+    """The ``ConfigurationError`` text for a database instance that is a copy of the live holder."""
+    return (
+        f"the stream {stream!r} on {conf.redact_url(url)} is held by another live database with this database's "
+        f"identity ({identity}): instance {recorded.instance}, seen {now - (recorded.seen or 0):.0f} s ago; this "
+        f"database is instance {instance}. It is a copy (a staging database restored or templated from "
+        "production?): sharing the stream, it would take the other database's deliveries and lose them. "
+        f"Give the copy an identity and names of its own: `{_NEW_IDENTITY};` in the copy, and its own "
+        "PLATFORMKIT['STREAM'] and PLATFORMKIT['SUBJECT_PREFIX']. If this database replaced the other for good "
+        f"(restored or upgraded onto a new server), stop the old one's workers: this one takes over once the old "
+        f"one has not been seen for {LIVE_SECONDS:.0f} s."
+    )
+
+
+def contested_text(stream: str, identity: str, instance: str, recorded: Tenure, now: float) -> str:
+    """What the holder of a stream says while a copy of its database tries it."""
+    return (
+        f"another database with this database's identity ({identity}) tried the stream {stream!r}: instance "
+        f"{recorded.contender}, {now - (recorded.contender_seen or 0):.0f} s ago (this database, instance "
+        f"{instance}, holds it). It was refused; until it stops trying, messages this outbox doesn't know are "
+        f"handed back, not terminated. In that copy: `{_NEW_IDENTITY};` and its own PLATFORMKIT['STREAM'] and "
+        "PLATFORMKIT['SUBJECT_PREFIX']."
     )

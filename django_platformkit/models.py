@@ -273,6 +273,24 @@ class JobState(models.Model):
         return self.name
 
 
+class WorkerState(models.TextChoices):
+    """What a worker is doing, as its heartbeat row says (``platformkit_workers.state``)."""
+
+    #: Started; the broker not reached yet. Its jobs and heartbeat run already (they need only PostgreSQL).
+    STARTING = "starting", "starting"
+    #: NATS, the stream or a durable can't be reached yet: jobs run, nothing is relayed or consumed.
+    WAITING_FOR_BROKER = "waiting_for_broker", "waiting for the broker"
+    #: Relaying, consuming and running jobs, as asked.
+    RUNNING = "running", "running"
+    #: Running while another live database with this identity tried the stream
+    #: (a staging copy): messages this outbox doesn't know are handed back, not
+    #: terminated. ``detail`` says which, and the fix.
+    CONTESTED = "contested", "contested"
+    #: Stopped: its stream was refused (another project's, a live copy's, or
+    #: limits that could discard unhandled events). ``detail`` says why, and the fix.
+    REFUSED = "refused", "refused"
+
+
 class WorkerHeartbeat(models.Model):
     """A worker process that is (or was recently) running: written by
     ``heartbeat.Heartbeat`` from the worker's watchdog every few seconds, read
@@ -286,6 +304,11 @@ class WorkerHeartbeat(models.Model):
     stopped_at = models.DateTimeField(null=True, blank=True)
     subscriptions = models.JSONField(default=list, help_text="the subscription names this worker consumes")
     version = models.CharField(max_length=50, blank=True, default="", help_text="django_platformkit version")
+    state = models.CharField(max_length=32, choices=WorkerState.choices, default=WorkerState.RUNNING)
+    detail = models.TextField(blank=True, default="", help_text="why it waits or was refused, and the fix")
+    instance = models.CharField(
+        max_length=64, blank=True, default="", help_text="the database instance it works for (system id:database oid)"
+    )
 
     class Meta:
         db_table = WORKERS_TABLE

@@ -175,7 +175,7 @@ def test_more_subscriptions_than_consumer_threads_are_all_served(run_worker, set
     with transaction.atomic():
         ids = [publish("testapp.order_placed", {"n": i}) for i in range(20)]
     worker = run_worker(subscriptions=subs)
-    assert {t.name for t in worker._threads if t.name.startswith("platformkit-consumer")} == {
+    assert {t.name for t in worker.threads.started if t.name.startswith("platformkit-consumer")} == {
         "platformkit-consumer-0",
         "platformkit-consumer-1",
     }

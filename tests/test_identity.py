@@ -218,7 +218,7 @@ def test_consumer_drift_says_a_new_name_runs_everything_again_and_how_to_keep_th
     assert "Claims are keyed by the subscription's name" in text
     assert "runs the handler again for every event the stream still holds" in text
     assert "claims skip what was handled" not in text
-    assert f"nats consumer rm {transport_stream()} testapp-drifted" in text
+    assert "`manage.py stream prune --durable testapp-drifted`" in text
 
 
 def transport_stream() -> str:

@@ -50,6 +50,8 @@ from django_platformkit.admin.failures import Failure, failures
 from django_platformkit.admin.queries import Timed
 from django_platformkit.admin.states import SubscriptionState, WorkerState
 from django_platformkit.broker.figures import BROKER_TIMEOUT_SECONDS, broker_figures
+from django_platformkit.broker.standing import StreamStanding
+from django_platformkit.models import WorkerState as BeatState
 from django_platformkit.runtime.heartbeat import ALIVE_AFTER_SECONDS
 
 logger = logging.getLogger(__name__)
@@ -129,10 +131,11 @@ class JobFigures:
 
 @dataclass
 class WorkerFigures:
-    """One worker's heartbeat row. ``waiting_for_broker``: the worker beats
-    (its jobs run) but has not reached NATS yet, or lost it, since
-    ``waiting_for_broker_since``; the heartbeat records it, and False/None
-    means connected, or a heartbeat that doesn't say."""
+    """One worker's heartbeat row. ``beat``: what the row says the worker is
+    doing (``models.WorkerState``: starting, waiting_for_broker, running,
+    contested, refused); ``detail``: why it waits or was refused, and the fix
+    ("" otherwise); ``instance``: the database instance it works for.
+    ``state``: what the page shows of it (``states.worker_state``)."""
 
     worker: str
     started_at: datetime
@@ -141,8 +144,15 @@ class WorkerFigures:
     subscriptions: list[str]
     version: str
     alive: bool
-    waiting_for_broker: bool = False
+    beat: str = BeatState.RUNNING
+    detail: str = ""
+    instance: str = ""
     waiting_for_broker_since: datetime | None = None
+
+    @property
+    def waiting_for_broker(self) -> bool:
+        """It beats (its jobs run) but has not reached the broker, or lost it."""
+        return self.beat in (BeatState.STARTING, BeatState.WAITING_FOR_BROKER)
 
     @property
     def state(self) -> WorkerState:
@@ -155,10 +165,12 @@ class WorkerFigures:
 class Overview:
     """What ``collect()`` returns. ``broker_error``: empty when NATS answered,
     else why not (credentials redacted). ``notes``: figures that could not be
-    computed, one sentence each. ``stream_problems``: what could lose events
-    on the stream as the broker holds it (a limit that could discard unhandled
-    events, an identity two databases share), one sentence each naming the
-    problem and its fix; the page shows them in a banner above everything."""
+    computed, one sentence each. ``stream_standing``: the stream as the
+    broker holds it, judged for this database; ``stream_problems`` and
+    ``identity_conflict`` say what of it could lose events (a limit that could
+    discard unhandled events, a live copy of this database on the same
+    stream), each naming the problem and its fix: the page shows them in a
+    banner above everything."""
 
     generated_at: datetime
     nats_url: str
@@ -169,9 +181,10 @@ class Overview:
     workers: list[WorkerFigures]
     broker_error: str = ""
     notes: list[str] = field(default_factory=list)
-    stream_problems: list[str] = field(default_factory=list)
     #: The age past which a subscription is lagging (``states.lagging_after_seconds``).
     lagging_after_seconds: float = 0.0
+    #: The stream as the broker holds it, judged for this database (None when NATS didn't answer).
+    stream_standing: StreamStanding | None = None
 
     @property
     def broker_ok(self) -> bool:
@@ -186,6 +199,17 @@ class Overview:
     def workers_folded(self) -> list[WorkerFigures]:
         """The workers the page folds away (``states.folded``)."""
         return [w for w in self.workers if states.folded(w.state, w.last_seen, self.generated_at)]
+
+    @property
+    def stream_problems(self) -> list[str]:
+        """Each limit of the stream that could discard unhandled events, with its fix (workers refuse such a stream)."""
+        return [str(p) for p in self.stream_standing.problems] if self.stream_standing else []
+
+    @property
+    def identity_conflict(self) -> str:
+        """A live copy of this database holds or tried the stream: who, and the fix ("" when none)."""
+        judgement = self.stream_standing.judgement if self.stream_standing else None
+        return judgement.text if judgement is not None else ""
 
 
 # --- the database ----------------------------------------------------------------
@@ -234,7 +258,7 @@ _LOCKS_SQL = (
 )
 _WORKERS_SQL = (
     f"SELECT worker, started_at, last_seen, stopped_at, subscriptions, version, "
-    f"(stopped_at IS NULL AND last_seen >= now() - %s) AS alive FROM {WORKERS_TABLE} "
+    f"(stopped_at IS NULL AND last_seen >= now() - %s) AS alive, state, detail, instance FROM {WORKERS_TABLE} "
     "WHERE last_seen >= now() - %s ORDER BY alive DESC, last_seen DESC LIMIT 100"
 )
 
@@ -330,8 +354,11 @@ def _database_figures(
             subscriptions=list(json.loads(subs_) if isinstance(subs_, str) else subs_ or []),
             version=v,
             alive=bool(alive),
+            beat=state,
+            detail=detail,
+            instance=instance,
         )
-        for w, st, seen, stopped, subs_, v, alive in q.rows(
+        for w, st, seen, stopped, subs_, v, alive, state, detail, instance in q.rows(
             _WORKERS_SQL, [alive_within, WORKERS_SEEN_WITHIN], "workers"
         )
         or []
@@ -339,18 +366,18 @@ def _database_figures(
     return outbox, job_rows, workers
 
 
-def _owner(alias: str) -> str | None:
-    """This project's database identity, or None when it can't be read now
-    (the page then shows the stream's figures unchecked)."""
+def _owner(alias: str) -> tuple[str | None, str | None]:
+    """This project's database identity and instance, or None for what
+    can't be read now (the page then shows the stream's figures unchecked)."""
 
     from django_platformkit import identity
     from django_platformkit.exceptions import ConfigurationError, DatabaseUnavailable
 
     try:
         with transaction.atomic(using=alias):  # a failed read can't abort a request's transaction
-            return identity.database_identity(alias)
+            return identity.database_identity(alias), identity.database_instance(alias)
     except (DatabaseError, DatabaseUnavailable, ConfigurationError):
-        return None
+        return None, None
 
 
 def collect(*, using: str | None = None, broker_timeout_seconds: float = BROKER_TIMEOUT_SECONDS) -> Overview:
@@ -371,10 +398,13 @@ def collect(*, using: str | None = None, broker_timeout_seconds: float = BROKER_
     for s in subs:
         s.failure = found.get(s.name, s.failure)
     broker_error = ""
+    standing = None
     wanted = [(s.durable, filters[s.durable]) for s in subs if s.registered]
     if wanted:
         try:
-            figures = broker_figures(wanted, timeout=broker_timeout_seconds, owner=_owner(alias))
+            owner, instance = _owner(alias)
+            answer = broker_figures(wanted, timeout=broker_timeout_seconds, owner=owner, instance=instance)
+            figures, standing = answer.durables, answer.stream
         except (BrokerUnavailable, ConfigurationError) as exc:
             broker_error = str(exc)
             figures = {}
@@ -414,4 +444,5 @@ def collect(*, using: str | None = None, broker_timeout_seconds: float = BROKER_
         broker_error=broker_error,
         notes=notes,
         lagging_after_seconds=lagging_after,
+        stream_standing=standing,
     )

@@ -2,7 +2,8 @@
 one ``LogEntry`` on the dead letter and one on its outbox row, written the
 same way by the admin's actions (``admin_deadletters.py``, ``admin_tasks.py``)
 and by ``manage.py deadletters replay|discard --actor USERNAME``, so the
-History pages read alike whoever acted and from where. Registers nothing;
+History pages read alike whoever acted and from where - and ``--actor`` must
+be a user the admin would let act (``acting_user``). Registers nothing;
 needs ``django.contrib.admin`` installed (its ``LogEntry`` table).
 """
 
@@ -42,17 +43,35 @@ def log_dead_letter_action(user_id: Any, row: DeadLetter, verb: str, reason: str
         )
 
 
-def user_id_for(username: str) -> Any:
-    """The primary key of the user whose ``USERNAME_FIELD`` is
-    ``username``, or None: no such user, or no ``django.contrib.admin`` /
-    ``django.contrib.auth`` to write a ``LogEntry`` for one."""
+#: The permission the admin's Replay and Discard need (``DeadLetter.Meta.permissions``).
+REPLAY_PERMISSION = "django_platformkit.replay_deadletter"
+
+
+def acting_user(username: str) -> Any:
+    """The primary key of the Django user whose ``USERNAME_FIELD`` is
+    ``username``, if that user may do what the admin's own Replay and
+    Discard let a user do: active, holding ``REPLAY_PERMISSION``
+    (``manage.py deadletters ... --actor``). Raises ``ValueError`` saying
+    what is missing: no ``django.contrib.auth``, no such user, an inactive
+    one, or one without the permission."""
     from django.apps import apps
 
-    if not (apps.is_installed("django.contrib.admin") and apps.is_installed("django.contrib.auth")):
-        return None
+    if not apps.is_installed("django.contrib.auth"):
+        raise ValueError(
+            "--actor names a Django user, and django.contrib.auth is not installed; leave --actor out "
+            "(the OS user is recorded)."
+        )
     from django.contrib.auth import get_user_model
 
-    user_model = get_user_model()
-    return (
-        user_model._default_manager.filter(**{user_model.USERNAME_FIELD: username}).values_list("pk", flat=True).first()
-    )
+    model = get_user_model()
+    user = model._default_manager.filter(**{model.USERNAME_FIELD: username}).first()
+    if user is None:
+        raise ValueError("no such user.")
+    if not user.is_active:
+        raise ValueError("the user is inactive.")
+    if not user.has_perm(REPLAY_PERMISSION):
+        raise ValueError(
+            f"the user lacks the permission {REPLAY_PERMISSION!r} (Can replay or discard dead letters), which the "
+            "admin's Replay and Discard need: grant it, or act as a user who has it."
+        )
+    return user.pk

@@ -24,6 +24,7 @@ import nats.errors
 import nats.js.errors
 
 from django_platformkit import conf
+from django_platformkit._retry import WaitingLog
 from django_platformkit.exceptions import BrokerUnavailable
 
 logger = logging.getLogger(__name__)
@@ -314,19 +315,16 @@ class Connection:
             Whether it connected (False: ``stop`` was set first).
         """
         deadline = None if give_up_after_seconds is None else time.monotonic() + give_up_after_seconds
+        waiting = WaitingLog(logger, f"NATS server at {conf.redact_url(self.url)}")
         while not stop.is_set():
             try:
                 self.connect()
+                waiting.done()
                 return True
             except BrokerUnavailable as exc:
                 if deadline is not None and time.monotonic() + retry_seconds > deadline:
                     raise
-                logger.error(
-                    "nats unreachable url=%s error=%s; retrying in %.0f s",
-                    conf.redact_url(self.url),
-                    self.redact(str(exc)),
-                    retry_seconds,
-                )
+                waiting.failed(self.redact(str(exc)))  # one line, then one a minute
                 stop.wait(retry_seconds)
         return False
 

@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from django_platformkit import conf, identity
+from django_platformkit import conf
 from django_platformkit.broker.memory_stream import (
     ConsumerInfo,
     ManualClock,
@@ -24,12 +24,14 @@ from django_platformkit.broker.memory_stream import (
     PubAck,
     StoredMessage,
     StreamInfo,
+    StreamSettings,
     _Ack,
     _Durable,
     _KeepAlive,
     _Published,
     subject_matches,
 )
+from django_platformkit.broker.standing import StreamStanding
 from django_platformkit.exceptions import ConfigurationError, ConsumerDrift, ConsumerNotFound
 from django_platformkit.wire import Delivery, OutgoingMessage, PublishOutcome, PublishResult
 
@@ -51,7 +53,7 @@ class InMemoryTransport:
     clock until the test calls ``clock.advance()``. ``max_payload``: the
     server's limit in bytes (body + headers); a bigger message is refused for
     good, as NATS does. Deviations from JetStream: one stream (``STREAM``),
-    no ``max_age`` or ``max_msgs`` limits, no start-up check of
+    limits (``edit_stream``) are judged but never enforced, no start-up check of
     ``max_payload`` against ``MAX_PAYLOAD_BYTES``. Thread-safe.
     """
 
@@ -70,7 +72,7 @@ class InMemoryTransport:
         self._cond = threading.Condition()
         self._stream: str | None = None
         self._subjects: list[str] = []
-        self._owner: str | None = None
+        self._settings = StreamSettings()
         self._messages: list[StoredMessage] = []
         self._msg_ids: dict[str, tuple[int, float]] = {}  # Nats-Msg-Id -> (seq, stored_at)
         self._durables: dict[str, _Durable] = {}
@@ -113,11 +115,12 @@ class InMemoryTransport:
         self.closed = True
 
     # -- stream --
-    def ensure_stream(self, *, owner: str | None = None) -> StreamInfo:
+    def ensure_stream(self, *, owner: str | None = None, instance: str | None = None) -> StreamInfo:
         """Create the stream (``STREAM``, subjects ``<SUBJECT_PREFIX>.>``) if
-        missing. ``owner``: this project's database identity; a stream that
-        records another is refused with ``ConfigurationError``, as
-        ``Transport.ensure_stream`` does."""
+        missing. ``owner``/``instance``: this database's identity and
+        instance; a stream this database must not use (another identity's, a
+        live copy's, limits set by ``edit_stream``) is refused with
+        ``ConfigurationError``, as ``Transport.ensure_stream`` does."""
         s = conf.settings
         with self._cond:
             if self._stream is None:
@@ -126,11 +129,27 @@ class InMemoryTransport:
                 raise ConfigurationError(
                     f"this InMemoryTransport holds the stream {self._stream!r}, not {s.STREAM!r}: use one per test"
                 )
-            if owner is not None:
-                if self._owner is not None and self._owner != owner:
-                    raise ConfigurationError(identity.foreign_stream_text(self._stream, self.url, self._owner, owner))
-                self._owner = owner
-            return StreamInfo(self._stream, list(self._subjects), len(self._messages), self._owner)
+            standing = self._settings.standing(self._stream, self.url, owner, instance, self.clock.now())
+            if standing.refused:
+                raise ConfigurationError(standing.text)
+            return StreamInfo(self._stream, list(self._subjects), len(self._messages), standing.tenure.identity)
+
+    def stream_standing(self, *, owner: str, instance: str | None) -> StreamStanding:
+        """How the stream stands for ``owner``/``instance`` now (``StreamStanding``; exists=False before ``ensure_stream``)."""
+        with self._cond:
+            if self._stream is None:
+                return StreamStanding(exists=False)
+            return self._settings.standing(self._stream, self.url, owner, instance, self.clock.now())
+
+    def edit_stream(self, **settings: Any) -> None:
+        """Change the stream's settings as an operator's ``nats stream edit``
+        would (tests): ``retention``, ``max_msgs``, ``max_bytes``,
+        ``max_msgs_per_subject``, ``max_age`` (seconds): JetStream's names. The twin only reports them."""
+        with self._cond:
+            for key, value in settings.items():
+                if not hasattr(self._settings, key) or key == "tenure":
+                    raise TypeError(f"edit_stream(): unknown setting {key!r}")
+                setattr(self._settings, key, value)
 
     def messages(self) -> list[StoredMessage]:
         """Every message the stream holds, in stream order."""

@@ -12,9 +12,11 @@ from __future__ import annotations
 import itertools
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from django_platformkit import identity
+from django_platformkit.broker.standing import UNLIMITED, StreamStanding, judge_stream
 from django_platformkit.wire import Delivery, PublishResult
 
 
@@ -54,6 +56,45 @@ class StoredMessage:
     body: bytes
     headers: dict[str, str]
     stored_at: float
+
+
+class StreamSettings:
+    """The in-memory stream's settings that decide whether it may be used,
+    and who holds it: judged by ``standing`` and ``identity.judge`` as a
+    real stream is. Its limits are only ever read (the twin discards
+    nothing): ``InMemoryTransport.edit_stream`` sets them, as an operator's
+    ``nats stream edit`` would, so tests see the refusal."""
+
+    def __init__(self) -> None:
+        self.retention = "limits"
+        self.max_msgs = UNLIMITED
+        self.max_bytes = UNLIMITED
+        self.max_msgs_per_subject = UNLIMITED
+        self.max_age: float | None = None  # seconds, as JetStream names it
+        self.tenure = identity.Tenure(None)
+
+    def standing(self, stream: str, url: str, owner: str | None, instance: str | None, now: float) -> StreamStanding:
+        """Judge the stream for ``owner``/``instance`` at ``now`` (clock seconds), recording the tenure it asks for."""
+        standing = judge_stream(
+            name=stream,
+            url=url,
+            description=identity.describe(self.tenure.identity, self.tenure) if self.tenure.identity else "",
+            metadata=None,
+            retention=self.retention,
+            max_msgs=self.max_msgs,
+            max_bytes=self.max_bytes,
+            max_msgs_per_subject=self.max_msgs_per_subject,
+            max_age_seconds=self.max_age,
+            owner=owner,
+            instance=instance,
+            now=now,
+        )
+        judgement = standing.judgement
+        if judgement is not None and judgement.tenure is not None:
+            self.tenure = judgement.tenure
+            judgement.log_taken_over(stream)
+            standing = replace(standing, tenure=self.tenure)
+        return standing
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
+from django_platformkit.broker.standing import StreamStanding
 from django_platformkit.wire import Delivery, OutgoingMessage, PublishResult
 
 if TYPE_CHECKING:
@@ -87,8 +88,10 @@ class Broker(Protocol):
 
     Every method may raise ``BrokerUnavailable`` when the broker can't be
     reached in time; ``ensure_stream`` raises ``ConfigurationError`` for a
-    stream it must not use, ``ensure_consumer`` ``ConsumerDrift`` for a
-    durable it can't change, ``consumer_info`` ``ConsumerNotFound``.
+    stream it must not use (another project's, a live copy's, or one whose
+    limits could discard unhandled events), ``ensure_consumer``
+    ``ConsumerDrift`` for a durable it can't change, ``consumer_info``
+    ``ConsumerNotFound``.
     """
 
     #: Where the broker is, for messages (never with credentials).
@@ -119,8 +122,13 @@ class Broker(Protocol):
         False when the broker has no loop to run it on (nothing scheduled)."""
 
     # -- the stream and its durables --
-    def ensure_stream(self, *, owner: str | None = None) -> Any:
-        """Create the stream if missing; refuse one another database owns (``owner``: this one's identity)."""
+    def ensure_stream(self, *, owner: str | None = None, instance: str | None = None) -> Any:
+        """Create the stream if missing; refuse one this database must not use (``owner``: its identity,
+        ``instance``: the database instance behind it; see ``standing`` and ``identity.judge``)."""
+
+    def stream_standing(self, *, owner: str, instance: str | None) -> StreamStanding:
+        """How the stream stands for this database instance now, recording the holder's renewal (or a
+        copy's attempt); a refusal is in the answer, not raised. Running workers ask every ``identity.RENEW_SECONDS``."""
 
     def ensure_consumer(self, want: ConsumerConfig) -> DurableInfo:
         """Create the durable if missing, update what may be updated in place."""

@@ -3,7 +3,9 @@
 A batch is sent whole, in the order batches were started, before any ack is
 awaited; each message's result says whether the row is stamped (STORED),
 stays pending (TEMPORARY) or is dead-lettered by the relay (PERMANENT), so
-one bad row never blocks the queue.
+one bad row never blocks the queue - and only a refusal that can never
+succeed is PERMANENT: an answer that doesn't prove the message stored or
+refused for good leaves the row pending.
 """
 
 from __future__ import annotations
@@ -28,22 +30,47 @@ logger = logging.getLogger(__name__)
 _NO_STALL_BELOW = 3000
 
 
+#: JetStream's refusals of a message that no later send of it can change
+#: (nats-server's errors.json): the relay dead-letters its row. Every other
+#: refusal is about the stream or the moment - a leader not decided yet
+#: (10158, "duplicate message id is in process"), a stream full with discard
+#: new (10077), sealed (10109), too busy (10167), an error code this build
+#: doesn't know - and the row stays pending, to be sent again with the same
+#: Nats-Msg-Id, until the stream stores it or refuses it for good.
+REFUSED_FOR_GOOD = {
+    10054: "JSStreamMessageExceedsMaximumErr",  # larger than the stream's max_msg_size (or the server's)
+    10097: "JSStreamHeaderExceedsMaximumErr",  # headers over 64 KiB
+}
+#: JetStream's "duplicate message id is in process": a clustered leader has
+#: proposed a message with this id and not committed it yet (paused,
+#: partitioned, mid-election), or dropped a proposal it keeps the id of for
+#: the duplicate window. The first copy may still be stored: only a later
+#: answer says which. Dead-lettering it lost events (issue 27).
+DUPLICATE_IN_PROCESS = 10158
+
+
 def classify_publish_error(exc: BaseException) -> PublishResult:
-    """A broker refusal is PERMANENT when the same message can never be
-    stored (too big for the server or the stream, a 4xx from the stream);
-    everything else - timeouts, no responders, lost connections, 5xx - is
-    TEMPORARY and the row stays pending."""
+    """A publish's failure as an outcome for its row.
+
+    PERMANENT only when the same message can never be stored: larger than
+    the server's ``max_payload``, or a refusal in ``REFUSED_FOR_GOOD``.
+    Everything else - no answer, no responders, a lost connection, a 5xx,
+    a 409 "in process", a refusal about the stream rather than the message,
+    an error code unknown to this build - is TEMPORARY: the row stays
+    pending and is sent again with the same ``Nats-Msg-Id``, so a first copy
+    the stream did store makes the re-send a duplicate, never a second event."""
     if isinstance(exc, nats.errors.MaxPayloadError):
         return PublishResult(PublishOutcome.PERMANENT, f"larger than the server's max_payload: {exc}")
     if isinstance(exc, nats.js.errors.APIError) and exc.code is not None:
-        if 400 <= int(exc.code) < 500 and int(exc.code) != 408:
+        said = f"{exc.description} (code {exc.code}, err_code {exc.err_code})"
+        if exc.err_code in REFUSED_FOR_GOOD:
+            return PublishResult(PublishOutcome.PERMANENT, f"the stream refused it for good: {said}")
+        if exc.err_code == DUPLICATE_IN_PROCESS:
             return PublishResult(
-                PublishOutcome.PERMANENT,
-                f"the stream refused it: {exc.description} (code {exc.code}, err_code {exc.err_code})",
+                PublishOutcome.TEMPORARY,
+                f"the stream has not decided an earlier send of this message yet: {said}; sent again until it does",
             )
-        return PublishResult(
-            PublishOutcome.TEMPORARY, f"the stream is unavailable: {exc.description} (code {exc.code})"
-        )
+        return PublishResult(PublishOutcome.TEMPORARY, f"the stream did not store it for now: {said}")
     if isinstance(exc, nats.js.errors.NoStreamResponseError):
         return PublishResult(
             PublishOutcome.TEMPORARY,

@@ -12,7 +12,9 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import time
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import nats.js.errors
@@ -20,6 +22,7 @@ from nats.js import api
 
 from django_platformkit import conf, identity
 from django_platformkit.broker.connection import Connection, no_jetstream_text
+from django_platformkit.broker.standing import StreamStanding, judge_stream
 from django_platformkit.exceptions import BrokerUnavailable, ConfigurationError, ConsumerDrift, ConsumerNotFound
 from django_platformkit.wire import ENVELOPE_OVERHEAD_BYTES, JSONB_TEXT_GROWTH, durable_name, filter_subject_for
 
@@ -145,21 +148,27 @@ class Streams:
     def __init__(self, connection: Connection) -> None:
         self.connection = connection
 
-    def ensure_stream(self, *, owner: str | None = None) -> api.StreamInfo:
-        """Create the stream if missing; report (never fix by deleting) drift.
+    def ensure_stream(self, *, owner: str | None = None, instance: str | None = None) -> api.StreamInfo:
+        """Create the stream if missing; refuse one this project must not
+        use; report (never fix by deleting) drift.
 
         ``owner``: this project's database identity (``identity.database_identity()``;
         relay and worker pass it). A new stream records it; an existing one
         recording another identity is refused; one recording none (made
         before identities existed) is adopted - ours recorded, logged at
-        WARNING. None: no ownership check (tests, tools).
+        WARNING. ``instance``: the database instance behind it
+        (``identity.database_instance()``): refused while another live
+        instance with the same identity holds the stream (a copy of the
+        database, ``identity.judge``). None: no such check (tests, tools).
 
         Raises ``ConfigurationError`` (the process should end: retrying can't
-        help) when the stream belongs to another database, when NATS refuses
-        to create it (e.g. its subjects overlap another stream's), when
-        JetStream is not enabled, or when the server's ``max_payload`` can't
-        carry ``MAX_PAYLOAD_BYTES`` plus the envelope; ``BrokerUnavailable``
-        on a timeout."""
+        help) when the stream belongs to another database or a live copy of
+        this one, when its limits could discard events nobody handled
+        (``standing.limit_problems``), when NATS refuses to create it (e.g.
+        its subjects overlap another stream's), when JetStream is not
+        enabled, or when the server's ``max_payload`` can't carry
+        ``MAX_PAYLOAD_BYTES`` plus the envelope; ``BrokerUnavailable`` on a
+        timeout."""
         needed = int(conf.settings.MAX_PAYLOAD_BYTES * JSONB_TEXT_GROWTH) + ENVELOPE_OVERHEAD_BYTES
         if self.connection.max_payload < needed:
             raise ConfigurationError(
@@ -171,7 +180,7 @@ class Streams:
             # Without JetStream every stream call ends in a bare
             # ServiceUnavailableError (code None): say what is wrong instead.
             raise ConfigurationError(self.connection.redact(no_jetstream_text(self.connection.url)))
-        return self.connection.call(self._ensure_stream(owner), timeout=30)
+        return self.connection.call(self._ensure_stream(owner, instance), timeout=30)
 
     def _has_stream_metadata(self) -> bool:
         version = str(self.connection.server_info.get("version", "0.0"))
@@ -181,72 +190,22 @@ class Streams:
             return False
         return (major, minor) >= (2, 10)
 
-    async def _ensure_stream(self, owner: str | None = None) -> api.StreamInfo:
+    async def _ensure_stream(self, owner: str | None = None, instance: str | None = None) -> api.StreamInfo:
         want = stream_config()
         if owner is not None:
-            want.description = identity.describe(owner)
+            want.description = identity.describe(owner, identity.Tenure(owner, instance, time.time()))
             if self._has_stream_metadata():
                 want.metadata = {identity.METADATA_KEY: owner}
         try:
             info: api.StreamInfo = await self.connection.js.stream_info(want.name)
         except nats.js.errors.NotFoundError:
-            try:
-                created: api.StreamInfo = await self.connection.js.add_stream(want)
-            except nats.js.errors.APIError as exc:
-                refused = f"NATS at {conf.redact_url(self.connection.url)} refused to create the stream {want.name!r}"
-                if exc.err_code in _SETTINGS_REFUSED:
-                    # Permanent though NATS answers 500: these settings are never
-                    # accepted, and retrying them every 10 s would hide it.
-                    raise ConfigurationError(
-                        f"{refused}: {exc.description} (err_code {exc.err_code}). "
-                        + _SETTINGS_REFUSED[exc.err_code].format(
-                            window=want.duplicate_window, max_age=want.max_age, replicas=want.num_replicas
-                        )
-                    ) from None
-                if exc.err_code == _SUBJECTS_OVERLAP:
-                    raise ConfigurationError(
-                        f"{refused} with subjects "
-                        f"{want.subjects}: {exc.description} (err_code {exc.err_code}). Another stream "
-                        "holds these subjects already: give this project its own PLATFORMKIT['SUBJECT_PREFIX'] "
-                        "(and PLATFORMKIT['STREAM'])."
-                    ) from None
-                if exc.code is not None and 400 <= int(exc.code) < 500:
-                    # Permanent (an account's stream or storage limit, ...):
-                    # retrying forever as "unavailable" would hide it.
-                    raise ConfigurationError(
-                        f"{refused}: {exc.description} (err_code {exc.err_code}). NATS refuses this for good: "
-                        "check the account's JetStream limits and permissions (`nats account info`), "
-                        "or ask its operator."
-                    ) from None
-                raise
-            # Only now: a refused create must not leave a false "created" line.
-            logger.info(
-                "stream created stream=%s subjects=%s replicas=%s owner=%s",
-                want.name,
-                want.subjects,
-                want.num_replicas,
-                owner or "-",
-            )
-            return created
+            return await self._create(want, owner)
+        standing = await self._judge(info, owner, instance)
+        if standing.refused:
+            raise ConfigurationError(standing.text)
+        if standing.contested:
+            logger.error("stream contested stream=%s: %s", want.name, standing.text)
         have = info.config
-        if owner is not None:
-            theirs = identity.recorded_identity(have.description, getattr(have, "metadata", None))
-            if theirs is not None and theirs != owner:
-                raise ConfigurationError(
-                    identity.foreign_stream_text(str(want.name), self.connection.url, theirs, owner)
-                )
-            if theirs is None:
-                logger.warning(
-                    "stream adopted stream=%s owner=%s: it recorded no owning database (made before identities); "
-                    "this database is recorded now, and another project's worker will be refused",
-                    want.name,
-                    owner,
-                )
-                have.description = want.description
-                if want.metadata:
-                    have.metadata = {**(getattr(have, "metadata", None) or {}), **want.metadata}
-                info = await self.connection.js.update_stream(have)
-                have = info.config
         drift = []
         if sorted(have.subjects or []) != sorted(want.subjects or []):
             drift.append(f"subjects {have.subjects} (want {want.subjects})")
@@ -254,12 +213,11 @@ class Streams:
                 # Not cosmetic: nothing this project publishes is captured.
                 logger.error(
                     "stream %s captures %s, not %s (SUBJECT_PREFIX changed?): every publish will fail with "
-                    "'no responders' until the stream captures it. Restore SUBJECT_PREFIX, or add the subject "
-                    "with `nats stream edit %s --subjects ...`.",
+                    "'no responders' until the stream captures it. Restore SUBJECT_PREFIX, or make the stream "
+                    "capture it with `manage.py stream update`.",
                     want.name,
                     have.subjects,
                     want.subjects,
-                    want.name,
                 )
         if have.max_age is not None and abs((have.max_age or 0) - (want.max_age or 0)) > 1:
             drift.append(f"max_age {have.max_age:.0f} s (want {want.max_age:.0f} s = RETENTION_DAYS)")
@@ -269,13 +227,108 @@ class Streams:
             drift.append(f"replicas {have.num_replicas} (want {want.num_replicas})")
         if drift:
             logger.warning(
-                "stream drift stream=%s differs: %s. Update it with `nats stream edit %s` "
-                "(the stream is never deleted for you).",
+                "stream drift stream=%s differs: %s. `manage.py stream update` makes what can change in place "
+                "match (the stream is never deleted for you).",
                 want.name,
                 "; ".join(drift),
-                want.name,
             )
         return info
+
+    async def _create(self, want: api.StreamConfig, owner: str | None) -> api.StreamInfo:
+        try:
+            created: api.StreamInfo = await self.connection.js.add_stream(want)
+        except nats.js.errors.APIError as exc:
+            refused = f"NATS at {conf.redact_url(self.connection.url)} refused to create the stream {want.name!r}"
+            if exc.err_code in _SETTINGS_REFUSED:
+                # Permanent though NATS answers 500: these settings are never
+                # accepted, and retrying them every 10 s would hide it.
+                raise ConfigurationError(
+                    f"{refused}: {exc.description} (err_code {exc.err_code}). "
+                    + _SETTINGS_REFUSED[exc.err_code].format(
+                        window=want.duplicate_window, max_age=want.max_age, replicas=want.num_replicas
+                    )
+                ) from None
+            if exc.err_code == _SUBJECTS_OVERLAP:
+                raise ConfigurationError(
+                    f"{refused} with subjects "
+                    f"{want.subjects}: {exc.description} (err_code {exc.err_code}). Another stream "
+                    "holds these subjects already: give this project its own PLATFORMKIT['SUBJECT_PREFIX'] "
+                    "(and PLATFORMKIT['STREAM'])."
+                ) from None
+            if exc.code is not None and 400 <= int(exc.code) < 500:
+                # Permanent (an account's stream or storage limit, ...):
+                # retrying forever as "unavailable" would hide it.
+                raise ConfigurationError(
+                    f"{refused}: {exc.description} (err_code {exc.err_code}). NATS refuses this for good: "
+                    "check the account's JetStream limits and permissions (`nats account info`), "
+                    "or ask its operator."
+                ) from None
+            raise
+        # Only now: a refused create must not leave a false "created" line.
+        logger.info(
+            "stream created stream=%s subjects=%s replicas=%s owner=%s",
+            want.name,
+            want.subjects,
+            want.num_replicas,
+            owner or "-",
+        )
+        return created
+
+    def stream_standing(self, *, owner: str, instance: str | None) -> StreamStanding:
+        """How the stream stands for this database instance now (its limits,
+        who holds it), recording what ``identity.judge`` says to record: the
+        holder's renewal, a copy's attempt. What a running worker checks every
+        ``identity.RENEW_SECONDS``. Never raises for a refused stream (the
+        standing says so); ``BrokerUnavailable`` when NATS doesn't answer."""
+
+        async def ask() -> StreamStanding:
+            try:
+                info = await self.connection.js.stream_info(conf.settings.STREAM)
+            except nats.js.errors.NotFoundError:
+                return StreamStanding(exists=False)
+            return await self._judge(info, owner, instance)
+
+        standing: StreamStanding = self.connection.call(ask(), timeout=2 * self.connection.request_timeout_seconds + 1)
+        return standing
+
+    async def _judge(self, info: api.StreamInfo, owner: str | None, instance: str | None) -> StreamStanding:
+        """The stream's standing from ``info``; records the tenure ``identity.judge`` asks for."""
+        have = info.config
+        standing = judge_stream(
+            name=str(have.name),
+            url=self.connection.url,
+            description=have.description,
+            metadata=getattr(have, "metadata", None),
+            retention=_value(have.retention),
+            max_msgs=have.max_msgs,
+            max_bytes=have.max_bytes,
+            max_msgs_per_subject=have.max_msgs_per_subject,
+            max_age_seconds=have.max_age,
+            owner=owner,
+            instance=instance,
+            now=time.time(),
+        )
+        judgement = standing.judgement
+        if judgement is not None and judgement.tenure is not None:
+            if standing.tenure.identity is None:
+                logger.warning(
+                    "stream adopted stream=%s owner=%s: it recorded no owning database (made before identities); "
+                    "this database is recorded now, and another project's worker will be refused",
+                    have.name,
+                    owner,
+                )
+            await self._record(have, judgement.tenure)
+            judgement.log_taken_over(str(have.name))
+            standing = replace(standing, tenure=judgement.tenure)
+        return standing
+
+    async def _record(self, have: api.StreamConfig, tenure: identity.Tenure) -> None:
+        """Write ``tenure`` into the stream's description (and its owner into its metadata)."""
+        assert tenure.identity is not None
+        have.description = identity.describe(tenure.identity, tenure)
+        if self._has_stream_metadata():
+            have.metadata = {**(getattr(have, "metadata", None) or {}), identity.METADATA_KEY: tenure.identity}
+        await self.connection.js.update_stream(have)
 
     def stream_info(self) -> api.StreamInfo:
         """The stream's info (config, message counts, cluster). Raises ``BrokerUnavailable`` on timeout."""
@@ -308,8 +361,8 @@ class Streams:
                 f"can't update ({what}). Claims are keyed by the subscription's name, so a new name (a new "
                 f"durable from the first retained message) runs the handler again for every event the stream "
                 f"still holds (up to RETENTION_DAYS). To keep the name, delete the old durable once it is "
-                f"drained with `nats consumer rm {stream} {want.durable_name}`: the durable made again under "
-                "the same name meets its claims and skips what was handled."
+                f"drained with `manage.py stream prune --durable {want.durable_name}`: the durable made again "
+                "under the same name meets its claims and skips what was handled."
             )
         if updatable:
             logger.info("durable updated consumer=%s changes=%s", want.durable_name, updatable)
@@ -351,3 +404,8 @@ class Streams:
 
         infos = self.connection.call(ask(), timeout=timeout + 0.5)
         return [None if isinstance(i, BaseException) else i for i in infos]
+
+
+def _value(value: Any) -> Any:
+    """An enum's value (nats-py's config enums), anything else as it is."""
+    return value.value if isinstance(value, enum.Enum) else value

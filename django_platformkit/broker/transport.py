@@ -3,7 +3,8 @@
 It is composed of its parts, each given the one ``Connection`` (the event
 loop and its thread): ``Streams`` (the stream and durables this build
 wants), ``Publisher`` (the relay's send path), ``Puller`` (the consumer's
-pull lanes) and ``Acks`` (settling deliveries). Each method of the port
+pull lanes) and ``Acks`` (settling deliveries); ``StreamUpkeep`` holds the
+operator's verbs (``manage.py stream``), outside the port. Each method of the port
 names the part that does the work. Only the broker package imports
 ``nats``; a web process imports none of it.
 """
@@ -20,7 +21,9 @@ from django_platformkit.broker.acks import Acks, KeepAlive
 from django_platformkit.broker.connection import Connection
 from django_platformkit.broker.publishing import PendingPublish, Publisher
 from django_platformkit.broker.pulling import Puller, PullLane
+from django_platformkit.broker.standing import StreamStanding
 from django_platformkit.broker.streams import Streams
+from django_platformkit.broker.upkeep import StreamUpkeep
 from django_platformkit.wire import Delivery, OutgoingMessage
 
 
@@ -50,6 +53,8 @@ class Transport:
         self.publisher = Publisher(self.connection)
         self.puller = Puller(self.connection, self.streams)
         self.acks = Acks(self.connection)
+        #: The operator's verbs (``manage.py stream``); no worker uses them.
+        self.upkeep = StreamUpkeep(self.connection)
         self.url = self.connection.url
         self.connected = self.connection.connected
 
@@ -82,8 +87,11 @@ class Transport:
         return self.connection.max_payload
 
     # -- the stream and its durables --
-    def ensure_stream(self, *, owner: str | None = None) -> api.StreamInfo:
-        return self.streams.ensure_stream(owner=owner)
+    def ensure_stream(self, *, owner: str | None = None, instance: str | None = None) -> api.StreamInfo:
+        return self.streams.ensure_stream(owner=owner, instance=instance)
+
+    def stream_standing(self, *, owner: str, instance: str | None) -> StreamStanding:
+        return self.streams.stream_standing(owner=owner, instance=instance)
 
     def stream_info(self) -> api.StreamInfo:
         return self.streams.stream_info()

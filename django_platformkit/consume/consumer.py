@@ -70,6 +70,9 @@ class Consumer:
         stop: Set when the worker stops: units not started are handed back.
         instance: Which of the subscription's concurrent consumers this is
             (each pulls on its own, ``poll()``).
+        contested: Set while this database's identity is contested: a
+            message the outbox doesn't know is handed back, not terminated
+            (``Settlement.not_in_outbox``).
     """
 
     def __init__(
@@ -80,6 +83,7 @@ class Consumer:
         using: str | None = None,
         stop: threading.Event | None = None,
         instance: int = 0,
+        contested: threading.Event | None = None,
     ) -> None:
         self.subscription = subscription
         self.broker = broker
@@ -91,7 +95,9 @@ class Consumer:
         self.runner = HandlerRunner(subscription, self.using)
         self.transaction = UnitTransaction(subscription, self.using, self.runner)
         self.wait = DatabaseWait(subscription.name, self.using, self.stop, self.runner)
-        self.settlement = Settlement(subscription, broker, self.using, self.counts, self.runner, self.wait)
+        self.settlement = Settlement(
+            subscription, broker, self.using, self.counts, self.runner, self.wait, contested=contested
+        )
 
     @property
     def handler_started(self) -> float | None:
@@ -292,8 +298,7 @@ class Consumer:
                 if work.outcome == HandlingOutcome.SKIPPED and work.attempt_row is not None:
                     settlement.mark_interrupted(work)  # handled elsewhere meanwhile: this run never started
                 if work.outcome == HandlingOutcome.NOT_IN_OUTBOX:
-                    settlement.mark_interrupted(work)
-                    work.outcome = settlement.malformed(work.message, NOT_IN_OUTBOX)
+                    work.outcome = settlement.not_in_outbox(work, NOT_IN_OUTBOX)
                 elif work.outcome == HandlingOutcome.FAILED:
                     work.outcome = settlement.failed(work)
             return unit

@@ -1,7 +1,9 @@
 """After a unit's transaction: what happens to a delivery that didn't
 succeed - a retry after its backoff, a dead letter and a terminal claim at
 ``max_attempts``, a malformed message recorded and terminated, or a hand-back
-when the worker stops (not an attempt: DESIGN.md "Attempts").
+when the worker stops (not an attempt: DESIGN.md "Attempts"). A message the
+outbox doesn't know is never terminated while this database's identity is
+contested (a live copy of it tried the stream): it may be the copy's.
 
 Every failed run is recorded before its message is naked, so a run that
 killed its worker still counts. The consumer hands each delivery that
@@ -13,6 +15,8 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import threading
+import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -34,6 +38,13 @@ from django_platformkit.wire import AttemptOutcome, Delivery, HandlingOutcome, R
 
 logger = logging.getLogger(__name__)
 
+#: While this database's identity is contested, a message its outbox doesn't
+#: know comes back after this long (seconds): the running worker checks its
+#: stream as often (``identity.RENEW_SECONDS``), so by then it knows more.
+CONTESTED_REDELIVERY_SECONDS = 30.0
+#: The least time between two log lines about such hand-backs (seconds).
+CONTESTED_LOG_EVERY_SECONDS = 60.0
+
 
 class Settlement:
     """What happens to a delivery that didn't succeed, and the broker call
@@ -46,6 +57,7 @@ class Settlement:
         counts: The consumer's totals by outcome, added to here.
         runner: The handler runner (how long a failed run took, for the signals).
         wait: Waits out the database to record a failed run.
+        contested: Set while this database's identity is contested (the worker's ``StreamWatch``).
     """
 
     def __init__(
@@ -56,6 +68,7 @@ class Settlement:
         counts: Counter[HandlingOutcome],
         runner: HandlerRunner,
         wait: DatabaseWait,
+        contested: threading.Event | None = None,
     ) -> None:
         self.subscription = subscription
         self.broker = broker
@@ -63,6 +76,9 @@ class Settlement:
         self.counts = counts
         self.runner = runner
         self.wait = wait
+        self.contested = contested or threading.Event()
+        self._handed_back_contested = 0
+        self._contested_logged = float("-inf")
 
     def dead_letter_without_running(self, work: Work, runs: Sequence[Run], counted: Sequence[Run]) -> HandlingOutcome:
         """A redelivery whose counted runs reached ``max_attempts``: dead-letter it with the last real error."""
@@ -151,6 +167,33 @@ class Settlement:
                 work.event.id,
                 exc,
             )
+
+    def not_in_outbox(self, work: Work, reason: str) -> HandlingOutcome:
+        """A message the outbox doesn't hold: recorded as malformed and
+        terminated - unless this database's identity is contested. A live
+        copy of this database (a staging restore) shares the stream's
+        durables while it is refused, and a message of the copy's, or of
+        events written after the copy was made, must not be terminated in the
+        shared durable on the word of an outbox that may be the wrong one: it
+        comes back after ``CONTESTED_REDELIVERY_SECONDS`` (not an attempt),
+        for whichever database holds it, or for a settled standing."""
+        self.mark_interrupted(work)
+        if not self.contested.is_set():
+            return self.malformed(work.message, reason)
+        self._handed_back_contested += 1
+        now = time.monotonic()
+        if now - self._contested_logged >= CONTESTED_LOG_EVERY_SECONDS:
+            self._contested_logged = now
+            logger.warning(
+                "not in this outbox and this database's identity is contested: handed back, not terminated "
+                "subscription=%s event_id=%s handed_back=%s retry_in=%.0fs",
+                self.subscription.name,
+                work.event.id,
+                self._handed_back_contested,
+                CONTESTED_REDELIVERY_SECONDS,
+            )
+        self.settle(lambda: self.broker.nak(work.message, CONTESTED_REDELIVERY_SECONDS), work.event, "nak")
+        return HandlingOutcome.HANDED_BACK
 
     def hand_back(self, work: Work) -> HandlingOutcome:
         """The worker is stopping: nak at once (not counted: no run recorded)."""

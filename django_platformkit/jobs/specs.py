@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import inspect
+import logging
 import re
 import zoneinfo
 from collections.abc import Callable, Iterator
@@ -20,6 +21,8 @@ from typing import Any
 from django_platformkit.exceptions import ConfigurationError
 from django_platformkit.jobs.cron import CronSchedule, cron_problems
 from django_platformkit.names import SUBSCRIPTION_NAME_PART, default_name
+
+logger = logging.getLogger(__name__)
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 #: The built-in hourly purge (``purge.purge`` with ``RETENTION_DAYS``).
@@ -262,7 +265,12 @@ def job_named(name: str) -> JobSpec:
 
 @job(every=timedelta(hours=1), name=PURGE_JOB)
 def outbox_purge() -> None:
-    """Delete published outbox rows and claims older than ``RETENTION_DAYS``."""
+    """Delete published outbox rows and claims older than the retention (``purge.purge``).
+    Skipped, with a WARNING, while NATS can't say the stream's max age: the next hour tries again."""
+    from django_platformkit.exceptions import BrokerUnavailable
     from django_platformkit.operate.purge import purge
 
-    purge()
+    try:
+        purge()
+    except BrokerUnavailable as exc:
+        logger.warning("outbox purge skipped, nothing deleted: it needs the stream's max age from NATS error=%s", exc)

@@ -9,10 +9,13 @@ letters stay until an operator acts. Cutoffs are the database's ``now()``
 minus an age, and age counts from ``published_at`` (claims: ``handled_at``).
 
 What the stream can still deliver is guarded whatever ``older_than`` says.
-The stream keeps a message for ``RETENTION_DAYS`` (its max age, set by
-``transport.stream_config``), and any durable - one re-created after drift,
-``nats consumer rm``, a new worker - may deliver it again until then. So,
-within ``RETENTION_DAYS``:
+The stream keeps a message for its max age - ``RETENTION_DAYS`` when a
+worker made it, but whatever the broker holds now counts: a stream made
+before ``RETENTION_DAYS`` was lowered keeps its longer max age - and any
+durable - one re-created after drift, removed with ``manage.py stream
+prune``, a new worker - may deliver it again until then. So the retention
+is the longer of ``RETENTION_DAYS`` and the stream's real max age, read
+from the broker (a purge that can't read it deletes nothing), and within it:
 
 - a claim is kept (without it a redelivery runs the handler a second time);
 - an outbox row is kept while a subscription of this build has not handled
@@ -38,6 +41,7 @@ from django.db import connections, transaction
 
 from django_platformkit import conf
 from django_platformkit._tables import ATTEMPTS_TABLE, DEAD_LETTER_TABLE, HANDLED_TABLE, OUTBOX_TABLE
+from django_platformkit.broker.figures import stream_standing
 
 logger = logging.getLogger(__name__)
 
@@ -139,7 +143,9 @@ class PurgeResult:
     ``outbox_deleted``/``claims_deleted``: rows deleted (would be deleted).
     ``skipped_locked``: old rows left because another transaction held them.
     ``attempts_deleted``: attempt history rows deleted with their claims.
-    ``batches``: transactions used.
+    ``batches``: transactions used. ``retention``: what the stream can
+    still deliver, kept whatever the cutoff says (None: forever, a stream
+    without a max age).
     """
 
     cutoff: datetime
@@ -149,6 +155,7 @@ class PurgeResult:
     skipped_locked: int = 0
     batches: int = 0
     attempts_deleted: int = 0
+    retention: timedelta | None = None
 
 
 def purge(
@@ -157,43 +164,58 @@ def purge(
     dry_run: bool = False,
     batch_size: int = DEFAULT_BATCH_SIZE,
     using: str | None = None,
+    stream_max_age: timedelta | None = None,
 ) -> PurgeResult:
-    """Delete published outbox rows older than ``older_than`` (default
-    ``RETENTION_DAYS``), the claims that no longer guard a row and the
-    attempt history that goes with them - never what the stream can still
-    deliver (see the module docstring): inside ``RETENTION_DAYS`` claims
-    stay, and so do rows a subscription of this build has not handled yet
-    or with a retry in flight, whatever ``older_than`` says.
+    """Delete published outbox rows older than ``older_than`` (default: the
+    retention), the claims that no longer guard a row and the attempt
+    history that goes with them - never what the stream can still deliver
+    (see the module docstring): within the retention, claims stay, and so
+    do rows a subscription of this build has not handled yet or with a
+    retry in flight, whatever ``older_than`` says.
 
-    ``batch_size``: rows per transaction (each batch commits on its own when
-    called outside ``transaction.atomic``). ``dry_run``: count, delete
-    nothing. ``using``: the outbox's database alias. Raises ``ValueError``
-    for an age that isn't a positive ``timedelta`` or a batch size below 1.
+    Args:
+        older_than: Age from ``published_at`` (a positive ``timedelta``).
+        dry_run: Count, delete nothing.
+        batch_size: Rows per transaction (each batch commits on its own
+            when called outside ``transaction.atomic``).
+        using: The outbox's database alias.
+        stream_max_age: The stream's max age, when the caller knows it
+            (``timedelta.max``: no max age); None reads it from the broker.
+            The retention is the longer of it and ``RETENTION_DAYS``.
+
+    Raises:
+        ValueError: An age that isn't a positive ``timedelta``, a batch size below 1.
+        BrokerUnavailable: ``stream_max_age`` is None and NATS can't say it
+            (nothing is deleted: a shorter guess could purge what the stream still delivers).
     """
-    retention = timedelta(days=float(conf.settings.RETENTION_DAYS))
-    if older_than is None:
-        older_than = retention
-    if not isinstance(older_than, timedelta) or older_than <= timedelta(0):
+    if older_than is not None and (not isinstance(older_than, timedelta) or older_than <= timedelta(0)):
         raise ValueError(f"older_than must be a positive timedelta, got {older_than!r}")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
     alias = using or conf.settings.DATABASE_ALIAS
     guards = _guards()
     with connections[alias].cursor() as cursor:
-        cursor.execute(
-            "SELECT now() - make_interval(secs => %s), now() - make_interval(secs => %s)",
-            [older_than.total_seconds(), retention.total_seconds()],
-        )
-        cutoff, retention_cutoff = cursor.fetchone()
+        # The outbox is read before NATS is asked: a database without our tables says so first.
+        cursor.execute(f"SELECT now(), EXISTS (SELECT 1 FROM {OUTBOX_TABLE})")
+        now = cursor.fetchone()[0]
+        retention = retention_of(stream_max_age)
+        if older_than is None:
+            older_than = retention or timedelta(days=float(conf.settings.RETENTION_DAYS))
+        cutoff = _before(now, older_than)
+        retention_cutoff = _before(now, retention)
         # A claim lives as long as the stream can redeliver its message.
         claims_cutoff = min(cutoff, retention_cutoff)
-        params = {"cutoff": cutoff, "retention_cutoff": retention_cutoff, **guards}
+        params: dict[str, Any] = {"cutoff": cutoff, "retention_cutoff": retention_cutoff, **guards}
         if dry_run:
             cursor.execute(_DRY_OUTBOX_SQL, params)
             outbox = cursor.fetchone()[0]
             cursor.execute(_DRY_CLAIMS_SQL, {**params, "cutoff": claims_cutoff})
             result = PurgeResult(
-                cutoff=cutoff, dry_run=True, outbox_deleted=outbox, claims_deleted=cursor.fetchone()[0]
+                cutoff=cutoff,
+                dry_run=True,
+                outbox_deleted=outbox,
+                claims_deleted=cursor.fetchone()[0],
+                retention=retention,
             )
             logger.info(
                 "purge dry run outbox=%s claims=%s cutoff=%s",
@@ -213,6 +235,7 @@ def purge(
         skipped_locked=skipped,
         batches=outbox_batches + claim_batches + attempt_batches,
         attempts_deleted=attempts,
+        retention=retention,
     )
     level = logging.INFO if outbox or claims or skipped or attempts else logging.DEBUG
     logger.log(
@@ -227,6 +250,46 @@ def purge(
         claims_cutoff.isoformat(),
     )
     return result
+
+
+def retention_of(stream_max_age: timedelta | None = None) -> timedelta | None:
+    """How long the stream can still deliver a message: the longer of
+    ``RETENTION_DAYS`` and the stream's real max age (``stream_max_age``,
+    else read from the broker: ``broker.figures.stream_standing``); None
+    for a stream that keeps messages forever. Logged at WARNING when the
+    stream keeps them longer than ``RETENTION_DAYS`` (raised, or a stream
+    made before the setting was lowered). Raises ``BrokerUnavailable`` when
+    it has to ask NATS and NATS can't answer."""
+    setting = timedelta(days=float(conf.settings.RETENTION_DAYS))
+    if stream_max_age is None:
+        standing = stream_standing()
+        if not standing.exists:
+            return setting  # no stream, no message to deliver: a worker makes it with RETENTION_DAYS
+        seconds = standing.max_age_seconds
+        stream_max_age = timedelta.max if seconds is None else timedelta(seconds=seconds)
+    if stream_max_age > setting:
+        kept = (
+            "forever (no max age)"
+            if stream_max_age == timedelta.max
+            else f"{stream_max_age.total_seconds() / 86400:g} days"
+        )
+        logger.warning(
+            "purge keeps what the stream can still deliver: it keeps messages %s, longer than RETENTION_DAYS=%s, "
+            "so rows and claims younger than that stay (a re-created durable would meet them). `manage.py stream "
+            "update` can't shorten a stream's max age for you; see the docs' operating guide, 'Retention'.",
+            kept,
+            conf.settings.RETENTION_DAYS,
+        )
+        return None if stream_max_age == timedelta.max else stream_max_age
+    return setting
+
+
+def _before(now: datetime, age: timedelta | None) -> datetime:
+    """``now - age``; the earliest time there is for None (forever) or an age past it."""
+    try:
+        return now - age if age is not None else datetime.min.replace(tzinfo=UTC)
+    except OverflowError:
+        return datetime.min.replace(tzinfo=UTC)
 
 
 def _guards() -> dict[str, list[str]]:

@@ -176,9 +176,9 @@ class Relay:
         wiped store). Create it again rather than retrying into the void."""
         self.missing_stream = False
         try:
-            from django_platformkit.identity import database_identity
+            from django_platformkit.identity import database_identity, database_instance
 
-            self.transport.ensure_stream(owner=database_identity(self.using))
+            self.transport.ensure_stream(owner=database_identity(self.using), instance=database_instance(self.using))
         except Exception as exc:
             logger.error("relay: stream check failed error=%s", exc)
 

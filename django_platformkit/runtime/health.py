@@ -176,3 +176,45 @@ def beat_while(
             stop.wait(1.0)
 
     threading.Thread(target=beat, name="platformkit-start-up-health", daemon=True).start()
+
+
+class HealthReport:
+    """A worker's health file, if it has one: written every second while
+    the worker starts (``while_starting``: a broker or database it waits for
+    can take long, and a probe reads the file's age), then by the watchdog,
+    and a final state that says ``healthy: false, stopped: true`` with the
+    exit code, so a probe never reads "healthy" from a worker that has exited.
+
+    Args:
+        path: The file (None: no health file; every call does nothing).
+        snapshot: What the file says now, given a stuck subscription or None.
+        exit_code: The worker's exit code now (for the final state).
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str] | None,
+        snapshot: Callable[[str | None], dict[str, Any]],
+        exit_code: Callable[[], int],
+    ) -> None:
+        self.file = HealthFile(path) if path else None
+        self.snapshot = snapshot
+        self.exit_code = exit_code
+        # Re-entrant: the final write may come from a signal handler on a thread that holds it.
+        self.lock = threading.RLock()
+
+    def while_starting(self, starting: Callable[[], bool], stop: threading.Event) -> None:
+        if self.file is not None:
+            beat_while(starting, self.write, lock=self.lock, stop=stop)
+
+    def write(self, stuck: str | None = None, final: bool = False) -> None:
+        if self.file is None:
+            return
+        state = self.snapshot(stuck)
+        if final:
+            state.update(healthy=False, stopped=True, exit_code=self.exit_code())
+        self.file.write(state)
+
+    def final(self) -> None:
+        with self.lock, contextlib.suppress(Exception):
+            self.write(final=True)

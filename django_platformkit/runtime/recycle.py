@@ -9,8 +9,13 @@ one at once, with no crash backoff.
 
 from __future__ import annotations
 
+import logging
 import os
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
+
+logger = logging.getLogger(__name__)
 
 #: Exit status of a child that recycled itself (sysexits.h's EX_TEMPFAIL):
 #: not a crash, restart it at once.
@@ -52,3 +57,22 @@ class RecyclePolicy:
             if rss > self.max_memory_mib:
                 return f"rss_mib={rss:.0f} max_memory_per_process_mib={self.max_memory_mib:g}"
         return None
+
+    def wait(self, stop: threading.Event, handlings: Callable[[], int]) -> bool:
+        """Wait until ``stop`` is set or the process is due to recycle,
+        looking every ``RECYCLE_CHECK_SECONDS``.
+
+        Args:
+            stop: The worker's stop event.
+            handlings: The process's handlings so far.
+
+        Returns:
+            True when it is due (logged; the caller stops as SIGTERM stops,
+            then exits ``EXIT_RECYCLE``), False when ``stop`` was set first.
+        """
+        while not stop.wait(RECYCLE_CHECK_SECONDS):
+            why = self.reason(handlings())
+            if why is not None:
+                logger.info("worker recycling %s: finishing in-flight handlers, then exit=%s", why, EXIT_RECYCLE)
+                return True
+        return False

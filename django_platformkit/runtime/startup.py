@@ -1,8 +1,11 @@
-"""A worker's start-up: the broker reached, the stream made or checked (and
-its owner), each subscription's durable ensured - each waited out while it
-can't answer yet (JetStream starting, a cluster electing its leader, a
-database restarting), never a crash loop. Run-once modes (``--burst``,
-``runrelay --once``) give up after a bound instead, saying what is missing.
+"""A worker's start-up: the broker reached, the stream made or checked (its
+owner, the database instance holding it, its limits), each subscription's
+durable ensured - each waited out while it can't answer yet (JetStream
+starting, a cluster electing its leader, a database restarting), never a
+crash loop, and logged as one line, then one a minute (``WaitingLog``).
+``waiting`` says what it waits for, for the heartbeat: the worker's jobs
+and heartbeat run meanwhile. Run-once modes (``--burst``, ``runrelay
+--once``) give up after a bound instead, saying what is missing.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from collections.abc import Callable
 from django.db import connections
 
 from django_platformkit import conf
-from django_platformkit._retry import Backoff
+from django_platformkit._retry import Backoff, WaitingLog
 from django_platformkit.broker.port import Broker
 from django_platformkit.consume.subscriptions import Subscription
 from django_platformkit.exceptions import (
@@ -26,7 +29,7 @@ from django_platformkit.exceptions import (
     ConsumerNotFound,
     DatabaseUnavailable,
 )
-from django_platformkit.identity import database_identity
+from django_platformkit.identity import database_identity, database_instance
 from django_platformkit.outage import connect_timeout, database_location
 
 logger = logging.getLogger(__name__)
@@ -56,6 +59,11 @@ class StartUp:
         self.connect_timeout_seconds = connect_timeout_seconds
         #: Run-once modes: when start-up stops waiting (monotonic seconds), else None.
         self.give_up_at: float | None = None
+        #: What start-up waits for on the broker's side now, and why ("" while not waiting).
+        self.waiting = ""
+        #: This database's identity and instance, once read (``connect_and_ensure_stream``).
+        self.owner: str | None = None
+        self.instance: str | None = None
 
     def refuse_a_small_connection_pool(self, *, threads: int, relay_lanes: int, scheduler: bool) -> None:
         """Refuse a Django connection pool smaller than what the worker keeps at once.
@@ -118,23 +126,32 @@ class StartUp:
             False when stopped first.
         """
         self.give_up_at = time.monotonic() + self.connect_timeout_seconds if give_up else None
-        if not self.broker.connect_until(
-            self.stop_event, give_up_after_seconds=self.connect_timeout_seconds if give_up else None
-        ):
-            return False
-        # owner: refuse a stream another project's database owns (identity.py).
-        # Read first, on its own: a database that can't answer is named as
-        # the database, not as the stream.
-        owner: list[str] = []
-        self.retry_until_stopped(lambda: owner.append(database_identity(self.using)), "database")
+        where = f"NATS server at {conf.redact_url(self.broker.url)}"
+        self.retry_until_stopped(self.broker.connect, where, broker=True)
         if self.stop_event.is_set():
             return False
-        self.retry_until_stopped(lambda: self.broker.ensure_stream(owner=owner[0]), f"stream {conf.settings.STREAM}")
+
+        # owner: refuse a stream another project's database owns, or a live
+        # copy of this one holds (identity.py). Read first, on its own: a
+        # database that can't answer is named as the database, not as the stream.
+        def read_identity() -> None:
+            self.owner, self.instance = database_identity(self.using), database_instance(self.using)
+
+        self.retry_until_stopped(read_identity, "database")
+        if self.stop_event.is_set():
+            return False
+        self.retry_until_stopped(
+            lambda: self.broker.ensure_stream(owner=self.owner, instance=self.instance),
+            f"stream {conf.settings.STREAM}",
+            broker=True,
+        )
         return not self.stop_event.is_set()
 
     def ensure_durable(self, subscription: Subscription) -> None:
         """The subscription's durable, created or updated, waited out while the broker can't answer."""
-        self.retry_until_stopped(lambda: self._ensure_durable(subscription), f"durable {subscription.durable}")
+        self.retry_until_stopped(
+            lambda: self._ensure_durable(subscription), f"durable {subscription.durable}", broker=True
+        )
 
     def _ensure_durable(self, subscription: Subscription) -> None:
         """``Broker.ensure_consumer``, and a WARNING when that created the
@@ -172,24 +189,38 @@ class StartUp:
                 subscription.filter_subject,
             )
 
-    def retry_until_stopped(self, func: Callable[[], object], what: str) -> None:
+    def retry_until_stopped(self, func: Callable[[], object], what: str, *, broker: bool = False) -> None:
         """Call ``func`` until it returns or ``stop_event`` is set, waiting
-        out a broker or database that can't answer.
+        out a broker or database that can't answer; logged as one line,
+        then one a minute with the time waited, and the end.
+
+        Args:
+            func: The step.
+            what: What it waits for, in the log and ``waiting``.
+            broker: It waits for the broker's side (NATS, the stream, a
+                durable): ``waiting`` says so meanwhile, for the heartbeat.
 
         Raises:
             BrokerUnavailable: Past ``give_up_at`` (run-once modes), saying ``what`` is not available.
             ConsumerDrift: At once: waiting can't fix it.
         """
         delay = Backoff(START_UP_RETRY_FIRST_SECONDS, START_UP_RETRY_MAX_SECONDS)
-        while not self.stop_event.is_set():
-            try:
-                func()
-                return
-            except ConsumerDrift:
-                raise
-            except (BrokerUnavailable, DatabaseUnavailable, TimeoutError) as exc:
-                why = self.broker.redact(str(exc) or type(exc).__name__)
-                if self.give_up_at is not None and time.monotonic() + delay.current > self.give_up_at:
-                    raise BrokerUnavailable(f"the {what} is not available: {why}") from exc
-                logger.error("%s not available error=%s; retrying in %.1fs", what, why, delay.current)
-                self.stop_event.wait(delay.next())
+        waiting = WaitingLog(logger, what)
+        try:
+            while not self.stop_event.is_set():
+                try:
+                    func()
+                    waiting.done()
+                    return
+                except ConsumerDrift:
+                    raise
+                except (BrokerUnavailable, DatabaseUnavailable, TimeoutError) as exc:
+                    why = self.broker.redact(str(exc) or type(exc).__name__)
+                    if self.give_up_at is not None and time.monotonic() + delay.current > self.give_up_at:
+                        raise BrokerUnavailable(f"the {what} is not available: {why}") from exc
+                    if broker:
+                        self.waiting = f"{what}: {why}"
+                    waiting.failed(why, meanwhile="jobs and the heartbeat run meanwhile; nothing is lost")
+                    self.stop_event.wait(delay.next())
+        finally:
+            self.waiting = ""

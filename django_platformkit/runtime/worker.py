@@ -4,7 +4,11 @@ one broker connection.
 The worker is given its parts and owns their lifecycle: ``StartUp``
 (``startup.py``: the broker, the stream and the durables made ready), the
 ``ConsumerPool`` (``consume/pool.py``: how deliveries reach handlers), the
-relay and the scheduler, and the watchdog and health file (``health.py``).
+relay and the scheduler, the ``StreamWatch`` (``streamwatch.py``: the
+stream's standing while it runs), and the watchdog, heartbeat and health
+file (``health.py``, ``heartbeat.py``). The heartbeat and the scheduler
+start first and never wait for the broker: jobs need only PostgreSQL, and a
+worker waiting for NATS says so on its heartbeat row.
 
 Stopping is cooperative: SIGTERM or SIGINT stops pulling, NAKs at once what
 was fetched and not started, lets in-flight units finish and ack, and exits
@@ -18,7 +22,6 @@ one process and N consumer processes under one parent (``runworker
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import os
@@ -27,7 +30,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from django.db import connections
@@ -39,12 +42,16 @@ from django_platformkit.consume.consumer import Consumer
 from django_platformkit.consume.pool import ConsumerPool, Lane, pool_thread_count
 from django_platformkit.consume.subscriptions import Subscription
 from django_platformkit.consume.subscriptions import subscriptions as registered_subscriptions
+from django_platformkit.exceptions import ConfigurationError
 from django_platformkit.outbox.relay import Relay, RelayStats
 from django_platformkit.runtime import burst
-from django_platformkit.runtime.health import HealthFile, Watchdog, beat_while
+from django_platformkit.runtime.clockside import ClockSide
+from django_platformkit.runtime.health import HealthReport, Watchdog
 from django_platformkit.runtime.heartbeat import Heartbeat
-from django_platformkit.runtime.recycle import EXIT_RECYCLE, RECYCLE_CHECK_SECONDS, RecyclePolicy
+from django_platformkit.runtime.recycle import EXIT_RECYCLE, RecyclePolicy
 from django_platformkit.runtime.startup import StartUp
+from django_platformkit.runtime.streamwatch import StreamWatch
+from django_platformkit.runtime.threads import Threads
 
 logger = logging.getLogger(__name__)
 
@@ -109,7 +116,9 @@ class Worker:
         self.burst = burst
         self.burst_timeout_seconds = burst_timeout_seconds
         self.subscriptions = list(registered_subscriptions() if subscriptions is None else subscriptions)
-        self.health_file = HealthFile(health_file) if health_file else None
+        self.exit_code = 0
+        self.threads = Threads(on_crash=self._crash)
+        self.health_file = HealthReport(health_file, self.health, lambda: self.exit_code)
         self.stop_event = threading.Event()
         self.start_up = StartUp(
             self.transport,
@@ -117,20 +126,32 @@ class Worker:
             stop_event=self.stop_event,
             connect_timeout_seconds=connect_timeout_seconds,
         )
-        self.pool = ConsumerPool(self.transport, [], using=self.using, stop_event=self.stop_event, spawn=self._spawn)
+        self.pool = ConsumerPool(
+            self.transport, [], using=self.using, stop_event=self.stop_event, spawn=self.threads.spawn
+        )
         self.relay: Relay | None = None
-        self.exit_code = 0
-        self._threads: list[threading.Thread] = []
         self._started = time.monotonic()
-        self._scheduler: Any = None
         self._watchdog_thread: threading.Thread | None = None
         self._threads_done = threading.Event()
         self.job_names = None if jobs is None else list(jobs)  # None: every registered job
         self._starting = True
-        # Re-entrant: the final write may come from a signal handler on a thread that holds it.
-        self._health_lock = threading.RLock()
         self._crashed: str | None = None
         self.recycle = recycle
+        self.watch = StreamWatch(self.transport, refuse=self._refuse, stop=self.stop_event)
+        # The admin overview's "workers seen", from before the broker is reached.
+        self.heartbeat = Heartbeat([s.name for s in self.subscriptions] if consumers else [], using=self.using)
+        self.clock_side = ClockSide(
+            self.heartbeat,
+            broker=self.transport,
+            start_up=self.start_up,
+            starting=lambda: self._starting,
+            contest=lambda: self.watch.contest,
+            stop=self.stop_event,
+            spawn=self.threads.spawn,
+            scheduler=self.want_scheduler,
+            jobs=self.job_names,
+            using=self.using,
+        )
 
     @property
     def consumers(self) -> list[Consumer]:
@@ -142,18 +163,24 @@ class Worker:
         def handle(signum: int, frame: Any) -> None:
             name = signal.Signals(signum).name
             if self._starting:
-                # Nothing is fetched or running yet: nothing to finish. Leave now
-                # rather than after a connect or durable check that may take long.
-                logger.info("worker stopping signal=%s during start-up: nothing in flight; exit=0", name)
                 self.stop_event.set()
-                self._write_final_health()
+                if self.clock_side.scheduler is not None:
+                    # Jobs may be running: start-up's waits end at once, the jobs get their grace.
+                    logger.info("worker stopping signal=%s during start-up: letting running jobs finish", name)
+                    return
+                # Nothing is fetched or running yet: nothing to finish. Leave now
+                # rather than after a connect or durable check that may take long
+                # (the heartbeat's thread writes the stopped row first, briefly).
+                logger.info("worker stopping signal=%s during start-up: nothing in flight; exit=0", name)
+                self.clock_side.join_heartbeat(2.0)
+                self.health_file.final()
                 logging.shutdown()
                 os._exit(0)
             if self.stop_event.is_set():
                 # Asked twice: the operator means it. In-flight transactions roll
                 # back with the connections; their messages are redelivered.
                 logger.warning("worker stopping now signal=%s (second request): in-flight handlers are abandoned", name)
-                self._write_final_health()
+                self.health_file.final()
                 logging.shutdown()
                 os._exit(1)
             logger.info("worker stopping signal=%s: finishing in-flight handlers (send it again to stop at once)", name)
@@ -171,35 +198,39 @@ class Worker:
         Returns:
             The exit code: 0, ``EXIT_CRASHED``, or 1 for a burst not drained in time.
         """
-        self._start_up_health()
+        self.health_file.while_starting(lambda: self._starting, self.stop_event)
         try:
             self.refuse_a_small_connection_pool()
+            self.clock_side.start()  # jobs and the heartbeat need only PostgreSQL: they never wait for NATS
             # A burst is a script's step: fail it rather than wait forever for a broker.
             if not self.start_up.connect_and_ensure_stream(give_up=self.burst):
                 return self._stopped_in_start_up()
+            self.heartbeat.instance = self.start_up.instance or ""
+            self.watch.owner, self.watch.instance = self.start_up.owner, self.start_up.instance
             if self.want_consumers:
                 lanes = []
+                make = functools.partial(
+                    Consumer,
+                    broker=self.transport,
+                    using=self.using,
+                    stop=self.stop_event,
+                    contested=self.watch.contested,
+                )
                 for subscription in self.subscriptions:
                     self.start_up.ensure_durable(subscription)
-                    consumers = [
-                        Consumer(
-                            subscription, self.transport, using=self.using, stop=self.stop_event, instance=instance
-                        )
-                        for instance in range(subscription.concurrency)
-                    ]
+                    consumers = [make(subscription, instance=i) for i in range(subscription.concurrency)]
                     lanes.append(Lane(subscription, consumers, using=self.using))
                 self.pool = ConsumerPool(
-                    self.transport, lanes, using=self.using, stop_event=self.stop_event, spawn=self._spawn
+                    self.transport, lanes, using=self.using, stop_event=self.stop_event, spawn=self.threads.spawn
                 )
             if self.stop_event.is_set():
                 return self._stopped_in_start_up()
-        except BaseException:
-            self._write_final_health()
-            self.transport.close()
+        except ConfigurationError as exc:
+            self._end_start_up(refused=str(exc))
             raise
-        self.heartbeat = Heartbeat(
-            [s.name for s in self.subscriptions] if self.want_consumers else [], using=self.using
-        )  # the admin overview's "workers seen"
+        except BaseException:
+            self._end_start_up()
+            raise
         logger.info(
             "worker started pid=%s relay=%s subscriptions=%s threads=%s batch_size=%s scheduler=%s burst=%s loop=%s",
             os.getpid(),
@@ -222,11 +253,7 @@ class Worker:
         return self.exit_code
 
     def refuse_a_small_connection_pool(self) -> None:
-        """``StartUp.refuse_a_small_connection_pool`` with this worker's handler threads, relay lanes and scheduler.
-
-        Raises:
-            ConfigurationError: Django's connection pool is smaller than this worker keeps at once.
-        """
+        """``StartUp.refuse_a_small_connection_pool`` (``ConfigurationError``) with this worker's threads."""
         self.start_up.refuse_a_small_connection_pool(
             threads=pool_thread_count(self.subscriptions) if self.want_consumers else 0,
             relay_lanes=int(conf.settings.RELAY_LANES) if self.want_relay else 0,
@@ -235,15 +262,12 @@ class Worker:
 
     def relay_once(self) -> RelayStats | None:
         """One relay pass on this worker's start-up path (``runrelay --once``):
-        connect and ensure the stream as ``run()`` does - giving up after
-        ``connect_timeout_seconds`` with ``BrokerUnavailable`` saying what is
-        not available - relay what is due now, close. Returns the pass's
-        ``RelayStats`` (``temporary``: rows left pending by a refusal worth
-        retrying; ``deferred``: pending rows not due yet), or None when
-        stopped during start-up. A database it can't reach raises
-        ``DatabaseUnavailable`` after one attempt (see
-        ``_reach_the_database_once``); a database error of the pass
-        propagates; the rows it concerns stay pending."""
+        connect and ensure the stream as ``run()`` does (``BrokerUnavailable``
+        after ``connect_timeout_seconds``), relay what is due now, close.
+        Returns the pass's ``RelayStats`` (``deferred``: pending rows not due
+        yet), or None when stopped during start-up. An unreachable database
+        raises ``DatabaseUnavailable`` after one attempt; a database error of
+        the pass propagates; the rows it concerns stay pending."""
         try:
             self.start_up.reach_the_database_once()
             if not self.start_up.connect_and_ensure_stream(give_up=True):
@@ -259,10 +283,28 @@ class Worker:
             connections.close_all()
 
     def _stopped_in_start_up(self) -> int:
-        logger.info("worker stopped during start-up exit=0")
-        self._write_final_health()
+        logger.info("worker stopped during start-up exit=%s", self.exit_code)
+        self._end_start_up()
+        return self.exit_code
+
+    def _end_start_up(self, refused: str = "") -> None:
+        """Start-up ends without running: stop the clock side (jobs get
+        their grace), write the heartbeat's stopped row (``refused``: why the
+        stream was refused, and the fix) and the final health state."""
+        self.heartbeat.refusal = refused
+        self.stop_event.set()
+        self.threads.join()
+        self.clock_side.join_heartbeat()
+        self.health_file.final()
         self.transport.close()
-        return 0
+
+    def _refuse(self, text: str) -> None:
+        """The ``StreamWatch`` found the stream refused while running: stop as start-up would have refused it."""
+        logger.critical("stream refused while running: %s; stopping exit=%s", text, EXIT_CRASHED)
+        self.heartbeat.refusal = text
+        self.exit_code = EXIT_CRASHED
+        self.stop_event.set()
+        self.pool.notify_stopping()
 
     def _shutdown(self) -> None:
         self._starting = False
@@ -273,16 +315,14 @@ class Worker:
         # The watchdog keeps watching until the others are done: a handler
         # stuck past its timeout + grace still ends the process (status 3)
         # instead of hanging the shutdown forever.
-        for thread in self._threads:
-            if thread is not self._watchdog_thread:
-                thread.join()
+        self.threads.join(but=self._watchdog_thread)
         self.pool.hand_back_queued()  # again: a puller whose stop timed out may have delivered since
         self._threads_done.set()
         if self._watchdog_thread is not None:
             self._watchdog_thread.join()
         self.transport.close()
         connections.close_all()
-        self._write_final_health()
+        self.health_file.final()
         logger.info(
             "worker stopped exit=%s uptime=%.0fs totals %s",
             self.exit_code,
@@ -298,21 +338,7 @@ class Worker:
         return {str(key): value for key, value in totals.items()}
 
     # -- threads --
-    def _spawn(self, name: str, target: Callable[[], object]) -> threading.Thread:
-        thread = threading.Thread(target=self._guard, args=(name, target), name=name, daemon=True)
-        thread.start()
-        self._threads.append(thread)
-        return thread
-
-    def _guard(self, name: str, target: Callable[[], object]) -> None:
-        try:
-            target()
-        except BaseException as exc:
-            self._crash(name, exc)
-        finally:
-            connections.close_all()
-
-    def _crash(self, name: str, exc: BaseException | None) -> None:
+    def _crash(self, name: str, exc: BaseException) -> None:
         # Never a live process that no longer consumes: stop everything and
         # exit non-zero so the supervisor starts a fresh one.
         logger.critical(
@@ -373,33 +399,12 @@ class Worker:
             "time": time.time(),
         }
 
-    def _start_up_health(self) -> None:
-        """With a health file: write it every second while the worker starts
-        (``"starting": true``, not healthy) - a broker or database it waits
-        for can take long, and a probe reads the file's age. The watchdog
-        takes over once the worker runs."""
-        if self.health_file is not None:
-            beat_while(lambda: self._starting, self._write_health, lock=self._health_lock, stop=self.stop_event)
-
-    def _write_health(self, stuck: str | None = None, final: bool = False) -> None:
-        if self.health_file is None:
-            return
-        state = self.health(stuck)
-        if final:
-            state.update(healthy=False, stopped=True, exit_code=self.exit_code)
-        self.health_file.write(state)
-
     def _write_watchdog_health(self, stuck: str | None, exit_code: int | None) -> None:
         # exit_code: the watchdog is about to end the process (os._exit), so
         # this is the last state a probe will read: stopped, with the code.
         if exit_code is not None:
             self.exit_code = exit_code
-        self._write_health(stuck=stuck, final=exit_code is not None)
-
-    def _write_final_health(self) -> None:
-        # A probe must never read "healthy" from a worker that has exited.
-        with self._health_lock, contextlib.suppress(Exception):
-            self._write_health(final=True)
+        self.health_file.write(stuck=stuck, final=exit_code is not None)
 
     def _run_forever(self) -> None:
         self._starting = False  # from here a signal stops gracefully: units may be in flight
@@ -407,29 +412,18 @@ class Worker:
             sys.setswitchinterval(min(sys.getswitchinterval(), SHARED_SWITCH_INTERVAL_SECONDS))
         if self.want_relay:
             self.relay = Relay(self.transport, using=self.using)
-            self._spawn("platformkit-relay", functools.partial(self.relay.run, self.stop_event))
+            self.threads.spawn("platformkit-relay", functools.partial(self.relay.run, self.stop_event))
         self.pool.start()
-        if self.want_scheduler:
-            from django_platformkit.jobs.scheduler import Scheduler
-
-            self._scheduler = Scheduler(using=self.using, jobs=self.job_names)
-            self._spawn("platformkit-scheduler", functools.partial(self._scheduler.run, self.stop_event))
-        self._watchdog_thread = self._spawn("platformkit-watchdog", self._watchdog)
-        check = 0.5 if self.recycle is None else RECYCLE_CHECK_SECONDS
-        while not self.stop_event.wait(check):
-            if self.recycle is not None:
-                self._recycle_when_due(self.recycle)
-
-    def _recycle_when_due(self, recycle: RecyclePolicy) -> None:
-        """Past the recycle policy: stop as SIGTERM stops (nothing more is
-        fetched, what was fetched and not started is handed back uncounted,
-        in-flight units finish and ack), then exit ``EXIT_RECYCLE``."""
-        why = recycle.reason(sum(sum(consumer.counts.values()) for consumer in self.consumers))
-        if why is None:
-            return
-        logger.info("worker recycling %s: finishing in-flight handlers, then exit=%s", why, EXIT_RECYCLE)
-        self.exit_code = EXIT_RECYCLE
-        self.stop_event.set()
+        self.threads.spawn("platformkit-stream-watch", self.watch.run)
+        self._watchdog_thread = self.threads.spawn("platformkit-watchdog", self._watchdog)
+        if self.recycle is None:
+            while not self.stop_event.wait(0.5):
+                pass
+        elif self.recycle.wait(self.stop_event, lambda: sum(sum(c.counts.values()) for c in self.consumers)):
+            # As SIGTERM stops: nothing more is fetched, what was fetched and not
+            # started is handed back uncounted, in-flight units finish and ack.
+            self.exit_code = EXIT_RECYCLE
+            self.stop_event.set()
 
     # -- burst --
     def _run_burst(self) -> None:
@@ -437,7 +431,7 @@ class Worker:
         self._starting = False
         self.relay = Relay(self.transport, using=self.using) if self.want_relay else None
         self.pool.start()
-        self._watchdog_thread = self._spawn("platformkit-watchdog", self._watchdog)
+        self._watchdog_thread = self.threads.spawn("platformkit-watchdog", self._watchdog)
         not_drained = burst.drain(
             relay=self.relay,
             pool=self.pool,

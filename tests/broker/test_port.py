@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import pytest
 from nats.js import api
 
+from django_platformkit import conf
 from django_platformkit.broker.memory import InMemoryTransport
 from django_platformkit.broker.port import Broker
 from django_platformkit.broker.streams import consumer_config
@@ -31,10 +32,13 @@ from django_platformkit.wire import OutgoingMessage, PublishOutcome, durable_nam
 
 @dataclass
 class Side:
-    """One broker under test, and how to let time pass on its clock."""
+    """One broker under test, how to let time pass on its clock, and how an
+    operator would edit its stream (``nats stream edit``; a retention, which
+    NATS can't change in place, by making the stream again)."""
 
     broker: Broker
     elapse: Callable[[float], None]
+    edit: Callable[..., None]
 
 
 @pytest.fixture(params=["nats", "memory"])
@@ -43,14 +47,29 @@ def side(request, broker) -> Iterator[Side]:
     if request.param == "nats":
         transport = Transport()
         transport.connect()
-        tested = Side(transport, time.sleep)
+        tested = Side(transport, time.sleep, lambda **settings: edit_nats_stream(transport, settings))
     else:
         memory = InMemoryTransport(auto_advance=False)
-        tested = Side(memory, memory.clock.advance)
+        tested = Side(memory, memory.clock.advance, memory.edit_stream)
     try:
         yield tested
     finally:
         tested.broker.close()
+
+
+def edit_nats_stream(transport: Transport, settings: dict) -> None:
+    async def edit():
+        js = transport.connection.js
+        config = (await js.stream_info(conf.settings.STREAM)).config
+        for key, value in settings.items():
+            setattr(config, key, api.RetentionPolicy(value) if key == "retention" else value)
+        if "retention" in settings:
+            await js.delete_stream(config.name)
+            await js.add_stream(config)
+        else:
+            await js.update_stream(config)
+
+    transport.connection.call(edit(), timeout=10)
 
 
 def durable(name: str = "testapp.port", event: str = "testapp.flaky", **changes) -> api.ConsumerConfig:
@@ -80,6 +99,55 @@ def test_the_stream_is_made_once_and_refused_to_another_owner(side):
     b.ensure_stream(owner=ours)  # again: nothing changes
     with pytest.raises(ConfigurationError, match=theirs):
         b.ensure_stream(owner=theirs)
+
+
+@pytest.mark.parametrize(
+    ("setting", "value"),
+    [
+        ("max_msgs", 300),
+        ("max_bytes", 200_000),
+        ("max_msgs_per_subject", 1),
+        ("retention", "interest"),
+        ("retention", "workqueue"),
+    ],
+)
+def test_a_stream_whose_limits_could_discard_unhandled_events_is_refused_naming_the_limit_and_its_fix(
+    side, setting, value
+):
+    b = side.broker
+    ours = str(uuid.uuid4())
+    b.ensure_stream(owner=ours, instance="1:1")
+    side.edit(**{setting: value})
+    with pytest.raises(ConfigurationError) as refused:
+        b.ensure_stream(owner=ours, instance="1:1")
+    text = str(refused.value)
+    assert f"{setting}={value}" in text and "could discard events no subscription has handled" in text
+    assert ("manage.py stream update" if setting != "retention" else "manage.py stream reset --yes") in text
+    standing = b.stream_standing(owner=ours, instance="1:1")
+    assert standing.refused and [p.setting for p in standing.problems] == [setting]
+
+
+def test_a_live_copy_of_the_holder_is_refused_and_the_holder_learns_it_is_contested(side):
+    b = side.broker
+    ours = str(uuid.uuid4())
+    b.ensure_stream(owner=ours, instance="42:1")  # production
+    with pytest.raises(ConfigurationError, match="held by another live database with this database's identity"):
+        b.ensure_stream(owner=ours, instance="42:2")  # its staging copy (CREATE DATABASE ... TEMPLATE)
+    held = b.stream_standing(owner=ours, instance="42:1")
+    assert held.contested and not held.refused and "42:2" in held.text
+    copy = b.stream_standing(owner=ours, instance="42:2")
+    assert copy.refused and not copy.contested
+    assert held.tenure.instance == "42:1" and held.tenure.contender == "42:2"
+
+
+def test_the_standing_says_when_there_is_no_stream_and_reports_the_real_max_age(side):
+    b = side.broker
+    ours = str(uuid.uuid4())
+    assert not b.stream_standing(owner=ours, instance="1:1").exists
+    b.ensure_stream(owner=ours, instance="1:1")
+    side.edit(max_age=7 * 86400.0)
+    standing = b.stream_standing(owner=ours, instance="1:1")
+    assert standing.exists and not standing.refused and standing.max_age_seconds == 7 * 86400.0
 
 
 def test_a_publish_is_stored_in_order_and_a_resend_of_its_id_is_a_duplicate_not_a_copy(side):

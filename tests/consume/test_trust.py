@@ -123,3 +123,37 @@ def test_any_bytes_on_our_subjects_end_as_malformed_dead_letters_and_the_consume
     assert DeadLetter.objects.filter(name="(malformed)", subscription=sub.name).count() == 4
     nested = DeadLetter.objects.filter(error__contains="RecursionError").get()
     assert "cannot decode" in nested.error
+
+
+def test_while_the_identity_is_contested_a_message_not_in_this_outbox_is_handed_back_not_terminated(
+    transport, monkeypatch
+):
+    """A staging copy of this database (same identity) tried the stream: a
+    message this outbox doesn't know may be the copy's, or written after the
+    copy was made. Terminated, it would be gone from the shared durable for
+    whichever database it belongs to; handed back, nothing is lost - and once
+    the contest is over it is recorded as malformed as before."""
+    import threading
+
+    from django_platformkit.consume import settle
+    from django_platformkit.wire import HandlingOutcome
+
+    monkeypatch.setattr(settle, "CONTESTED_REDELIVERY_SECONDS", 1.0)  # 30 s in life: one look at the stream
+
+    seen, sub = recording("testapp.trusting")
+    stranger = uuid.uuid4()
+    transport.publish_raw(
+        subject_for("testapp.order_placed", None), envelope(stranger, "testapp.order_placed", {"n": 1})
+    )
+    contested = threading.Event()
+    contested.set()
+    consumer = Consumer(sub, transport, contested=contested)
+    consumer.ensure()
+    (delivery,) = wait_for(lambda: transport.fetch(sub.durable, 10, timeout=0.5), what="the delivery")
+    assert consumer.handle([delivery]) == [HandlingOutcome.HANDED_BACK]
+    assert seen == [] and not DeadLetter.objects.exists()
+    assert transport.consumer_info(sub.durable).num_ack_pending == 1  # naked with a delay: not termed
+    contested.clear()  # the copy stopped trying
+    (again,) = wait_for(lambda: transport.fetch(sub.durable, 10, timeout=0.5), what="the redelivery")
+    assert consumer.handle([again]) == [HandlingOutcome.MALFORMED]
+    assert DeadLetter.objects.get().error.endswith(NOT_IN_OUTBOX)

@@ -19,6 +19,17 @@ from tests.conftest import tables
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
+def operator(username, *, active=True, permitted=True):
+    """A Django user as ``--actor`` names one: active, holding the permission
+    the admin's Replay and Discard need (unless told otherwise)."""
+    from django.contrib.auth.models import Permission, User
+
+    user = User.objects.create_user(username, is_active=active)
+    if permitted:
+        user.user_permissions.add(Permission.objects.get(codename="replay_deadletter"))
+    return user
+
+
 def run(*args, **options):
     out, err = io.StringIO(), io.StringIO()
     call_command("deadletters", *args, stdout=out, stderr=err, **options)
@@ -81,6 +92,7 @@ def test_replay_by_subscription_and_since_replays_exactly_the_matching_rows(dead
 
 
 def test_replay_takes_dead_letter_ids_and_event_ids_and_an_actor(dead):
+    operator("alice")
     out = run("replay", str(dead["ids"][dead["other"]]), str(dead["old"]), "--reason", "retry", "--actor", "alice")
     assert "replayed=2 refused=0 actor=alice" in out
     assert set(DeadLetter.objects.values_list("event_id", flat=True)) == {dead["new"]}
@@ -265,6 +277,7 @@ def test_without_a_name_for_the_os_user_replay_says_to_pass_actor_not_a_tracebac
         run(*args)
     assert tables() == before
     # With --actor it works.
+    operator("alice")
     out = run(*args, "--actor", "alice")
     assert ("would replay 1" in out) if dry_run else ("replayed=1 refused=0 actor=alice" in out)
 
@@ -290,6 +303,7 @@ def test_with_skip_checks_a_subscription_only_the_urlconf_imports_is_known(broke
             error="RuntimeError: boom",
             traceback="",
         )
+    operator("ops")
     output = url_only_command(
         broker,
         *("deadletters", "--skip-checks", verb, "--subscription", "testapp.url_only"),
@@ -340,9 +354,8 @@ def test_an_actor_that_is_a_user_gets_the_admin_history_the_admins_own_action_wr
     outbox row; the command left none, so the History pages missed what an
     operator did from a shell."""
     from django.contrib.admin.models import CHANGE, DELETION
-    from django.contrib.auth.models import User
 
-    User.objects.create_user("olga")
+    operator("olga")
     replayed, discarded = dead["ids"][dead["new"]], dead["ids"][dead["other"]]
     assert "replayed=1 refused=0 actor=olga" in run("replay", str(replayed), "--reason", "fixed", "--actor", "olga")
     assert "discarded=1 refused=0 actor=olga" in run(
@@ -368,21 +381,43 @@ def test_an_actor_that_is_a_user_gets_the_admin_history_the_admins_own_action_wr
     }
 
 
-def test_an_actor_that_is_no_user_still_acts_and_writes_no_admin_history(dead):
-    from django.contrib.auth.models import User
+@pytest.mark.parametrize("verb", ["replay", "discard"])
+@pytest.mark.parametrize(
+    ("actor", "why"),
+    [
+        ("pager-bot", "no such user"),  # accepted before, with no LogEntry: any name acted
+        ("ivan", "the user is inactive"),
+        ("nora", "lacks the permission 'django_platformkit.replay_deadletter'"),
+    ],
+)
+def test_an_actor_who_is_not_an_active_user_holding_the_permission_is_refused_and_nothing_is_written(
+    dead, verb, actor, why
+):
+    """The admin's Replay and Discard need an active user with the
+    permission; the command wrote the admin's LogEntry as any user - one
+    without the permission, an inactive one - and took an unknown name."""
+    from django.contrib.admin.models import LogEntry
 
-    User.objects.create_user("olga")
-    out = run("replay", str(dead["ids"][dead["new"]]), "--reason", "fixed", "--actor", "pager-bot")
-    assert "replayed=1 refused=0 actor=pager-bot" in out
-    assert not DeadLetter.objects.filter(event_id=dead["new"]).exists()
-    # A dry run, a refusal and an OS-user default write none either.
+    operator("ivan", active=False)
+    operator("nora", permitted=False)
+    before = tables()
+    for dry_run in ([], ["--dry-run"]):
+        with pytest.raises(CommandError) as refused:
+            run(verb, str(dead["ids"][dead["new"]]), "--reason", "fixed", "--actor", actor, *dry_run)
+        assert str(refused.value).startswith(f"deadletters {verb} --actor {actor}: refused, nothing written: ")
+        assert why in str(refused.value)
+    assert tables() == before
+    assert not LogEntry.objects.exists()
+
+
+def test_a_dry_run_and_a_refused_replay_write_no_admin_history(dead):
+    operator("olga")
     run("discard", str(dead["ids"][dead["other"]]), "--reason", "r", "--actor", "olga", "--dry-run")
     DeadLetter.objects.filter(event_id=dead["old"]).update(subscription="retired.old_handler")
     with pytest.raises(CommandError, match="1 of 1 dead letter"):
         run("replay", str(dead["ids"][dead["old"]]), "--reason", "r", "--actor", "olga")
     assert _history() == {}
-    audit = OutboxEvent.objects.filter(name="platformkit.event_replayed").get()
-    assert audit.payload["actor"] == "pager-bot"
+    assert not OutboxEvent.objects.filter(name="platformkit.event_replayed").exists()
 
 
 def test_list_and_show_print_control_characters_escaped_not_as_terminal_escapes():

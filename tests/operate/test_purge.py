@@ -23,6 +23,13 @@ from django_platformkit.operate.purge import purge
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
+@pytest.fixture(autouse=True)
+def own_stream_namespace(broker):
+    """A stream name of this test's own (``broker``): the purge reads the
+    stream's real max age from NATS, and a stream another test made must not
+    decide this one's retention. No stream exists until a test makes one."""
+
+
 def add_event(*, published_days_ago: float | None, created_days_ago: float = 10.0) -> uuid.UUID:
     """One outbox row, backdated by the database clock; ``None``: pending."""
     event_id = uuid.uuid4()
@@ -311,6 +318,56 @@ def test_purge_older_than_one_second_then_a_durable_re_created_handles_nothing_t
         )
     run_worker(subscriptions=subscribers)
     assert sorted(Effect.objects.values_list("subscription", "event_id")) == before
+
+
+def test_a_lowered_retention_days_purges_nothing_the_stream_can_still_deliver(transport, run_worker, settings):
+    """Issue 27: RETENTION_DAYS lowered on an existing stream is only a
+    drift warning - the stream keeps its longer max age - and the purge went
+    by the setting: a re-created durable met the purged rows and claims, and
+    50 of 50 events became "(malformed) ... purged" dead letters."""
+    from django.db import transaction
+
+    from django_platformkit import publish
+    from django_platformkit.consume.subscriptions import subscriptions
+    from tests.testapp.models import Effect
+
+    subscribers = [s for s in subscriptions() if s.name in ("testapp.record_order", "testapp.count_order")]
+    with transaction.atomic():
+        for n in range(50):
+            publish("testapp.order_placed", {"n": n})
+    run_worker(subscriptions=subscribers)  # the stream: max age 7 days (RETENTION_DAYS)
+    before = sorted(Effect.objects.values_list("subscription", "event_id"))
+    assert len(before) == 50 * len(subscribers)
+    with connection.cursor() as cursor:  # two days pass
+        cursor.execute(
+            "UPDATE platformkit_outbox SET created_at = created_at - interval '2 days', "
+            "published_at = published_at - interval '2 days'"
+        )
+        cursor.execute("UPDATE platformkit_handled SET handled_at = handled_at - interval '2 days'")
+    settings.PLATFORMKIT = dict(settings.PLATFORMKIT, RETENTION_DAYS=1)
+    out = StringIO()
+    call_command("purgeoutbox", stdout=out)
+    assert out.getvalue().startswith("deleted outbox=0 claims=0 ")
+    assert OutboxEvent.objects.count() == 50
+    for subscription in subscribers:  # re-created: it delivers every retained message again
+        transport.upkeep.delete_durables([subscription.durable])
+    run_worker(subscriptions=subscribers)
+    assert not DeadLetter.objects.exists(), list(DeadLetter.objects.values_list("name", "error")[:3])
+    assert sorted(Effect.objects.values_list("subscription", "event_id")) == before
+
+
+def test_without_an_answer_from_nats_the_purge_deletes_nothing(settings):
+    from django_platformkit.devservices import free_port
+
+    goes = add_event(published_days_ago=30)
+    settings.PLATFORMKIT = dict(settings.PLATFORMKIT, NATS_URL=f"nats://127.0.0.1:{free_port()}")
+    with pytest.raises(CommandError, match=r"^nothing was deleted: .* can't read the stream's max age now"):
+        call_command("purgeoutbox", stdout=StringIO())
+    jobs_purge = next(spec for spec in jobs() if spec.name == PURGE_JOB)
+    jobs_purge.func()  # the hourly job skips, with a WARNING: next hour tries again
+    assert goes in outbox_ids()
+    # A caller that knows the stream's max age needs no broker.
+    assert purge(stream_max_age=timedelta(days=7)).outbox_deleted == 1
 
 
 def transport_stream() -> str:

@@ -214,10 +214,43 @@ def test_runrelay_metrics_port_serves_metrics_from_a_real_process(broker):
 
         wait_for(relayed, timeout=60, what="runrelay's /metrics to show 3 relayed")
         assert scrape(port)[("platformkit_outbox_pending", ())] == OutboxEvent.objects.pending().count() == 0
+        assert listening_on(process.pid, port) == {"127.0.0.1"}  # the documented default: this machine only
     finally:
         process.terminate()
         _, err = process.communicate(timeout=30)
     assert process.returncode == 0, err.decode()
+
+
+def listening_on(pid: int, port: int) -> set[str]:
+    import psutil
+
+    return {
+        c.laddr.ip for c in psutil.Process(pid).net_connections("tcp") if c.status == "LISTEN" and c.laddr.port == port
+    }
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "127.0.0.1"])
+def test_metrics_host_chooses_the_address_metrics_listen_on(broker, host):
+    """``--metrics-port`` bound every interface with no way to choose (issue 27)."""
+    from django_platformkit.devservices import free_port
+
+    port = free_port()
+    process = manage(
+        "runrelay",
+        "--metrics-port",
+        str(port),
+        "--metrics-host",
+        host,
+        env=worker_env(broker),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        wait_for(lambda: listening_on(process.pid, port), timeout=60, what="the metrics listener")
+        assert listening_on(process.pid, port) == {host}
+    finally:
+        process.terminate()
+        process.communicate(timeout=30)
 
 
 def test_metrics_port_taken_is_a_clear_command_error(broker):

@@ -127,7 +127,9 @@ def test_sigterm_during_start_up_exits_0_promptly_with_a_log_line_and_a_final_he
             "runworker", "--no-jobs", "--health-file", str(health), env=env, stdout=out, stderr=subprocess.STDOUT
         )
     try:
-        wait_for(lambda: "nats unreachable" in log.read_text(), timeout=60, what="the worker waiting for NATS")
+        wait_for(
+            lambda: "waiting for NATS server at" in log.read_text(), timeout=60, what="the worker waiting for NATS"
+        )
         # While it waits, the health file says so, and is rewritten every second (a probe reads its age).
         wait_for(lambda: health.exists(), timeout=10, what="the health file during start-up")
         first = json.loads(health.read_text())

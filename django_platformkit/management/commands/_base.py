@@ -1,5 +1,5 @@
 """What every command shares: ``--verbosity`` mapped to the package's logging,
-``--metrics-port``, the refusal of a number option that can't mean anything
+``--metrics-port`` and ``--metrics-host``, the refusal of a number option that can't mean anything
 (in ``handle()``, so ``call_command`` is refused too), the reading of ages
 (``12h``) and points in time (``2h`` ago, or ISO 8601), and a complete
 registry of subscriptions and events whether or not the checks ran."""
@@ -162,11 +162,35 @@ def tcp_port(option: str, value: Any) -> Any:
     return value
 
 
-def start_metrics(port: int, **kwargs: Any) -> Any:
-    """``--metrics-port PORT``: serve ``/metrics`` from this process (see
-    ``django_platformkit.runtime.metrics.serve_metrics`` for ``kwargs``). Raises
-    ``CommandError`` saying what to do when prometheus-client is missing,
-    the port is out of range or taken."""
+#: ``--metrics-host``'s default: this machine only. In a container whose
+#: metrics a Prometheus on another host scrapes, pass ``--metrics-host 0.0.0.0``.
+DEFAULT_METRICS_HOST = "127.0.0.1"
+
+
+def add_metrics_options(parser: Any) -> None:
+    """``--metrics-port PORT`` and ``--metrics-host HOST`` (runworker, runrelay)."""
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="Serve Prometheus metrics at http://HOST:PORT/metrics (needs the metrics extra).",
+    )
+    parser.add_argument(
+        "--metrics-host",
+        default=DEFAULT_METRICS_HOST,
+        metavar="HOST",
+        help=f"The address --metrics-port listens on (default {DEFAULT_METRICS_HOST}: this machine only; "
+        "0.0.0.0 for every interface, e.g. in a container Prometheus scrapes from outside).",
+    )
+
+
+def start_metrics(port: int, *, host: str = DEFAULT_METRICS_HOST, **kwargs: Any) -> Any:
+    """``--metrics-port PORT`` on ``--metrics-host HOST``: serve ``/metrics``
+    from this process (see ``django_platformkit.runtime.metrics.serve_metrics``
+    for ``kwargs``). Raises ``CommandError`` saying what to do when
+    prometheus-client is missing, the port is out of range or taken, or the
+    host is no address of this machine."""
     from django.core.management.base import CommandError
 
     from django_platformkit.exceptions import ConfigurationError
@@ -175,11 +199,14 @@ def start_metrics(port: int, **kwargs: Any) -> Any:
     try:
         from django_platformkit.runtime.metrics import serve_metrics
 
-        return serve_metrics(port, **kwargs)
+        return serve_metrics(port, addr=host, **kwargs)
     except ConfigurationError as exc:
         raise CommandError(str(exc)) from None
     except OSError as exc:
-        raise CommandError(f"--metrics-port {port}: can't listen there ({exc}); pick a free port.") from None
+        raise CommandError(
+            f"--metrics-host {host} --metrics-port {port}: can't listen there ({exc}); pick a free port, or an "
+            "address of this machine."
+        ) from None
 
 
 @contextlib.contextmanager

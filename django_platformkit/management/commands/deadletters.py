@@ -23,11 +23,12 @@ import uuid
 from datetime import UTC
 from typing import Any
 
+from django.apps import apps as django_apps
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
 from django_platformkit import conf
-from django_platformkit.admin.history import log_dead_letter_action, user_id_for
+from django_platformkit.admin.history import REPLAY_PERMISSION, acting_user, log_dead_letter_action
 from django_platformkit.exceptions import ReplayRefused
 from django_platformkit.management.commands._base import age, configure_logging, import_urlconf, parsed, tables_migrated
 from django_platformkit.models import Attempt, DeadLetter, OutboxEvent
@@ -192,9 +193,11 @@ class Command(BaseCommand):
             p.add_argument(
                 "--actor",
                 default=None,
-                help="Who is acting (default: the OS user); kept in the audit event and the log. If it is the username "
-                "of a Django user, the admin's History gets the same LogEntry as the admin's own action writes; "
-                "any other name is kept as it is, with no LogEntry.",
+                metavar="USERNAME",
+                help="The Django user acting: an active user who holds the permission the admin's action needs "
+                f"({REPLAY_PERMISSION}), else the command refuses and writes nothing. The admin's History gets "
+                "the same LogEntry as the admin's own action writes. Without --actor, the OS user is recorded in the "
+                "audit event and the log, with no LogEntry.",
             )
             p.add_argument("--dry-run", action="store_true", help="Say what would be done; write nothing.")
 
@@ -380,15 +383,22 @@ class Command(BaseCommand):
         reason = options["reason"].strip()
         if not reason:
             raise CommandError(f"deadletters {verb}: --reason must say why (it is kept in the audit record).")
+        # Checked before anything is read or written: the admin's action needs the permission, so does this.
+        admin_installed = django_apps.is_installed("django.contrib.admin")  # the LogEntry's table
+        history_user = None
+        if options["actor"]:
+            try:
+                history_user = acting_user(options["actor"])
+            except ValueError as exc:
+                raise CommandError(
+                    f"deadletters {verb} --actor {options['actor']}: refused, nothing written: {exc}"
+                ) from None
         if verb == "replay":
             # replay_blocker() refuses a subscription this build lacks: with
             # --skip-checks a views-declared one must not look removed.
             import_urlconf()
         rows = self._matching(options)
         past = {"replay": "replayed", "discard": "discarded"}[verb]
-        # The admin's history too, as its own Replay/Discard leaves it, when
-        # --actor names a user; an actor that is no user is still accepted.
-        history_user = user_id_for(options["actor"]) if options["actor"] else None
         if not rows:
             self.stdout.write(f"nothing to {verb}: no dead letter matches")
             return
@@ -427,7 +437,7 @@ class Command(BaseCommand):
                 continue
             if ok:
                 done += 1
-                if history_user is not None:
+                if history_user is not None and admin_installed:
                     log_dead_letter_action(history_user, d, verb, reason)
             if options["verbosity"] >= 2:
                 self.stdout.write(f"{past} {d.id} subscription={d.subscription} event_id={d.event_id}")

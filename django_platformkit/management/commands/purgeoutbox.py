@@ -1,13 +1,13 @@
 """``manage.py purgeoutbox``: delete published outbox rows and spent claims
-older than the retention, in bounded batches; never evidence."""
+older than the retention (the longer of ``RETENTION_DAYS`` and the stream's
+real max age, read from NATS), in bounded batches; never evidence."""
 
 import argparse
-from datetime import timedelta
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from django_platformkit import conf
+from django_platformkit.exceptions import BrokerUnavailable
 from django_platformkit.management.commands._base import (
     age,
     configure_logging,
@@ -34,8 +34,9 @@ def rows(text: str | int) -> int:
 class Command(BaseCommand):
     help = (
         "Delete published outbox rows older than the retention, and claims that no longer guard a row. "
-        "Pending rows, rows a dead letter describes and dead letters are kept; so is, within RETENTION_DAYS "
-        "(the stream's max age), whatever the stream can still deliver: every claim, and rows not yet handled "
+        "The retention is the longer of RETENTION_DAYS and the stream's real max age, read from NATS (without "
+        "an answer nothing is deleted). Pending rows, rows a dead letter describes and dead letters are kept; so "
+        "is, within the retention, whatever the stream can still deliver: every claim, and rows not yet handled "
         "by every subscription or with a retry in flight."
     )
 
@@ -45,7 +46,8 @@ class Command(BaseCommand):
             type=age,
             default=None,
             metavar="AGE",
-            help="Age measured from published_at: 30m, 12h, 7d, 2w (default: RETENTION_DAYS). Claims are kept for RETENTION_DAYS whatever this says.",
+            help="Age measured from published_at: 30m, 12h, 7d, 2w (default: the retention). Claims are kept for the "
+            "retention whatever this says.",
         )
         parser.add_argument("--dry-run", action="store_true", help="Count what would be deleted; delete nothing.")
         parser.add_argument(
@@ -60,16 +62,20 @@ class Command(BaseCommand):
         configure_logging(options["verbosity"])
         # Checked here too: call_command() hands its values over unparsed.
         batch_size = parsed("--batch-size", options["batch_size"], rows)
-        older_than = parsed("--older-than", options["older_than"], age) or timedelta(
-            days=float(conf.settings.RETENTION_DAYS)
-        )
+        older_than = parsed("--older-than", options["older_than"], age)
         # The rows a subscription hasn't handled yet are kept: a views-declared
         # one missing from the registry (--skip-checks) would lose its rows.
         import_urlconf()
         with tables_migrated(), result_printed_once("django_platformkit.operate.purge", "purged ", "purge dry run "):
-            result = purge(
-                older_than=older_than, dry_run=options["dry_run"], batch_size=batch_size or DEFAULT_BATCH_SIZE
-            )
+            try:
+                result = purge(
+                    older_than=older_than, dry_run=options["dry_run"], batch_size=batch_size or DEFAULT_BATCH_SIZE
+                )
+            except BrokerUnavailable as exc:
+                raise CommandError(
+                    f"nothing was deleted: the purge keeps whatever the stream can still deliver, and it can't read "
+                    f"the stream's max age now ({exc}). Run it again when NATS answers."
+                ) from None
         if result.dry_run:
             self.stdout.write(
                 f"dry run, nothing deleted: would delete outbox={result.outbox_deleted} claims={result.claims_deleted} "

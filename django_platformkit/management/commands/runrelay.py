@@ -10,7 +10,13 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_platformkit.exceptions import BrokerUnavailable, ConfigurationError, DatabaseUnavailable
-from django_platformkit.management.commands._base import configure_logging, positive, start_metrics, tcp_port
+from django_platformkit.management.commands._base import (
+    add_metrics_options,
+    configure_logging,
+    positive,
+    start_metrics,
+    tcp_port,
+)
 from django_platformkit.outage import database_unavailable, is_database_error
 
 
@@ -24,13 +30,7 @@ class Command(BaseCommand):
             help="Relay what is due now, print the counts (deferred=N: rows not due yet) and exit; exit 1 at once "
             "if the database can't be reached (without --once the relay waits for it).",
         )
-        parser.add_argument(
-            "--metrics-port",
-            type=int,
-            default=None,
-            metavar="PORT",
-            help="Serve Prometheus metrics at http://0.0.0.0:PORT/metrics (needs the metrics extra).",
-        )
+        add_metrics_options(parser)
         parser.add_argument(
             "--connect-timeout",
             type=float,
@@ -55,7 +55,7 @@ class Command(BaseCommand):
         )
         worker.install_signal_handlers()
         if options["metrics_port"] is not None:
-            start_metrics(options["metrics_port"])
+            start_metrics(options["metrics_port"], host=options["metrics_host"])
         try:
             if not options["once"]:
                 code = worker.run()

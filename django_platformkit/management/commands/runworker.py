@@ -11,6 +11,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_platformkit.exceptions import BrokerUnavailable, ConfigurationError, ConsumerDrift
 from django_platformkit.management.commands._base import (
+    add_metrics_options,
     configure_logging,
     import_urlconf,
     positive,
@@ -68,13 +69,7 @@ class Command(BaseCommand):
             metavar="NAME",
             help="Run only this subscription's consumer (repeatable; default: all).",
         )
-        parser.add_argument(
-            "--metrics-port",
-            type=int,
-            default=None,
-            metavar="PORT",
-            help="Serve Prometheus metrics at http://0.0.0.0:PORT/metrics (needs the metrics extra).",
-        )
+        add_metrics_options(parser)
         parser.add_argument(
             "--queue",
             action="append",
@@ -226,7 +221,9 @@ class Command(BaseCommand):
             jobs=options["job"],
         )
         if options["metrics_port"] is not None:
-            start_metrics(options["metrics_port"], transport=worker.transport, subscriptions=subs)
+            start_metrics(
+                options["metrics_port"], host=options["metrics_host"], transport=worker.transport, subscriptions=subs
+            )
         worker.install_signal_handlers()
         try:
             with result_printed_once(

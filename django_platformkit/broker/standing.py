@@ -1,0 +1,169 @@
+"""Whether this project may use its stream: limits that could discard events
+nobody has handled, and which database instance holds it (``identity.judge``).
+
+Pure and without ``nats``, so the NATS transport, the in-memory twin, the
+overview and ``manage.py stream info`` judge a stream alike. A stream whose
+``max_msgs``, ``max_bytes`` or ``max_msgs_per_subject`` is set, or whose
+retention is not ``limits``, throws messages away before every subscription
+read them (1,000 events with no worker running: ``max_msgs=300`` kept 300);
+the relay and the worker refuse it at start-up, naming the limit and its fix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from django_platformkit import conf
+from django_platformkit.identity import Judgement, Standing, Tenure, judge
+
+#: JetStream's "no limit" for the numeric limits.
+UNLIMITED = -1
+
+
+@dataclass(frozen=True)
+class StreamProblem:
+    """One setting of the stream that could discard unhandled events:
+    the ``setting`` as JetStream names it, its ``value``, what it does and
+    the ``fix``."""
+
+    setting: str
+    value: str
+    effect: str
+    fix: str
+
+    def __str__(self) -> str:
+        return f"{self.setting}={self.value}: {self.effect} Fix: {self.fix}"
+
+
+def limit_problems(
+    *,
+    retention: str,
+    max_msgs: int | None,
+    max_bytes: int | None,
+    max_msgs_per_subject: int | None,
+) -> list[StreamProblem]:
+    """The problems of a stream with these settings (``retention`` as
+    JetStream spells it: ``limits``, ``interest``, ``workqueue``; a numeric
+    limit of None, 0 or -1 is unlimited), in that order; [] for a safe one."""
+    update = "`manage.py stream update` sets it back to unlimited (the workers never change it themselves)."
+    problems = []
+    for setting, value, what in (
+        ("max_msgs", max_msgs, "messages"),
+        ("max_bytes", max_bytes, "bytes"),
+        ("max_msgs_per_subject", max_msgs_per_subject, "messages per subject (every tenant's event is one subject)"),
+    ):
+        if value is not None and int(value) > 0:
+            problems.append(
+                StreamProblem(
+                    setting,
+                    str(value),
+                    f"past {value} {what} the stream discards its oldest messages, handled or not.",
+                    update,
+                )
+            )
+    if retention and retention != "limits":
+        effect = {
+            "interest": "the stream drops a message that no durable is interested in when it arrives, and once "
+            "every durable acked it, so a subscription added later never sees it.",
+            "workqueue": "the first subscription's ack deletes a message for every other subscription.",
+        }.get(retention, "messages may go before every subscription handled them.")
+        problems.append(
+            StreamProblem(
+                "retention",
+                retention,
+                effect,
+                "JetStream can't change a stream's retention. Once `manage.py stream info` shows every durable "
+                "with 0 pending and 0 ack pending, `manage.py stream reset --yes` deletes the stream and a worker "
+                "makes it again with limits retention.",
+            )
+        )
+    return problems
+
+
+def unsafe_stream_text(stream: str, url: str, problems: Sequence[StreamProblem]) -> str:
+    """The ``ConfigurationError`` text for a stream with ``problems``."""
+    listed = "; ".join(str(p) for p in problems)
+    return (
+        f"the stream {stream!r} on {conf.redact_url(url)} could discard events no subscription has handled, so "
+        f"nothing is relayed into it or consumed from it: {listed}"
+    )
+
+
+@dataclass(frozen=True)
+class StreamStanding:
+    """How this project's stream stands, as the broker holds it now.
+
+    ``exists``: False when there is no stream yet (a worker makes it).
+    ``judgement``: this database instance's standing (``identity.judge``).
+    ``problems``: limits that could discard unhandled events.
+    ``max_age_seconds``: the stream's real max age (None: unlimited or no stream).
+    ``tenure``: what the stream records about who holds it.
+    """
+
+    exists: bool
+    judgement: Judgement | None = None
+    problems: tuple[StreamProblem, ...] = ()
+    max_age_seconds: float | None = None
+    tenure: Tenure = field(default_factory=lambda: Tenure(None))
+    text_unsafe: str = ""
+
+    @property
+    def standing(self) -> Standing | None:
+        return self.judgement.standing if self.judgement is not None else None
+
+    @property
+    def refused(self) -> bool:
+        """Whether a relay or worker must not use the stream."""
+        return bool(self.problems) or (self.judgement is not None and self.judgement.refused)
+
+    @property
+    def contested(self) -> bool:
+        return self.standing is Standing.CONTESTED
+
+    @property
+    def text(self) -> str:
+        """Every refusal and contest, with its fix ("" when all is well)."""
+        parts = [self.text_unsafe] if self.problems else []
+        if self.judgement is not None and self.judgement.text:
+            parts.append(self.judgement.text)
+        return " ".join(parts)
+
+
+def judge_stream(
+    *,
+    name: str,
+    url: str,
+    description: str | None,
+    metadata: Mapping[str, object] | None,
+    retention: str,
+    max_msgs: int | None,
+    max_bytes: int | None,
+    max_msgs_per_subject: int | None,
+    max_age_seconds: float | None,
+    owner: str | None,
+    instance: str | None,
+    now: float,
+) -> StreamStanding:
+    """The standing of a stream with these settings for ``owner``/``instance``
+    at ``now`` (``owner`` None: its limits only). Pure: the tenure its
+    judgement asks to record (``standing.judgement.tenure``) is the caller's
+    to write; ``standing.tenure`` is what the stream records now."""
+    problems = limit_problems(
+        retention=retention or "limits",
+        max_msgs=max_msgs,
+        max_bytes=max_bytes,
+        max_msgs_per_subject=max_msgs_per_subject,
+    )
+    recorded = Tenure.read(description, metadata)
+    judgement = None
+    if owner is not None:
+        judgement = judge(recorded, owner, instance, now=now, stream=name, url=url)
+    return StreamStanding(
+        exists=True,
+        judgement=judgement,
+        problems=tuple(problems),
+        max_age_seconds=float(max_age_seconds) if max_age_seconds else None,
+        tenure=recorded,
+        text_unsafe=unsafe_stream_text(name, url, problems) if problems else "",
+    )

@@ -1,0 +1,105 @@
+"""The operator's view of this project's stream, and the verbs on it that
+need the project's declarations: which durables a declared subscription
+owns, the stream judged for this database without recording anything, and
+the pruning of durables nothing declared owns (a removed subscription's
+durable keeps its backlog on the stream for ever: 1,497 pending seen).
+
+The NATS calls are the broker's (``broker.upkeep``); ``manage.py stream``
+renders what these return.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from django_platformkit import conf, identity
+from django_platformkit.broker.standing import StreamStanding, judge_stream
+from django_platformkit.broker.upkeep import DurableReport, StreamReport, StreamUpkeep
+
+
+def declared_durables() -> dict[str, str]:
+    """durable name -> the declared subscription that owns it (every one this build registers, task queues too)."""
+    from django_platformkit.consume.subscriptions import subscriptions
+
+    return {s.durable: s.name for s in subscriptions()}
+
+
+@dataclass(frozen=True)
+class StreamView:
+    """``report``: the stream as the broker holds it (None: no stream yet).
+    ``standing``: judged for this database, nothing recorded. ``owners``:
+    durable -> declared subscription. ``identity``/``instance``: this database's."""
+
+    report: StreamReport | None
+    standing: StreamStanding
+    owners: dict[str, str]
+    identity: str
+    instance: str
+
+    @property
+    def unowned(self) -> list[DurableReport]:
+        """Durables made by django_platformkit that no declared subscription owns: what ``prune`` deletes."""
+        durables = self.report.durables if self.report else []
+        return [d for d in durables if d.subscription is not None and d.name not in self.owners]
+
+    @property
+    def foreign(self) -> list[DurableReport]:
+        """Consumers on the stream that another tool made: listed, never pruned."""
+        return [d for d in (self.report.durables if self.report else []) if d.subscription is None]
+
+
+def stream_view(upkeep: StreamUpkeep, *, using: str | None = None) -> StreamView:
+    """The stream, its durables and this database's standing on it, read
+    only (``stream info`` never renews a tenure nor records a contender).
+    Raises ``BrokerUnavailable`` when NATS doesn't answer."""
+    ours, instance = identity.database_identity(using), identity.database_instance(using)
+    report = upkeep.report()
+    if report is None:
+        standing = StreamStanding(exists=False)
+    else:
+        have = report.config
+        standing = judge_stream(
+            name=str(have.name),
+            url=conf.settings.NATS_URL,
+            description=have.description,
+            metadata=getattr(have, "metadata", None),
+            retention=getattr(have.retention, "value", have.retention),
+            max_msgs=have.max_msgs,
+            max_bytes=have.max_bytes,
+            max_msgs_per_subject=have.max_msgs_per_subject,
+            max_age_seconds=have.max_age,
+            owner=ours,
+            instance=instance,
+            now=time.time(),
+        )
+    return StreamView(report, standing, declared_durables(), ours, instance)
+
+
+def prune_durables(
+    upkeep: StreamUpkeep, *, dry_run: bool = False, also: Sequence[str] = (), using: str | None = None
+) -> list[DurableReport]:
+    """Delete the durables no declared subscription owns (``StreamView.unowned``)
+    and those named in ``also`` (a declared one that drifted: its filter
+    changed, which the broker can't update); with ``dry_run``, only say
+    which. Returns them (those deleted). Raises ``ConfigurationError`` for a
+    stream another project owns, and for a name in ``also`` that is no
+    django_platformkit durable of this stream."""
+    from django_platformkit.exceptions import ConfigurationError
+
+    view = stream_view(upkeep, using=using)
+    if view.standing.standing is identity.Standing.FOREIGN and view.standing.judgement is not None:
+        raise ConfigurationError(view.standing.judgement.text)
+    ours = {d.name: d for d in (view.report.durables if view.report else []) if d.subscription is not None}
+    unknown = sorted(set(also) - set(ours))
+    if unknown:
+        raise ConfigurationError(
+            f"no durable {', '.join(unknown)} made by django_platformkit on the stream {conf.settings.STREAM!r} "
+            "(`manage.py stream info` lists them)"
+        )
+    doomed = view.unowned + [ours[name] for name in dict.fromkeys(also) if name in view.owners]
+    if dry_run or not doomed:
+        return doomed
+    gone = set(upkeep.delete_durables([d.name for d in doomed]))
+    return [d for d in doomed if d.name in gone]

@@ -1,0 +1,89 @@
+"""A worker's clock side: its heartbeat and its scheduler, which need only
+PostgreSQL. They start before the worker reaches NATS and never wait for it
+- a worker started while NATS is down runs its jobs and is listed on the
+overview as waiting for the broker - and the heartbeat row says what the
+worker does (``models.WorkerState``) at every beat.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from django_platformkit import conf
+from django_platformkit.broker.port import Broker
+from django_platformkit.models import WorkerState
+from django_platformkit.runtime.heartbeat import Heartbeat, StateReport
+from django_platformkit.runtime.startup import StartUp
+
+
+class ClockSide:
+    """The heartbeat and the scheduler of one worker.
+
+    Args:
+        heartbeat: The worker's heartbeat row (its ``state`` is ``state()`` here).
+        broker: The worker's broker (connected or not).
+        start_up: What the worker's start-up waits for (``StartUp.waiting``).
+        starting: Whether the worker is still starting.
+        contest: The contest over the stream now ("" when none: ``StreamWatch.text``).
+        stop: Set when the worker stops.
+        spawn: Starts a named thread that crashes the worker if it raises.
+        scheduler: Run the periodic jobs (``jobs``: which; None: all).
+        using: The database alias of the ledger and the heartbeat.
+    """
+
+    def __init__(
+        self,
+        heartbeat: Heartbeat,
+        *,
+        broker: Broker,
+        start_up: StartUp,
+        starting: Callable[[], bool],
+        contest: Callable[[], str],
+        stop: threading.Event,
+        spawn: Callable[[str, Callable[[], object]], threading.Thread],
+        scheduler: bool,
+        jobs: Sequence[str] | None,
+        using: str,
+    ) -> None:
+        self.heartbeat = heartbeat
+        heartbeat.state = self.state
+        self.broker = broker
+        self.start_up = start_up
+        self.starting = starting
+        self.contest = contest
+        self.stop = stop
+        self.spawn = spawn
+        self.want_scheduler = scheduler
+        self.jobs = jobs
+        self.using = using
+        #: The scheduler once started (None: none, or not yet).
+        self.scheduler: Any = None
+        self._beating: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Beat (from a thread of its own while the worker starts; the
+        watchdog beats after) and start the scheduler."""
+        self._beating = self.heartbeat.beat_while(self.starting, self.stop)
+        if self.want_scheduler:
+            from django_platformkit.jobs.scheduler import Scheduler
+
+            self.scheduler = Scheduler(using=self.using, jobs=self.jobs)
+            self.spawn("platformkit-scheduler", functools.partial(self.scheduler.run, self.stop))
+
+    def join_heartbeat(self, timeout: float | None = None) -> None:
+        """Wait for the start-up heartbeat thread (it writes the stopped row once ``stop`` is set)."""
+        if self._beating is not None:
+            self._beating.join(timeout)
+
+    def state(self) -> StateReport:
+        """What the heartbeat row says the worker does now."""
+        if self.starting():
+            waiting = self.start_up.waiting
+            return (WorkerState.WAITING_FOR_BROKER, waiting) if waiting else (WorkerState.STARTING, "")
+        if not self.broker.connected.is_set():
+            return WorkerState.WAITING_FOR_BROKER, f"NATS at {conf.redact_url(self.broker.url)}: reconnecting"
+        contest = self.contest()
+        return (WorkerState.CONTESTED, contest) if contest else (WorkerState.RUNNING, "")

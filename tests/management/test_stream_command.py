@@ -1,0 +1,115 @@
+"""``manage.py stream info|prune|reset|update`` against a real NATS: what
+the broker holds beside what this build wants, pruning only the durables no
+declared subscription owns, a reset only with ``--yes``, and limits lifted
+in place - no routine step needs the ``nats`` CLI."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from django_platformkit import identity
+from django_platformkit.broker.streams import consumer_config
+from django_platformkit.broker.transport import Transport
+from django_platformkit.consume.subscriptions import subscriptions
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def stream(*args) -> str:
+    out = io.StringIO()
+    call_command("stream", *args, stdout=out)
+    return out.getvalue()
+
+
+@pytest.fixture
+def ours(broker):
+    """The stream made by this database, with a durable for every declared
+    subscription, one for a removed subscription (with a backlog), and a
+    consumer another tool made."""
+    t = Transport()
+    t.connect()
+    t.ensure_stream(owner=identity.database_identity(), instance=identity.database_instance())
+    for sub in subscriptions():
+        t.ensure_consumer(sub.consumer_config())
+    t.ensure_consumer(consumer_config("retired.old_handler", "testapp.order_placed"))
+    t.publish_raw(f"{broker['SUBJECT_PREFIX']}._.testapp.order_placed", b"{}")
+
+    async def foreign():
+        from nats.js import api
+
+        await t.connection.js.add_consumer(
+            broker["STREAM"], api.ConsumerConfig(durable_name="someone-elses", ack_policy=api.AckPolicy.EXPLICIT)
+        )
+
+    t.connection.call(foreign(), timeout=10)
+    yield t
+    t.close()
+
+
+def durables(t: Transport) -> set[str]:
+    report = t.upkeep.report()
+    return {d.name for d in report.durables} if report else set()
+
+
+def test_info_shows_the_stream_beside_what_this_build_wants_and_who_owns_each_durable(ours, broker):
+    out = stream("info")
+    assert f"stream {broker['STREAM']} on " in out
+    assert "max_msgs              unlimited" in out and "retention             limits" in out
+    assert f"owner: database {identity.database_identity()}" in out
+    assert f"held by instance {identity.database_instance()}" in out
+    assert "standing: workers of this database may use it" in out
+    lines = {line.split()[0]: line for line in out.splitlines()[1:] if line.startswith("  ") and line.split()}
+    assert "testapp.record_order" in lines["testapp-record_order"]
+    assert "retired.old_handler is not declared; `stream prune` deletes it" in lines["retired-old_handler"]
+    assert "1" in lines["retired-old_handler"].split()[1]  # its backlog: one pending
+    assert "not made by django_platformkit: never pruned" in lines["someone-elses"]
+
+
+def test_info_names_a_limit_that_could_discard_unhandled_events_and_its_fix(ours, broker):
+    async def limit():
+        config = (await ours.connection.js.stream_info(broker["STREAM"])).config
+        config.max_msgs = 300
+        await ours.connection.js.update_stream(config)
+
+    ours.connection.call(limit(), timeout=10)
+    out = stream("info")
+    assert "max_msgs              300" in out and "<- differs" in out
+    assert "REFUSED: " in out and "max_msgs=300" in out and "`manage.py stream update`" in out
+    # ... which lifts it, in place: the messages stay.
+    assert "changed max_msgs: 300 -> unlimited" in stream("update")
+    assert "standing: workers of this database may use it" in stream("info")
+    assert ours.upkeep.report().messages == 1
+
+
+def test_prune_deletes_only_durables_no_declared_subscription_owns(ours):
+    declared = {s.durable for s in subscriptions()}
+    before = durables(ours)
+    assert before == declared | {"retired-old_handler", "someone-elses"}
+    dry = stream("prune", "--dry-run")
+    assert "would delete retired-old_handler (subscription retired.old_handler, pending 1" in dry
+    assert "someone-elses" not in dry and durables(ours) == before
+    assert "deleted retired-old_handler" in stream("prune")
+    assert durables(ours) == declared | {"someone-elses"}
+    assert "nothing to prune" in stream("prune")
+
+
+def test_reset_is_refused_without_yes_and_deletes_the_stream_with_it(ours, broker):
+    with pytest.raises(CommandError, match="pass --yes"):
+        stream("reset")
+    assert ours.upkeep.report() is not None
+    assert f"deleted the stream {broker['STREAM']!r} with 1 message(s)" in stream("reset", "--yes")
+    assert ours.upkeep.report() is None
+    assert "none on" in stream("info")
+
+
+def test_prune_deletes_a_declared_durable_only_when_named_after_its_filter_drifted(ours):
+    with pytest.raises(CommandError, match="no durable nobody-here made by django_platformkit"):
+        stream("prune", "--durable", "nobody-here")
+    with pytest.raises(CommandError, match="no durable someone-elses made by django_platformkit"):
+        stream("prune", "--durable", "someone-elses")  # another tool's consumer: never
+    out = stream("prune", "--durable", "testapp-flaky")
+    assert "deleted retired-old_handler" in out and "deleted testapp-flaky (subscription testapp.flaky" in out
+    assert "testapp-flaky" not in durables(ours) and "someone-elses" in durables(ours)
