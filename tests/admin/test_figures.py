@@ -60,7 +60,8 @@ def test_each_worker_says_what_it_is_doing(held):
     refused.refusal = "the stream 'S' ... max_msgs=300 ... Fix: `manage.py stream update`"
     refused.stopped()
     workers = {w.worker: w for w in overview.collect().workers}
-    assert (workers["host-a:1"].state, workers["host-a:1"].alive) == (WorkerState.WAITING_FOR_BROKER, True)
+    assert (workers["host-a:1"].beat, workers["host-a:1"].alive) == (WorkerState.WAITING_FOR_BROKER, True)
+    assert workers["host-a:1"].waiting_for_broker
     assert "connection refused" in workers["host-a:1"].detail
-    assert (workers["host-b:2"].state, workers["host-b:2"].alive) == (WorkerState.REFUSED, False)
+    assert (workers["host-b:2"].beat, workers["host-b:2"].alive) == (WorkerState.REFUSED, False)
     assert "manage.py stream update" in workers["host-b:2"].detail

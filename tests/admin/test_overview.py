@@ -27,6 +27,7 @@ from django_platformkit.consume.consumer import Consumer
 from django_platformkit.consume.subscriptions import subscriptions
 from django_platformkit.exceptions import BrokerUnavailable
 from django_platformkit.models import Attempt, DeadLetter, HandledEvent, JobState, OutboxEvent, WorkerHeartbeat
+from django_platformkit.models import WorkerState as BeatState
 from django_platformkit.outbox.deadletters import record_dead_letter
 from django_platformkit.outbox.relay import Relay
 from django_platformkit.runtime.heartbeat import Heartbeat
@@ -655,11 +656,12 @@ def test_a_worker_waiting_for_the_broker_and_stream_problems_show_when_the_figur
 
     def carrying(**kwargs):
         figures = collect(**kwargs)
-        figures.stream_problems = ["max_msgs=300 discards events nobody has handled: run manage.py stream info."]
         worker = next(w for w in figures.workers if w.worker == "web-7:77")
-        worker.waiting_for_broker, worker.waiting_for_broker_since = True, since
+        worker.beat, worker.waiting_for_broker_since = BeatState.WAITING_FOR_BROKER, since
         return figures
 
+    problems = ["max_msgs=300 discards events nobody has handled: run manage.py stream info."]
+    monkeypatch.setattr(overview.Overview, "stream_problems", property(lambda self: problems))
     monkeypatch.setattr(overview, "collect", carrying)
     html = client.get(reverse(OVERVIEW)).content.decode()
     banner = html[html.index('id="platformkit-stream-problems"') : html.index("</div>", html.index("stream-problems"))]
