@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import json
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -25,7 +24,7 @@ from typing import Any
 from django.utils import timezone
 
 from django_platformkit import conf
-from django_platformkit.broker.standing import StreamStanding, judge_stream
+from django_platformkit.broker.standing import StreamStanding, standing_of
 from django_platformkit.exceptions import BrokerUnavailable, ConfigurationError
 from django_platformkit.identity import Standing
 
@@ -96,20 +95,7 @@ async def _stream_standing(js: Any, owner: str | None, instance: str | None) -> 
         have = (await js.stream_info(settings.STREAM)).config
     except nats.js.errors.NotFoundError:
         return StreamStanding(exists=False)
-    return judge_stream(
-        name=settings.STREAM,
-        url=settings.NATS_URL,
-        description=have.description,
-        metadata=getattr(have, "metadata", None),
-        retention=getattr(have.retention, "value", have.retention),
-        max_msgs=have.max_msgs,
-        max_bytes=have.max_bytes,
-        max_msgs_per_subject=have.max_msgs_per_subject,
-        max_age_seconds=have.max_age,
-        owner=owner,
-        instance=instance,
-        now=time.time(),
-    )
+    return standing_of(have, url=settings.NATS_URL, owner=owner, instance=instance)
 
 
 async def _durable_figures(js: Any, stream: str, subs: list[tuple[str, str]]) -> dict[str, dict[str, Any]]:

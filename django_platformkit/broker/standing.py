@@ -11,8 +11,10 @@ the relay and the worker refuse it at start-up, naming the limit and its fix.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from django_platformkit import conf
 from django_platformkit.identity import Judgement, Standing, Tenure, judge
@@ -166,4 +168,27 @@ def judge_stream(
         max_age_seconds=float(max_age_seconds) if max_age_seconds else None,
         tenure=recorded,
         text_unsafe=unsafe_stream_text(name, url, problems) if problems else "",
+    )
+
+
+def standing_of(
+    config: Any, *, url: str, owner: str | None, instance: str | None, now: float | None = None
+) -> StreamStanding:
+    """``judge_stream`` for a stream config as the broker returns it
+    (``nats.js.api.StreamConfig``, or the in-memory twin's): its name,
+    description, metadata, retention and limits read off ``config``."""
+    retention = getattr(config, "retention", None)
+    return judge_stream(
+        name=str(config.name),
+        url=url,
+        description=config.description,
+        metadata=getattr(config, "metadata", None),
+        retention=str(getattr(retention, "value", retention) or "limits"),
+        max_msgs=config.max_msgs,
+        max_bytes=config.max_bytes,
+        max_msgs_per_subject=config.max_msgs_per_subject,
+        max_age_seconds=config.max_age,
+        owner=owner,
+        instance=instance,
+        now=time.time() if now is None else now,
     )

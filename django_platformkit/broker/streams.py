@@ -22,7 +22,7 @@ from nats.js import api
 
 from django_platformkit import conf, identity
 from django_platformkit.broker.connection import Connection, no_jetstream_text
-from django_platformkit.broker.standing import StreamStanding, judge_stream
+from django_platformkit.broker.standing import StreamStanding, standing_of
 from django_platformkit.exceptions import BrokerUnavailable, ConfigurationError, ConsumerDrift, ConsumerNotFound
 from django_platformkit.wire import ENVELOPE_OVERHEAD_BYTES, JSONB_TEXT_GROWTH, durable_name, filter_subject_for
 
@@ -294,20 +294,7 @@ class Streams:
     async def _judge(self, info: api.StreamInfo, owner: str | None, instance: str | None) -> StreamStanding:
         """The stream's standing from ``info``; records the tenure ``identity.judge`` asks for."""
         have = info.config
-        standing = judge_stream(
-            name=str(have.name),
-            url=self.connection.url,
-            description=have.description,
-            metadata=getattr(have, "metadata", None),
-            retention=_value(have.retention),
-            max_msgs=have.max_msgs,
-            max_bytes=have.max_bytes,
-            max_msgs_per_subject=have.max_msgs_per_subject,
-            max_age_seconds=have.max_age,
-            owner=owner,
-            instance=instance,
-            now=time.time(),
-        )
+        standing = standing_of(have, url=self.connection.url, owner=owner, instance=instance)
         judgement = standing.judgement
         if judgement is not None and judgement.tenure is not None:
             if standing.tenure.identity is None:
@@ -404,8 +391,3 @@ class Streams:
 
         infos = self.connection.call(ask(), timeout=timeout + 0.5)
         return [None if isinstance(i, BaseException) else i for i in infos]
-
-
-def _value(value: Any) -> Any:
-    """An enum's value (nats-py's config enums), anything else as it is."""
-    return value.value if isinstance(value, enum.Enum) else value

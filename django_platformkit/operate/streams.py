@@ -10,12 +10,11 @@ renders what these return.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from django_platformkit import conf, identity
-from django_platformkit.broker.standing import StreamStanding, judge_stream
+from django_platformkit.broker.standing import StreamStanding, standing_of
 from django_platformkit.broker.upkeep import DurableReport, StreamReport, StreamUpkeep
 
 
@@ -59,21 +58,7 @@ def stream_view(upkeep: StreamUpkeep, *, using: str | None = None) -> StreamView
     if report is None:
         standing = StreamStanding(exists=False)
     else:
-        have = report.config
-        standing = judge_stream(
-            name=str(have.name),
-            url=conf.settings.NATS_URL,
-            description=have.description,
-            metadata=getattr(have, "metadata", None),
-            retention=getattr(have.retention, "value", have.retention),
-            max_msgs=have.max_msgs,
-            max_bytes=have.max_bytes,
-            max_msgs_per_subject=have.max_msgs_per_subject,
-            max_age_seconds=have.max_age,
-            owner=ours,
-            instance=instance,
-            now=time.time(),
-        )
+        standing = standing_of(report.config, url=conf.settings.NATS_URL, owner=ours, instance=instance)
     return StreamView(report, standing, declared_durables(), ours, instance)
 
 
