@@ -78,9 +78,18 @@ def _status_label(status: str) -> str:
     """Django's own words for a ``TaskResultStatus`` value (translated by Django)."""
     try:
         from django.tasks.base import TaskResultStatus
-    except ImportError:  # Django 5.2: no django.tasks, so no task to show
-        return status
+    except ImportError:  # Django 5.2: no django.tasks; the same words, ours to translate
+        return str(_STATUS_LABELS.get(status, status))
     return str(TaskResultStatus(status).label)
+
+
+# Django 6's TaskResultStatus labels, for the rows a 5.2 project keeps from a 6.x one.
+_STATUS_LABELS = {
+    "READY": gettext_lazy("Ready"),
+    "RUNNING": gettext_lazy("Running"),
+    "FAILED": gettext_lazy("Failed"),
+    "SUCCESSFUL": gettext_lazy("Successful"),
+}
 
 
 class TaskStatusFilter(admin.SimpleListFilter):
