@@ -12,7 +12,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from django_platformkit.broker.connection import Connection
@@ -21,15 +21,22 @@ from django_platformkit.wire import Delivery
 logger = logging.getLogger(__name__)
 
 
-#: How often the one beat task looks for in-progress acks that are due (the
-#: shortest beat the worker asks for is 0.2 s).
+#: The beat task's shortest pause between two looks for in-progress acks that
+#: are due (the shortest beat the worker asks for is 0.2 s). It sleeps until
+#: the next one is due, so an idle worker's loop isn't woken 20 times a second.
 KEEP_ALIVE_TICK_SECONDS = 0.05
 
 
 class KeepAlive:
     """In-progress acks for one fetched batch; see ``Transport.keep_alive``."""
 
-    def __init__(self, deliveries: Sequence[Delivery], every_seconds: float = 10.0) -> None:
+    def __init__(
+        self,
+        deliveries: Sequence[Delivery],
+        every_seconds: float = 10.0,
+        on_done: Callable[[KeepAlive], None] | None = None,
+    ) -> None:
+        self._on_done = on_done  # told once nothing is left to extend (the beat task forgets it)
         self._lock = threading.Lock()
         self._pending: dict[int, Delivery] = {id(d): d for d in deliveries}
         self._deadlines: dict[int, float] = {}
@@ -46,11 +53,21 @@ class KeepAlive:
         """The delivery was acked, naked or termed: stop extending it."""
         with self._lock:
             self._pending.pop(id(delivery), None)
+            done = not self._pending
+        if done and self._on_done is not None:
+            self._on_done(self)
 
     def stop(self) -> None:
-        """Stop extending every delivery of the batch (the beat task drops it at its next tick)."""
+        """Stop extending every delivery of the batch."""
         with self._lock:
             self._pending.clear()
+        if self._on_done is not None:
+            self._on_done(self)
+
+    @property
+    def next_at(self) -> float:
+        """When (``time.monotonic()``) its next in-progress acks are due."""
+        return self._next_at
 
     def due(self, now: float) -> list[Delivery] | None:
         """Called by the beat task: the deliveries to extend now ([] if not yet
@@ -74,6 +91,7 @@ class Acks:
         self._keeps: set[KeepAlive] = set()  # live KeepAlives, served by the loop's one beat task
         self._beater_loop: asyncio.AbstractEventLoop | None = None  # the loop whose beat task runs
         self._beater: Any = None
+        self._shortest_every = float("inf")  # the shortest beat asked for: the longest the beat task may sleep
         self._in_flight: set[asyncio.Task[None]] = set()  # ack tasks, held until they end
         connection.before_close(self._stop_beating)
 
@@ -129,10 +147,11 @@ class Acks:
         set under a lock, so a unit costs no task and no cross-thread wake-up
         of the loop (a task per unit cost two self-pipe writes and a
         cancellation each, on the loop the pulls and acks wait on)."""
-        keep = KeepAlive(deliveries, every_seconds)
+        keep = KeepAlive(deliveries, every_seconds, on_done=self._forget)
         loop = self.connection.ensure_loop()
         with self._keep_lock:
             self._keeps.add(keep)
+            self._shortest_every = min(self._shortest_every, keep.every_seconds)
             start = self._beater_loop is not loop
             if start:
                 self._beater_loop = loop
@@ -140,10 +159,20 @@ class Acks:
             self._beater = self.connection.submit(self._keep_beat(loop))
         return keep
 
+    def _forget(self, keep: KeepAlive) -> None:
+        """A ``KeepAlive`` with nothing left to extend: the beat task stops waking for it."""
+        with self._keep_lock:
+            self._keeps.discard(keep)
+
     async def _keep_beat(self, loop: asyncio.AbstractEventLoop) -> None:
-        """The loop's one beat task: in-progress acks for every live ``KeepAlive`` that is due."""
+        """The loop's one beat task: in-progress acks for every live ``KeepAlive`` that is due.
+
+        It sleeps until the earliest is due, and never longer than the
+        shortest beat asked for: a ``KeepAlive`` registered while it sleeps is
+        first due one beat after its fetch, so it is never served late."""
+        pause = KEEP_ALIVE_TICK_SECONDS
         while self._beater_loop is loop:
-            await asyncio.sleep(KEEP_ALIVE_TICK_SECONDS)
+            await asyncio.sleep(pause)
             now = time.monotonic()
             with self._keep_lock:
                 keeps = list(self._keeps)
@@ -158,6 +187,10 @@ class Acks:
                         await delivery.msg.in_progress()
                     except Exception as exc:
                         logger.debug("in-progress ack failed seq=%s error=%s", delivery.stream_seq, exc)
+            with self._keep_lock:
+                next_due = min((keep.next_at for keep in self._keeps), default=float("inf"))
+                longest = self._shortest_every
+            pause = max(KEEP_ALIVE_TICK_SECONDS, min(next_due - time.monotonic(), longest))
 
     def _stop_beating(self) -> None:
         """Before the loop stops: end the beat task (never "Task was destroyed
