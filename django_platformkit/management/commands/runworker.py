@@ -55,7 +55,8 @@ class Command(BaseCommand):
         parser.add_argument(
             "--burst",
             action="store_true",
-            help="Drain the outbox and every consumer (nothing pending, awaiting ack or retry), run no jobs, then exit 0.",
+            help="Drain the outbox and every consumer (nothing pending, awaiting ack or retry), run no jobs, then exit 0 "
+            "(with --processes: every consumer process drains and exits, the relay process relays until they have).",
         )
         parser.add_argument(
             "--burst-timeout",
