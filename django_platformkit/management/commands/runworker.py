@@ -226,7 +226,11 @@ class Command(BaseCommand):
                     options["metrics_port"], host=options["metrics_host"], subscriptions=subs
                 )
             supervisor.install_signal_handlers()
-            code = supervisor.run()
+            try:
+                code = supervisor.run()
+            finally:
+                if supervisor.metrics is not None:  # run() closes it too; this covers a run that raised
+                    supervisor.metrics.close()
             if options["burst"] and options["verbosity"] >= 1:
                 self.stdout.write(f"exit={code} processes={processes}")
             if code:
