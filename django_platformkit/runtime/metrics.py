@@ -15,6 +15,7 @@ base units (seconds), ``_total`` on counters, snake_case labels.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -245,6 +246,13 @@ class Metrics:
         bound = int(self._server.server_port)
         logger.info("metrics serving addr=%s port=%s path=/metrics", addr, bound)
         return bound
+
+    def drop_listener_copy(self) -> None:
+        """In a process forked from this one: close its copy of the listening
+        socket (the parent goes on serving; the child must not hold the port)."""
+        if self._server is not None:
+            with contextlib.suppress(OSError):
+                self._server.socket.close()
 
     def exposition(self) -> bytes:
         """What a scrape returns now (text format)."""

@@ -84,10 +84,7 @@ class TreeMetrics:
     def in_child(self, subscriptions: Sequence[Any]) -> None:
         """In a freshly forked child: let go of the supervisor's listening
         socket and count this process's signals into the shared folder."""
-        server = self.metrics._server
-        if server is not None:
-            with contextlib.suppress(OSError):
-                server.socket.close()
+        self.metrics.drop_listener_copy()
         Metrics(subscriptions=subscriptions).connect()
 
     def child_exited(self, pid: int) -> None:
