@@ -31,6 +31,7 @@ def drain(
     using: str,
     stop_event: threading.Event,
     timeout_seconds: float | None,
+    wait_for_outbox: bool | None = None,
 ) -> int:
     """Relay and consume until drained (the pool already runs).
 
@@ -41,12 +42,17 @@ def drain(
         using: The database alias of the outbox.
         stop_event: Set to stop early.
         timeout_seconds: Give up after this long (None: never).
+        wait_for_outbox: Drained also needs no row due in the outbox
+            (default: when relaying). True without ``relay``: a relay in
+            another process (``runworker --processes N --burst``) still
+            sends rows this process's consumers must then handle.
 
     Returns:
         0 when drained or stopped, 1 when not drained in time.
     """
     deadline = None if timeout_seconds is None else time.monotonic() + timeout_seconds
     quiet = 0
+    outbox = relay is not None if wait_for_outbox is None else wait_for_outbox
     while not stop_event.is_set():
         if relay is not None:
             try:
@@ -54,7 +60,7 @@ def drain(
             except DatabaseError as exc:
                 logger.error("relay database error=%s", exc)
                 connections[using].close()
-        if drained(relay_wanted=relay is not None, pool=pool, broker=broker, using=using):
+        if drained(relay_wanted=outbox, pool=pool, broker=broker, using=using):
             quiet += 1
             if quiet >= 2:
                 return 0

@@ -15,11 +15,12 @@ base units (seconds), ``_total`` on counters, snake_case labels.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from django.db import connections, transaction
 
@@ -64,6 +65,12 @@ _OUTBOX_SQL = DUE_BACKLOG_SQL  # due rows and how long the oldest has waited (de
 _DEAD_LETTERS_SQL = f"SELECT subscription, count(*) FROM {DEAD_LETTER_TABLE} GROUP BY subscription"
 
 
+class ConsumerInfos(Protocol):
+    """What the scrape asks the broker: each durable's counts (``Broker.consumer_infos``)."""
+
+    def consumer_infos(self, durables: Sequence[str], *, timeout: float) -> list[Any]: ...
+
+
 def _prometheus() -> Any:
     try:
         import prometheus_client
@@ -83,6 +90,11 @@ class Metrics:
     (None: that gauge is left out). ``subscriptions``: whose durables to ask
     about (``Subscription`` objects; default none). ``scrape_timeout_seconds``:
     the bound on each scrape-time query and broker call.
+    ``multiprocess_dir``: serve, instead of this process's own counters and
+    histograms, what every process writing prometheus-client's multiprocess
+    files into that folder counted (``runworker --processes``: the children
+    count, the supervisor serves); the scrape-time gauges are still this
+    process's own. ``scrape_lock`` is held while they are computed.
 
     Raises ``ConfigurationError`` when prometheus-client isn't installed.
     ``connect()`` starts listening to the signals; ``serve(port)`` exposes
@@ -94,9 +106,10 @@ class Metrics:
         self,
         *,
         using: str | None = None,
-        transport: Broker | None = None,
+        transport: Broker | ConsumerInfos | None = None,
         subscriptions: Sequence[Any] = (),
         scrape_timeout_seconds: float = SCRAPE_TIMEOUT_SECONDS,
+        multiprocess_dir: str | None = None,
     ) -> None:
         pc = _prometheus()
         self._pc = pc
@@ -105,46 +118,53 @@ class Metrics:
         self.subscriptions = list(subscriptions)
         self.scrape_timeout_seconds = scrape_timeout_seconds
         self.registry = pc.CollectorRegistry(auto_describe=True)
+        self.scrape_lock = threading.Lock()
+        # Sharing the files: this process's own would be counted twice, so they stay out of the registry.
+        own = self.registry if multiprocess_dir is None else None
         self.relayed = pc.Counter(
             "platformkit_relayed",
             "Outbox rows the relay sent and the stream stored (broker-side duplicates included).",
-            registry=self.registry,
+            registry=own,
         )
         self.relay_dead_lettered = pc.Counter(
             "platformkit_relay_dead_lettered",
             "Outbox rows the broker refused for good (dead letters of platformkit.relay).",
-            registry=self.registry,
+            registry=own,
         )
         self.handled = pc.Counter(
             "platformkit_handled",
             "Deliveries settled, by subscription, outcome (handled, retried, dead_lettered, skipped, malformed) "
             "and task (a django.tasks task's dotted path; empty for other events).",
             ["subscription", "outcome", "task"],
-            registry=self.registry,
+            registry=own,
         )
         self.duration = pc.Histogram(
             "platformkit_handler_duration_seconds",
             "How long a handler ran, successful or not (skips excluded), by subscription and task.",
             ["subscription", "task"],
             buckets=DURATION_BUCKETS_SECONDS,
-            registry=self.registry,
+            registry=own,
         )
         self.latency = pc.Histogram(
             "platformkit_delivery_latency_seconds",
             "From an event's commit (or a task's run_after) to its handler's start, per handler run.",
             ["subscription"],
             buckets=DURATION_BUCKETS_SECONDS,
-            registry=self.registry,
+            registry=own,
         )
         self.job_runs = pc.Counter(
             "platformkit_job_runs",
             "Periodic job runs, by job and outcome (succeeded, failed).",
             ["job", "outcome"],
-            registry=self.registry,
+            registry=own,
         )
         for sub in self.subscriptions:  # a subscription that never ran still shows 0, not a missing series
             for outcome in OUTCOMES:
                 self.handled.labels(sub.name, outcome, "")
+        if multiprocess_dir is not None:
+            import prometheus_client.multiprocess
+
+            prometheus_client.multiprocess.MultiProcessCollector(self.registry, path=multiprocess_dir)  # type: ignore[no-untyped-call]
         self.registry.register(_ScrapeCollector(self))
         self._uid = f"platformkit-metrics-{id(self)}"
         self._server: Any = None
@@ -226,6 +246,13 @@ class Metrics:
         bound = int(self._server.server_port)
         logger.info("metrics serving addr=%s port=%s path=/metrics", addr, bound)
         return bound
+
+    def drop_listener_copy(self) -> None:
+        """In a process forked from this one: close its copy of the listening
+        socket (the parent goes on serving; the child must not hold the port)."""
+        if self._server is not None:
+            with contextlib.suppress(OSError):
+                self._server.socket.close()
 
     def exposition(self) -> bytes:
         """What a scrape returns now (text format)."""
@@ -324,6 +351,10 @@ class _ScrapeCollector:
         return list(self._families().values())
 
     def collect(self) -> Iterable[Any]:
+        with self.metrics.scrape_lock:
+            return self._collect()
+
+    def _collect(self) -> list[Any]:
         started = time.monotonic()
         families = self._families()
         db = self.metrics._database_figures()

@@ -16,6 +16,11 @@ durable that drifted, a stream another project owns) is not restarted: no
 restart can fix it, so the supervisor stops the others and exits 1 at once.
 A consumer child that recycled itself (``recycle.py``: ``EXIT_RECYCLE``,
 after finishing and acking what it held) is replaced at once, no backoff.
+With ``burst`` each consumer child drains and exits 0 (not restarted) while
+the relay child keeps relaying - a handler may publish more - until every
+consumer child finished; a consumer child that fails ends the run with its
+code. With ``metrics`` (``treemetrics.py``) the supervisor serves one
+``/metrics`` for the whole tree.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from django_platformkit._retry import Backoff
 from django_platformkit.exceptions import ConfigurationError, ConsumerDrift
 from django_platformkit.runtime.health import HealthFile
 from django_platformkit.runtime.recycle import EXIT_RECYCLE, RecyclePolicy
+from django_platformkit.runtime.treemetrics import TreeMetrics
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +59,21 @@ EXIT_GAVE_UP = 1
 #: Exit status of a child its configuration refused (sysexits.h's EX_CONFIG):
 #: restarting it would only repeat the refusal, with a traceback each time.
 EXIT_CONFIGURATION = 78
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (``runworker --processes auto``):
+    ``os.process_cpu_count()`` (Python 3.13), else the CPU affinity mask
+    (a container's or ``taskset``'s limit), else every core; at least 1."""
+    count = getattr(os, "process_cpu_count", None)
+    if count is not None:
+        found = count()
+    else:
+        try:
+            found = len(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            found = os.cpu_count()
+    return max(1, int(found or 1))
 
 
 class _Child:
@@ -87,8 +108,12 @@ class Supervisor:
     ``health_file``: each child writes ``<health_file>.<role>``; the
     supervisor writes ``health_file`` every second (healthy when every child
     is up and says healthy) and a final ``{"healthy": false, "stopped":
-    true}``. ``run()`` returns the exit code: 0 after a clean stop, 1 when it
-    gave up on a child, else the first non-zero code a child stopped with.
+    true}``. ``burst``: the consumer children drain and exit (with
+    ``burst_timeout_seconds`` and ``connect_timeout_seconds`` as for
+    ``Worker``), then the relay child is stopped. ``metrics``: counted by
+    every child, served by the supervisor. ``run()`` returns the exit code: 0
+    after a clean stop (or a drained burst), 1 when it gave up on a child,
+    else the first non-zero code a child stopped with.
     """
 
     def __init__(
@@ -101,13 +126,28 @@ class Supervisor:
         jobs: Sequence[str] | None = None,
         health_file: str | os.PathLike[str] | None = None,
         recycle: RecyclePolicy | None = None,
+        burst: bool = False,
+        burst_timeout_seconds: float | None = None,
+        connect_timeout_seconds: float = 30.0,
+        metrics: TreeMetrics | None = None,
     ) -> None:
         self.health_file = Path(health_file) if health_file else None
+        self.burst = burst
+        self.metrics = metrics
         self.children: list[_Child] = []
-        if relay or scheduler:
+        if relay or (scheduler and not burst):
+            # Never a burst itself: it relays until every consumer child drained (a handler may publish).
             self.children.append(
-                _Child("relay", {"relay": relay, "scheduler": scheduler, "consumers": False, "jobs": jobs})
+                _Child(
+                    "relay", {"relay": relay, "scheduler": scheduler and not burst, "consumers": False, "jobs": jobs}
+                )
             )
+        drain = {
+            "burst": True,
+            "burst_timeout_seconds": burst_timeout_seconds,
+            "connect_timeout_seconds": connect_timeout_seconds,
+            "burst_waits_for_relay": relay,
+        }
         for number in range(processes):
             self.children.append(
                 _Child(
@@ -118,6 +158,7 @@ class Supervisor:
                         "consumers": True,
                         "subscriptions": subscriptions,
                         "recycle": recycle,
+                        **(drain if burst else {}),
                     },
                 )
             )
@@ -126,7 +167,14 @@ class Supervisor:
         self._signals = 0
 
     def install_signal_handlers(self) -> None:
+        supervisor_pid = os.getpid()
+
         def handle(signum: int, frame: Any) -> None:
+            if os.getpid() != supervisor_pid:
+                # A child forked a moment ago, before its worker took the signals
+                # over: it stops before starting (nothing in flight), and never
+                # signals the supervisor's other children from its copy of the list.
+                raise SystemExit(0)
             self._signals += 1
             name = signal.Signals(signum).name
             if self._signals == 1:
@@ -170,6 +218,10 @@ class Supervisor:
         while any(c.pid is not None for c in self.children) or not self.stopping:
             self._reap()
             now = time.monotonic()
+            if self.burst and not self.stopping and self._drained():
+                logger.info("supervisor burst drained: every consumer child finished; stopping the rest")
+                self.stopping = True
+                self._signal_children(signal.SIGTERM)
             if not self.stopping:
                 for child in self.children:
                     if child.pid is None and child.restart_at is not None and now >= child.restart_at:
@@ -179,17 +231,24 @@ class Supervisor:
                 last_health = now
             time.sleep(0.1)
         self._write_health(final=True)
+        if self.metrics is not None:
+            self.metrics.close()
         logger.info("supervisor stopped exit=%s", self.exit_code)
         return self.exit_code
+
+    def _drained(self) -> bool:
+        consumers = [c for c in self.children if c.role.startswith("consumer")]
+        return all(c.pid is None and c.restart_at is None and c.exit_code == 0 for c in consumers)
 
     def _start(self, child: _Child) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
-        pid = os.fork()
+        with self.metrics.forking() if self.metrics is not None else contextlib.nullcontext():
+            pid = os.fork()
         if pid == 0:  # the child
             code = 1
             try:
-                code = _child_main(child, self.health_file)
+                code = _child_main(child, self.health_file, self.metrics)
             except SystemExit as exc:
                 code = exc.code if isinstance(exc.code, int) else 1
             except (ConfigurationError, ConsumerDrift) as exc:
@@ -217,6 +276,8 @@ class Supervisor:
                 continue
             code = os.waitstatus_to_exitcode(status)
             child.pid, child.exit_code = None, code
+            if self.metrics is not None:
+                self.metrics.child_exited(pid)
             if self.stopping:
                 logger.info("child stopped role=%s pid=%s exit=%s", child.role, pid, code)
                 # A child that recycled itself as the stop came finished and acked what it held: a clean exit.
@@ -224,6 +285,17 @@ class Supervisor:
                     self.exit_code = code if code > 0 else 1
                 continue
             now = time.monotonic()
+            if self.burst and child.role != "relay" and code != EXIT_RECYCLE:
+                if code == 0:
+                    logger.info("child drained role=%s pid=%s", child.role, pid)
+                    continue
+                logger.error(
+                    "child failed its burst role=%s pid=%s exit=%s: stopping every child", child.role, pid, code
+                )
+                self.exit_code = code if code > 0 else 1
+                self.stopping = True
+                self._signal_children(signal.SIGTERM)
+                continue
             if code == EXIT_RECYCLE:
                 # Not a death: it finished and acked what it held. A fresh one now.
                 child.recycles += 1
@@ -297,15 +369,17 @@ class Supervisor:
         HealthFile(self.health_file).write(state)
 
 
-def _child_main(child: _Child, health_file: Path | None) -> int:
+def _child_main(child: _Child, health_file: Path | None, metrics: TreeMetrics | None = None) -> int:
     # A terminal's Ctrl-C goes to the whole process group: in a group of its
     # own, a child hears only the supervisor's one SIGTERM (two would abandon
     # its in-flight handlers).
     with contextlib.suppress(OSError):
         os.setpgid(0, 0)
     _die_with_parent()
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    # Until the worker takes the signals over, the supervisor's handler stops
+    # this child before it starts (see ``install_signal_handlers``).
+    if metrics is not None:
+        metrics.in_child(child.kwargs.get("subscriptions") or ())
     from django_platformkit.runtime.worker import Worker
 
     worker = Worker(health_file=f"{health_file}.{child.role}" if health_file else None, **child.kwargs)

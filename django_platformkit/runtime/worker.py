@@ -86,6 +86,8 @@ class Worker:
             worker waits for it forever).
         recycle: When to stop and exit ``EXIT_RECYCLE`` so a supervisor
             starts a fresh process (``recycle.py``), or None.
+        burst_waits_for_relay: With ``burst`` and no relay: another process
+            relays, so drained also means no row due in the outbox.
     """
 
     def __init__(
@@ -103,6 +105,7 @@ class Worker:
         jobs: Sequence[str] | None = None,
         connect_timeout_seconds: float = 30.0,
         recycle: RecyclePolicy | None = None,
+        burst_waits_for_relay: bool = False,
     ) -> None:
         if transport is None:
             from django_platformkit.broker.transport import Transport
@@ -115,6 +118,7 @@ class Worker:
         self.want_scheduler = scheduler and not burst
         self.burst = burst
         self.burst_timeout_seconds = burst_timeout_seconds
+        self.burst_waits_for_relay = burst_waits_for_relay or relay
         self.subscriptions = list(registered_subscriptions() if subscriptions is None else subscriptions)
         self.exit_code = 0
         self.threads = Threads(on_crash=self._crash)
@@ -439,6 +443,7 @@ class Worker:
             using=self.using,
             stop_event=self.stop_event,
             timeout_seconds=self.burst_timeout_seconds,
+            wait_for_outbox=self.burst_waits_for_relay,
         )
         if not_drained:  # a crash meanwhile keeps its own exit code
             self.exit_code = not_drained

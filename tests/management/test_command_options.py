@@ -9,6 +9,11 @@ from django.core.management import CommandError, call_command
 
 pytestmark = pytest.mark.unit
 
+PROCESSES_REFUSED = (
+    "--processes {value}: --processes takes a whole number above 0 or auto, e.g. --processes auto "
+    "(one consumer process per usable core)."
+)
+
 
 @pytest.mark.parametrize(
     "args, message",
@@ -33,12 +38,14 @@ pytestmark = pytest.mark.unit
         ),
         (
             ["runworker", "--processes", "0"],
-            "--processes 0: give a whole number of processes above 0 (e.g. --processes 2).",
+            PROCESSES_REFUSED.format(value="0"),
         ),
         (
             ["runworker", "--processes", "-2"],
-            "--processes -2: give a whole number of processes above 0 (e.g. --processes 2).",
+            PROCESSES_REFUSED.format(value="-2"),
         ),
+        (["runworker", "--processes", "two"], PROCESSES_REFUSED.format(value="two")),
+        (["runworker", "--processes", "autp"], PROCESSES_REFUSED.format(value="autp")),
         (["runworker", "--processes", "2", "--metrics-port", "-1"], "--metrics-port -1: not a TCP port (0-65535)."),
         (
             ["runrelay", "--once", "--connect-timeout", "0"],
@@ -57,7 +64,7 @@ def test_the_refusal_holds_for_options_passed_as_keywords_too():
     # call_command's keyword options skip argparse's type=: handle() checks them.
     with pytest.raises(CommandError, match=r"^--burst-timeout -5: give a number of seconds above 0"):
         call_command("runworker", burst=True, burst_timeout=-5)
-    with pytest.raises(CommandError, match=r"^--processes 1.5: give a whole number of processes above 0"):
+    with pytest.raises(CommandError, match=r"^--processes 1.5: --processes takes a whole number above 0 or auto"):
         call_command("runworker", processes=1.5)
 
 
@@ -76,8 +83,3 @@ def test_the_other_commands_number_options_refuse_negatives_while_parsing(args, 
     with pytest.raises(CommandError) as refused:
         call_command(*args)
     assert message in str(refused.value)
-
-
-def test_metrics_port_with_processes_is_refused_rather_than_ignored():
-    with pytest.raises(CommandError, match=r"^--metrics-port can't be combined with --processes yet"):
-        call_command("runworker", "--processes", "2", "--metrics-port", "9108")

@@ -10,6 +10,7 @@ from django_platformkit.runtime.supervisor import (
     RESTART_MAX_SECONDS,
     STABLE_AFTER_SECONDS,
     _Child,
+    usable_cores,
 )
 
 pytestmark = pytest.mark.unit
@@ -43,3 +44,20 @@ def test_deaths_within_the_window_are_counted_for_giving_up():
     child = _Child("relay", {})
     _crash_loop(child, 1000.0, GIVE_UP_AFTER_DEATHS)
     assert len(child.deaths) == GIVE_UP_AFTER_DEATHS
+
+
+def test_processes_auto_counts_the_cores_this_process_may_use_not_every_core():
+    """``--processes auto`` under ``taskset`` or a container's CPU set: the
+    affinity mask, not ``os.cpu_count()``. Linux (``sched_setaffinity`` sets
+    the calling thread's mask, which this test restores)."""
+    import os
+
+    if not hasattr(os, "sched_setaffinity"):
+        pytest.skip("no CPU affinity on this platform")
+    mask = os.sched_getaffinity(0)
+    assert usable_cores() == len(mask)
+    os.sched_setaffinity(0, {min(mask)})
+    try:
+        assert usable_cores() == 1
+    finally:
+        os.sched_setaffinity(0, mask)

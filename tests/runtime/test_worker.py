@@ -221,22 +221,6 @@ def test_processes_2_start_handle_and_stop_on_one_sigterm(broker, tmp_path):
     assert final["healthy"] is False and final["stopped"] is True
 
 
-def test_processes_refuses_burst_with_a_clear_error(broker):
-    proc = manage(
-        "runworker",
-        "--processes",
-        "2",
-        "--burst",
-        env=worker_env(broker),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    _, stderr = proc.communicate(timeout=60)
-    assert proc.returncode != 0
-    assert "--burst can't be combined with --processes" in stderr
-
-
 def test_processes_restarts_a_child_that_dies(broker, tmp_path):
     """A consumer child SIGKILLed (an OOM kill) is restarted by the
     supervisor, and events published afterwards are handled."""

@@ -209,6 +209,33 @@ def start_metrics(port: int, *, host: str = DEFAULT_METRICS_HOST, **kwargs: Any)
         ) from None
 
 
+def serve_tree_metrics(port: int, *, host: str = DEFAULT_METRICS_HOST, subscriptions: Any = ()) -> Any:
+    """``--processes N --metrics-port PORT``: make the folder the children
+    count into and serve their sum from this process (a ``TreeMetrics``;
+    see ``django_platformkit.runtime.treemetrics``). Raises ``CommandError``
+    as ``start_metrics`` does."""
+    from django.core.management.base import CommandError
+
+    from django_platformkit.exceptions import ConfigurationError
+
+    tcp_port("--metrics-port", port)
+    try:
+        from django_platformkit.runtime.treemetrics import TreeMetrics
+
+        tree = TreeMetrics(subscriptions=subscriptions)
+    except ConfigurationError as exc:
+        raise CommandError(str(exc)) from None
+    try:
+        tree.serve(port, host)
+    except OSError as exc:
+        tree.close()
+        raise CommandError(
+            f"--metrics-host {host} --metrics-port {port}: can't listen there ({exc}); pick a free port, or an "
+            "address of this machine."
+        ) from None
+    return tree
+
+
 @contextlib.contextmanager
 def result_printed_once(logger_name: str, *prefixes: str) -> Iterator[None]:
     """While a command prints its result on stdout, drop the library's log

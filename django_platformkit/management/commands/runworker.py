@@ -1,8 +1,10 @@
 """``manage.py runworker``: relay + every subscription's consumer + the scheduler.
 
-With ``--processes N``: a small supervisor (this process) runs the relay and
-the scheduler in one child and the consumers in N more (see
-``django_platformkit.runtime.supervisor``).
+With ``--processes N`` (or ``auto``: one per usable core): a small
+supervisor (this process) runs the relay and the scheduler in one child and
+the consumers in N more (see ``django_platformkit.runtime.supervisor``),
+serves one ``/metrics`` for them all with ``--metrics-port``, and with
+``--burst`` lets every consumer child drain, then exits.
 """
 
 from typing import Any
@@ -16,15 +18,36 @@ from django_platformkit.management.commands._base import (
     import_urlconf,
     positive,
     result_printed_once,
+    serve_tree_metrics,
     start_metrics,
     tcp_port,
 )
 
 
+def processes_wanted(value: Any) -> int | None:
+    """``--processes``: a whole number above 0, or ``auto`` (one consumer
+    process per usable core); None (not given) as it is. Anything else is a
+    ``CommandError`` that says what to write."""
+    if value is None:
+        return None
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        from django_platformkit.runtime.supervisor import usable_cores
+
+        return usable_cores()
+    try:
+        return int(positive("--processes", value, unit="processes", whole=True, example="auto"))
+    except CommandError:
+        raise CommandError(
+            f"--processes {value}: --processes takes a whole number above 0 or auto, e.g. --processes auto "
+            "(one consumer process per usable core)."
+        ) from None
+
+
 class Command(BaseCommand):
     help = (
         "Run the relay, every subscription's durable consumer and the job scheduler in one process "
-        "(or, with --processes N, the relay and scheduler in one child and the consumers in N more). "
+        "(or, with --processes N or --processes auto, the relay and scheduler in one child and the consumers in N "
+        "more, or one per usable core). "
         "SIGTERM/SIGINT finish in-flight handlers, ack them and exit 0."
     )
 
@@ -32,7 +55,8 @@ class Command(BaseCommand):
         parser.add_argument(
             "--burst",
             action="store_true",
-            help="Drain the outbox and every consumer (nothing pending, awaiting ack or retry), run no jobs, then exit 0.",
+            help="Drain the outbox and every consumer (nothing pending, awaiting ack or retry), run no jobs, then exit 0 "
+            "(with --processes: every consumer process drains and exits, the relay process relays until they have).",
         )
         parser.add_argument(
             "--burst-timeout",
@@ -85,12 +109,14 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--processes",
-            type=int,
             default=None,
-            metavar="N",
+            metavar="N|auto",
             help="Run the relay and scheduler in one child process and the consumers in N child processes under this one "
-            "(uses the cores: one Python process uses one). One SIGTERM/SIGINT stops them all; a child that dies is "
-            "restarted with backoff, and the supervisor exits 1 if one keeps dying.",
+            "(uses the cores: one Python process uses one); auto: one consumer process per usable core, the "
+            "recommendation for production. One SIGTERM/SIGINT stops them all; a child that dies is restarted with "
+            "backoff, and the supervisor exits 1 if one keeps dying. With --metrics-port this process serves one "
+            "/metrics for them all; with --burst every consumer process drains, then all exit. A concurrency=1 "
+            "subscription keeps its order only within one process: see the ordering docs.",
         )
         parser.add_argument(
             "--max-handlings-per-process",
@@ -117,7 +143,7 @@ class Command(BaseCommand):
         )
         connect_timeout = positive("--connect-timeout", options["connect_timeout"], omitted="the default is 30")
         tcp_port("--metrics-port", options["metrics_port"])
-        processes = positive("--processes", options["processes"], unit="processes", whole=True, example="2")
+        processes = processes_wanted(options["processes"])
         max_handlings = positive(
             "--max-handlings-per-process",
             options.get("max_handlings_per_process"),
@@ -172,20 +198,8 @@ class Command(BaseCommand):
                     f"unknown job(s) {', '.join(missing)}; known: {', '.join(j.name for j in jobs()) or '(none)'}"
                 )
         if processes is not None:
-            if options["burst"]:
-                raise CommandError(
-                    "--burst can't be combined with --processes: a burst drains and exits, and one process does that "
-                    "(run several `runworker --burst --no-relay` side by side if you need more)."
-                )
             if options["no_consumers"]:
                 raise CommandError("--processes N runs N consumer processes; drop --no-consumers (or --processes).")
-            if options["metrics_port"] is not None:
-                # It was ignored: the supervisor served nothing and its children can't share one port.
-                raise CommandError(
-                    "--metrics-port can't be combined with --processes yet: no process would serve it. Run one "
-                    "`runworker --metrics-port PORT` per process instead (e.g. `--no-relay` beside one `runrelay`), "
-                    "or drop --metrics-port."
-                )
             from django_platformkit.runtime.recycle import RecyclePolicy
             from django_platformkit.runtime.supervisor import Supervisor
 
@@ -199,13 +213,26 @@ class Command(BaseCommand):
                 recycle=RecyclePolicy(max_handlings, max_memory)
                 if max_handlings is not None or max_memory is not None
                 else None,
+                burst=options["burst"],
+                burst_timeout_seconds=burst_timeout,
+                connect_timeout_seconds=connect_timeout,
             )
             try:
                 supervisor.refuse_what_no_child_could_run()
             except ConfigurationError as exc:
                 raise CommandError(str(exc)) from None
+            if options["metrics_port"] is not None:
+                supervisor.metrics = serve_tree_metrics(
+                    options["metrics_port"], host=options["metrics_host"], subscriptions=subs
+                )
             supervisor.install_signal_handlers()
-            code = supervisor.run()
+            try:
+                code = supervisor.run()
+            finally:
+                if supervisor.metrics is not None:  # run() closes it too; this covers a run that raised
+                    supervisor.metrics.close()
+            if options["burst"] and options["verbosity"] >= 1:
+                self.stdout.write(f"exit={code} processes={processes}")
             if code:
                 raise SystemExit(code)
             return
