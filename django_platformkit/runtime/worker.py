@@ -164,25 +164,26 @@ class Worker:
 
     # -- lifecycle --
     def install_signal_handlers(self) -> None:
+        signals: list[str] = []  # a stop a recycle began is no first request: a SIGTERM then is no second
+
         def handle(signum: int, frame: Any) -> None:
             name = signal.Signals(signum).name
+            signals.append(name)
             if self._starting:
                 self.stop_event.set()
                 if self.clock_side.scheduler is not None:
                     # Jobs may be running: start-up's waits end at once, the jobs get their grace.
                     logger.info("worker stopping signal=%s during start-up: letting running jobs finish", name)
                     return
-                # Nothing is fetched or running yet: nothing to finish. Leave now
-                # rather than after a connect or durable check that may take long
-                # (the heartbeat's thread writes the stopped row first, briefly).
+                # Nothing fetched or running yet: leave now, not after a connect or durable check
+                # that may take long (the heartbeat's thread writes the stopped row first, briefly).
                 logger.info("worker stopping signal=%s during start-up: nothing in flight; exit=0", name)
                 self.clock_side.join_heartbeat(2.0)
                 self.health_file.final()
                 logging.shutdown()
                 os._exit(0)
-            if self.stop_event.is_set():
-                # Asked twice: the operator means it. In-flight transactions roll
-                # back with the connections; their messages are redelivered.
+            if len(signals) > 1:
+                # Asked twice: the operator means it. In-flight transactions roll back; their messages are redelivered.
                 logger.warning("worker stopping now signal=%s (second request): in-flight handlers are abandoned", name)
                 self.health_file.final()
                 logging.shutdown()

@@ -62,6 +62,41 @@ def test_two_recycling_consumer_processes_handle_every_event_once_at_its_first_a
     assert "child died" not in text  # a recycle is no crash: no backoff
 
 
+def test_a_sigterm_while_a_child_recycles_lets_its_in_flight_handler_finish(broker, tmp_path):
+    """The child's stop began with its recycle, not a signal: the supervisor's
+    SIGTERM then is its first request, not the "second request" that abandons
+    in-flight handlers and exits 1 (a race the suite met at random)."""
+    with transaction.atomic():
+        ids = [publish("testapp.slow", {"sleep": 3}) for _ in range(3)]
+    log = tmp_path / "supervisor.log"
+    env = worker_env(broker, PLATFORMKIT_TEST_ACK_WAIT="10", PLATFORMKIT_TEST_HANDLER_TIMEOUT="8")
+    with log.open("w") as out:
+        supervisor = manage(
+            "runworker",
+            "--processes",
+            "1",
+            "--max-handlings-per-process",
+            "1",
+            "--subscription",
+            "testapp.slow",
+            "--no-jobs",
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=out,
+        )
+        try:
+            # The first event handled: the child recycles while the second one runs (3 s).
+            wait_for(lambda: "worker recycling" in log.read_text(), timeout=120, interval=0.05, what="a recycle")
+        finally:
+            supervisor.send_signal(signal.SIGTERM)
+            code = supervisor.wait(60)
+    text = log.read_text()
+    assert code == 0, text[-3000:]
+    assert "second request" not in text
+    handled = set(Effect.objects.filter(subscription="testapp.slow").values_list("event_id", flat=True))
+    assert set(ids[:2]) <= handled, text[-3000:]  # the one in flight at the SIGTERM finished
+
+
 def test_a_recycle_policy_says_why_once_a_limit_is_passed():
     assert RecyclePolicy(max_handlings=50).reason(49) is None
     assert "handlings=50" in (RecyclePolicy(max_handlings=50).reason(50) or "")
