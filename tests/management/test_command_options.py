@@ -81,3 +81,38 @@ def test_the_other_commands_number_options_refuse_negatives_while_parsing(args, 
 def test_metrics_port_with_processes_is_refused_rather_than_ignored():
     with pytest.raises(CommandError, match=r"^--metrics-port can't be combined with --processes yet"):
         call_command("runworker", "--processes", "2", "--metrics-port", "9108")
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            ["--no-relay", "--no-consumers", "--no-jobs"],
+            "nothing to run: --no-relay, --no-consumers, --no-jobs. Drop one of them (the relay alone is `runrelay`).",
+        ),
+        (
+            ["--no-relay", "--no-consumers", "--burst"],
+            "nothing to run: --no-relay, --no-consumers, --burst (which runs no jobs). Drop one of them "
+            "(the relay alone is `runrelay`).",
+        ),
+        (["--burst-timeout", "30"], "--burst-timeout only limits --burst: add --burst, or drop --burst-timeout."),
+        (
+            ["--no-jobs", "--job", "platformkit.outbox_purge"],
+            "--job picks the jobs to run, but --no-jobs runs no jobs: drop one of the two.",
+        ),
+        (
+            ["--burst", "--job", "platformkit.outbox_purge"],
+            "--job picks the jobs to run, but --burst runs no jobs: drop one of the two.",
+        ),
+        (
+            ["--no-consumers", "--subscription", "testapp.count_order"],
+            "--subscription and --queue pick the consumers to run, but --no-consumers runs none: drop one of them.",
+        ),
+    ],
+)
+@pytest.mark.timeout(60)  # without the refusal, the first ran a worker that does nothing until stopped
+def test_runworker_refuses_options_that_leave_nothing_to_run_or_cancel_each_other(args, message):
+    # Each ran before: a worker that did nothing (or burst and exited 0), or an option ignored without a word.
+    with pytest.raises(CommandError) as refused:
+        call_command("runworker", *args)
+    assert str(refused.value) == message
