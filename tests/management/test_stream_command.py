@@ -113,3 +113,32 @@ def test_prune_deletes_a_declared_durable_only_when_named_after_its_filter_drift
     out = stream("prune", "--durable", "testapp-flaky")
     assert "deleted retired-old_handler" in out and "deleted testapp-flaky (subscription testapp.flaky" in out
     assert "testapp-flaky" not in durables(ours) and "someone-elses" in durables(ours)
+
+
+def test_reset_refuses_another_databases_stream_while_its_durables_hold_unhandled_events(broker):
+    # Another project's stream (another identity) with a durable that has not read its one message:
+    # `stream reset --yes` deleted it, and that project's relayed events with it.
+    import uuid
+
+    theirs = str(uuid.uuid4())
+    t = Transport()
+    t.connect()
+    try:
+        t.ensure_stream(owner=theirs, instance="1:1")
+        t.ensure_consumer(consumer_config("testapp.record_order", "testapp.order_placed"))
+        t.publish_raw(f"{broker['SUBJECT_PREFIX']}._.testapp.order_placed", b"{}")
+        with pytest.raises(CommandError) as refused:
+            stream("reset", "--yes")
+        text = str(refused.value)
+        assert text.startswith(f"stream reset refused, nothing deleted: the stream {broker['STREAM']!r} belongs")
+        assert theirs in text and "testapp-record_order 1" in text and "--discard-unhandled" in text
+        assert t.upkeep.report() is not None
+        assert "deleted the stream" in stream("reset", "--yes", "--discard-unhandled")
+        assert t.upkeep.report() is None
+
+        # Its durables drained (a re-created development database's old stream): --yes is enough.
+        t.ensure_stream(owner=theirs, instance="1:1")
+        t.ensure_consumer(consumer_config("testapp.record_order", "testapp.order_placed"))
+        assert "deleted the stream" in stream("reset", "--yes")
+    finally:
+        t.close()
