@@ -68,7 +68,9 @@ def prune_durables(
     """Delete the durables no declared subscription owns (``StreamView.unowned``)
     and those named in ``also`` (a declared one that drifted: its filter
     changed, which the broker can't update); with ``dry_run``, only say
-    which. Returns them (those deleted). Raises ``ConfigurationError`` for a
+    which. Returns them (those deleted). A named durable of a
+    ``backfill=False`` subscription is made again at once, from its first
+    unacknowledged message (the worker would make it start at "now"). Raises ``ConfigurationError`` for a
     stream another project owns, and for a name in ``also`` that is no
     django_platformkit durable of this stream."""
     from django_platformkit.exceptions import ConfigurationError
@@ -87,6 +89,15 @@ def prune_durables(
     if dry_run or not doomed:
         return doomed
     gone = set(upkeep.delete_durables([d.name for d in doomed]))
+    from django_platformkit.consume.subscriptions import get_subscription
+
+    for d in doomed:
+        if d.name in gone and d.name in also and d.name in view.owners:
+            subscription = get_subscription(view.owners[d.name])
+            if subscription is not None and not subscription.backfill:
+                # Made again by a worker, it would start at "now": what it had not handled, and what is
+                # relayed until then, would never run it. It goes on from its first unacknowledged message.
+                upkeep.create_durable_from(subscription.consumer_config(), d.ack_floor + 1)
     return [d for d in doomed if d.name in gone]
 
 

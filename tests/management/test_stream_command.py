@@ -142,3 +142,45 @@ def test_reset_refuses_another_databases_stream_while_its_durables_hold_unhandle
         assert "deleted the stream" in stream("reset", "--yes")
     finally:
         t.close()
+
+
+def test_prune_durable_of_a_backfill_false_subscription_resumes_where_it_stood_losing_nothing(
+    transport, registries, run_worker
+):
+    # A backfill=False durable made again by the worker starts at "now": the events it had not handled,
+    # and those relayed before the worker made it again, never ran its handler.
+    from django.db import transaction
+
+    from django_platformkit import declare, publish, subscribe
+    from django_platformkit.consume.subscriptions import get_subscription
+    from django_platformkit.outbox.relay import Relay
+    from tests.testapp.models import Effect
+
+    declare("testapp.resumed")
+
+    @subscribe("testapp.resumed", name="testapp.from_now", backfill=False)
+    def from_now(event):
+        Effect.objects.create(subscription="testapp.from_now", event_id=event.id)
+
+    sub = get_subscription("testapp.from_now")
+    transport.ensure_consumer(sub.consumer_config())  # it exists: "from now" has begun
+    with transaction.atomic():
+        first = publish("testapp.resumed", {"n": 1})
+    run_worker(subscriptions=[sub])
+    with transaction.atomic():
+        waiting = {publish("testapp.resumed", {"n": n}) for n in (2, 3)}
+    Relay(transport).drain()  # in the stream, not handled yet
+    assert "deleted testapp-from_now (subscription testapp.from_now, pending 2" in stream(
+        "prune", "--durable", sub.durable
+    )
+    with transaction.atomic():
+        meanwhile = publish("testapp.resumed", {"n": 4})
+    Relay(transport).drain()  # before a worker makes the durable again
+    run_worker(subscriptions=[sub])
+    handled = list(Effect.objects.filter(subscription="testapp.from_now").values_list("event_id", flat=True))
+    assert sorted(handled) == sorted({first, meanwhile} | waiting)  # each once
+    info = transport.ensure_consumer(sub.consumer_config())  # no drift: it has started, from where it stood
+    assert str(getattr(info.config.deliver_policy, "value", info.config.deliver_policy)) == "by_start_sequence"
+    # A later change the broker makes in place keeps where it started (the broker refuses to change that).
+    info = transport.ensure_consumer(consumer_config("testapp.from_now", "testapp.resumed", max_ack_pending=77))
+    assert info.config.max_ack_pending == 77

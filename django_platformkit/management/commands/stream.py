@@ -64,7 +64,8 @@ class Command(BaseCommand):
             metavar="NAME",
             help="Also delete this durable of a declared subscription (repeatable): one whose filter changed, which "
             "the broker can't update (the worker refuses it as drift). Once it is drained: the worker makes it "
-            "again, and its claims skip what was handled.",
+            "again, and its claims skip what was handled (a backfill=False subscription's is made again at once, "
+            "from its first unacknowledged message, not from now).",
         )
         reset = verbs.add_parser(
             "reset",
