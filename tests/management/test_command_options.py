@@ -116,3 +116,41 @@ def test_runworker_refuses_options_that_leave_nothing_to_run_or_cancel_each_othe
     with pytest.raises(CommandError) as refused:
         call_command("runworker", *args)
     assert str(refused.value) == message
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["deadletters", "list"],
+        ["cancel", "00000000-0000-7000-8000-000000000000", "--actor", "ops", "--reason", "why"],
+        ["purgeoutbox", "--dry-run"],
+    ],
+)
+def test_an_operator_command_with_the_database_down_says_so_in_one_line(args):
+    # A real connection refused (nothing listens on port 1): these printed a traceback of psycopg's.
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = dict(
+        os.environ,
+        DATABASE_URL="postgresql://postgres@127.0.0.1:1/pk_nowhere",
+        NATS_URL="nats://127.0.0.1:1",
+        PYTHONPATH=str(root),
+    )
+    done = subprocess.run(
+        [sys.executable, str(root / "tests" / "manage.py"), *args],
+        env=env,
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.startswith("CommandError: the database is unavailable (connection failed: "), done.stderr
+    assert done.stderr.strip().endswith(
+        "run the command again once it answers (check DATABASES, or PGHOST/PGPORT where they are left out)."
+    )
