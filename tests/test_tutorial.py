@@ -127,6 +127,29 @@ def test_every_tutorial_page_marks_its_blocks_and_the_tutorial_runs_things():
     assert {b.action for b in blocks} >= {"write", "run", "run-until", "output"}
 
 
+@pytest.mark.unit
+def test_the_tutorial_says_that_djangos_shell_prints_a_line_its_outputs_leave_out():
+    """The test drops the shell's "N objects imported automatically" line
+    (``SHELL_NOTICE``) before comparing; a reader's terminal shows it above
+    the output. The page of the first ``manage.py shell`` whose output is
+    shown must say so, before the reader compares."""
+    for page in tutorial_pages():
+        blocks = extract(page)
+        shown = [
+            i
+            for i, b in enumerate(blocks[:-1])
+            if b.action == "run" and "manage.py shell" in b.code and blocks[i + 1].action == "output"
+        ]
+        if shown:
+            text = page.read_text()
+            assert "objects imported automatically" in text and "--no-imports" in text, (
+                f"docs/tutorial/{page.name}: its first `manage.py shell` output leaves out Django's "
+                "'N objects imported automatically' line without saying so"
+            )
+            return
+    pytest.fail("no tutorial page shows the output of `manage.py shell`")
+
+
 # --- the run ----------------------------------------------------------------------
 
 

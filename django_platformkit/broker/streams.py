@@ -97,9 +97,15 @@ def consumer_config(
 # doesn't (changing those needs a new durable; we never delete one for you).
 _UPDATABLE = ("description", "ack_wait", "max_deliver", "max_ack_pending", "max_waiting")
 _FIXED = ("deliver_policy", "ack_policy", "filter_subject", "replay_policy")
-#: Where a new durable starts (``subscribe(backfill=...)``): once it exists,
-#: a change between these is no drift - it has started, and backfill changes nothing.
-_START_POLICIES = {api.DeliverPolicy.ALL.value, api.DeliverPolicy.NEW.value}
+#: Where a new durable starts (``subscribe(backfill=...)``, or where a
+#: ``backfill=False`` one stood when ``manage.py stream prune --durable`` made
+#: it again): once it exists, a change between these is no drift - it has
+#: started, and backfill changes nothing.
+_START_POLICIES = {
+    api.DeliverPolicy.ALL.value,
+    api.DeliverPolicy.NEW.value,
+    api.DeliverPolicy.BY_START_SEQUENCE.value,
+}
 
 
 def consumer_differences(
@@ -353,8 +359,10 @@ class Streams:
             )
         if updatable:
             logger.info("durable updated consumer=%s changes=%s", want.durable_name, updatable)
+            # Where it started is kept: the broker refuses to change a durable's start point.
+            kept = replace(want, deliver_policy=info.config.deliver_policy, opt_start_seq=info.config.opt_start_seq)
             updated: api.ConsumerInfo = await self.connection.js.add_consumer(
-                stream, want
+                stream, kept
             )  # create-or-update, same name
             return updated
         return info

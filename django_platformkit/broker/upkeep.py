@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -40,8 +40,9 @@ _PAGE = 256
 class DurableReport:
     """One durable on the stream as the broker holds it: ``pending`` (never
     delivered), ``ack_pending`` (delivered, not acked: in flight or waiting
-    for a retry), ``last_active`` (its last delivery, None: never), and the
-    subscription its description names (None: not made by django_platformkit)."""
+    for a retry), ``last_active`` (its last delivery, None: never), the
+    subscription its description names (None: not made by django_platformkit),
+    and ``ack_floor``: the stream sequence up to which it acked every message."""
 
     name: str
     filter_subject: str
@@ -49,6 +50,7 @@ class DurableReport:
     ack_pending: int
     last_active: datetime | None
     subscription: str | None
+    ack_floor: int = 0
 
 
 @dataclass(frozen=True)
@@ -120,6 +122,19 @@ class StreamUpkeep:
 
         deleted: list[str] = self.connection.call(delete(), timeout=len(names) * 5 + 5)
         return deleted
+
+    def create_durable_from(self, config: api.ConsumerConfig, stream_seq: int) -> None:
+        """Create the durable ``config`` describes starting at ``stream_seq``
+        (a durable deleted by name, made again where it stood: one that
+        starts at "now" would skip what it had not handled)."""
+        resumed = replace(config, deliver_policy=api.DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=max(1, stream_seq))
+        self.connection.call(self.connection.js.add_consumer(conf.settings.STREAM, resumed), timeout=30)
+        logger.warning(
+            "durable made again consumer=%s stream=%s from_stream_seq=%s",
+            resumed.durable_name,
+            conf.settings.STREAM,
+            resumed.opt_start_seq,
+        )
 
     def delete_stream(self) -> bool:
         """Delete the stream and every message it holds; False when there was none."""
@@ -204,4 +219,5 @@ def _durable(info: api.ConsumerInfo) -> DurableReport:
         ack_pending=int(info.num_ack_pending or 0),
         last_active=delivered.last_active if delivered is not None else None,
         subscription=description[len(OUR_DURABLE) :] if description.startswith(OUR_DURABLE) else None,
+        ack_floor=int(info.ack_floor.stream_seq or 0) if info.ack_floor is not None else 0,
     )

@@ -68,7 +68,9 @@ def prune_durables(
     """Delete the durables no declared subscription owns (``StreamView.unowned``)
     and those named in ``also`` (a declared one that drifted: its filter
     changed, which the broker can't update); with ``dry_run``, only say
-    which. Returns them (those deleted). Raises ``ConfigurationError`` for a
+    which. Returns them (those deleted). A named durable of a
+    ``backfill=False`` subscription is made again at once, from its first
+    unacknowledged message (the worker would make it start at "now"). Raises ``ConfigurationError`` for a
     stream another project owns, and for a name in ``also`` that is no
     django_platformkit durable of this stream."""
     from django_platformkit.exceptions import ConfigurationError
@@ -87,4 +89,48 @@ def prune_durables(
     if dry_run or not doomed:
         return doomed
     gone = set(upkeep.delete_durables([d.name for d in doomed]))
+    from django_platformkit.consume.subscriptions import get_subscription
+
+    for d in doomed:
+        if d.name in gone and d.name in also and d.name in view.owners:
+            subscription = get_subscription(view.owners[d.name])
+            if subscription is not None and not subscription.backfill:
+                # Made again by a worker, it would start at "now": what it had not handled, and what is
+                # relayed until then, would never run it. It goes on from its first unacknowledged message.
+                upkeep.create_durable_from(subscription.consumer_config(), d.ack_floor + 1)
     return [d for d in doomed if d.name in gone]
+
+
+def reset_stream(
+    upkeep: StreamUpkeep, *, discard_unhandled: bool = False, using: str | None = None
+) -> StreamReport | None:
+    """Delete the stream with every message and durable (a development
+    reset); return it as it was (None: there was none). Refused with a
+    ``ConfigurationError``, nothing deleted, when the stream belongs to
+    another database (or a live copy of this one holds it) and its durables
+    still hold messages they have not handled - another project's events,
+    which its outbox counts as sent - unless ``discard_unhandled``: a
+    re-created development database's old stream, whose events nobody needs."""
+    from django_platformkit.exceptions import ConfigurationError
+
+    view = stream_view(upkeep, using=using)
+    judgement = view.standing.judgement
+    if view.report is not None and judgement is not None and judgement.refused and not discard_unhandled:
+        held = [d for d in view.report.durables if d.pending or d.ack_pending]
+        if held:
+            tenure = view.standing.tenure
+            whose = (
+                f"belongs to another project's database ({tenure.identity}; this database is {view.identity})"
+                if judgement.standing is identity.Standing.FOREIGN
+                else f"is held by another live database instance ({tenure.instance}) with this database's "
+                f"identity; this database is instance {view.instance}"
+            )
+            counts = ", ".join(f"{d.name} {d.pending + d.ack_pending:,}" for d in held)
+            raise ConfigurationError(
+                f"stream reset refused, nothing deleted: the stream {conf.settings.STREAM!r} {whose}, and its "
+                f"durables hold messages they have not handled ({counts}): that database's events, lost with the "
+                "stream. If it is another project's, give this project its own PLATFORMKIT['STREAM'] and "
+                "PLATFORMKIT['SUBJECT_PREFIX']. If that database is gone for good (you re-created yours) and "
+                "nobody needs its events, add --discard-unhandled."
+            )
+    return view.report if upkeep.delete_stream() else None

@@ -83,3 +83,76 @@ def test_the_other_commands_number_options_refuse_negatives_while_parsing(args, 
     with pytest.raises(CommandError) as refused:
         call_command(*args)
     assert message in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            ["--no-relay", "--no-consumers", "--no-jobs"],
+            "nothing to run: --no-relay, --no-consumers, --no-jobs. Drop one of them (the relay alone is `runrelay`).",
+        ),
+        (
+            ["--no-relay", "--no-consumers", "--burst"],
+            "nothing to run: --no-relay, --no-consumers, --burst (which runs no jobs). Drop one of them "
+            "(the relay alone is `runrelay`).",
+        ),
+        (["--burst-timeout", "30"], "--burst-timeout only limits --burst: add --burst, or drop --burst-timeout."),
+        (
+            ["--no-jobs", "--job", "platformkit.outbox_purge"],
+            "--job picks the jobs to run, but --no-jobs runs no jobs: drop one of the two.",
+        ),
+        (
+            ["--burst", "--job", "platformkit.outbox_purge"],
+            "--job picks the jobs to run, but --burst runs no jobs: drop one of the two.",
+        ),
+        (
+            ["--no-consumers", "--subscription", "testapp.count_order"],
+            "--subscription and --queue pick the consumers to run, but --no-consumers runs none: drop one of them.",
+        ),
+    ],
+)
+@pytest.mark.timeout(60)  # without the refusal, the first ran a worker that does nothing until stopped
+def test_runworker_refuses_options_that_leave_nothing_to_run_or_cancel_each_other(args, message):
+    # Each ran before: a worker that did nothing (or burst and exited 0), or an option ignored without a word.
+    with pytest.raises(CommandError) as refused:
+        call_command("runworker", *args)
+    assert str(refused.value) == message
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["deadletters", "list"],
+        ["cancel", "00000000-0000-7000-8000-000000000000", "--actor", "ops", "--reason", "why"],
+        ["purgeoutbox", "--dry-run"],
+    ],
+)
+def test_an_operator_command_with_the_database_down_says_so_in_one_line(args):
+    # A real connection refused (nothing listens on port 1): these printed a traceback of psycopg's.
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = dict(
+        os.environ,
+        DATABASE_URL="postgresql://postgres@127.0.0.1:1/pk_nowhere",
+        NATS_URL="nats://127.0.0.1:1",
+        PYTHONPATH=str(root),
+    )
+    done = subprocess.run(
+        [sys.executable, str(root / "tests" / "manage.py"), *args],
+        env=env,
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.startswith("CommandError: the database is unavailable (connection failed: "), done.stderr
+    assert done.stderr.strip().endswith(
+        "run the command again once it answers (check DATABASES, or PGHOST/PGPORT where they are left out)."
+    )

@@ -113,3 +113,74 @@ def test_prune_deletes_a_declared_durable_only_when_named_after_its_filter_drift
     out = stream("prune", "--durable", "testapp-flaky")
     assert "deleted retired-old_handler" in out and "deleted testapp-flaky (subscription testapp.flaky" in out
     assert "testapp-flaky" not in durables(ours) and "someone-elses" in durables(ours)
+
+
+def test_reset_refuses_another_databases_stream_while_its_durables_hold_unhandled_events(broker):
+    # Another project's stream (another identity) with a durable that has not read its one message:
+    # `stream reset --yes` deleted it, and that project's relayed events with it.
+    import uuid
+
+    theirs = str(uuid.uuid4())
+    t = Transport()
+    t.connect()
+    try:
+        t.ensure_stream(owner=theirs, instance="1:1")
+        t.ensure_consumer(consumer_config("testapp.record_order", "testapp.order_placed"))
+        t.publish_raw(f"{broker['SUBJECT_PREFIX']}._.testapp.order_placed", b"{}")
+        with pytest.raises(CommandError) as refused:
+            stream("reset", "--yes")
+        text = str(refused.value)
+        assert text.startswith(f"stream reset refused, nothing deleted: the stream {broker['STREAM']!r} belongs")
+        assert theirs in text and "testapp-record_order 1" in text and "--discard-unhandled" in text
+        assert t.upkeep.report() is not None
+        assert "deleted the stream" in stream("reset", "--yes", "--discard-unhandled")
+        assert t.upkeep.report() is None
+
+        # Its durables drained (a re-created development database's old stream): --yes is enough.
+        t.ensure_stream(owner=theirs, instance="1:1")
+        t.ensure_consumer(consumer_config("testapp.record_order", "testapp.order_placed"))
+        assert "deleted the stream" in stream("reset", "--yes")
+    finally:
+        t.close()
+
+
+def test_prune_durable_of_a_backfill_false_subscription_resumes_where_it_stood_losing_nothing(
+    transport, registries, run_worker
+):
+    # A backfill=False durable made again by the worker starts at "now": the events it had not handled,
+    # and those relayed before the worker made it again, never ran its handler.
+    from django.db import transaction
+
+    from django_platformkit import declare, publish, subscribe
+    from django_platformkit.consume.subscriptions import get_subscription
+    from django_platformkit.outbox.relay import Relay
+    from tests.testapp.models import Effect
+
+    declare("testapp.resumed")
+
+    @subscribe("testapp.resumed", name="testapp.from_now", backfill=False)
+    def from_now(event):
+        Effect.objects.create(subscription="testapp.from_now", event_id=event.id)
+
+    sub = get_subscription("testapp.from_now")
+    transport.ensure_consumer(sub.consumer_config())  # it exists: "from now" has begun
+    with transaction.atomic():
+        first = publish("testapp.resumed", {"n": 1})
+    run_worker(subscriptions=[sub])
+    with transaction.atomic():
+        waiting = {publish("testapp.resumed", {"n": n}) for n in (2, 3)}
+    Relay(transport).drain()  # in the stream, not handled yet
+    assert "deleted testapp-from_now (subscription testapp.from_now, pending 2" in stream(
+        "prune", "--durable", sub.durable
+    )
+    with transaction.atomic():
+        meanwhile = publish("testapp.resumed", {"n": 4})
+    Relay(transport).drain()  # before a worker makes the durable again
+    run_worker(subscriptions=[sub])
+    handled = list(Effect.objects.filter(subscription="testapp.from_now").values_list("event_id", flat=True))
+    assert sorted(handled) == sorted({first, meanwhile} | waiting)  # each once
+    info = transport.ensure_consumer(sub.consumer_config())  # no drift: it has started, from where it stood
+    assert str(getattr(info.config.deliver_policy, "value", info.config.deliver_policy)) == "by_start_sequence"
+    # A later change the broker makes in place keeps where it started (the broker refuses to change that).
+    info = transport.ensure_consumer(consumer_config("testapp.from_now", "testapp.resumed", max_ack_pending=77))
+    assert info.config.max_ack_pending == 77

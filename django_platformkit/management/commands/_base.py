@@ -258,11 +258,13 @@ def result_printed_once(logger_name: str, *prefixes: str) -> Iterator[None]:
 def tables_migrated() -> Iterator[None]:
     """Turn "relation ... does not exist" (SQLSTATE 42P01) into a one-line
     ``CommandError`` that says to migrate, as ``runworker`` says it: an
-    operator command on a database without our tables, not a traceback."""
+    operator command on a database without our tables, not a traceback.
+    A database that can't answer (refused, down, starting) is one line too,
+    as ``runworker`` and ``stream`` say it."""
     from django.core.management.base import CommandError
-    from django.db import ProgrammingError
+    from django.db import DatabaseError, ProgrammingError
 
-    from django_platformkit.outage import sqlstate
+    from django_platformkit.outage import database_unavailable, sqlstate
 
     try:
         yield
@@ -271,3 +273,10 @@ def tables_migrated() -> Iterator[None]:
             raise
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else "a table is missing"
         raise CommandError(f"{first_line}: run `manage.py migrate django_platformkit` first.") from None
+    except DatabaseError as exc:
+        if not database_unavailable(exc):
+            raise
+        raise CommandError(
+            f"the database is unavailable ({' '.join(str(exc).split()) or type(exc).__name__}): run the command "
+            "again once it answers (check DATABASES, or PGHOST/PGPORT where they are left out)."
+        ) from None

@@ -32,11 +32,18 @@ class Command(BaseCommand):
             metavar="NAME",
             help="Cancel for this subscription only (default: every subscription of the event).",
         )
-        parser.add_argument("--actor", default=None, metavar="USERNAME", help="Required. Who cancels.")
-        parser.add_argument("--reason", default=None, metavar="TEXT", help="Required. Why (kept in the audit event).")
+        parser.add_argument("--actor", required=True, metavar="USERNAME", help="Required. Who cancels.")
+        parser.add_argument("--reason", required=True, metavar="TEXT", help="Required. Why (kept in the audit event).")
 
     def handle(self, *args: Any, **options: Any) -> None:
         configure_logging(options["verbosity"])
+        blank = [f"--{o} {m}" for o, m in (("actor", "USERNAME"), ("reason", "TEXT")) if not (options[o] or "").strip()]
+        if blank:
+            # cancel() refuses too, but in its own words ("cancel() needs an actor ..."), not the command's options.
+            raise CommandError(
+                f"cancel: give {' and '.join(blank)}: who cancels the event and why (both are kept in the audit "
+                "event platformkit.event_cancelled); nothing was written."
+            )
         import_urlconf()  # a subscription declared in a views module is known with --skip-checks too
         with tables_migrated():
             try:

@@ -197,6 +197,7 @@ class Command(BaseCommand):
                 raise CommandError(
                     f"unknown job(s) {', '.join(missing)}; known: {', '.join(j.name for j in jobs()) or '(none)'}"
                 )
+        self._refuse_what_does_nothing(options, subs)
         if processes is not None:
             if options["no_consumers"]:
                 raise CommandError("--processes N runs N consumer processes; drop --no-consumers (or --processes).")
@@ -265,3 +266,28 @@ class Command(BaseCommand):
             self.stdout.write(f"exit={code} " + " ".join(f"{k}={v}" for k, v in counts.items()))
         if code:
             raise SystemExit(code)
+
+    @staticmethod
+    def _refuse_what_does_nothing(options: dict[str, Any], subs: list[Any]) -> None:
+        """Refuse an option that another one cancels (it was ignored without a
+        word) and a worker left with nothing to run (it ran, or burst and exited
+        0, doing nothing: a probe saw a healthy worker)."""
+        if options["burst_timeout"] is not None and not options["burst"]:
+            raise CommandError("--burst-timeout only limits --burst: add --burst, or drop --burst-timeout.")
+        if options["job"] and (options["no_jobs"] or options["burst"]):
+            other = "--no-jobs runs no jobs" if options["no_jobs"] else "--burst runs no jobs"
+            raise CommandError(f"--job picks the jobs to run, but {other}: drop one of the two.")
+        if (options["subscription"] or options["queue"]) and options["no_consumers"]:
+            raise CommandError(
+                "--subscription and --queue pick the consumers to run, but --no-consumers runs none: drop one of them."
+            )
+        relay = not options["no_relay"]
+        consumers = not options["no_consumers"] and bool(subs)
+        scheduler = not options["no_jobs"] and not options["burst"]
+        if not (relay or consumers or scheduler):
+            left_out = ["--no-relay"]
+            left_out.append("--no-consumers" if options["no_consumers"] else "no subscription or task queue declared")
+            left_out.append("--burst (which runs no jobs)" if options["burst"] else "--no-jobs")
+            raise CommandError(
+                f"nothing to run: {', '.join(left_out)}. Drop one of them (the relay alone is `runrelay`)."
+            )

@@ -3,7 +3,7 @@ the operator's verbs on it - no routine step needs the ``nats`` CLI.
 
     manage.py stream info                 the stream and its durables beside what this build wants
     manage.py stream prune [--dry-run] [--durable NAME]   delete the durables no declared subscription owns
-    manage.py stream reset --yes          delete the stream and every message it holds (a development reset)
+    manage.py stream reset --yes [--discard-unhandled]   delete the stream and every message it holds (a development reset)
     manage.py stream update [--dry-run]   lift limits that could discard unhandled events; set what can change in place
 """
 
@@ -64,7 +64,8 @@ class Command(BaseCommand):
             metavar="NAME",
             help="Also delete this durable of a declared subscription (repeatable): one whose filter changed, which "
             "the broker can't update (the worker refuses it as drift). Once it is drained: the worker makes it "
-            "again, and its claims skip what was handled.",
+            "again, and its claims skip what was handled (a backfill=False subscription's is made again at once, "
+            "from its first unacknowledged message, not from now).",
         )
         reset = verbs.add_parser(
             "reset",
@@ -73,6 +74,13 @@ class Command(BaseCommand):
             "published ones are not sent again.",
         )
         reset.add_argument("--yes", action="store_true", help="Really delete it (required).")
+        reset.add_argument(
+            "--discard-unhandled",
+            action="store_true",
+            help="Delete it even when it belongs to another database (or a live copy of this one holds it) and its "
+            "durables hold messages they have not handled: that database's events are lost. Refused without it. "
+            "For a re-created development database's old stream.",
+        )
         update = verbs.add_parser(
             "update",
             help="Make what can change in place match this build, losing nothing: max_msgs, max_bytes and "
@@ -172,11 +180,13 @@ class Command(BaseCommand):
                 f"stream reset deletes the stream {stream!r} and every message it holds, handled or not, and every "
                 "durable: pass --yes to do it (a development reset, after re-creating the database)."
             )
-        report = transport.upkeep.report()
-        if not transport.upkeep.delete_stream():
+        from django_platformkit.operate.streams import reset_stream
+
+        report = reset_stream(transport.upkeep, discard_unhandled=options["discard_unhandled"])
+        if report is None:
             self.stdout.write(f"no stream {stream!r}: nothing to delete")
             return
-        held = f"{report.messages:,} message(s), {len(report.durables)} durable(s)" if report else "it"
+        held = f"{report.messages:,} message(s), {len(report.durables)} durable(s)"
         self.stdout.write(f"deleted the stream {stream!r} with {held}; a worker or relay makes it again")
 
     def _update(self, transport: Any, options: dict[str, Any]) -> None:
