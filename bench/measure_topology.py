@@ -16,7 +16,10 @@ Rows (``--only topology`` for all, or one part: ``topology-latency``,
   100 per transaction, and (b) the naive exactly-once loop: nats-py pull of
   256, per message one psycopg transaction with the claim and the insert,
   one ack each - both in the same run;
-- ``runworker --processes 2`` against one process over the same drain;
+- ``runworker --processes auto`` (one consumer process per usable core)
+  against one process over the same drain, and against pgqueuer with two
+  worker processes (batch size 100, the same ORM handler, two jobs per
+  event) draining the same number of events;
 - a 30 x 1 s backlog on one subscription: the delay of pings to every other;
 - worker RSS over a 1,000,000-row backlog, idle CPU with 100 idle subscriptions.
 """
@@ -345,11 +348,14 @@ def _drain_rate(kinds: list[str], expected: int, timeout: float = 600) -> tuple[
     return (count - 1) / float(span), time.monotonic() - started
 
 
-def _ours_drain(sizes: Sizes, transport, *args: str) -> float:
+def _ours_drain(sizes: Sizes, transport, *args: str, seen: dict | None = None) -> float:
+    """Handlings/s; ``seen`` gets ``children``: the worker's child processes after warm-up."""
     _reset(transport)
     worker = TopologyWorker(*args)
     try:
         worker.warm_up()
+        if seen is not None:
+            seen["children"] = len(_children(worker.process.pid))
         log(
             f"topology drain: {sizes.topo_drain_events:,} hot events x 2 subscriptions, runworker {' '.join(args) or '(defaults)'}"
         )
@@ -475,45 +481,142 @@ def part_drain(sizes: Sizes, transport) -> tuple[list[Result], float]:
     ], ours
 
 
-def _processes_supported() -> bool:
+def _processes_supported(auto: bool = False) -> bool:
     help_text = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "manage.py"), "runworker", "--help"],
         capture_output=True,
         text=True,
         env=child_env(),
     ).stdout
-    return "--processes" in help_text
+    return "--processes" in help_text and (not auto or "N|auto" in help_text)
+
+
+#: The peer of the processes part: pgqueuer, two worker processes, dequeues of 100.
+PEER_PROCESSES = 2
+PEER_BATCH_SIZE = 100
+
+
+def _pgqueuer_drain(events: int) -> tuple[float, str] | None:
+    """pgqueuer with ``PEER_PROCESSES`` worker processes (bench/peers/pgqueuer_app.py,
+    ``--batch-size 100``) draining ``events`` x 2 jobs, each the same ORM insert as
+    our subscriptions: (handlings/s over first-to-last handler run, note), None
+    without pgqueuer. The backlog is enqueued in one transaction after warm-up,
+    as ours is written to the outbox in one statement after warm-up."""
+    try:
+        import pgqueuer  # noqa: F401
+    except ImportError:
+        return None
+    import tempfile
+    from pathlib import Path
+
+    from .measure_trickle import Pgqueuer
+    from .peers import handler, pgqueuer_app
+
+    logs = Path(tempfile.mkdtemp(prefix="bench-topo-pgqueuer-"))
+    system = Pgqueuer(logs, processes=PEER_PROCESSES, batch_size=PEER_BATCH_SIZE)
+    system.reset()
+    system.start()
+    try:
+        system.warm_up()
+        log(
+            f"topology processes: pgqueuer, {PEER_PROCESSES} worker processes, batch size {PEER_BATCH_SIZE}, "
+            f"drains {events:,} events x 2 jobs"
+        )
+        pgqueuer_app.prepare()
+        with transaction.atomic():
+            for start in range(0, events, 1000):
+                pgqueuer_app.enqueue_many([str(n) for n in range(start, min(events, start + 1000))])
+        rate, _ = _drain_rate(list(handler.HOT_KINDS), 2 * events)
+        system._check_alive()
+        distinct = scalar(
+            "SELECT count(DISTINCT (kind, event_id)) FROM bench_sink WHERE kind = ANY(%s)", [list(handler.HOT_KINDS)]
+        )
+        rows = scalar("SELECT count(*) FROM bench_sink WHERE kind = ANY(%s)", [list(handler.HOT_KINDS)])
+    finally:
+        system.stop()
+    reset_tables("pgqueuer", "pgqueuer_log", "pgqueuer_statistics", "pgqueuer_schedules")
+    return rate, f"pgqueuer: {rows:,} handler rows, {distinct:,} distinct (kind, event); logs {logs}"
 
 
 def part_processes(sizes: Sizes, transport, one_process: float | None) -> list[Result]:
-    if not _processes_supported():
-        log("topology processes: runworker has no --processes in this build: skipped")
+    events = sizes.topo_drain_events
+    if not _processes_supported(auto=True):
+        log("topology processes: runworker has no --processes auto in this build: skipped")
         return [
             Result(
-                "topo_processes",
-                "topology: runworker --processes 2",
+                key,
+                f"topology: runworker --processes auto{what}",
                 None,
-                "events/s",
-                floor_what="skipped: runworker has no --processes in this build",
-                target=">= 1.7x",
+                "handlings/s",
+                floor_what="skipped: runworker has no --processes auto in this build",
+                target=target,
+            )
+            for key, what, target in (
+                ("topo_processes", "", ">= 1.6x"),
+                ("topo_processes_vs_peer", " vs pgqueuer, 2 processes", ">= 1.5x"),
             )
         ]
+    from django_platformkit.runtime.supervisor import usable_cores
+
     if one_process is None:
         one_process = _ours_drain(sizes, transport)
-    two = _ours_drain(sizes, transport, "--processes", "2")
-    return [
+    seen: dict = {}
+    auto = _ours_drain(sizes, transport, "--processes", "auto", seen=seen)
+    cores = usable_cores()
+    started = (
+        f"--processes auto started {cores} consumer process{'es' if cores != 1 else ''} "
+        f"(usable cores: os.process_cpu_count() or the affinity mask; os.cpu_count() {os.cpu_count()}) "
+        f"+ the relay/scheduler child; the worker had {seen.get('children', '?')} child processes after warm-up"
+    )
+    rows = [
         Result(
             "topo_processes",
-            f"topology: drain {sizes.topo_drain_events:,} x 2, --processes 2",
-            two,
-            "events/s",
+            f"topology: drain {events:,} x 2, --processes auto",
+            auto,
+            "handlings/s",
             floor=one_process,
             floor_what="the same, one process",
-            ratio=two / one_process,
-            target=">= 1.7x",
-            met=two / one_process >= 1.7,
+            ratio=auto / one_process,
+            target=">= 1.6x",
+            met=auto / one_process >= 1.6,
+            note=started,
+            detail={"consumer_processes": cores, "children": seen.get("children")},
         )
     ]
+    peer = _pgqueuer_drain(events)
+    what = f"topology: drain {events:,} x 2, --processes auto vs pgqueuer, {PEER_PROCESSES} processes"
+    if peer is None:
+        log("topology processes: pgqueuer is not installed: the peer row is skipped")
+        rows.append(
+            Result(
+                "topo_processes_vs_peer",
+                what,
+                auto,
+                "handlings/s",
+                floor_what="skipped: pgqueuer is not installed (pip install -e '.[bench]')",
+                target=">= 1.5x",
+            )
+        )
+        return rows
+    pgq, pgq_note = peer
+    rows.append(
+        Result(
+            "topo_processes_vs_peer",
+            what,
+            auto,
+            "handlings/s",
+            floor=pgq,
+            floor_what=f"pgqueuer, {PEER_PROCESSES} worker processes, batch size {PEER_BATCH_SIZE}, same ORM handler",
+            ratio=auto / pgq,
+            target=">= 1.5x",
+            met=auto / pgq >= 1.5,
+            note=(
+                f"events/s: ours {auto / 2:,.0f}, pgqueuer {pgq / 2:,.0f} (2 handlings per event: two subscriptions, "
+                f"two jobs enqueued per event); {pgq_note}"
+            ),
+        )
+    )
+    return rows
 
 
 def part_isolation(sizes: Sizes, transport) -> list[Result]:

@@ -317,8 +317,15 @@ class Pgqueuer(System):
         pgqueuer_app.install()
         reset_tables("pgqueuer", "pgqueuer_log", "pgqueuer_statistics", "pgqueuer_schedules")
 
+    def __init__(self, logs: Path, processes: int = 1, batch_size: int | None = None) -> None:
+        super().__init__(logs)
+        self.processes_wanted = processes
+        self.batch_size = batch_size
+
     def start(self) -> None:
-        self._spawn([sys.executable, "-m", "bench.peers.pgqueuer_app"])
+        extra = ["--batch-size", str(self.batch_size)] if self.batch_size else []
+        for n in range(self.processes_wanted):
+            self._spawn([sys.executable, "-m", "bench.peers.pgqueuer_app", *extra], what=f"worker{n or ''}")
 
     def prepare(self) -> None:
         from .peers import pgqueuer_app

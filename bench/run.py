@@ -63,6 +63,8 @@ def _fmt(value: float | None, unit: str) -> str:
         return "-"
     if unit == "events/s":
         return f"{value:,.0f}/s"
+    if unit == "handlings/s":
+        return f"{value:,.0f} handlings/s"
     if unit == "ms":
         return f"{value:.1f} ms"
     if unit == "s":

@@ -9,7 +9,12 @@ scheduler beside the queue: two schedules every minute (its cron has no
 seconds field, so the topology's every-5-s job runs every minute here).
 The publisher enqueues through pgqueuer's ``SyncQueries`` on Django's own
 psycopg connection, so the job rows are part of the publisher's
-``transaction.atomic()`` (``enqueue()`` below)."""
+``transaction.atomic()`` (``enqueue()`` below).
+
+``python -m bench.peers.pgqueuer_app --batch-size 100``: the same with
+dequeues of 100 (pgqueuer's best setting in the handle and tasks rows); the
+topology's processes part runs two of these side by side on one backlog
+(``enqueue_many()``)."""
 
 from __future__ import annotations
 
@@ -95,6 +100,16 @@ def enqueue(key: str) -> None:
     _sync_queries().enqueue(list(HOT_KINDS), [payload, payload], [0, 0])
 
 
+def enqueue_many(keys: list[str]) -> None:
+    """Two jobs per key (one per hot kind), one INSERT per call: a backlog."""
+    kinds, payloads = [], []
+    for key in keys:
+        payload = key.encode()
+        kinds += HOT_KINDS
+        payloads += [payload, payload]
+    _sync_queries().enqueue(kinds, payloads, [0] * len(kinds))
+
+
 def install() -> None:
     """pgqueuer's tables, once per database (``pgq install`` does the same)."""
     from django.db import connection
@@ -121,8 +136,10 @@ def install() -> None:
     asyncio.run(go())
 
 
-def main() -> None:
-    """What ``pgq run bench.peers.pgqueuer_app:create`` does, logging at WARNING as our worker does."""
+def main(argv: list[str] | None = None) -> None:
+    """What ``pgq run bench.peers.pgqueuer_app:create`` does, logging at WARNING as our worker does;
+    ``--batch-size N`` as ``pgq run --batch-size N`` (default: the CLI's 10)."""
+    import argparse
     from datetime import timedelta
 
     from pgqueuer.adapters.cli import supervisor
@@ -130,12 +147,15 @@ def main() -> None:
     from pgqueuer.core import logconfig
     from pgqueuer.domain import types
 
+    parser = argparse.ArgumentParser(prog="python -m bench.peers.pgqueuer_app")
+    parser.add_argument("--batch-size", type=int, default=10)
+    args = parser.parse_args(argv)
     logconfig.setup_fancy_logger(logconfig.LogLevel.WARNING)
     asyncio_run(
         supervisor.run(
             create,
             dequeue_timeout=timedelta(seconds=30),
-            batch_size=10,
+            batch_size=args.batch_size,
             restart_delay=timedelta(seconds=5),
             restart_on_failure=False,
             mode=types.QueueExecutionMode.continuous,
