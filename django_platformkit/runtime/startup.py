@@ -220,7 +220,9 @@ class StartUp:
                         raise BrokerUnavailable(f"the {what} is not available: {why}") from exc
                     if broker:
                         self.waiting = f"{what}: {why}"
-                    waiting.failed(why, meanwhile="jobs and the heartbeat run meanwhile; nothing is lost")
+                    # Run-once modes (a bound to give up at) run no jobs meanwhile: don't say they do.
+                    meanwhile = "jobs and the heartbeat run meanwhile; " if self.give_up_at is None else ""
+                    waiting.failed(why, meanwhile=f"{meanwhile}nothing is lost")
                     self.stop_event.wait(delay.next())
         finally:
             self.waiting = ""

@@ -186,3 +186,25 @@ def test_manage_py_cancel_cancels_one_subscription_and_says_so(broker, capsys):
     with pytest.raises(CommandError, match=r"give --actor USERNAME and --reason TEXT: who cancels"):
         call_command("cancel", str(event_id), "--actor", " ", "--reason", "")
     assert len(audits()) == 1
+
+
+def test_manage_py_cancel_of_an_event_every_subscription_finished_says_how_to_close_a_dead_letter(
+    broker, registries, run_worker, capsys
+):
+    declare("testapp.finished")
+
+    @subscribe("testapp.finished", name="testapp.finished")
+    def finished(event):
+        pass
+
+    with transaction.atomic():
+        event_id = publish("testapp.finished", {})
+    run_worker(subscriptions=[get_subscription("testapp.finished")])
+    with pytest.raises(CommandError) as refused:
+        call_command("cancel", str(event_id), "--actor", "ops", "--reason", "too late")
+    assert str(refused.value) == (
+        f"nothing cancelled: every subscription of event {event_id} had handled or dead-lettered it first. "
+        f"A dead letter is closed with `manage.py deadletters discard {event_id} --reason TEXT`."
+    )
+    assert f"too late event={event_id} subscription=testapp.finished" in capsys.readouterr().out
+    assert audits() == []  # nothing cancelled: no audit event

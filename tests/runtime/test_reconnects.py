@@ -328,5 +328,7 @@ def test_runrelay_waits_for_a_stream_it_cannot_reach_yet_and_once_mode_gives_up_
             _, stderr = once.communicate(timeout=90)
             assert once.returncode == 1, (args, stderr)
             assert f"the stream {broker['STREAM']} is not available" in stderr, (args, stderr)
+            # Its waiting line says nothing is lost, not that jobs run meanwhile: a run-once mode runs none.
+            assert "nothing is lost" in stderr and "run meanwhile" not in stderr, (args, stderr)
     finally:
         server.cleanup()

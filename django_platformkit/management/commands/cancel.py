@@ -64,4 +64,7 @@ class Command(BaseCommand):
                 f"too late event={result.event_id} subscription={name}: it was handled (or dead-lettered) first"
             )
         if result.too_late and not result.cancelled and not result.already_cancelled:
-            raise CommandError(f"nothing cancelled: every subscription of event {result.event_id} had handled it")
+            raise CommandError(
+                f"nothing cancelled: every subscription of event {result.event_id} had handled or dead-lettered it "
+                f"first. A dead letter is closed with `manage.py deadletters discard {result.event_id} --reason TEXT`."
+            )
