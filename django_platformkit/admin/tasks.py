@@ -49,6 +49,8 @@ def _result(obj: OutboxTask) -> Any:
 
     try:
         return load_result(_Alias(), obj.pk)
+    except ImportError:  # Django 5.2: no django.tasks to read a result with
+        return _("read with Django 6.0 or later (django.tasks)")
     except Exception as exc:
         return str(exc)
 
