@@ -509,8 +509,8 @@ def _pgqueuer_drain(events: int) -> tuple[float, str] | None:
     import tempfile
     from pathlib import Path
 
-    from .measure_trickle import Pgqueuer
     from .peers import handler, pgqueuer_app
+    from .systems import Pgqueuer
 
     logs = Path(tempfile.mkdtemp(prefix="bench-topo-pgqueuer-"))
     system = Pgqueuer(logs, processes=PEER_PROCESSES, batch_size=PEER_BATCH_SIZE)

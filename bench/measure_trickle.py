@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import socket
 import statistics
 import subprocess
@@ -51,7 +50,8 @@ from typing import Any
 
 from django.db import connection, transaction
 
-from .harness import ROOT, Result, Sizes, child_env, log, reset_tables, sql
+from .harness import ROOT, Result, Sizes, log, reset_tables
+from .systems import Pgqueuer, System
 
 SYSTEMS = ("ours", "pgqueuer", "procrastinate", "django-tasks-db", "celery")
 RATES = (200.0, 50.0)
@@ -195,84 +195,6 @@ class Redis:
 # --- the systems --------------------------------------------------------------------
 
 
-def _stop(process: subprocess.Popen) -> None:
-    if process.poll() is not None:
-        return
-    process.send_signal(signal.SIGTERM)
-    try:
-        process.wait(30)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(10)
-
-
-class System:
-    """One queue as a user runs it: its processes, its enqueue, its tables."""
-
-    name = ""
-    kinds: tuple[str, ...] = ("trickle_a", "trickle_b")
-    settings = ""
-
-    def __init__(self, logs: Path) -> None:
-        self.logs = logs
-        self.processes: list[subprocess.Popen] = []
-
-    def _log(self, what: str) -> Any:
-        return open(self.logs / f"{self.name}-{what}.log", "ab")
-
-    def _spawn(self, argv: list[str], what: str = "worker", **env: str) -> subprocess.Popen:
-        out = self._log(what)
-        process = subprocess.Popen(argv, env=child_env(**env), cwd=ROOT, stdout=out, stderr=out)
-        self.processes.append(process)
-        return process
-
-    def reset(self) -> None:
-        reset_tables()
-
-    def start(self) -> None:
-        raise NotImplementedError
-
-    def prepare(self) -> None:
-        """Called outside ``atomic()`` before a series of enqueues."""
-
-    def enqueue(self, n: int) -> str:
-        """Enqueue event ``n`` (inside the caller's ``atomic()``); its key in ``bench_sink.event_id``."""
-        raise NotImplementedError
-
-    def warm_up(self, timeout: float = 120.0) -> None:
-        """Until each hot kind ran once (processes up, connections open)."""
-        deadline, n = time.monotonic() + timeout, -1
-        while True:
-            self._check_alive()
-            self.prepare()
-            with transaction.atomic():
-                self.enqueue(n)
-            n -= 1
-            time.sleep(0.5)
-            seen = sql(
-                "SELECT count(DISTINCT kind) FROM bench_sink WHERE kind = ANY(%s)", [list(self.kinds)], fetch=True
-            )
-            if seen[0][0] == len(self.kinds):
-                break
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{self.name}: no warm-up handling within {timeout:g}s (see {self.logs})")
-        time.sleep(1.0)
-        sql("DELETE FROM bench_sink")
-
-    def _check_alive(self) -> None:
-        for process in self.processes:
-            if process.poll() is not None:
-                raise RuntimeError(f"{self.name}: {process.args} exited {process.returncode} (see {self.logs})")
-
-    def roots(self) -> list[int]:
-        return [p.pid for p in self.processes]
-
-    def stop(self) -> None:
-        for process in self.processes:
-            _stop(process)
-        self.processes = []
-
-
 class Ours(System):
     name = "ours"
     settings = "runworker, defaults (relay in-process with LISTEN, one consumer process, uvloop)"
@@ -305,38 +227,6 @@ class Ours(System):
         from .benchapp.platformkit import TOPO_HOT
 
         return str(publish(TOPO_HOT, {"n": n, "sku": f"sku-{n}"}))
-
-
-class Pgqueuer(System):
-    name = "pgqueuer"
-    settings = "pgq run's supervisor (asyncpg, uvloop), CLI defaults: batch size 10, dequeue timeout 30 s; schedules every minute"
-
-    def reset(self) -> None:
-        from .peers import pgqueuer_app
-
-        pgqueuer_app.install()
-        reset_tables("pgqueuer", "pgqueuer_log", "pgqueuer_statistics", "pgqueuer_schedules")
-
-    def __init__(self, logs: Path, processes: int = 1, batch_size: int | None = None) -> None:
-        super().__init__(logs)
-        self.processes_wanted = processes
-        self.batch_size = batch_size
-
-    def start(self) -> None:
-        extra = ["--batch-size", str(self.batch_size)] if self.batch_size else []
-        for n in range(self.processes_wanted):
-            self._spawn([sys.executable, "-m", "bench.peers.pgqueuer_app", *extra], what=f"worker{n or ''}")
-
-    def prepare(self) -> None:
-        from .peers import pgqueuer_app
-
-        pgqueuer_app.prepare()
-
-    def enqueue(self, n: int) -> str:
-        from .peers import pgqueuer_app
-
-        pgqueuer_app.enqueue(str(n))
-        return str(n)
 
 
 class Procrastinate(System):
