@@ -17,15 +17,19 @@ def test_a_stream_with_limits_retention_and_no_numeric_limit_is_safe():
     assert limit_problems(retention="limits", max_msgs=None, max_bytes=0, max_msgs_per_subject=None) == []
 
 
+#: Each stream setting that could discard unhandled events, a value that does, and the fix its refusal names.
+UNSAFE_LIMITS = [
+    ("max_msgs", 300, "manage.py stream update"),
+    ("max_bytes", 200_000, "manage.py stream update"),
+    ("max_msgs_per_subject", 1, "manage.py stream update"),
+    ("retention", "interest", "manage.py stream reset --yes"),
+    ("retention", "workqueue", "manage.py stream reset --yes"),
+]
+
+
 @pytest.mark.parametrize(
     ("setting", "value", "fix"),
-    [
-        ("max_msgs", 300, "manage.py stream update"),
-        ("max_bytes", 200_000, "manage.py stream update"),
-        ("max_msgs_per_subject", 1, "manage.py stream update"),
-        ("retention", "interest", "manage.py stream reset --yes"),
-        ("retention", "workqueue", "manage.py stream reset --yes"),
-    ],
+    UNSAFE_LIMITS,
 )
 def test_each_limit_that_could_discard_unhandled_events_is_named_with_its_fix(setting, value, fix):
     (problem,) = limit_problems(**{**SAFE, setting: value})

@@ -16,6 +16,7 @@ from django_platformkit.broker.memory import InMemoryTransport
 from django_platformkit.broker.transport import Transport
 from django_platformkit.models import OutboxEvent, WorkerHeartbeat, WorkerState
 from django_platformkit.runtime.streamwatch import StreamWatch
+from tests.broker.test_standing import UNSAFE_LIMITS
 from tests.conftest import run_to_exit, wait_for, worker_env
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -23,13 +24,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 @pytest.mark.parametrize(
     ("setting", "value", "fix"),
-    [
-        ("max_msgs", 300, "manage.py stream update"),
-        ("max_bytes", 200_000, "manage.py stream update"),
-        ("max_msgs_per_subject", 1, "manage.py stream update"),
-        ("retention", "interest", "manage.py stream reset --yes"),
-        ("retention", "workqueue", "manage.py stream reset --yes"),
-    ],
+    UNSAFE_LIMITS,
 )
 def test_relay_and_worker_refuse_a_stream_whose_limits_could_discard_events_and_relay_nothing(
     broker, setting, value, fix
