@@ -37,27 +37,30 @@ def _stop(proc: subprocess.Popen, log: Path) -> str:
     return log.read_text()
 
 
+def start_logged(broker, log, *args: str) -> subprocess.Popen:
+    """``runworker *args`` as a real process, its stdout and stderr in ``log``."""
+    with open(log, "wb") as out:
+        return manage("runworker", *args, env=worker_env(broker), stdout=out, stderr=subprocess.STDOUT)
+
+
 def test_processes_2_serve_one_metrics_endpoint_summing_every_child_recycled_ones_included(broker, tmp_path):
     """Two consumer children that recycle every 5 handlings: the supervisor's
     one /metrics counts every handling of every child, those that exited too."""
     port = free_port()
     log = tmp_path / "worker.log"
-    with open(log, "wb") as out:
-        proc = manage(
-            "runworker",
-            "--processes",
-            "2",
-            "--metrics-port",
-            str(port),
-            "--max-handlings-per-process",
-            "5",
-            "--no-jobs",
-            "--subscription",
-            SUB,
-            env=worker_env(broker),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
+    proc = start_logged(
+        broker,
+        log,
+        "--processes",
+        "2",
+        "--metrics-port",
+        str(port),
+        "--max-handlings-per-process",
+        "5",
+        "--no-jobs",
+        "--subscription",
+        SUB,
+    )
     try:
         folder = Path(
             wait_for(
@@ -101,20 +104,17 @@ def test_processes_2_serve_one_metrics_endpoint_summing_every_child_recycled_one
 def test_processes_auto_starts_one_consumer_child_per_usable_core(broker, tmp_path):
     health = tmp_path / "health.json"
     log = tmp_path / "worker.log"
-    with open(log, "wb") as out:
-        proc = manage(
-            "runworker",
-            "--processes",
-            "auto",
-            "--no-jobs",
-            "--subscription",
-            SUB,
-            "--health-file",
-            str(health),
-            env=worker_env(broker),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
+    proc = start_logged(
+        broker,
+        log,
+        "--processes",
+        "auto",
+        "--no-jobs",
+        "--subscription",
+        SUB,
+        "--health-file",
+        str(health),
+    )
     try:
         state = wait_for(
             lambda: health.exists() and json.loads(health.read_text()), timeout=60, what="the supervisor's health file"
