@@ -23,6 +23,7 @@ from django_platformkit._tables import (
     JOBS_TABLE,
     OUTBOX_TABLE,
     RATE_LIMITS_TABLE,
+    SUBSCRIPTIONS_TABLE,
     TASK_RESULTS_TABLE,
     WORKERS_TABLE,
 )
@@ -59,6 +60,11 @@ class OutboxEvent(models.Model):
     # A deferred task's run_after (django.tasks): the relay leaves the row
     # pending until then. NULL for every plain event.
     not_before = models.DateTimeField(verbose_name=_("not before"), null=True, blank=True)
+    # Where the broker stored its last send (stamped with published_at): the
+    # stream by its creation time - a reset or lost stream is made again with
+    # another - and the sequence the PubAck gave. What reconciliation reads.
+    stream_created = models.DateTimeField(verbose_name=_("stream created"), null=True, blank=True)
+    stream_seq = models.BigIntegerField(verbose_name=_("stream sequence"), null=True, blank=True)
 
     objects = OutboxQuerySet.as_manager()
 
@@ -87,6 +93,12 @@ class OutboxEvent(models.Model):
                 fields=["published_at"],
                 condition=models.Q(published_at__isnull=False),
                 name="platformkit_outbox_published",
+            ),
+            # Reconciliation walks one event's sends in stream order, from where its last pass stopped.
+            models.Index(
+                fields=["name", "stream_created", "stream_seq"],
+                condition=models.Q(stream_seq__isnull=False),
+                name="platformkit_outbox_stream",
             ),
         ]
 
@@ -268,6 +280,35 @@ class JobState(models.Model):
     class Meta:
         db_table = JOBS_TABLE
         verbose_name = _("job state")
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class SubscriptionState(models.Model):
+    """What reconciliation keeps of a subscription (``operate/reconcile.py``):
+    where it began - the stream and the sequence its durable first started
+    after, kept when the durable is deleted, so one made again is owed what it
+    missed and a ``backfill=False`` one is never backfilled - how far its
+    events are reconciled, and what its last passes did."""
+
+    name = models.CharField(verbose_name=_("subscription"), max_length=200, primary_key=True)
+    first_seen_at = models.DateTimeField(verbose_name=_("first seen at"), db_default=Now())
+    origin_stream_created = models.DateTimeField(verbose_name=_("began in the stream created at"))
+    origin_seq = models.BigIntegerField(verbose_name=_("began after the sequence"), db_default=0)
+    reconciled_stream_created = models.DateTimeField(null=True, blank=True)
+    reconciled_seq = models.BigIntegerField(db_default=0)
+    staged_stream_created = models.DateTimeField(null=True, blank=True)
+    staged_seq = models.BigIntegerField(db_default=0)
+    staged_at = models.DateTimeField(null=True, blank=True)
+    reconciled_at = models.DateTimeField(verbose_name=_("reconciled at"), null=True, blank=True)
+    note = models.TextField(verbose_name=_("note"), blank=True, db_default="", help_text=_("why its pass did nothing"))
+    resent_at = models.DateTimeField(verbose_name=_("re-sent at"), null=True, blank=True)
+    resent = models.JSONField(verbose_name=_("re-sent"), db_default={}, help_text=_("{cause: count} of that pass"))
+
+    class Meta:
+        db_table = SUBSCRIPTIONS_TABLE
+        verbose_name = _("subscription state")
 
     def __str__(self) -> str:
         return self.name

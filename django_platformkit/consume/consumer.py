@@ -41,7 +41,14 @@ from django_platformkit.consume.subscriptions import Subscription
 from django_platformkit.consume.units import Redo, Stopping, Work
 from django_platformkit.consume.waiting import DatabaseWait
 from django_platformkit.outage import close_old_connections_for
-from django_platformkit.wire import Delivery, HandlingOutcome, MalformedMessage, ReceivedEvent, parse_delivery
+from django_platformkit.wire import (
+    Delivery,
+    HandlingOutcome,
+    MalformedMessage,
+    ReceivedEvent,
+    meant_for,
+    parse_delivery,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -148,8 +155,9 @@ class Consumer:
             claim existed), ``RETRIED`` (naked with its backoff),
             ``DEAD_LETTERED``, ``MALFORMED`` (termed, recorded as a
             ``(malformed)`` dead letter), ``UNACKED`` (the database is gone:
-            left for redelivery) or ``HANDED_BACK`` (the worker is stopping:
-            naked, not counted).
+            left for redelivery), ``HANDED_BACK`` (the worker is stopping:
+            naked, not counted) or ``ELSEWHERE`` (a targeted re-send for
+            another subscription: acked, not counted).
         """
         own_keep = keep is None
         if keep is None:
@@ -179,6 +187,10 @@ class Consumer:
         units: list[list[Work]] = []
         chunk: list[Work] = []
         for delivery in deliveries:
+            if not meant_for(delivery.headers, self.subscription.name):
+                results[id(delivery)] = self.settlement.elsewhere(delivery)
+                self.settlement.settled(keep, delivery)
+                continue
             event, reason = self._decode(delivery)
             if event is None:
                 results[id(delivery)] = self.settlement.malformed(delivery, reason)

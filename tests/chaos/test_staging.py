@@ -75,7 +75,7 @@ def test_a_staging_copy_started_on_the_same_stream_is_refused_and_production_los
             wait_for(lambda p=process: not p.running, timeout=120, what=f"staging {process.role} to be refused")
             assert process.popen.returncode == 1, process.tail()
             text = process.log_path.read_text()
-            assert "held by another live database with this database's identity" in text, text
+            assert "held by another database instance with this database's identity" in text, text
             assert "UPDATE platformkit_identity SET database_id = gen_random_uuid()" in text
         prod.wait_for_writers(writers)
         # Production's workers learn a copy tried (their next look at the stream).
