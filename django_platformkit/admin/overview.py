@@ -60,7 +60,7 @@ class OverviewAdmin(NoWritesAdmin, ModelAdminOf[Overview]):
         ]
 
     def overview_view(self, request: HttpRequest) -> HttpResponse:
-        from django_platformkit.admin import figures
+        from django_platformkit.admin import figures, reconciliation
 
         if not self.has_view_permission(request):
             raise PermissionDenied
@@ -73,6 +73,7 @@ class OverviewAdmin(NoWritesAdmin, ModelAdminOf[Overview]):
             "subtitle": None,
             "opts": self.model._meta,
             "overview": overview,
+            "reconciliation": reconciliation.collect(),
             "summary": {
                 "failing": by_state[states.SubscriptionState.FAILING],
                 "lagging": by_state[states.SubscriptionState.LAGGING],

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
 from django.db import connections, transaction
+from django.utils.translation import gettext_noop
 
 from django_platformkit import conf, signals
 from django_platformkit.broker.port import Broker, DurableFacts, HeldMessage, StreamFacts
@@ -74,13 +75,14 @@ class ReconcileCause(enum.StrEnum):
     PASSED_OVER = "passed_over"
 
 
-#: What each cause means, in the WARNING and the command's output.
+#: What each cause means, in the WARNING and the command's output (English,
+#: as the logs are); the overview translates it (``gettext_noop``: extracted).
 CAUSE_TEXT = {
-    ReconcileCause.STREAM_REPLACED: "the stream it was stored in was reset or lost",
-    ReconcileCause.DISCARDED: "aged out (max_age), dropped by a limit (max_msgs, max_bytes) or purged",
-    ReconcileCause.DELETED: "deleted from inside the stream (max_msgs_per_subject, or by hand)",
-    ReconcileCause.DURABLE_REMADE: "its durable was deleted and made again after it",
-    ReconcileCause.PASSED_OVER: "acknowledged on its durable without being handled here",
+    ReconcileCause.STREAM_REPLACED: gettext_noop("the stream it was stored in was reset or lost"),
+    ReconcileCause.DISCARDED: gettext_noop("aged out (max_age), dropped by a limit (max_msgs, max_bytes) or purged"),
+    ReconcileCause.DELETED: gettext_noop("deleted from inside the stream (max_msgs_per_subject, or by hand)"),
+    ReconcileCause.DURABLE_REMADE: gettext_noop("its durable was deleted and made again after it"),
+    ReconcileCause.PASSED_OVER: gettext_noop("acknowledged on its durable without being handled here"),
 }
 
 
