@@ -720,7 +720,9 @@ def test_the_overview_shows_the_last_reconciliation_and_what_it_sent_again(clien
         Relay(t).drain()
         t.upkeep.delete_stream()  # lost
         start_up.connect_and_ensure_stream(give_up=True)
-        report = reconcile(t, owner=identity.database_identity(), instance=identity.database_instance(), declared=orders)
+        report = reconcile(
+            t, owner=identity.database_identity(), instance=identity.database_instance(), declared=orders
+        )
         assert report.resent == 8
     finally:
         t.close()
