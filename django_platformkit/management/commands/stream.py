@@ -78,16 +78,17 @@ class Command(BaseCommand):
         reset = verbs.add_parser(
             "reset",
             help="Delete the stream with every message it holds and every durable (a development reset after "
-            "re-creating the database); a worker or relay makes it again. Pending outbox rows are relayed then; "
-            "published ones are not sent again.",
+            "re-creating the database); a worker or relay makes it again. Pending outbox rows are relayed then, and "
+            "the workers' reconciliation sends the published events a subscription had not handled again.",
         )
         reset.add_argument("--yes", action="store_true", help="Really delete it (required).")
         reset.add_argument(
             "--discard-unhandled",
             action="store_true",
-            help="Delete it even when it belongs to another database (or a live copy of this one holds it) and its "
-            "durables hold messages they have not handled: that database's events are lost. Refused without it. "
-            "For a re-created development database's old stream.",
+            help="Delete it even while its durables hold messages they have not handled (refused without it, "
+            "naming the counts). This project's own stream: reconciliation sends those events again from the "
+            "outbox. A stream another database owns (or another instance of this one holds): that database's "
+            "events are lost - for a re-created development database's old stream.",
         )
         update = verbs.add_parser(
             "update",
