@@ -275,3 +275,33 @@ def test_a_stream_another_database_or_instance_holds_is_left_alone_saying_why(br
         t.close()
     with connection.cursor() as cursor:
         cursor.execute("SELECT 1")
+
+
+def test_a_claim_or_a_replay_that_lands_after_the_window_was_read_is_never_sent_again(ours, broker):
+    # River's rescuer rewrote jobs that completed after its snapshot (riverqueue/river#1302): the re-send
+    # takes each row again under its lock, still stamped where the window found it, still owed.
+    from django_platformkit.models import HandledEvent
+    from django_platformkit.operate import reconcile_rows as rows
+
+    ids = place(3)
+    Relay(ours).drain()
+    facts = ours.stream_facts(owner=identity.database_identity(), instance=identity.database_instance())
+    record = rows.read_records(["testapp.record_order"], using="default")["testapp.record_order"]
+    with transaction.atomic(), connection.cursor() as cursor:
+        found = rows.window_batch(
+            cursor,
+            subscription="testapp.record_order",
+            event="testapp.order_placed",
+            others=ORDERS,
+            after=record.start,
+            until=(facts.created, facts.last_seq),
+            batch=10,
+        )
+        assert sorted(r.id for r in found) == sorted(ids)
+        transaction.set_rollback(True)
+    HandledEvent.objects.create(subscription="testapp.record_order", event_id=ids[0])  # handled meanwhile
+    OutboxEvent.objects.filter(id=ids[2]).update(published_at=None)  # set pending again by a replay meanwhile
+    with transaction.atomic(), connection.cursor() as cursor:
+        taken = rows.take_for_resend(cursor, [(row, ["testapp.record_order"]) for row in found])
+        transaction.set_rollback(True)
+    assert [uuid.UUID(t[2]) for t in taken] == [ids[1]]
