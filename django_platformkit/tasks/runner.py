@@ -33,7 +33,7 @@ from django_platformkit.exceptions import InvalidPayload, mark_permanent
 from django_platformkit.outbox.payload import encode_json_value
 from django_platformkit.tasks.arguments import refused_by_django
 from django_platformkit.tasks.queues import queue_of
-from django_platformkit.tasks.results import missing_task, task_at
+from django_platformkit.tasks.results import as_enqueued, missing_task, task_at
 
 if TYPE_CHECKING:
     from django.tasks import TaskResult
@@ -119,6 +119,7 @@ def run_task(event: ReceivedEvent) -> None:
         # Renamed or removed by a rolling deploy: a stand-in that raises, so
         # this attempt fails (and is retried) with the same signals as any other.
         task = missing_task(payload["task"], alias, queue, str(exc))
+    task = as_enqueued(task, payload)
     backend = dj.task_backends[alias]
     args, kwargs = payload.get("args", []), payload.get("kwargs", {})
     db = conf.settings.DATABASE_ALIAS
