@@ -10,6 +10,16 @@ committed, FAILED inside the exception handler (so ``django.tasks``' ERROR
 line carries the traceback), whether a retry follows or not. A run that a
 neighbour's failure rolled back with its batch and that is redone at once is
 the same attempt: its start is announced once.
+
+An ``async def`` task runs through Django's own ``Task.call``, the one
+sync/async boundary here: asgiref's ``async_to_sync`` runs the coroutine on
+an event loop of its own in a helper thread for that run (never the
+broker's loop, which a slow task would stall), and Django's async ORM
+calls (``acreate``, ``aget``: ``sync_to_async(thread_sensitive=True)``)
+come back to this pool thread, so they use the claim's connection inside
+the unit's transaction and commit or roll back with the claim. Code the
+task hands to ``sync_to_async(thread_sensitive=False)`` gets a connection
+of its own, outside the claim (``docs/how-to/django-tasks.md``).
 """
 
 from __future__ import annotations
