@@ -21,7 +21,7 @@ def email_users(emails, subject, message):
 
 @task(takes_context=True)
 def email_users_with_context(context, emails, subject, message):
-    logger.debug(f"Attempt {context.attempt} to send user email. Task result id: {context.task_result.id}.")
+    logger.debug(f"Attempt {context.attempt} to send user email. Task result id: {context.task_result.id}.")  # noqa: G004 - as the docs write it
     return send_mail(subject=subject, message=message, from_email=None, recipient_list=emails)
 
 
