@@ -139,7 +139,7 @@ class TaskPathFilter(admin.SimpleListFilter):
 
 
 class OutboxTaskAdmin(NoWritesAdmin, _TaskModelAdmin):
-    list_display = ("created", "task_path", "status", "finished", "duration", "arguments")
+    list_display = ("created", "task_path", "priority", "status", "finished", "duration", "arguments")
     list_display_links = ("created", "task_path")
     list_filter = (TaskStatusFilter, TaskPathFilter)
     date_hierarchy = "created_at"
@@ -152,6 +152,7 @@ class OutboxTaskAdmin(NoWritesAdmin, _TaskModelAdmin):
         "id",
         "task_path",
         "queue",
+        "priority",
         "status",
         "arguments_detail",
         "created",
@@ -208,6 +209,12 @@ class OutboxTaskAdmin(NoWritesAdmin, _TaskModelAdmin):
     @admin.display(description=gettext_lazy("queue"))
     def queue(self, obj: OutboxTask) -> str:
         return queue_of(obj.name) or "?"
+
+    @admin.display(description=gettext_lazy("priority"))
+    def priority(self, obj: OutboxTask) -> int:
+        """As enqueued (Django's -100..100; absent from the payload: 0)."""
+        value = (obj.payload or {}).get("priority", 0)
+        return value if isinstance(value, int) else 0
 
     @admin.display(description=gettext_lazy("status"))
     def status(self, obj: OutboxTask) -> str:
