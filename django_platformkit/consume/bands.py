@@ -20,11 +20,27 @@ its own and it has no ``BandGroup``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Sequence, Sized
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from django_platformkit.consume.pool import Lane
+from django_platformkit.broker.port import PullLane
+from django_platformkit.consume.subscriptions import Subscription
+
+
+class Lane(Protocol):
+    """What the bands read and set of a pool lane (``pool.Lane``)."""
+
+    slots: Slots
+    band: Any  # the BandGroup it belongs to, or None
+
+    @property
+    def subscription(self) -> Subscription: ...
+    @property
+    def queue(self) -> Sized: ...  # units fetched and not started
+    @property
+    def free(self) -> Sized: ...  # consumers not running a unit
+    @property
+    def puller(self) -> PullLane | None: ...
 
 
 class Slots:
@@ -45,18 +61,18 @@ class Slots:
         self.running = 0
 
 
-class BandGroup:
+class BandGroup[L: Lane]:
     """The lanes of one priority group, highest band first, sharing one ``Slots``.
 
     Args:
         lanes: The group's lanes, in any order (sorted here by ``priority_rank``).
     """
 
-    def __init__(self, lanes: Sequence[Lane]) -> None:
+    def __init__(self, lanes: Sequence[L]) -> None:
         self.lanes = sorted(lanes, key=lambda lane: lane.subscription.priority_rank)
         self.slots = Slots(max(lane.subscription.concurrency for lane in self.lanes))
 
-    def blocked(self, lane: Lane) -> bool:
+    def blocked(self, lane: L) -> bool:
         """Whether a higher band than ``lane``'s may have work: a unit fetched
         and not started, or a durable not seen empty by a look that holds
         its long-poll open now (caller holds the pool's lock)."""
@@ -67,7 +83,7 @@ class BandGroup:
                 return True
         return False
 
-    def credit(self, lane: Lane) -> int:
+    def credit(self, lane: L) -> int:
         """Units ``lane`` may fetch now: 0 while a higher band may have work,
         else the slots not running and not held by a unit of its own band or
         a higher one (a lower band's waiting unit yields to it), plus lent
@@ -82,7 +98,7 @@ class BandGroup:
                 break
         return slots.capacity - slots.running - held + slots.lent
 
-    def first_ready(self) -> Lane | None:
+    def first_ready(self) -> L | None:
         """The band whose unit starts next: the highest with a unit queued
         and a consumer free, provided every band above it is known empty;
         None while no slot is free or a band above may still have work (its
@@ -96,15 +112,15 @@ class BandGroup:
                 return None
         return None
 
-    def lower(self, lane: Lane) -> list[Lane]:
+    def lower(self, lane: L) -> list[L]:
         """The bands below ``lane``'s."""
         return self.lanes[self.lanes.index(lane) + 1 :]
 
 
-def band_groups(lanes: Sequence[Lane]) -> list[BandGroup]:
+def band_groups[L: Lane](lanes: Sequence[L]) -> list[BandGroup[L]]:
     """A ``BandGroup`` for each priority group among ``lanes``, each lane of
     it given the group's shared ``Slots`` and the group (``Lane.band``)."""
-    by_group: dict[str, list[Lane]] = {}
+    by_group: dict[str, list[L]] = {}
     for lane in lanes:
         if lane.subscription.priority_group is not None:
             by_group.setdefault(lane.subscription.priority_group, []).append(lane)

@@ -83,7 +83,7 @@ class Lane:
         #: Its concurrency's slots; a priority group's lanes share one (``bands.band_groups``).
         self.slots = Slots(len(consumers))
         #: The priority group it is a band of, or None.
-        self.band: BandGroup | None = None
+        self.band: BandGroup[Lane] | None = None
         self.queue: collections.deque[tuple[list[Delivery], KeepAlive]] = collections.deque()
         self.puller: PullLane | None = None
         self.unit_size = 1  # deliveries to fetch per unit; see UNIT_TARGET_SECONDS
