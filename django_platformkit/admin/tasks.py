@@ -139,7 +139,7 @@ class TaskPathFilter(admin.SimpleListFilter):
 
 
 class OutboxTaskAdmin(NoWritesAdmin, _TaskModelAdmin):
-    list_display = ("created", "task_path", "priority", "status", "finished", "duration", "arguments")
+    list_display = ("created", "task_path", "status", "finished", "duration", "arguments")
     list_display_links = ("created", "task_path")
     list_filter = (TaskStatusFilter, TaskPathFilter)
     date_hierarchy = "created_at"
@@ -204,7 +204,13 @@ class OutboxTaskAdmin(NoWritesAdmin, _TaskModelAdmin):
 
     @admin.display(description=gettext_lazy("task"))
     def task_path(self, obj: OutboxTask) -> str:
-        return str((obj.payload or {}).get("task", "?"))
+        """The path, and under it a priority other than the default (no column of its own: the list fits 1280 px)."""
+        path = str((obj.payload or {}).get("task", "?"))
+        priority = self.priority(obj)
+        if not priority:
+            return path
+        label = _("priority %(priority)s") % {"priority": priority}
+        return format_html('{}<br><span class="platformkit-source pk-priority">{}</span>', path, label)
 
     @admin.display(description=gettext_lazy("queue"))
     def queue(self, obj: OutboxTask) -> str:
