@@ -8,15 +8,13 @@ from __future__ import annotations
 
 import pytest
 from django.contrib.auth.models import User
-from django.test import override_settings
 from django.urls import reverse
 
 pytest.importorskip("django.tasks")
 
-from django.tasks import task_backends
 
-from django_platformkit.consume import subscriptions as subscription_registry
 from django_platformkit.models import Attempt, DeadLetter
+from tests.conftest import tasks_registered
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -33,21 +31,14 @@ TASKS = {
 @pytest.fixture
 def ran(broker, run_worker):
     """Two record() runs and one fails_until_fixed() that ends as a dead letter, by a real worker."""
-    from django_platformkit.outbox import events
-    from django_platformkit.tasks.registry import queue_subscriptions, register_task_queues
+    from django_platformkit.tasks.registry import queue_subscriptions
 
-    with override_settings(TASKS=TASKS):
-        names = register_task_queues()
-        try:
-            tasks.record.enqueue("named", n=1)
-            tasks.record.enqueue("named", n=2)
-            tasks.fails_until_fixed.enqueue("named_failing")
-            run_worker(subscriptions=queue_subscriptions(["default"]))
-            yield task_backends["default"]
-        finally:
-            for name in names:
-                subscription_registry._subscriptions.pop(name, None)
-                events._catalogue.pop(name, None)
+    with tasks_registered(TASKS) as backend:
+        tasks.record.enqueue("named", n=1)
+        tasks.record.enqueue("named", n=2)
+        tasks.fails_until_fixed.enqueue("named_failing")
+        run_worker(subscriptions=queue_subscriptions(["default"]))
+        yield backend
 
 
 @pytest.fixture

@@ -27,10 +27,9 @@ pytest.importorskip("django.tasks")
 
 from django.tasks import TaskResultStatus, default_task_backend, task, task_backends
 
-from django_platformkit.consume import subscriptions as subscription_registry
 from django_platformkit.models import OutboxEvent
 from django_platformkit.tasks.backend import OutboxBackend
-from tests.conftest import wait_for
+from tests.conftest import tasks_registered, wait_for
 from tests.testapp import docs_tasks
 from tests.testapp.models import Effect, Order
 
@@ -54,17 +53,9 @@ TASKS = {
 def ours(broker, settings):
     # Django 6.1 warns (an error here) when mail is sent without MAILERS; 6.0 ignores it.
     settings.MAILERS = {"default": {"BACKEND": "django.core.mail.backends.locmem.EmailBackend"}}
-    from django_platformkit.outbox import events
-    from django_platformkit.tasks.registry import register_task_queues
 
-    with override_settings(TASKS=TASKS):
-        names = register_task_queues()
-        try:
-            yield task_backends["default"]
-        finally:
-            for name in names:
-                subscription_registry._subscriptions.pop(name, None)
-                events._catalogue.pop(name, None)
+    with tasks_registered(TASKS) as backend:
+        yield backend
 
 
 @pytest.fixture

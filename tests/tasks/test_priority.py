@@ -11,18 +11,16 @@ import random
 
 import pytest
 from django.db import transaction
-from django.test import override_settings
 
 pytest.importorskip("django.tasks")
 
-from django.tasks import TaskResultStatus, task_backends
+from django.tasks import TaskResultStatus
 from django.tasks.exceptions import InvalidTask
 
-from django_platformkit.consume import subscriptions as subscription_registry
 from django_platformkit.models import OutboxEvent
 from django_platformkit.outbox.relay import Relay
 from django_platformkit.tasks.queues import PRIORITY_BANDS, band_of, event_name, queue_of
-from tests.conftest import wait_for
+from tests.conftest import tasks_registered, wait_for
 from tests.testapp import tasks
 from tests.testapp.models import Effect
 
@@ -40,17 +38,8 @@ TASKS = {
 
 @pytest.fixture
 def one_slot(broker):
-    from django_platformkit.outbox import events
-    from django_platformkit.tasks.registry import register_task_queues
-
-    with override_settings(TASKS=TASKS):
-        names = register_task_queues()
-        try:
-            yield task_backends["default"]
-        finally:
-            for name in names:
-                subscription_registry._subscriptions.pop(name, None)
-                events._catalogue.pop(name, None)
+    with tasks_registered(TASKS) as backend:
+        yield backend
 
 
 def queue_subscriptions():
