@@ -241,7 +241,6 @@ class _EventPass:
         assert facts.created is not None
         self.created: datetime = facts.created
         self.horizons = {s.name: (self.created, horizon(facts, durables[s.name])) for s in group}
-        self.seen: set[tuple[uuid.UUID, str]] = set()  # (event, subscription) counted this pass
 
     def run(self, *, skip_within: float) -> None:
         names = [s.name for s in self.group]
@@ -291,18 +290,19 @@ class _EventPass:
                 if not self.report.dry_run:
                     rows.restamp(cursor, row, self.created)
                 continue
-            causes = {}
-            for other in self.group:
+            # One message for every subscription of the event that lost it, not one each. A dry run
+            # counts each subscription in its own window only: nothing moves, so none is counted twice;
+            # a real pass re-stamps what it sends, so another subscription's window no longer meets it.
+            causes = {sub.name: self._cause(row, message, self.durables[sub.name])}
+            for other in self.group if not self.report.dry_run else ():
                 name = other.name
-                owed = row.position > self.records[name].origin and row.position <= self.horizons[name]
-                if (name == sub.name or (owed and name not in row.claimed_by)) and (row.id, name) not in self.seen:
+                owed = self.records[name].origin < row.position <= self.horizons[name]
+                if name != sub.name and owed and name not in row.claimed_by:
                     causes[name] = self._cause(row, message, self.durables[name])
-            if causes:
-                lost.append((row, list(causes), causes))
+            lost.append((row, list(causes), causes))
         sent = lost if self.report.dry_run else self._resend(cursor, lost)
         for row, targets, causes in sent:
             for name in targets:
-                self.seen.add((row.id, name))
                 result = self.report.subscriptions[name]
                 result.resent[causes[name]] += 1
                 if len(result.examples) < 5:
