@@ -176,9 +176,15 @@ def test_prune_from_settings_lacking_an_app_is_refused_and_when_forced_nothing_i
     code, out = run(rig, "prune", "stream", "prune", **without_the_app)
     assert code == 1 and "stream prune refused, nothing deleted" in out, out
     assert "testapp-record_order_from_now (pending " in out and "--yes" in out
+    for worker in workers:  # a deploy: the durables' backlog grows meanwhile
+        worker.terminate()
+    time.sleep(2)
     code, out = run(rig, "prune_yes", "stream", "prune", "--yes", **without_the_app)  # the operator insists
     assert code == 0 and "deleted testapp-record_order_from_now" in out, out
-    rig.fault("stream prune --yes from settings without the app: a live backfill=False durable deleted")
+    rig.fault("stream prune --yes from settings without the app: a backfill=False durable with a backlog deleted")
+    time.sleep(2)  # relayed with no durable of its own
+    for worker in workers:
+        worker.start()  # they make it again from "now": its backlog and what came meanwhile never reach it
     rig.wait_for_writers(writers)
     tally = rig.finish(events, timeout=600)
     assert tally.handled["testapp.record_order_from_now"] == events
