@@ -700,37 +700,18 @@ def test_a_failing_subscription_that_is_also_behind_says_both(client):
 
 
 def test_the_overview_shows_the_last_reconciliation_and_what_it_sent_again(client, broker):
-    from django_platformkit import identity
-    from django_platformkit.broker.transport import Transport
-    from django_platformkit.operate.reconcile import reconcile
-    from django_platformkit.runtime.startup import StartUp
+    from tests.conftest import lose_the_stream_and_reconcile
 
     client.force_login(_viewer("view_outboxevent"))
     page = client.get(reverse(OVERVIEW)).content.decode()
     assert "No pass yet: a worker reconciles once it has started." in page
-    orders = [_subscription("testapp.record_order"), _subscription("testapp.count_order")]
-    t = Transport()
-    t.connect()
-    try:
-        start_up = StartUp(t, using="default", stop_event=threading.Event(), connect_timeout_seconds=5.0)
-        start_up.connect_and_ensure_stream(give_up=True)
-        for sub in orders:
-            start_up.ensure_durable(sub)
-        _publish("testapp.order_placed", 4)
-        Relay(t).drain()
-        t.upkeep.delete_stream()  # lost
-        start_up.connect_and_ensure_stream(give_up=True)
-        report = reconcile(
-            t, owner=identity.database_identity(), instance=identity.database_instance(), declared=orders
-        )
-        assert report.resent == 8
-    finally:
-        t.close()
+    orders = ["testapp.record_order", "testapp.count_order"]
+    assert lose_the_stream_and_reconcile(orders, 4).resent == 8
     page = client.get(reverse(OVERVIEW)).content.decode()
     section = page[page.index('id="platformkit-reconciliation"') :]
     assert "Last pass " in section and "(every 60 s)" in section
-    for sub in orders:
-        row = section[section.index(f'data-subscription="{sub.name}"') :]
+    for name in orders:
+        row = section[section.index(f'data-subscription="{name}"') :]
         row = row[: row.index("</tr>")]
         assert '<td class="pk-resent-total">4</td>' in row
         assert "4 stream_replaced" in row and 'title="the stream it was stored in was reset or lost"' in row

@@ -342,37 +342,12 @@ def test_a_scrape_inside_a_callers_transaction_leaves_it_usable_and_its_timeout_
 
 
 def test_a_reconciliation_pass_counts_what_it_sent_again_per_subscription_and_cause(metrics, broker):
-    import threading
+    from tests.conftest import lose_the_stream_and_reconcile
 
-    from django_platformkit import identity
-    from django_platformkit.broker.transport import Transport
-    from django_platformkit.consume.subscriptions import get_subscription
-    from django_platformkit.operate.reconcile import reconcile
-    from django_platformkit.outbox.relay import Relay
-    from django_platformkit.runtime.startup import StartUp
-
-    t = Transport()
-    t.connect()
-    try:
-        start_up = StartUp(t, using="default", stop_event=threading.Event(), connect_timeout_seconds=5.0)
-        orders = [get_subscription("testapp.record_order"), get_subscription("testapp.count_order")]
-        start_up.connect_and_ensure_stream(give_up=True)
-        for sub in orders:
-            start_up.ensure_durable(sub)
-        with transaction.atomic():
-            for i in range(3):
-                publish("testapp.order_placed", {"n": i})
-        Relay(t).drain()
-        t.upkeep.delete_stream()  # the broker lost it
-        start_up.connect_and_ensure_stream(give_up=True)
-        report = reconcile(
-            t, owner=identity.database_identity(), instance=identity.database_instance(), declared=orders
-        )
-        assert report.resent == 6
-    finally:
-        t.close()
+    orders = ["testapp.record_order", "testapp.count_order"]
+    assert lose_the_stream_and_reconcile(orders, 3).resent == 6
     port = metrics.serve(0, "127.0.0.1")
     samples = scrape(port)
-    for sub in orders:
-        labels = (("cause", "stream_replaced"), ("subscription", sub.name))
+    for name in orders:
+        labels = (("cause", "stream_replaced"), ("subscription", name))
         assert samples[("platformkit_reconciled_total", labels)] == 3
