@@ -29,8 +29,8 @@ HEADING = re.compile(r"^## \[(?P<version>[^\]]+)\](?: - (?P<date>\d{4}-\d{2}-\d{
 #: are there since the cut) fails here: move the line to Unreleased. Cutting a
 #: release adds its hash (CONTRIBUTING.md, "Cutting a release").
 RELEASED_SECTIONS = {
-    "0.2.0": "",
-    "0.1.0": "",
+    "0.2.0": "6969b9f4668cad4c288e309118d42958d533491ab904ca01a2cbdd0fa2878158",
+    "0.1.0": "740e99894b8451c6ea6a0d57a1e31bd13912d69a4430170875e8151b7410aa1a",
 }
 
 
