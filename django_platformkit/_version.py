@@ -5,4 +5,4 @@ show it. PEP 440; CHANGELOG.md's newest dated section is this version, or this
 is a ``.devN`` of the next one (tests/test_release.py holds the two together).
 """
 
-__version__ = "0.2.0"
+__version__ = "0.3.0.dev0"
