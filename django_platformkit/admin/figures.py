@@ -94,6 +94,8 @@ class SubscriptionFigures:
     state: SubscriptionState = SubscriptionState.OK
     #: The oldest unhandled event waited past the lagging threshold (failing or not).
     behind: bool = False
+    #: A task queue's tasks lately, by dotted path (``taskfigures.TaskFigures``): rows under its row.
+    tasks: list[Any] = field(default_factory=list)
 
 
 @dataclass
