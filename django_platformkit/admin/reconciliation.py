@@ -15,7 +15,7 @@ from django.utils import timezone
 from django.utils.translation import gettext
 
 from django_platformkit import conf
-from django_platformkit.models import SubscriptionState
+from django_platformkit.models.reconciliation import SubscriptionState
 from django_platformkit.operate.reconcile import CAUSE_TEXT, ReconcileCause
 
 #: No pass for this many intervals: the section says no worker reconciles.

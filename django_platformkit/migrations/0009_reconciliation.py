@@ -20,7 +20,7 @@ class Migration(migrations.Migration):
     atomic = False
 
     dependencies = [
-        ("django_platformkit", "0008_worker_state"),
+        ("django_platformkit", "0009_plural_labels"),
     ]
 
     operations = [
@@ -48,7 +48,7 @@ class Migration(migrations.Migration):
                 (
                     "note",
                     models.TextField(
-                        blank=True, db_default="", help_text="why its pass did nothing", verbose_name="note"
+                        blank=True, db_default="", help_text="why its last pass did nothing", verbose_name="note"
                     ),
                 ),
                 ("resent_at", models.DateTimeField(blank=True, null=True, verbose_name="re-sent at")),
@@ -59,6 +59,7 @@ class Migration(migrations.Migration):
             ],
             options={
                 "verbose_name": "subscription state",
+                "verbose_name_plural": "subscription states",
                 "db_table": "platformkit_subscriptions",
             },
         ),

@@ -18,7 +18,8 @@ from django_platformkit import declare, identity, publish, subscribe
 from django_platformkit.broker.transport import Transport
 from django_platformkit.consume.consumer import Consumer
 from django_platformkit.consume.subscriptions import get_subscription
-from django_platformkit.models import OutboxEvent, SubscriptionState
+from django_platformkit.models import OutboxEvent
+from django_platformkit.models.reconciliation import SubscriptionState
 from django_platformkit.operate.reconcile import ReconcileCause, reconcile
 from django_platformkit.outbox.relay import Relay
 from django_platformkit.runtime.startup import StartUp

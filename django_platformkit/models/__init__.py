@@ -2,7 +2,9 @@
 make handling exactly-once, the attempts that say how often a handler really
 ran, the dead letters an operator acts on, and the slot ledger behind "once
 per slot". Table names are part of the public
-contract (DESIGN.md), defined once in ``_tables``.
+contract (DESIGN.md), defined once in ``_tables``. Reconciliation's state per
+subscription has a module of its own (``reconciliation.py``), imported here:
+Django finds an app's models in its ``models``.
 """
 
 from __future__ import annotations
@@ -23,10 +25,10 @@ from django_platformkit._tables import (
     JOBS_TABLE,
     OUTBOX_TABLE,
     RATE_LIMITS_TABLE,
-    SUBSCRIPTIONS_TABLE,
     TASK_RESULTS_TABLE,
     WORKERS_TABLE,
 )
+from django_platformkit.models.reconciliation import SubscriptionState  # noqa: F401 - Django finds it here
 from django_platformkit.wire import AttemptOutcome, HandlingOutcome
 
 #: ``clock_timestamp()`` rather than ``now()``: ``now()`` is the transaction's
@@ -285,35 +287,6 @@ class JobState(models.Model):
         db_table = JOBS_TABLE
         verbose_name = _("job state")
         verbose_name_plural = _("job states")
-
-    def __str__(self) -> str:
-        return self.name
-
-
-class SubscriptionState(models.Model):
-    """What reconciliation keeps of a subscription (``operate/reconcile.py``):
-    where it began - the stream and the sequence its durable first started
-    after, kept when the durable is deleted, so one made again is owed what it
-    missed and a ``backfill=False`` one is never backfilled - how far its
-    events are reconciled, and what its last passes did."""
-
-    name = models.CharField(verbose_name=_("subscription"), max_length=200, primary_key=True)
-    first_seen_at = models.DateTimeField(verbose_name=_("first seen at"), db_default=Now())
-    origin_stream_created = models.DateTimeField(verbose_name=_("began in the stream created at"))
-    origin_seq = models.BigIntegerField(verbose_name=_("began after the sequence"), db_default=0)
-    reconciled_stream_created = models.DateTimeField(null=True, blank=True)
-    reconciled_seq = models.BigIntegerField(db_default=0)
-    staged_stream_created = models.DateTimeField(null=True, blank=True)
-    staged_seq = models.BigIntegerField(db_default=0)
-    staged_at = models.DateTimeField(null=True, blank=True)
-    reconciled_at = models.DateTimeField(verbose_name=_("reconciled at"), null=True, blank=True)
-    note = models.TextField(verbose_name=_("note"), blank=True, db_default="", help_text=_("why its pass did nothing"))
-    resent_at = models.DateTimeField(verbose_name=_("re-sent at"), null=True, blank=True)
-    resent = models.JSONField(verbose_name=_("re-sent"), db_default={}, help_text=_("{cause: count} of that pass"))
-
-    class Meta:
-        db_table = SUBSCRIPTIONS_TABLE
-        verbose_name = _("subscription state")
 
     def __str__(self) -> str:
         return self.name
