@@ -306,3 +306,32 @@ def test_a_claim_or_a_replay_that_lands_after_the_window_was_read_is_never_sent_
         taken = rows.take_for_resend(cursor, [(row, ["testapp.record_order"]) for row in found])
         transaction.set_rollback(True)
     assert [uuid.UUID(t[2]) for t in taken] == [ids[1]]
+
+
+def test_an_event_sent_again_after_a_failed_run_counts_that_run(broker):
+    # Its message went while it waited for a retry; the re-send is the broker's first delivery of a new
+    # message, but `attempt` counts handler runs (DESIGN.md "Attempts"): this is the second.
+    from tests.testapp.models import Attempt
+
+    flaky = get_subscription("testapp.flaky")
+    t = Transport()
+    t.connect()
+    try:
+        start_up = StartUp(t, using="default", stop_event=threading.Event(), connect_timeout_seconds=5.0)
+        start_up.connect_and_ensure_stream(give_up=True)
+        start_up.ensure_durable(flaky)
+        with transaction.atomic():
+            event_id = publish("testapp.flaky", {"fail_until": 1})
+        Relay(t).drain()
+        assert Consumer(flaky, t).handle(t.fetch(flaky.durable, 1, timeout=1)) == [HandlingOutcome.RETRIED]
+        t.upkeep.delete_stream()  # gone while it waited for its retry
+        start_up.connect_and_ensure_stream(give_up=True)
+        start_up.ensure_durable(flaky)
+        report = pass_(t, "testapp.flaky")
+        assert report.subscriptions["testapp.flaky"].resent == {ReconcileCause.STREAM_REPLACED: 1}
+        assert Consumer(flaky, t).handle(t.fetch(flaky.durable, 1, timeout=1)) == [HandlingOutcome.HANDLED]
+    finally:
+        t.close()
+    runs = list(Attempt.objects.filter(event_id=event_id).order_by("at").values_list("attempt", flat=True))
+    assert runs == [1, 2]
+    assert effects("testapp.flaky") == {event_id: 1}  # the failed run's write rolled back with it
