@@ -41,6 +41,10 @@ class Sizes:
     topo_idle_seconds: float = 20.0
     # the peers at a trickle (measure_trickle.py): each rate's window per run
     trickle_seconds: float = 10.0
+    # reconciliation (measure_reconcile.py): the outbox, one interval's window, the lost events re-sent
+    reconcile_rows: int = 1_000_000
+    reconcile_window_rows: int = 10_000
+    reconcile_resend_rows: int = 10_000
 
     @classmethod
     def quick(cls) -> Sizes:
@@ -62,6 +66,8 @@ class Sizes:
             topo_rss_seconds=10.0,
             topo_idle_seconds=10.0,
             trickle_seconds=4.0,
+            reconcile_rows=200_000,
+            reconcile_resend_rows=2_000,
         )
 
 

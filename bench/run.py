@@ -5,6 +5,7 @@ print the table and write ``bench/results/latest.json``.
     python -m bench --quick         # smaller sizes, one repetition (~2 min)
     python -m bench --only relay    # one measurement (repeatable)
     python -m bench --only ratelimit        # the rate limit's accuracy across two worker processes
+    python -m bench --only reconcile        # a reconciliation pass over a 1M-row outbox
     python -m bench --only topology-drain   # one part of the realistic topology (measure_topology.PARTS)
     python -m bench --machine       # the machine's servers on 127.0.0.1:5432 / :4222
     DATABASE_URL=... NATS_URL=... python -m bench   # given servers (a database of its own is created on them)
@@ -24,7 +25,18 @@ from pathlib import Path
 
 from .harness import Result, Sizes, log
 
-MEASUREMENTS = ("publish", "relay", "handle", "latency", "backlog", "topology", "tasks", "trickle", "ratelimit")
+MEASUREMENTS = (
+    "publish",
+    "relay",
+    "handle",
+    "latency",
+    "backlog",
+    "topology",
+    "tasks",
+    "trickle",
+    "ratelimit",
+    "reconcile",
+)
 #: One part of the topology alone: ``--only topology-drain`` (see measure_topology.PARTS).
 TOPOLOGY_PARTS = tuple(f"topology-{p}" for p in ("latency", "drain", "processes", "isolation", "rss", "idle"))
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -265,6 +277,10 @@ def _run(name: str, sizes: Sizes, transport) -> list[Result]:
         from .measure_ratelimit import run_ratelimit
 
         return run_ratelimit(sizes, transport)
+    if name == "reconcile":
+        from .measure_reconcile import run_reconcile
+
+        return run_reconcile(sizes, transport)
     raise ValueError(name)
 
 

@@ -10,6 +10,7 @@ IDENTITY_TABLE = "platformkit_identity"
 WORKERS_TABLE = "platformkit_workers"
 TASK_RESULTS_TABLE = "platformkit_task_results"
 RATE_LIMITS_TABLE = "platformkit_rate_limits"
+SUBSCRIPTIONS_TABLE = "platformkit_subscriptions"
 
 #: The relay's backlog as operators read it (metrics, the admin overview):
 #: ``(rows, seconds the oldest has been due)`` over rows the relay may send

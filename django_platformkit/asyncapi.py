@@ -57,7 +57,11 @@ _HEADERS: dict[str, Any] = {
     "properties": {
         "Nats-Msg-Id": {
             "type": "string",
-            "description": "The event id (a replay's re-send: '<id>:replay:<n>'): JetStream drops duplicates within the window.",
+            "description": "The event id (a re-send - replay, republish, reconciliation - '<id>:replay:<n>'): JetStream drops duplicates within the window.",
+        },
+        "Platformkit-Subscriptions": {
+            "type": "string",
+            "description": "Only on a reconciliation's re-send: the subscriptions (comma-separated) the broker lost the event for. Any other consumer has had it already: it may ack it unhandled (the CloudEvents id is the event's own).",
         },
     },
 }

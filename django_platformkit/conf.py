@@ -326,6 +326,7 @@ class Settings:
     RETENTION_DAYS = _Setting(7, _nats_days)
     DUPLICATE_WINDOW_SECONDS = _Setting(120, _nats_seconds)
     STREAM_REPLICAS = _Setting(1, _replicas)
+    RECONCILE_INTERVAL_SECONDS = _Setting(60.0, _positive_number)
     #: None: the built-in context, ``set_config('platformkit.tenant', tenant, true)``.
     TENANT_CONTEXT = _Setting(None, _optional_string)
     EVENT_LOOP = _Setting("auto", _event_loop)

@@ -15,12 +15,18 @@ production's durables and take half its deliveries. So the stream also
 records which database *instance* holds it (``database_instance()``: the
 cluster's ``system_identifier`` and the database's oid) and when that
 instance last said it is alive (``Tenure``, renewed by its running workers
-every ``RENEW_SECONDS``). A second live instance with the same identity is
+every ``RENEW_SECONDS``). Another instance with the same identity is
 refused (``judge``), and the holder learns that one tried (``Standing.CONTESTED``:
-it then never terminates a message its outbox doesn't know). An instance
-not seen for ``LIVE_SECONDS`` is taken over: a database restored or
-upgraded onto a new server goes on without a hand step. The fix for a copy
-is a new identity and names of its own (``copy_text``).
+it then never terminates a message its outbox doesn't know).
+
+A stream changes hands only by an operator's step, ``manage.py stream
+takeover --yes`` (``takeover_tenure``), never by itself however long the
+holder has been silent: a staging copy started while production was down
+for two minutes took production's stream and handled its events in the
+staging database. A database restored or upgraded onto a new server is a
+new instance: its workers are refused, naming that command, until an
+operator runs it. The fix for a copy is a new identity and names of its own
+(``copy_text``).
 """
 
 from __future__ import annotations
@@ -50,10 +56,11 @@ _CONTENDER = re.compile(r"; contender (\S+) seen (\d+)")
 #: How often the holder's workers say it is alive (seconds): a running
 #: worker checks its stream this often, and renews the tenure when it is older.
 RENEW_SECONDS = 30.0
-#: An instance seen within this many seconds is live: another instance with
-#: the same identity is refused meanwhile. Four renewals, so a slow or
-#: missed one (NATS busy, a worker restarting) never looks like an absence;
-#: hosts' clocks must agree far better than this.
+#: An instance seen within this many seconds is live: its workers run (what
+#: the refusals say, and ``stream takeover`` refuses without ``--force``), and
+#: a contender that tried within it keeps the holder contested. Four
+#: renewals, so a slow or missed one (NATS busy, a worker restarting) never
+#: looks like an absence; hosts' clocks must agree far better than this.
 LIVE_SECONDS = 4 * RENEW_SECONDS
 
 _cache: dict[tuple[str, str], str] = {}
@@ -172,7 +179,8 @@ class Standing(enum.StrEnum):
     #: it within ``LIVE_SECONDS`` (a staging copy): it runs on, but never
     #: terminates a message its outbox doesn't know - the copy's, perhaps.
     CONTESTED = "contested"
-    #: Another live instance with the same identity holds it: refused (a copy).
+    #: Another instance with the same identity holds it, live or not: refused
+    #: (a copy; or its replacement, until an operator runs ``stream takeover``).
     COPY = "copy"
     #: Another project's database owns it: refused.
     FOREIGN = "foreign"
@@ -212,28 +220,11 @@ class Tenure:
 class Judgement:
     """``judge``'s answer: the ``standing``; the ``tenure`` to record now
     (None: nothing to write); the text an operator reads (refusal or
-    contest, with the fix; "" for a plain owner); ``taken_over``: the
-    tenure of a holder not seen for ``LIVE_SECONDS`` that this instance
-    replaces (whoever records it logs that at WARNING)."""
+    contest, with the fix; "" for a plain owner)."""
 
     standing: Standing
     tenure: Tenure | None
     text: str
-    taken_over: Tenure | None = None
-
-    def log_taken_over(self, stream: str) -> None:
-        """Say, at WARNING, that the stream changed hands (after recording it)."""
-        old, new = self.taken_over, self.tenure
-        if old is not None and new is not None:
-            logger.warning(
-                "stream taken over stream=%s identity=%s instance=%s from_instance=%s not_seen_for=%.0fs: the "
-                "database instance that held it is gone (restored or upgraded onto a new server?)",
-                stream,
-                new.identity,
-                new.instance,
-                old.instance,
-                (new.seen or 0) - (old.seen or 0),
-            )
 
     @property
     def refused(self) -> bool:
@@ -250,55 +241,72 @@ def judge(recorded: Tenure, identity: str, instance: str | None, *, now: float, 
       older build): ours is recorded, ``OWNER``;
     - our instance: ``OWNER`` (the tenure renewed once it is ``RENEW_SECONDS``
       old), ``CONTESTED`` while a contender was seen within ``LIVE_SECONDS``;
-    - another instance seen within ``LIVE_SECONDS``: ``COPY``, recorded as
-      the contender so the holder learns it (``copy_text``);
-    - another instance not seen for ``LIVE_SECONDS``: taken over, ``OWNER``
-      (``taken_over``: a database restored or upgraded onto a new server).
+    - another instance, however long ago it was seen: ``COPY``, recorded as
+      the contender so the holder learns it (``copy_text``: a copy, or a
+      replacement that ``manage.py stream takeover --yes`` moves the stream to).
 
     Pure: it reads and writes nothing; the caller records ``tenure``.
     """
-    fresh = Tenure(identity, instance, now)
     if recorded.identity is not None and recorded.identity != identity:
         return Judgement(Standing.FOREIGN, None, foreign_stream_text(stream, url, recorded.identity, identity))
     if instance is None:
         return Judgement(Standing.OWNER, None if recorded.identity else Tenure(identity), "")
     if recorded.identity is None or recorded.instance is None:
-        return Judgement(Standing.OWNER, fresh, "")
+        return Judgement(Standing.OWNER, Tenure(identity, instance, now), "")
     if recorded.instance == instance:
         due = now - (recorded.seen or 0) >= RENEW_SECONDS
         renewed = replace(recorded, seen=now) if due else None
         if recorded.contender_live(now) and recorded.contender != instance:
             return Judgement(Standing.CONTESTED, renewed, contested_text(stream, identity, instance, recorded, now))
         return Judgement(Standing.OWNER, renewed, "")
-    if now - (recorded.seen or 0) < LIVE_SECONDS:
-        tried = replace(recorded, contender=instance, contender_seen=now)
-        return Judgement(Standing.COPY, tried, copy_text(stream, url, identity, instance, recorded, now))
-    return Judgement(Standing.OWNER, fresh, "", taken_over=recorded)
+    # Never taken over here, however long the holder was silent: only an operator knows a
+    # replacement from a copy started while the holder was down (stream takeover).
+    tried = replace(recorded, contender=instance, contender_seen=now)
+    return Judgement(Standing.COPY, tried, copy_text(stream, url, identity, instance, recorded, now))
+
+
+def takeover_tenure(recorded: Tenure, identity: str, instance: str, now: float) -> Tenure:
+    """The tenure ``manage.py stream takeover`` records: ``instance`` holds
+    the stream from ``now``, with no contender. Raises ``ValueError`` for a
+    stream another identity owns (a takeover moves a stream between
+    instances of one database, never between projects)."""
+    if recorded.identity is not None and recorded.identity != identity:
+        raise ValueError(f"the stream belongs to database {recorded.identity}, not {identity}")
+    return Tenure(identity, instance, now)
+
+
+def _seen(recorded: Tenure, now: float) -> str:
+    """How long ago the holder was seen, and whether that means its workers run."""
+    ago = now - (recorded.seen or 0)
+    if ago < LIVE_SECONDS:
+        return f"seen {ago:.0f} s ago (its workers are running)"
+    return f"not seen for {ago:.0f} s (its workers stopped?)"
 
 
 _NEW_IDENTITY = "UPDATE platformkit_identity SET database_id = gen_random_uuid()"
 
 
 def copy_text(stream: str, url: str, identity: str, instance: str, recorded: Tenure, now: float) -> str:
-    """The ``ConfigurationError`` text for a database instance that is a copy of the live holder."""
+    """The ``ConfigurationError`` text for a database instance that doesn't hold the stream its identity owns."""
     return (
-        f"the stream {stream!r} on {conf.redact_url(url)} is held by another live database with this database's "
-        f"identity ({identity}): instance {recorded.instance}, seen {now - (recorded.seen or 0):.0f} s ago; this "
-        f"database is instance {instance}. It is a copy (a staging database restored or templated from "
-        "production?): sharing the stream, it would take the other database's deliveries and lose them. "
-        f"Give the copy an identity and names of its own: `{_NEW_IDENTITY};` in the copy, and its own "
-        "PLATFORMKIT['STREAM'] and PLATFORMKIT['SUBJECT_PREFIX']. If this database replaced the other for good "
-        f"(restored or upgraded onto a new server), stop the old one's workers: this one takes over once the old "
-        f"one has not been seen for {LIVE_SECONDS:.0f} s."
+        f"the stream {stream!r} on {conf.redact_url(url)} is held by another database instance with this "
+        f"database's identity ({identity}): instance {recorded.instance}, {_seen(recorded, now)}. This database is "
+        f"instance {instance} and does not hold it; a stream changes hands only by an operator's step, never by "
+        "itself. If this database is a copy (a staging database restored or templated from production?), sharing "
+        f"the stream would take the other database's deliveries: give it an identity and names of its own, "
+        f"`{_NEW_IDENTITY};` in this database and its own PLATFORMKIT['STREAM'] and PLATFORMKIT['SUBJECT_PREFIX']. "
+        f"If it replaced instance {recorded.instance} for good (restored or upgraded onto a new server), stop that "
+        "one's workers and run `manage.py stream takeover --yes` with this database's settings."
     )
 
 
 def contested_text(stream: str, identity: str, instance: str, recorded: Tenure, now: float) -> str:
-    """What the holder of a stream says while a copy of its database tries it."""
+    """What the holder of a stream says while another instance of its database tries it."""
     return (
-        f"another database with this database's identity ({identity}) tried the stream {stream!r}: instance "
-        f"{recorded.contender}, {now - (recorded.contender_seen or 0):.0f} s ago (this database, instance "
-        f"{instance}, holds it). It was refused; until it stops trying, messages this outbox doesn't know are "
-        f"handed back, not terminated. In that copy: `{_NEW_IDENTITY};` and its own PLATFORMKIT['STREAM'] and "
-        "PLATFORMKIT['SUBJECT_PREFIX']."
+        f"another database instance with this database's identity ({identity}) tried the stream {stream!r}: "
+        f"instance {recorded.contender}, {now - (recorded.contender_seen or 0):.0f} s ago. This database, instance "
+        f"{instance}, holds it and goes on; the other was refused. Until it stops trying, messages this outbox "
+        f"doesn't know are handed back, not terminated. If that database is a copy: `{_NEW_IDENTITY};` in it and "
+        "its own PLATFORMKIT['STREAM'] and PLATFORMKIT['SUBJECT_PREFIX']. If it replaces this one for good, stop "
+        "this database's workers and run `manage.py stream takeover --yes` with its settings."
     )

@@ -6,8 +6,8 @@ once per occurrence, after the fact, and a receiver that raises is logged,
 never allowed to change an outcome (they are sent with ``send_robust``).
 
 ``sender`` is the ``Subscription`` (handled/failed/dead-lettered/malformed),
-the ``EventType`` (published), the ``Relay`` (events_relayed) or the
-``JobSpec`` (job_finished).
+the ``EventType`` (published), the ``Relay`` (events_relayed), the
+``ReconcileReport`` class (events_reconciled) or the ``JobSpec`` (job_finished).
 
 Receivers run in the thread that did the work (a handler's consumer thread,
 the relay's thread, a job's thread): keep them short and thread-safe, as
@@ -66,3 +66,9 @@ event_malformed = Signal()
 #: the broker refused for good), ``temporary`` (int, rows left pending for a
 #: retry). Sent once per batch that selected at least one row.
 events_relayed = Signal()
+
+#: A reconciliation pass re-sent events the stream no longer held for a
+#: subscription (``operate.reconcile``). kwargs: ``subscription`` (name),
+#: ``cause`` (a ``ReconcileCause`` value: why the stream no longer held
+#: them), ``count`` (int). Sent once per subscription and cause of a pass.
+events_reconciled = Signal()

@@ -77,6 +77,22 @@ def durable_name(subscription_name: str) -> str:
     return subscription_name.replace(".", "-")
 
 
+#: The header of a targeted re-send (``operate.reconcile``): the names of the
+#: subscriptions it is for, comma-separated (a subscription name has no comma).
+#: Every other subscription of its event acks it without running or counting
+#: it: JetStream 2.9 gives a durable one filter subject, so a message can't be
+#: addressed to one durable by its subject.
+TARGET_HEADER = "Platformkit-Subscriptions"
+
+
+def meant_for(headers: Mapping[str, str], subscription: str) -> bool:
+    """Whether a message with ``headers`` is for ``subscription``: every
+    message is, but a targeted re-send (``TARGET_HEADER``) only for the
+    subscriptions it names."""
+    targets = headers.get(TARGET_HEADER)
+    return targets is None or subscription in targets.split(",")
+
+
 def message_id(event_id: str, replay: Any) -> str:
     """The ``Nats-Msg-Id`` of a row: the event id, or a fresh one per replay
     or republish (``replay``: the row's ``platformkit_replay`` count, which
@@ -90,12 +106,20 @@ def message_id(event_id: str, replay: Any) -> str:
 
 @dataclass(frozen=True)
 class OutgoingMessage:
-    """One outbox row on its way out: subject, CloudEvents body, and the
-    ``Nats-Msg-Id`` the broker deduplicates re-sends on."""
+    """One outbox row on its way out: subject, CloudEvents body, the
+    ``Nats-Msg-Id`` the broker deduplicates re-sends on, and - a targeted
+    re-send only - the subscriptions it is for (``TARGET_HEADER``)."""
 
     subject: str
     body: bytes
     msg_id: str
+    targets: tuple[str, ...] = ()
+
+    def headers(self) -> dict[str, str]:
+        """The NATS headers it is sent with."""
+        if self.targets:
+            return {"Nats-Msg-Id": self.msg_id, TARGET_HEADER: ",".join(self.targets)}
+        return {"Nats-Msg-Id": self.msg_id}
 
 
 class PublishOutcome(enum.StrEnum):
@@ -129,6 +153,8 @@ class HandlingOutcome(enum.StrEnum):
     UNACKED = "unacked"
     #: The worker is stopping: naked at once, not counted as an attempt.
     HANDED_BACK = "handed_back"
+    #: A targeted re-send for other subscriptions of its event (reconciliation): acked, not run, not counted.
+    ELSEWHERE = "elsewhere"
     #: Inside a unit only: the handler raised (settled as RETRIED or DEAD_LETTERED).
     FAILED = "failed"
     #: Inside a unit only: the claim found no outbox row (settled as MALFORMED).
@@ -355,7 +381,7 @@ def parse_delivery(delivery: Delivery) -> ReceivedEvent:
         raise MalformedMessage(f"time {body.get('time')!r} is not RFC 3339") from None
     if occurred_at.tzinfo is None:
         raise MalformedMessage("time has no UTC offset")
-    headers = {k: v for k, v in delivery.headers.items() if not k.startswith("Nats-")}
+    headers = {k: v for k, v in delivery.headers.items() if not k.startswith("Nats-") and k != TARGET_HEADER}
     for key in ("traceparent", "tracestate"):
         if isinstance(body.get(key), str):
             headers.setdefault(key, body[key])

@@ -263,3 +263,38 @@ def tasks_registered(tasks_setting):
             for name in names:
                 registry._subscriptions.pop(name, None)
                 events._catalogue.pop(name, None)
+
+
+def lose_the_stream_and_reconcile(names, events: int):
+    """What a lost NATS store and the next reconciliation pass leave: the
+    durables of the subscriptions ``names`` made as a worker makes them (their
+    beginnings recorded), ``events`` orders published and relayed, the stream
+    deleted and made again, and one pass run. Returns its ``ReconcileReport``."""
+    import threading
+
+    from django.db import transaction
+
+    from django_platformkit import identity, publish
+    from django_platformkit.broker.transport import Transport
+    from django_platformkit.consume.subscriptions import get_subscription
+    from django_platformkit.operate.reconcile import reconcile
+    from django_platformkit.outbox.relay import Relay
+    from django_platformkit.runtime.startup import StartUp
+
+    subs = [get_subscription(name) for name in names]
+    t = Transport()
+    t.connect()
+    try:
+        start_up = StartUp(t, using="default", stop_event=threading.Event(), connect_timeout_seconds=5.0)
+        start_up.connect_and_ensure_stream(give_up=True)
+        for sub in subs:
+            start_up.ensure_durable(sub)
+        with transaction.atomic():
+            for n in range(events):
+                publish("testapp.order_placed", {"n": n})
+        Relay(t).drain()
+        t.upkeep.delete_stream()  # the broker lost it
+        start_up.connect_and_ensure_stream(give_up=True)
+        return reconcile(t, owner=identity.database_identity(), instance=identity.database_instance(), declared=subs)
+    finally:
+        t.close()

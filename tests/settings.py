@@ -92,6 +92,8 @@ PLATFORMKIT = {
     # PLATFORMKIT_TEST_MAX_ATTEMPTS (tests/chaos/ runs with the default).
     "MAX_ATTEMPTS": int(os.environ.get("PLATFORMKIT_TEST_MAX_ATTEMPTS", "5")),
     "STREAM_REPLICAS": int(os.environ.get("PLATFORMKIT_TEST_STREAM_REPLICAS", "1")),
+    # The library's default (60 s); the reconciliation scenarios (tests/chaos/test_reconcile.py) pass less.
+    "RECONCILE_INTERVAL_SECONDS": float(os.environ.get("PLATFORMKIT_TEST_RECONCILE_INTERVAL", "60")),
 }
 
 LOGGING = {

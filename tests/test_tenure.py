@@ -1,7 +1,8 @@
 """Which database instance holds a stream (``identity.judge``), decided
-without a broker or a database: the holder renews its tenure, a live copy
-with the same identity is refused and makes the holder 'contested', a holder
-gone quiet for ``LIVE_SECONDS`` is taken over, another identity is foreign."""
+without a broker or a database: the holder renews its tenure, a copy with
+the same identity is refused and makes the holder 'contested', a holder
+gone quiet for however long is never taken over by itself (only
+``stream takeover`` moves it), another identity is foreign."""
 
 from __future__ import annotations
 
@@ -40,6 +41,7 @@ def test_a_live_copy_is_refused_with_the_fix_and_recorded_so_the_holder_is_conte
     assert copy.tenure == Tenure(OURS, PROD, 1000.0, STAGING, 1010.0)  # the holder stays, the copy is noted
     assert "UPDATE platformkit_identity SET database_id = gen_random_uuid()" in copy.text
     assert "PLATFORMKIT['STREAM']" in copy.text and PROD in copy.text and STAGING in copy.text
+    assert "seen 10 s ago (its workers are running)" in copy.text
     holder = decide(copy.tenure, PROD, 1020.0)
     assert holder.standing is Standing.CONTESTED and not holder.refused
     assert STAGING in holder.text and "handed back, not terminated" in holder.text
@@ -47,12 +49,32 @@ def test_a_live_copy_is_refused_with_the_fix_and_recorded_so_the_holder_is_conte
     assert decide(copy.tenure, PROD, 1010.0 + LIVE_SECONDS).standing is Standing.OWNER
 
 
-def test_a_holder_not_seen_for_live_seconds_is_taken_over():
+def test_a_holder_silent_for_however_long_is_never_taken_over_by_itself():
+    # A staging copy started while production was down for 2 minutes took the stream over and
+    # handled production's events in the staging database (issue 32).
     recorded = Tenure(OURS, PROD, 1000.0)
-    verdict = decide(recorded, STAGING, 1000.0 + LIVE_SECONDS)
-    assert verdict.standing is Standing.OWNER
-    assert verdict.tenure == Tenure(OURS, STAGING, 1000.0 + LIVE_SECONDS)
-    assert verdict.taken_over == recorded
+    for silent in (LIVE_SECONDS, 10 * LIVE_SECONDS, 30 * 86400.0):
+        verdict = decide(recorded, STAGING, 1000.0 + silent)
+        assert verdict.standing is Standing.COPY and verdict.refused
+        assert verdict.tenure == Tenure(OURS, PROD, 1000.0, STAGING, 1000.0 + silent)  # the holder stays
+        assert f"instance {PROD}, not seen for {silent:.0f} s" in verdict.text
+        assert f"This database is instance {STAGING} and does not hold it" in verdict.text
+        assert "`manage.py stream takeover --yes`" in verdict.text
+        assert "UPDATE platformkit_identity SET database_id = gen_random_uuid()" in verdict.text
+    # The holder, back, is the owner (contested while the copy's attempt is recent), and says which side is which.
+    back = decide(Tenure(OURS, PROD, 1000.0, STAGING, 2000.0), PROD, 2010.0)
+    assert back.standing is Standing.CONTESTED and not back.refused
+    assert f"This database, instance {PROD}, holds it" in back.text and f"instance {STAGING}" in back.text
+    assert "`manage.py stream takeover --yes`" in back.text
+
+
+def test_a_takeover_records_the_new_holder_without_a_contender_and_never_across_identities():
+    recorded = Tenure(OURS, PROD, 1000.0, STAGING, 1010.0)
+    assert identity.takeover_tenure(recorded, OURS, STAGING, 5000.0) == Tenure(OURS, STAGING, 5000.0)
+    assert decide(Tenure(OURS, STAGING, 5000.0), STAGING, 5001.0).standing is Standing.OWNER
+    assert decide(Tenure(OURS, STAGING, 5000.0), PROD, 5002.0).standing is Standing.COPY  # the old holder now
+    with pytest.raises(ValueError, match="belongs to database 11111111"):
+        identity.takeover_tenure(Tenure("11111111-1111-4111-8111-111111111111", PROD, 0.0), OURS, STAGING, 1.0)
 
 
 def test_another_identity_is_foreign_whatever_the_instance():

@@ -99,3 +99,22 @@ print("ok")
 """
     out = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "ok", out.stderr
+
+
+def test_a_targeted_re_send_is_for_the_subscriptions_it_names_and_its_header_never_reaches_a_handler(settings):
+    import uuid
+
+    from django_platformkit.wire import TARGET_HEADER, Delivery, OutgoingMessage, meant_for, parse_delivery
+
+    plain = OutgoingMessage("p._.shop.placed", b"{}", "id-1")
+    targeted = OutgoingMessage("p._.shop.placed", b"{}", "id-1:replay:1", targets=("shop.mail", "shop.stock"))
+    assert plain.headers() == {"Nats-Msg-Id": "id-1"}
+    assert targeted.headers() == {"Nats-Msg-Id": "id-1:replay:1", TARGET_HEADER: "shop.mail,shop.stock"}
+    assert meant_for(plain.headers(), "shop.anything")
+    assert meant_for(targeted.headers(), "shop.stock") and not meant_for(targeted.headers(), "shop.mail_copy")
+    settings.PLATFORMKIT = {**settings.PLATFORMKIT, "SUBJECT_PREFIX": "p"}
+    body = (
+        '{"specversion":"1.0","id":"%s","type":"shop.placed","time":"2026-12-05T00:00:00Z","data":{}}' % uuid.uuid4()
+    ).encode()
+    event = parse_delivery(Delivery("p._.shop.placed", body, {**targeted.headers(), "traceparent": "00-x"}, 1, 7, None))
+    assert event.headers == {"traceparent": "00-x"}

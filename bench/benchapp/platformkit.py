@@ -16,6 +16,8 @@ HANDLE_BATCH_CONCURRENT = declare("bench.handle_batch_concurrent")
 LATENCY = declare("bench.latency")
 RATED = declare("bench.rated")
 BACKLOG = declare("bench.backlog")
+#: Reconciliation's pass (measure_reconcile.py subscribes to it in its own process only).
+RECONCILE = declare("bench.reconcile")
 
 SINK_SQL = "INSERT INTO bench_sink (kind, event_id, occurred_at, at) VALUES (%s, %s, %s, clock_timestamp())"
 

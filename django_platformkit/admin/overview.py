@@ -62,7 +62,7 @@ class OverviewAdmin(NoWritesAdmin, ModelAdminOf[Overview]):
         ]
 
     def overview_view(self, request: HttpRequest) -> HttpResponse:
-        from django_platformkit.admin import figures
+        from django_platformkit.admin import figures, reconciliation
 
         if not self.has_view_permission(request):
             raise PermissionDenied
@@ -76,6 +76,7 @@ class OverviewAdmin(NoWritesAdmin, ModelAdminOf[Overview]):
             "subtitle": None,
             "opts": self.model._meta,
             "overview": overview,
+            "reconciliation": reconciliation.collect(),
             "summary": {
                 "failing": by_state[states.SubscriptionState.FAILING],
                 "lagging": by_state[states.SubscriptionState.LAGGING],

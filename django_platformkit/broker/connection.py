@@ -17,6 +17,7 @@ import ssl
 import threading
 import time
 from collections.abc import Callable, Coroutine
+from datetime import datetime
 from typing import Any, TypeVar
 
 import nats
@@ -129,6 +130,12 @@ class Connection:
         # The server's reason for a failed connect: the first error since connecting began.
         self._last_error: BaseException | None = None
         self._before_close: list[Callable[[], None]] = []
+        self._after_reconnect: list[Callable[[], None]] = []
+        #: The creation time of this project's stream as this connection last
+        #: read it (``jsapi.stream_info``; None: not yet): which stream a send
+        #: goes to, for the relay's stamp. A stream reset or lost and made
+        #: again has another.
+        self.stream_created: datetime | None = None
 
     # -- the bridge --
     def ensure_loop(self) -> asyncio.AbstractEventLoop:
@@ -201,6 +208,11 @@ class Connection:
         """Call ``callback`` (from the closing thread) before the loop stops."""
         self._before_close.append(callback)
 
+    def after_reconnect(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` on the loop after every reconnect (what was
+        published meanwhile - an advisory - was missed)."""
+        self._after_reconnect.append(callback)
+
     # -- connecting --
     def connect_options(self) -> dict[str, Any]:
         """nats-py's ``connect()`` keyword arguments for this connection (servers, credentials, TLS, callbacks)."""
@@ -255,6 +267,8 @@ class Connection:
         where = self.nc.connected_url.geturl() if self.nc and self.nc.connected_url else self.url
         logger.info("nats reconnected url=%s", conf.redact_url(where))
         self._tell_tracing()
+        for callback in self._after_reconnect:
+            callback()
 
     async def _connect(self) -> None:
         if self.nc is not None and not self.nc.is_closed:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 from django_platformkit import conf
@@ -21,6 +22,7 @@ from django_platformkit.broker.memory_stream import (
     ConsumerInfo,
     ManualClock,
     MemoryPullLane,
+    MessageLog,
     PubAck,
     StoredMessage,
     StreamInfo,
@@ -31,6 +33,7 @@ from django_platformkit.broker.memory_stream import (
     _Published,
     subject_matches,
 )
+from django_platformkit.broker.port import DurableFacts, HeldMessage, StreamFacts
 from django_platformkit.broker.standing import StreamStanding
 from django_platformkit.exceptions import ConfigurationError, ConsumerDrift, ConsumerNotFound
 from django_platformkit.wire import Delivery, OutgoingMessage, PublishOutcome, PublishResult
@@ -73,9 +76,11 @@ class InMemoryTransport:
         self._stream: str | None = None
         self._subjects: list[str] = []
         self._settings = StreamSettings()
-        self._messages: list[StoredMessage] = []
-        self._msg_ids: dict[str, tuple[int, float]] = {}  # Nats-Msg-Id -> (seq, stored_at)
+        self._log = MessageLog()
+        self._messages: list[StoredMessage] = self._log.messages
         self._durables: dict[str, _Durable] = {}
+        self._created: datetime | None = None  # the stream's creation time: which stream
+        self._listeners: list[Callable[[str], None]] = []
         self.connected = threading.Event()
         self.closed = False
 
@@ -125,6 +130,7 @@ class InMemoryTransport:
         with self._cond:
             if self._stream is None:
                 self._stream, self._subjects = s.STREAM, [f"{s.SUBJECT_PREFIX}.>"]
+                self._created = datetime.now(UTC)
             elif self._stream != s.STREAM:
                 raise ConfigurationError(
                     f"this InMemoryTransport holds the stream {self._stream!r}, not {s.STREAM!r}: use one per test"
@@ -150,6 +156,31 @@ class InMemoryTransport:
                 if not hasattr(self._settings, key) or key == "tenure":
                     raise TypeError(f"edit_stream(): unknown setting {key!r}")
                 setattr(self._settings, key, value)
+        for listener in self._listeners:
+            listener("modify")
+
+    def watch_stream(self, listener: Callable[[str], None]) -> bool:
+        """Call ``listener("modify")`` after each ``edit_stream``."""
+        self._listeners.append(listener)
+        return True
+
+    # -- reconciliation (the twin discards nothing: every message it stored is held) --
+    def stream_facts(self, *, owner: str | None, instance: str | None) -> StreamFacts | None:
+        """The stream's creation time, its sequences and standing (recording nothing); None before ``ensure_stream``."""
+        with self._cond:
+            if self._stream is None:
+                return None
+            standing = self._settings.standing(self._stream, self.url, owner, instance, self.clock.now(), record=False)
+            return StreamFacts(self._created, 1 if self._messages else 0, len(self._messages), standing)
+
+    def durable_facts(self, durables: Sequence[str]) -> list[DurableFacts | None]:
+        with self._cond:
+            found = [self._durables.get(name) for name in durables]
+            return [None if d is None else d.facts(self._pending(d)) for d in found]
+
+    def messages_at(self, seqs: Sequence[int]) -> dict[int, HeldMessage | None]:
+        with self._cond:
+            return self._log.held(seqs)
 
     def messages(self) -> list[StoredMessage]:
         """Every message the stream holds, in stream order."""
@@ -163,8 +194,9 @@ class InMemoryTransport:
         ``Nats-Msg-Id`` seen within ``DUPLICATE_WINDOW_SECONDS``, with the
         first copy's ``seq``), PERMANENT for a message over ``max_payload``,
         TEMPORARY with ``no_stream=True`` when no stream holds its subject."""
-        results = [self._store(m.subject, m.body, {"Nats-Msg-Id": m.msg_id}) for m in messages]
-        return _Published(results)
+        created = self._created
+        results = [self._store(m.subject, m.body, m.headers()) for m in messages]
+        return _Published(results, created)
 
     def publish_raw(self, subject: str, body: bytes, headers: dict[str, str] | None = None) -> PubAck:
         """Publish one message as another service would (tests: forged or
@@ -187,19 +219,9 @@ class InMemoryTransport:
                     "no stream answered (no responders): is the stream there, does it capture this subject, and is JetStream up?",
                     no_stream=True,
                 )
-            now = self.clock.now()
-            window = float(conf.settings.DUPLICATE_WINDOW_SECONDS)
-            msg_id = headers.get("Nats-Msg-Id")
-            if msg_id:
-                seen = self._msg_ids.get(msg_id)
-                if seen is not None and now - seen[1] < window:
-                    return PublishResult(PublishOutcome.STORED, duplicate=True, seq=seen[0])
-            seq = len(self._messages) + 1
-            self._messages.append(StoredMessage(seq, subject, bytes(body), dict(headers), now))
-            if msg_id:
-                self._msg_ids[msg_id] = (seq, now)
+            result = self._log.append(subject, body, headers, self.clock.now())
             self._cond.notify_all()
-            return PublishResult(PublishOutcome.STORED, seq=seq)
+            return result
 
     # -- durables --
     def ensure_consumer(self, want: Any) -> ConsumerInfo:
@@ -217,6 +239,7 @@ class InMemoryTransport:
             durable = self._durables.get(name)
             if durable is None:
                 durable = self._durables[name] = _Durable(name, str(want.filter_subject), ack_wait, max_ack_pending)
+                durable.created = datetime.now(UTC)
                 policy = getattr(want, "deliver_policy", "all")
                 if str(getattr(policy, "value", policy)) == "new":
                     durable.next_seq = len(self._messages) + 1
@@ -255,22 +278,10 @@ class InMemoryTransport:
 
     def _info(self, d: _Durable) -> ConsumerInfo:
         self._expire(d)
-        return ConsumerInfo(
-            name=d.name,
-            stream_name=str(self._stream),
-            num_pending=self._pending(d),
-            num_ack_pending=len(d.in_flight) + len(d.waiting),
-            num_redelivered=sum(1 for n in d.delivered.values() if n > 1),
-            filter_subject=d.filter_subject,
-        )
+        return d.info(str(self._stream), self._pending(d))
 
     def _expire(self, d: _Durable) -> None:
-        # The ack wait ran out: the broker redelivers it (its count goes up then).
-        now = self.clock.now()
-        for seq, deadline in list(d.in_flight.items()):
-            if deadline <= now:
-                del d.in_flight[seq]
-                d.waiting[seq] = deadline
+        d.expire(self.clock.now())
 
     def _take(self, d: _Durable, batch: int) -> list[Delivery]:
         """Under the lock: up to ``batch`` deliveries due now, redeliveries first (as JetStream sends them)."""

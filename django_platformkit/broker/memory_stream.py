@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from datetime import datetime
 from typing import Any
 
-from django_platformkit import identity
+from django_platformkit import conf, identity
+from django_platformkit.broker.port import DurableFacts, HeldMessage
 from django_platformkit.broker.standing import UNLIMITED, StreamStanding, judge_stream
-from django_platformkit.wire import Delivery, PublishResult
+from django_platformkit.wire import TARGET_HEADER, Delivery, PublishOutcome, PublishResult
 
 
 class ManualClock:
@@ -57,6 +59,40 @@ class StoredMessage:
     headers: dict[str, str]
     stored_at: float
 
+    def held(self) -> HeldMessage:
+        """What ``messages_at`` says of it (the clock has no date: no ``stored_at``)."""
+        targets = self.headers.get(TARGET_HEADER)
+        return HeldMessage(
+            self.seq, self.headers.get("Nats-Msg-Id"), tuple(targets.split(",")) if targets else (), None
+        )
+
+
+class MessageLog:
+    """The in-memory stream's messages, in stream order, and the
+    ``Nats-Msg-Id`` window in which a re-send is a duplicate of the first copy."""
+
+    def __init__(self) -> None:
+        self.messages: list[StoredMessage] = []
+        self._msg_ids: dict[str, tuple[int, float]] = {}  # Nats-Msg-Id -> (seq, stored_at)
+
+    def append(self, subject: str, body: bytes, headers: dict[str, str], now: float) -> PublishResult:
+        """Store a message at ``now`` (clock seconds), or answer with the first
+        copy's sequence for an id seen within ``DUPLICATE_WINDOW_SECONDS``."""
+        msg_id = headers.get("Nats-Msg-Id")
+        if msg_id:
+            seen = self._msg_ids.get(msg_id)
+            if seen is not None and now - seen[1] < float(conf.settings.DUPLICATE_WINDOW_SECONDS):
+                return PublishResult(PublishOutcome.STORED, duplicate=True, seq=seen[0])
+        seq = len(self.messages) + 1
+        self.messages.append(StoredMessage(seq, subject, bytes(body), dict(headers), now))
+        if msg_id:
+            self._msg_ids[msg_id] = (seq, now)
+        return PublishResult(PublishOutcome.STORED, seq=seq)
+
+    def held(self, seqs: Sequence[int]) -> dict[int, HeldMessage | None]:
+        """The messages at ``seqs`` (None where there is none: the twin discards nothing)."""
+        return {seq: self.messages[seq - 1].held() if 0 < seq <= len(self.messages) else None for seq in seqs}
+
 
 class StreamSettings:
     """The in-memory stream's settings that decide whether it may be used,
@@ -73,8 +109,11 @@ class StreamSettings:
         self.max_age: float | None = None  # seconds, as JetStream names it
         self.tenure = identity.Tenure(None)
 
-    def standing(self, stream: str, url: str, owner: str | None, instance: str | None, now: float) -> StreamStanding:
-        """Judge the stream for ``owner``/``instance`` at ``now`` (clock seconds), recording the tenure it asks for."""
+    def standing(
+        self, stream: str, url: str, owner: str | None, instance: str | None, now: float, *, record: bool = True
+    ) -> StreamStanding:
+        """Judge the stream for ``owner``/``instance`` at ``now`` (clock
+        seconds), recording the tenure it asks for (``record``: False, nothing)."""
         standing = judge_stream(
             name=stream,
             url=url,
@@ -90,9 +129,8 @@ class StreamSettings:
             now=now,
         )
         judgement = standing.judgement
-        if judgement is not None and judgement.tenure is not None:
+        if record and judgement is not None and judgement.tenure is not None:
             self.tenure = judgement.tenure
-            judgement.log_taken_over(stream)
             standing = replace(standing, tenure=self.tenure)
         return standing
 
@@ -166,6 +204,32 @@ class _Durable:
     delivered: dict[int, int] = field(default_factory=dict)  # seq -> num_delivered, while unsettled
     in_flight: dict[int, float] = field(default_factory=dict)  # seq -> ack deadline (clock seconds)
     waiting: dict[int, float] = field(default_factory=dict)  # seq -> when it may be redelivered (naked)
+    created: datetime | None = None
+
+    def expire(self, now: float) -> None:
+        """The ack wait ran out: the broker redelivers it (its count goes up then)."""
+        for seq, deadline in list(self.in_flight.items()):
+            if deadline <= now:
+                del self.in_flight[seq]
+                self.waiting[seq] = deadline
+
+    def info(self, stream: str, pending: int) -> ConsumerInfo:
+        """What ``consumer_info`` says of it (``pending``: matching messages not delivered yet)."""
+        return ConsumerInfo(
+            name=self.name,
+            stream_name=stream,
+            num_pending=pending,
+            num_ack_pending=len(self.in_flight) + len(self.waiting),
+            num_redelivered=sum(1 for n in self.delivered.values() if n > 1),
+            filter_subject=self.filter_subject,
+        )
+
+    def facts(self, pending: int) -> DurableFacts:
+        """What ``durable_facts`` says of it: its ack floor is just below its
+        oldest unsettled message, else its last looked-at sequence."""
+        floor = min(self.delivered) - 1 if self.delivered else self.next_seq - 1
+        unsettled = len(self.in_flight) + len(self.waiting)
+        return DurableFacts(self.name, self.created, floor, self.next_seq - 1, pending, unsettled)
 
 
 def subject_matches(filter_subject: str, subject: str) -> bool:
@@ -182,8 +246,9 @@ def subject_matches(filter_subject: str, subject: str) -> bool:
 class _Published:
     """``publish_start()``'s answer, already complete (``.results()`` as ``transport.PendingPublish``)."""
 
-    def __init__(self, results: list[PublishResult]) -> None:
+    def __init__(self, results: list[PublishResult], stream_created: datetime | None) -> None:
         self._results = results
+        self.stream_created = stream_created
 
     def results(self) -> list[PublishResult]:
         return list(self._results)

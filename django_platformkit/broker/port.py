@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
 from django_platformkit.broker.standing import StreamStanding
@@ -39,8 +41,67 @@ class DurableInfo(Protocol):
         """Delivered and neither acked nor termed: in flight, or awaiting a redelivery."""
 
 
+@dataclass(frozen=True)
+class StreamFacts:
+    """What reconciliation reads of the stream (``Broker.stream_facts``).
+
+    ``created``: the stream's creation time - which stream: a stream reset
+    or lost and made again has another (None: the broker gave none).
+    ``first_seq``/``last_seq``: the sequences it holds now (a message below
+    ``first_seq`` is gone: aged out, discarded by a limit, purged).
+    ``standing``: this database instance's standing on it, judged without
+    recording anything."""
+
+    created: datetime | None
+    first_seq: int
+    last_seq: int
+    standing: StreamStanding
+
+
+@dataclass(frozen=True)
+class DurableFacts:
+    """What reconciliation reads of a durable (``Broker.durable_facts``):
+    ``created`` (its creation time; None: unknown), ``ack_floor`` (every
+    message at or below this stream sequence it has acked, termed or passed
+    over), ``delivered`` (the last stream sequence it delivered),
+    ``num_pending`` and ``num_ack_pending`` (as ``DurableInfo``)."""
+
+    name: str
+    created: datetime | None
+    ack_floor: int
+    delivered: int
+    num_pending: int
+    num_ack_pending: int
+
+    @property
+    def settled_through(self) -> int:
+        """The stream sequence up to which the durable is done with every
+        message it will ever deliver: nothing at or below it is pending, in
+        flight or waiting for a retry. Its delivered sequence once nothing
+        is unacknowledged (a new durable's ack floor stays 0 until its first
+        ack), else its ack floor."""
+        return self.delivered if not self.num_ack_pending else self.ack_floor
+
+
+@dataclass(frozen=True)
+class HeldMessage:
+    """A message the stream still holds (``Broker.messages_at``): its
+    ``seq``, its ``Nats-Msg-Id`` (None: none), the subscriptions a targeted
+    re-send names (``wire.TARGET_HEADER``; empty: every one) and when it was
+    stored (None: unknown)."""
+
+    seq: int
+    msg_id: str | None
+    targets: tuple[str, ...]
+    stored_at: datetime | None
+
+
 class PendingPublish(Protocol):
     """A batch handed to the broker by ``Broker.publish_start``."""
+
+    #: The creation time of the stream the batch was sent to, as the broker
+    #: knew it when the batch started (None: not known): the stamp records it.
+    stream_created: datetime | None
 
     def results(self) -> list[PublishResult]:
         """Wait for the broker's answers: one ``PublishResult`` per message,
@@ -138,6 +199,23 @@ class Broker(Protocol):
 
     def consumer_infos(self, durables: Sequence[str], *, timeout: float) -> Sequence[DurableInfo | None]:
         """Several durables' counts at once, within ``timeout`` seconds: None where one failed."""
+
+    def watch_stream(self, listener: Callable[[str], None]) -> bool:
+        """Call ``listener`` with JetStream's action (``"create"``, ``"modify"``,
+        ``"delete"``; ``"reconnect"`` after a lost connection, when one may have
+        been missed) as soon as the stream changes, from the broker's own
+        thread: keep it short. False when the broker can't watch (then only
+        the periodic look tells)."""
+
+    # -- reconciliation --
+    def stream_facts(self, *, owner: str | None, instance: str | None) -> StreamFacts | None:
+        """The stream's identity, sequences and standing now (recording nothing); None: no stream."""
+
+    def durable_facts(self, durables: Sequence[str]) -> Sequence[DurableFacts | None]:
+        """Each durable's creation time, ack floor and counts, in order; None where one doesn't exist."""
+
+    def messages_at(self, seqs: Sequence[int]) -> dict[int, HeldMessage | None]:
+        """The messages the stream holds at these sequences (None: it holds none there)."""
 
     # -- publishing (the relay) --
     def publish_start(self, messages: Sequence[OutgoingMessage], *, timeout: float = 10.0) -> PendingPublish:

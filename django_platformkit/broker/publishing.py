@@ -14,6 +14,7 @@ import asyncio
 import concurrent.futures
 import logging
 from collections.abc import Sequence
+from datetime import datetime
 
 import nats.errors
 import nats.js.errors
@@ -100,10 +101,14 @@ class Publisher:
         batches behind it). ``timeout`` (seconds) bounds each stalled send
         and the wait for the acks; the first message that can't be sent for
         now ends the batch's sending, the rest counting as TEMPORARY."""
+        # Which stream, read before anything is sent: if it is replaced during
+        # the batch, the rows are stamped with the old one and reconciliation
+        # re-sends what nobody handled, never the other way round.
+        created = self.connection.stream_created
         if not messages:
-            return PendingPublish(None, 0, timeout)
+            return PendingPublish(None, 0, timeout, created)
         future = self.connection.submit(self._publish_many(messages, timeout))
-        return PendingPublish(future, len(messages), timeout)
+        return PendingPublish(future, len(messages), timeout, created)
 
     async def _publish_many(self, messages: Sequence[OutgoingMessage], timeout: float) -> list[PublishResult]:
         results: list[PublishResult | None] = [None] * len(messages)
@@ -128,7 +133,7 @@ class Publisher:
                 stall = timeout if js.publish_async_pending() >= _NO_STALL_BELOW else None
                 try:
                     future = await js.publish_async(
-                        message.subject, message.body, headers={"Nats-Msg-Id": message.msg_id}, wait_stall=stall
+                        message.subject, message.body, headers=message.headers(), wait_stall=stall
                     )
                 except Exception as exc:
                     result = classify_publish_error(exc)
@@ -173,11 +178,17 @@ class PendingPublish:
     """A batch handed to the loop by ``Transport.publish_start()``."""
 
     def __init__(
-        self, future: concurrent.futures.Future[list[PublishResult]] | None, count: int, timeout: float
+        self,
+        future: concurrent.futures.Future[list[PublishResult]] | None,
+        count: int,
+        timeout: float,
+        stream_created: datetime | None = None,
     ) -> None:
         self._future = future
         self._count = count
         self._timeout = timeout
+        #: The stream's creation time when the batch started (``port.PendingPublish``).
+        self.stream_created = stream_created
 
     def results(self) -> list[PublishResult]:
         """Wait for the acks: one ``PublishResult`` per message, in order.

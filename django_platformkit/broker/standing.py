@@ -3,10 +3,12 @@ nobody has handled, and which database instance holds it (``identity.judge``).
 
 Pure and without ``nats``, so the NATS transport, the in-memory twin, the
 overview and ``manage.py stream info`` judge a stream alike. A stream whose
-``max_msgs``, ``max_bytes`` or ``max_msgs_per_subject`` is set, or whose
-retention is not ``limits``, throws messages away before every subscription
-read them (1,000 events with no worker running: ``max_msgs=300`` kept 300);
-the relay and the worker refuse it at start-up, naming the limit and its fix.
+``max_msgs``, ``max_bytes`` or ``max_msgs_per_subject`` is set, whose
+``max_age`` is shorter than ``RETENTION_DAYS``, or whose retention is not
+``limits``, throws messages away before every subscription read them (1,000
+events with no worker running: ``max_msgs=300`` kept 300; ``max_age`` 15 s
+aged out 300 of 300 before a worker started); the relay and the worker refuse
+it at start-up, naming the limit and its fix.
 """
 
 from __future__ import annotations
@@ -38,16 +40,22 @@ class StreamProblem:
         return f"{self.setting}={self.value}: {self.effect} Fix: {self.fix}"
 
 
+#: A max age this much shorter than ``RETENTION_DAYS`` is not yet a problem (JetStream rounds it).
+MAX_AGE_TOLERANCE_SECONDS = 1.0
+
+
 def limit_problems(
     *,
     retention: str,
     max_msgs: int | None,
     max_bytes: int | None,
     max_msgs_per_subject: int | None,
+    max_age_seconds: float | None = None,
 ) -> list[StreamProblem]:
     """The problems of a stream with these settings (``retention`` as
     JetStream spells it: ``limits``, ``interest``, ``workqueue``; a numeric
-    limit of None, 0 or -1 is unlimited), in that order; [] for a safe one."""
+    limit of None, 0 or -1 is unlimited; ``max_age_seconds`` None or 0 is
+    unlimited), in that order; [] for a safe one."""
     update = "`manage.py stream update` sets it back to unlimited (the workers never change it themselves)."
     problems = []
     for setting, value, what in (
@@ -64,6 +72,19 @@ def limit_problems(
                     update,
                 )
             )
+    retained = float(conf.settings.RETENTION_DAYS) * 86400.0
+    if max_age_seconds and float(max_age_seconds) < retained - MAX_AGE_TOLERANCE_SECONDS:
+        age = format(float(max_age_seconds), ".15g")
+        problems.append(
+            StreamProblem(
+                "max_age",
+                age,
+                f"messages older than {age} s are discarded, handled or not, while the outbox keeps its events "
+                f"for RETENTION_DAYS ({retained:.0f} s): a subscription that falls that far behind "
+                "(a worker stopped, a backlog) loses them.",
+                "`manage.py stream update` lengthens it to RETENTION_DAYS (the workers never change it themselves).",
+            )
+        )
     if retention and retention != "limits":
         effect = {
             "interest": "the stream drops a message that no durable is interested in when it arrives, and once "
@@ -75,9 +96,10 @@ def limit_problems(
                 "retention",
                 retention,
                 effect,
-                "JetStream can't change a stream's retention. Once `manage.py stream info` shows every durable "
-                "with 0 pending and 0 ack pending, `manage.py stream reset --yes` deletes the stream and a worker "
-                "makes it again with limits retention.",
+                "JetStream can't change a stream's retention, and its durables can't drain: no worker consumes a "
+                "refused stream. `manage.py stream reset --yes --discard-unhandled` deletes it, a worker makes it "
+                "again with limits retention, and the workers' reconciliation sends every event the outbox holds "
+                "that a subscription has not handled again.",
             )
         )
     return problems
@@ -156,6 +178,7 @@ def judge_stream(
         max_msgs=max_msgs,
         max_bytes=max_bytes,
         max_msgs_per_subject=max_msgs_per_subject,
+        max_age_seconds=max_age_seconds,
     )
     recorded = Tenure.read(description, metadata)
     judgement = None

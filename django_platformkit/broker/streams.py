@@ -21,6 +21,7 @@ import nats.js.errors
 from nats.js import api
 
 from django_platformkit import conf, identity
+from django_platformkit.broker import jsapi
 from django_platformkit.broker.connection import Connection, no_jetstream_text
 from django_platformkit.broker.standing import StreamStanding, standing_of
 from django_platformkit.exceptions import BrokerUnavailable, ConfigurationError, ConsumerDrift, ConsumerNotFound
@@ -148,6 +149,26 @@ _SETTINGS_REFUSED = {
 }
 
 
+def has_stream_metadata(connection: Connection) -> bool:
+    """Whether the connected server keeps a stream's metadata (NATS 2.10+)."""
+    version = str(connection.server_info.get("version", "0.0"))
+    try:
+        major, minor = (int(part) for part in version.split(".")[:2])
+    except ValueError:
+        return False
+    return (major, minor) >= (2, 10)
+
+
+async def record_tenure(connection: Connection, have: api.StreamConfig, tenure: identity.Tenure) -> None:
+    """Write ``tenure`` into the stream's description (and its owner into its
+    metadata): who holds the stream (``identity.judge``, ``stream takeover``)."""
+    assert tenure.identity is not None
+    have.description = identity.describe(tenure.identity, tenure)
+    if has_stream_metadata(connection):
+        have.metadata = {**(getattr(have, "metadata", None) or {}), identity.METADATA_KEY: tenure.identity}
+    await connection.js.update_stream(have)
+
+
 class Streams:
     """The transport's stream and durable management, over ``connection``."""
 
@@ -188,22 +209,14 @@ class Streams:
             raise ConfigurationError(self.connection.redact(no_jetstream_text(self.connection.url)))
         return self.connection.call(self._ensure_stream(owner, instance), timeout=30)
 
-    def _has_stream_metadata(self) -> bool:
-        version = str(self.connection.server_info.get("version", "0.0"))
-        try:
-            major, minor = (int(part) for part in version.split(".")[:2])
-        except ValueError:
-            return False
-        return (major, minor) >= (2, 10)
-
     async def _ensure_stream(self, owner: str | None = None, instance: str | None = None) -> api.StreamInfo:
         want = stream_config()
         if owner is not None:
             want.description = identity.describe(owner, identity.Tenure(owner, instance, time.time()))
-            if self._has_stream_metadata():
+            if has_stream_metadata(self.connection):
                 want.metadata = {identity.METADATA_KEY: owner}
         try:
-            info: api.StreamInfo = await self.connection.js.stream_info(want.name)
+            info, _ = await jsapi.stream_info(self.connection, want.name)
         except nats.js.errors.NotFoundError:
             return await self._create(want, owner)
         standing = await self._judge(info, owner, instance)
@@ -270,6 +283,7 @@ class Streams:
                     "or ask its operator."
                 ) from None
             raise
+        await jsapi.stream_info(self.connection, want.name)  # its creation time: what the stamp records
         # Only now: a refused create must not leave a false "created" line.
         logger.info(
             "stream created stream=%s subjects=%s replicas=%s owner=%s",
@@ -289,7 +303,7 @@ class Streams:
 
         async def ask() -> StreamStanding:
             try:
-                info = await self.connection.js.stream_info(conf.settings.STREAM)
+                info, _ = await jsapi.stream_info(self.connection)
             except nats.js.errors.NotFoundError:
                 return StreamStanding(exists=False)
             return await self._judge(info, owner, instance)
@@ -310,23 +324,14 @@ class Streams:
                     have.name,
                     owner,
                 )
-            await self._record(have, judgement.tenure)
-            judgement.log_taken_over(str(have.name))
+            await record_tenure(self.connection, have, judgement.tenure)
             standing = replace(standing, tenure=judgement.tenure)
         return standing
 
-    async def _record(self, have: api.StreamConfig, tenure: identity.Tenure) -> None:
-        """Write ``tenure`` into the stream's description (and its owner into its metadata)."""
-        assert tenure.identity is not None
-        have.description = identity.describe(tenure.identity, tenure)
-        if self._has_stream_metadata():
-            have.metadata = {**(getattr(have, "metadata", None) or {}), identity.METADATA_KEY: tenure.identity}
-        await self.connection.js.update_stream(have)
-
     def stream_info(self) -> api.StreamInfo:
         """The stream's info (config, message counts, cluster). Raises ``BrokerUnavailable`` on timeout."""
-        info: api.StreamInfo = self.connection.call(
-            self.connection.js.stream_info(conf.settings.STREAM), timeout=self.connection.request_timeout_seconds + 1
+        info, _ = self.connection.call(
+            jsapi.stream_info(self.connection), timeout=self.connection.request_timeout_seconds + 1
         )
         return info
 

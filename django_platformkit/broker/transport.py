@@ -3,7 +3,8 @@
 It is composed of its parts, each given the one ``Connection`` (the event
 loop and its thread): ``Streams`` (the stream and durables this build
 wants), ``Publisher`` (the relay's send path), ``Puller`` (the consumer's
-pull lanes) and ``Acks`` (settling deliveries); ``StreamUpkeep`` holds the
+pull lanes), ``Acks`` (settling deliveries) and ``Holdings`` (what the
+stream still holds, for reconciliation, and its change advisories); ``StreamUpkeep`` holds the
 operator's verbs (``manage.py stream``), outside the port. Each method of the port
 names the part that does the work. Only the broker package imports
 ``nats``; a web process imports none of it.
@@ -19,6 +20,8 @@ from nats.js import api
 
 from django_platformkit.broker.acks import Acks, KeepAlive
 from django_platformkit.broker.connection import Connection
+from django_platformkit.broker.holdings import Holdings
+from django_platformkit.broker.port import DurableFacts, HeldMessage, StreamFacts
 from django_platformkit.broker.publishing import PendingPublish, Publisher
 from django_platformkit.broker.pulling import Puller, PullLane
 from django_platformkit.broker.standing import StreamStanding
@@ -53,6 +56,7 @@ class Transport:
         self.publisher = Publisher(self.connection)
         self.puller = Puller(self.connection, self.streams)
         self.acks = Acks(self.connection)
+        self.holdings = Holdings(self.connection)
         #: The operator's verbs (``manage.py stream``); no worker uses them.
         self.upkeep = StreamUpkeep(self.connection)
         self.url = self.connection.url
@@ -104,6 +108,19 @@ class Transport:
 
     def consumer_infos(self, durables: Sequence[str], *, timeout: float) -> list[api.ConsumerInfo | None]:
         return self.streams.consumer_infos(durables, timeout=timeout)
+
+    def watch_stream(self, listener: Callable[[str], None]) -> bool:
+        return self.holdings.watch_stream(listener)
+
+    # -- reconciliation --
+    def stream_facts(self, *, owner: str | None, instance: str | None) -> StreamFacts | None:
+        return self.holdings.stream_facts(owner=owner, instance=instance)
+
+    def durable_facts(self, durables: Sequence[str]) -> list[DurableFacts | None]:
+        return self.holdings.durable_facts(durables)
+
+    def messages_at(self, seqs: Sequence[int]) -> dict[int, HeldMessage | None]:
+        return self.holdings.messages_at(seqs)
 
     # -- publishing --
     def publish_start(self, messages: Sequence[OutgoingMessage], *, timeout: float = 10.0) -> PendingPublish:

@@ -1,7 +1,8 @@
-"""The operator's verbs on the stream (``manage.py stream info|prune|reset|update``):
+"""The operator's verbs on the stream (``manage.py stream info|prune|reset|update|takeover``):
 the stream and every durable as the broker holds them, deleting durables no
-declared subscription owns, deleting the stream, and making what can change
-in place match this build - without the ``nats`` CLI.
+declared subscription owns, deleting the stream, making what can change in
+place match this build, and recording which database instance holds it -
+without the ``nats`` CLI.
 
 Never used by a worker: they act on the operator's word. Nothing here
 deletes a message a subscription hasn't read except ``delete_stream`` (a
@@ -21,10 +22,10 @@ from typing import Any
 import nats.js.errors
 from nats.js import api
 
-from django_platformkit import conf
+from django_platformkit import conf, identity
 from django_platformkit.broker.connection import Connection
 from django_platformkit.broker.standing import UNLIMITED
-from django_platformkit.broker.streams import stream_config
+from django_platformkit.broker.streams import record_tenure, stream_config
 from django_platformkit.exceptions import BrokerUnavailable
 
 logger = logging.getLogger(__name__)
@@ -134,6 +135,21 @@ class StreamUpkeep:
             resumed.durable_name,
             conf.settings.STREAM,
             resumed.opt_start_seq,
+        )
+
+    def record_holder(self, tenure: identity.Tenure) -> None:
+        """Record ``tenure`` as the stream's holder (``manage.py stream takeover``)."""
+
+        async def record() -> None:
+            info = await self.connection.js.stream_info(conf.settings.STREAM)
+            await record_tenure(self.connection, info.config, tenure)
+
+        self.connection.call(record(), timeout=30)
+        logger.warning(
+            "stream taken over stream=%s identity=%s instance=%s",
+            conf.settings.STREAM,
+            tenure.identity,
+            tenure.instance,
         )
 
     def delete_stream(self) -> bool:

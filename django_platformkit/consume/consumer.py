@@ -41,7 +41,15 @@ from django_platformkit.consume.subscriptions import Subscription
 from django_platformkit.consume.units import Redo, Stopping, Work
 from django_platformkit.consume.waiting import DatabaseWait
 from django_platformkit.outage import close_old_connections_for
-from django_platformkit.wire import Delivery, HandlingOutcome, MalformedMessage, ReceivedEvent, parse_delivery
+from django_platformkit.wire import (
+    TARGET_HEADER,
+    Delivery,
+    HandlingOutcome,
+    MalformedMessage,
+    ReceivedEvent,
+    meant_for,
+    parse_delivery,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +63,14 @@ COUNTED = (
     HandlingOutcome.DEAD_LETTERED,
     HandlingOutcome.MALFORMED,
 )
+
+
+def may_have_run(delivery: Delivery) -> bool:
+    """Whether the handler may have run for this delivery's event before, so
+    its run history decides (a unit of its own, ``attempt`` from the recorded
+    runs): a redelivery, or a reconciliation's re-send - the broker's first
+    delivery of a new message for an event whose earlier runs may have failed."""
+    return delivery.attempt > 1 or TARGET_HEADER in delivery.headers
 
 
 class Consumer:
@@ -136,8 +152,9 @@ class Consumer:
         Every delivery is settled (ack / nak / term) before this returns,
         except ``UNACKED`` ones. First deliveries (broker count 1) are
         handled in units: one claim statement, one transaction (``batch=True``)
-        or one each (``batch=False``); a redelivery is always a unit of its
-        own, its run recorded before the handler starts (DESIGN.md "Attempts").
+        or one each (``batch=False``); a redelivery, or a reconciliation's
+        re-send (``may_have_run``), is always a unit of its own, its run
+        recorded before the handler starts (DESIGN.md "Attempts").
 
         Args:
             deliveries: Fetched from this subscription's durable.
@@ -148,8 +165,9 @@ class Consumer:
             claim existed), ``RETRIED`` (naked with its backoff),
             ``DEAD_LETTERED``, ``MALFORMED`` (termed, recorded as a
             ``(malformed)`` dead letter), ``UNACKED`` (the database is gone:
-            left for redelivery) or ``HANDED_BACK`` (the worker is stopping:
-            naked, not counted).
+            left for redelivery), ``HANDED_BACK`` (the worker is stopping:
+            naked, not counted) or ``ELSEWHERE`` (a targeted re-send for
+            another subscription: acked, not counted).
         """
         own_keep = keep is None
         if keep is None:
@@ -179,13 +197,17 @@ class Consumer:
         units: list[list[Work]] = []
         chunk: list[Work] = []
         for delivery in deliveries:
+            if not meant_for(delivery.headers, self.subscription.name):
+                results[id(delivery)] = self.settlement.elsewhere(delivery)
+                self.settlement.settled(keep, delivery)
+                continue
             event, reason = self._decode(delivery)
             if event is None:
                 results[id(delivery)] = self.settlement.malformed(delivery, reason)
                 self.settlement.settled(keep, delivery)
                 continue
             work = Work(delivery, event)
-            if delivery.attempt > 1:
+            if may_have_run(delivery):
                 # Never inside a batch: a poison message that killed the worker
                 # must not count against the neighbours it was fetched with.
                 if chunk:
@@ -252,7 +274,7 @@ class Consumer:
         timeout = float(conf.settings.HANDLER_TIMEOUT_SECONDS)
         self.runner.attach(keep, {w.event.id: w.message for w in unit})
         try:
-            if unit[0].message.attempt > 1:
+            if may_have_run(unit[0].message):
                 first = unit[0]
                 try:
                     ready = self.wait.until_answers(unit, lambda: self._start_redelivery(first), timeout, keep)

@@ -201,6 +201,17 @@ class Settlement:
         self.settle(lambda: self.broker.nak(work.message), work.event, "nak")
         return HandlingOutcome.HANDED_BACK
 
+    def elsewhere(self, delivery: Delivery) -> HandlingOutcome:
+        """A targeted re-send for other subscriptions of its event
+        (reconciliation, ``wire.TARGET_HEADER``): acked, never run or counted."""
+        try:
+            self.broker.ack(delivery)
+        except Exception as exc:  # redelivered then, and acked again
+            logger.warning(
+                "ack failed subscription=%s stream_seq=%s error=%s", self.subscription.name, delivery.stream_seq, exc
+            )
+        return HandlingOutcome.ELSEWHERE
+
     def settled(self, keep: KeepAlive | None, delivery: Delivery) -> None:
         if keep is not None:
             try:

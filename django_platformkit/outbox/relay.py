@@ -5,7 +5,9 @@ pipelined with ``Nats-Msg-Id`` = the event id, and stamped in the same
 transaction only after every ack arrived: a crash between the two re-sends
 (the broker drops the duplicate within its window), it never loses. Several
 relays run side by side; none waits on another's rows. There is no "last id
-seen" cursor, so a row that commits late still goes out.
+seen" cursor, so a row that commits late still goes out. The stamp
+(``stamp.py``) also records where the stream stored each row, which
+reconciliation reads.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from django_platformkit._tables import OUTBOX_TABLE
 from django_platformkit.outage import Outage, is_database_error
 from django_platformkit.outbox.deadletters import RELAY_DEAD_LETTERS, record_dead_letter
 from django_platformkit.outbox.listener import Listener
+from django_platformkit.outbox.stamp import StampKey, stamp_sent
 from django_platformkit.wire import OutgoingMessage, PublishOutcome, compose
 
 if TYPE_CHECKING:
@@ -55,12 +58,15 @@ _PLAN_SQL = (
 # Everything the envelope needs, as text: PostgreSQL formats the id and the
 # time, so no UUID, datetime or JSON objects are built per row in Python.
 # (ORDER BY names the table's columns: a bare "id" would be the id::text output column.)
-_COLUMNS_SQL = (
-    "SELECT o.ctid::text, o.id::text, o.name, o.tenant, o.payload::text, "
+#: The columns ``wire.compose`` takes after the subject prefix, over the alias
+#: ``o``: every path that sends a row (this relay, reconciliation's re-send)
+#: reads them alike.
+ENVELOPE_COLUMNS_SQL = (
+    "o.id::text, o.name, o.tenant, o.payload::text, "
     "to_char(o.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'), "
-    "o.headers->>'traceparent', o.headers->>'tracestate', o.headers->>'platformkit_replay' "
-    f"FROM {OUTBOX_TABLE} o "
+    "o.headers->>'traceparent', o.headers->>'tracestate', o.headers->>'platformkit_replay'"
 )
+_COLUMNS_SQL = f"SELECT o.ctid::text, {ENVELOPE_COLUMNS_SQL} FROM {OUTBOX_TABLE} o "
 # Two walks, each on its own partial index, so neither kind of row slows the
 # other: deferred rows (a task's run_after) that are due, earliest due first,
 # then rows without a not-before time in relay order. Deferred rows go first
@@ -92,13 +98,6 @@ _NEXT_DUE_SQL = (
 # Pending rows not yet due (a task's run_after ahead), off the deferred index:
 # `runrelay --once` reports them apart, so "left_pending=0" isn't read as "none left".
 _DEFERRED_SQL = f"SELECT count(*) FROM {OUTBOX_TABLE} WHERE published_at IS NULL AND not_before > now()"
-# By ctid (a TID scan): the rows are locked by this transaction since the
-# SELECT, so their ctid can't change. clock_timestamp(): the moment the acks
-# were in, not the batch transaction's start.
-_STAMP_SQL = f"UPDATE {OUTBOX_TABLE} SET published_at = clock_timestamp() WHERE ctid = ANY(%s::tid[])"
-_STAMP_BY_ID_SQL = (
-    f"UPDATE {OUTBOX_TABLE} SET published_at = clock_timestamp() WHERE id = ANY(%s::uuid[]) AND published_at IS NULL"
-)
 
 
 def _merges_statements(cursor: Any) -> bool:
@@ -263,6 +262,7 @@ class Relay:
         first_temporary = ""
         done: list[str] = []
         done_ids: list[str] = []
+        done_seqs: list[int | None] = []
         for row, message, result in zip(rows, messages, pending.results(), strict=True):
             if result.outcome is PublishOutcome.STORED:
                 stats.stored += 1
@@ -296,15 +296,15 @@ class Relay:
                 continue
             done.append(row[0])
             done_ids.append(row[1])
+            done_seqs.append(result.seq)  # None for a dead-lettered row: never stored, never reconciled
         if done:
             # Stamp after the broker acknowledged: a crash before this line
             # re-sends (deduplicated by Nats-Msg-Id), it never loses.
-            cursor.execute(_STAMP_SQL, ['{"' + '","'.join(done) + '"}'])  # one array literal: no per-item adaptation
-            if cursor.rowcount != len(
-                done
-            ):  # can't happen while the rows are locked; never leave one behind if it does
-                logger.warning("relay: stamped %s of %s rows by ctid; stamping by id", cursor.rowcount, len(done))
-                cursor.execute(_STAMP_BY_ID_SQL, [done_ids])
+            created = pending.stream_created
+            stamped = stamp_sent(cursor, done, done_seqs, stream_created=created)
+            if stamped != len(done):  # can't happen while the rows are locked; never leave one behind if it does
+                logger.warning("relay: stamped %s of %s rows by ctid; stamping by id", stamped, len(done))
+                stamp_sent(cursor, done_ids, done_seqs, stream_created=created, key=StampKey.ID)
         return first_temporary
 
     def drain(self, stop: threading.Event | None = None) -> RelayStats:

@@ -2,7 +2,9 @@
 PostgreSQL. They start before the worker reaches NATS and never wait for it
 - a worker started while NATS is down runs its jobs and is listed on the
 overview as waiting for the broker - and the heartbeat row says what the
-worker does (``models.WorkerState``) at every beat.
+worker does (``models.WorkerState``) at every beat. Its reconciliation
+(``reconciling.py``) starts with them and makes its first pass as soon as the
+worker has started (it needs the broker), then one per interval.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from django_platformkit import conf
 from django_platformkit.broker.port import Broker
 from django_platformkit.models import WorkerState
 from django_platformkit.runtime.heartbeat import Heartbeat, StateReport
+from django_platformkit.runtime.reconciling import ReconcileLoop
 from django_platformkit.runtime.startup import StartUp
 
 
@@ -65,8 +68,12 @@ class ClockSide:
 
     def start(self) -> None:
         """Beat (from a thread of its own while the worker starts; the
-        watchdog beats after) and start the scheduler."""
+        watchdog beats after), start the scheduler and the reconciliation."""
         self._beating = self.heartbeat.beat_while(self.starting, self.stop)
+        loop = ReconcileLoop(
+            self.broker, start_up=self.start_up, starting=self.starting, stop=self.stop, using=self.using
+        )
+        self.spawn("platformkit-reconcile", loop.run)
         if self.want_scheduler:
             from django_platformkit.jobs.scheduler import Scheduler
 

@@ -165,6 +165,13 @@ class Metrics:
             buckets=DURATION_BUCKETS_SECONDS,
             registry=own,
         )
+        self.reconciled = pc.Counter(
+            "platformkit_reconciled",
+            "Events reconciliation sent again to a subscription because the stream no longer held them for it, "
+            "by subscription and cause (stream_replaced, discarded, deleted, durable_remade, passed_over).",
+            ["subscription", "cause"],
+            registry=own,
+        )
         self.job_runs = pc.Counter(
             "platformkit_job_runs",
             "Periodic job runs, by job and outcome (succeeded, failed).",
@@ -235,6 +242,9 @@ class Metrics:
     def _on_job(self, sender: Any, *, job: str, outcome: str, **kwargs: Any) -> None:
         self.job_runs.labels(job, outcome).inc()
 
+    def _on_reconciled(self, sender: Any, *, subscription: str, cause: str, count: int, **kwargs: Any) -> None:
+        self.reconciled.labels(subscription, cause).inc(count)
+
     def _receivers(self) -> Iterable[tuple[Any, Any]]:
         return (
             (signals.event_handled, self._on_handled),
@@ -243,6 +253,7 @@ class Metrics:
             (signals.event_malformed, self._on_malformed),
             (signals.events_relayed, self._on_relayed),
             (signals.job_finished, self._on_job),
+            (signals.events_reconciled, self._on_reconciled),
         )
 
     def connect(self) -> Metrics:

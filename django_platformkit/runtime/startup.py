@@ -30,7 +30,7 @@ from django_platformkit.exceptions import (
     DatabaseUnavailable,
 )
 from django_platformkit.identity import database_identity, database_instance
-from django_platformkit.outage import connect_timeout, database_location
+from django_platformkit.outage import connect_timeout, database_location, is_database_error
 
 logger = logging.getLogger(__name__)
 
@@ -81,14 +81,15 @@ class StartUp:
         if not (connection.settings_dict.get("OPTIONS") or {}).get("pool"):
             return
         pool = getattr(connection, "pool", None)  # the PostgreSQL backend's (Django 5.1+)
-        # + one for the heartbeat and the burst's checks, + one a job's run holds while it runs.
-        others = 2 if scheduler else 1
+        # + one for the heartbeat and the burst's checks, + one reconciliation keeps
+        # (runtime/reconciling.py), + one a job's run holds while it runs.
+        others = 3 if scheduler else 2
         needed = threads + relay_lanes + others
         if pool is not None and pool.max_size < needed:
             raise ConfigurationError(
                 f"DATABASES[{self.using!r}]['OPTIONS']['pool'] allows {pool.max_size} connections, but this worker "
                 f"keeps up to {needed} at once ({threads} handler threads (CONSUMER_THREADS), {relay_lanes} relay lanes "
-                f"(RELAY_LANES), {others} for the heartbeat{' and the jobs' if scheduler else ''}): "
+                f"(RELAY_LANES), {others} for the heartbeat, reconciliation{' and the jobs' if scheduler else ''}): "
                 "with fewer, a thread waits for a "
                 f"connection for ever and its events stall. Give the pool max_size >= {needed} (with min_size), or "
                 "run the worker with a settings module without 'pool' (its threads keep their connections anyway)."
@@ -169,6 +170,7 @@ class StartUp:
         info = self.broker.ensure_consumer(want)
         with contextlib.suppress(Exception):  # the count is advice: the creation's own answer will do
             info = self.broker.consumer_info(subscription.durable)
+        self._record_origin(subscription)
         retained = int(info.num_pending or 0)
         if not subscription.backfill:
             logger.info(
@@ -187,6 +189,38 @@ class StartUp:
                 subscription.durable,
                 retained,
                 subscription.filter_subject,
+            )
+
+    def _record_origin(self, subscription: Subscription) -> None:
+        """The subscription begins here, unless it began before (a durable
+        deleted and made again keeps its first origin, so it is owed what it
+        missed): with ``backfill`` at the stream's start, else after the
+        stream's last message when its durable was made. Reconciliation owes
+        it nothing from before (``operate/reconcile.py``). A durable this
+        build did not make is recorded by the next reconciliation, from then on."""
+        from django_platformkit.operate.reconcile_rows import record_origin
+
+        facts = self.broker.stream_facts(owner=self.owner, instance=self.instance)
+        (durable,) = self.broker.durable_facts([subscription.durable])
+        if facts is None or facts.created is None or durable is None:
+            return
+        start = 0 if subscription.backfill else durable.delivered
+        try:
+            if record_origin(subscription.name, (facts.created, start), using=self.using):
+                logger.info(
+                    "subscription began subscription=%s stream_created=%s after_stream_seq=%s",
+                    subscription.name,
+                    facts.created.isoformat(),
+                    start,
+                )
+        except Exception as exc:
+            if not is_database_error(exc):
+                raise
+            logger.warning(
+                "subscription's beginning not recorded subscription=%s error=%s: reconciliation records it from "
+                "its next pass on",
+                subscription.name,
+                exc,
             )
 
     def retry_until_stopped(self, func: Callable[[], object], what: str, *, broker: bool = False) -> None:

@@ -141,7 +141,7 @@ class Worker:
         self._starting = True
         self._crashed: str | None = None
         self.recycle = recycle
-        self.watch = StreamWatch(self.transport, refuse=self._refuse, stop=self.stop_event)
+        self.watch = StreamWatch(self.transport, start_up=self.start_up, refuse=self._refuse, stop=self.stop_event)
         # The admin overview's "workers seen", from before the broker is reached.
         self.heartbeat = Heartbeat([s.name for s in self.subscriptions] if consumers else [], using=self.using)
         self.clock_side = ClockSide(
@@ -211,7 +211,6 @@ class Worker:
             if not self.start_up.connect_and_ensure_stream(give_up=self.burst):
                 return self._stopped_in_start_up()
             self.heartbeat.instance = self.start_up.instance or ""
-            self.watch.owner, self.watch.instance = self.start_up.owner, self.start_up.instance
             if self.want_consumers:
                 lanes = []
                 make = functools.partial(
@@ -313,6 +312,7 @@ class Worker:
 
     def _shutdown(self) -> None:
         self._starting = False
+        self.watch.wake()  # it waits for the next look or a stream change: it sees the stop now
         self.pool.stop_pulling()
         # Nothing is fetched any more: hand back what waits now, not after the
         # in-flight units (early fetch queues a unit behind a running one).

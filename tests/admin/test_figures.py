@@ -45,7 +45,7 @@ def test_a_limit_that_could_discard_unhandled_events_is_listed_with_its_fix(held
 
 def test_a_copy_of_this_database_that_tried_the_stream_is_an_identity_conflict_with_the_fix(held):
     ours = identity.database_identity()
-    with pytest.raises(Exception, match="held by another live database"):
+    with pytest.raises(Exception, match="held by another database instance"):
         held.ensure_stream(owner=ours, instance="999:1")  # a staging copy's worker, refused
     conflict = overview.collect().identity_conflict
     assert "999:1" in conflict and "UPDATE platformkit_identity SET database_id = gen_random_uuid()" in conflict

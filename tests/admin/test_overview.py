@@ -694,3 +694,24 @@ def test_a_failing_subscription_that_is_also_behind_says_both(client):
     why = html[html.index('data-why="testapp.slow"') : html.index("</tr>", html.index('data-why="testapp.slow"'))]
     assert "OSError: disk full" in why
     assert "The oldest unhandled event has waited 3 min" in why and "It is not relayed yet" in why
+
+
+# --- reconciliation ------------------------------------------------------------------
+
+
+def test_the_overview_shows_the_last_reconciliation_and_what_it_sent_again(client, broker):
+    from tests.conftest import lose_the_stream_and_reconcile
+
+    client.force_login(_viewer("view_outboxevent"))
+    page = client.get(reverse(OVERVIEW)).content.decode()
+    assert "No pass yet: a worker reconciles once it has started." in page
+    orders = ["testapp.record_order", "testapp.count_order"]
+    assert lose_the_stream_and_reconcile(orders, 4).resent == 8
+    page = client.get(reverse(OVERVIEW)).content.decode()
+    section = page[page.index('id="platformkit-reconciliation"') :]
+    assert "Last pass " in section and "(every 60 s)" in section
+    for name in orders:
+        row = section[section.index(f'data-subscription="{name}"') :]
+        row = row[: row.index("</tr>")]
+        assert '<td class="pk-resent-total">4</td>' in row
+        assert "4 stream_replaced" in row and 'title="the stream it was stored in was reset or lost"' in row

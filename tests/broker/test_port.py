@@ -27,7 +27,7 @@ from django_platformkit.broker.port import Broker
 from django_platformkit.broker.streams import consumer_config
 from django_platformkit.broker.transport import Transport
 from django_platformkit.exceptions import ConfigurationError, ConsumerDrift, ConsumerNotFound
-from django_platformkit.wire import OutgoingMessage, PublishOutcome, durable_name, subject_for
+from django_platformkit.wire import TARGET_HEADER, OutgoingMessage, PublishOutcome, durable_name, subject_for
 
 
 @dataclass
@@ -131,7 +131,7 @@ def test_a_live_copy_of_the_holder_is_refused_and_the_holder_learns_it_is_contes
     b = side.broker
     ours = str(uuid.uuid4())
     b.ensure_stream(owner=ours, instance="42:1")  # production
-    with pytest.raises(ConfigurationError, match="held by another live database with this database's identity"):
+    with pytest.raises(ConfigurationError, match="held by another database instance with this database's identity"):
         b.ensure_stream(owner=ours, instance="42:2")  # its staging copy (CREATE DATABASE ... TEMPLATE)
     held = b.stream_standing(owner=ours, instance="42:1")
     assert held.contested and not held.refused and "42:2" in held.text
@@ -290,3 +290,50 @@ def test_a_keep_alive_can_be_started_settled_and_stopped(side):
     keep.settled(delivery)
     keep.stop()
     b.ack(delivery)
+
+
+def test_what_reconciliation_reads_of_the_stream_its_durables_and_its_messages_is_alike(side):
+    from tests.conftest import wait_for
+
+    b = side.broker
+    ours = str(uuid.uuid4())
+    b.ensure_stream(owner=ours, instance="1:1")
+    facts = b.stream_facts(owner=ours, instance="1:1")
+    assert facts is not None and facts.created is not None and not facts.standing.refused
+    assert (facts.first_seq, facts.last_seq) == (0, 0)
+    send(b, "a", "b")
+    targeted = OutgoingMessage(subject_for("testapp.flaky", None), b"{}", "c", targets=("x.y", "x.z"))
+    pending = b.publish_start([targeted])
+    assert [r.outcome for r in pending.results()] == [PublishOutcome.STORED]
+    assert pending.stream_created == facts.created  # what the stamp records: which stream took it
+    later = b.stream_facts(owner=ours, instance="1:1")
+    assert (later.created, later.first_seq, later.last_seq) == (facts.created, 1, 3)
+    assert b.durable_facts(["nobody-here"]) == [None]
+    b.ensure_consumer(durable())
+    (made,) = b.durable_facts([durable_name("testapp.port")])
+    assert made.created is not None and (made.num_pending, made.settled_through) == (3, 0)
+    deliveries = fetch(b)
+    assert [d.headers.get(TARGET_HEADER) for d in deliveries] == [None, None, "x.y,x.z"]
+    b.ack_many(deliveries[:2])
+
+    def facts_of_port():
+        return b.durable_facts([durable_name("testapp.port")])[0]
+
+    wait_for(lambda: facts_of_port().settled_through == 2, what="the acks")  # one still in flight
+    b.ack(deliveries[2])
+    wait_for(lambda: facts_of_port().settled_through == 3, what="the last ack")
+    held = b.messages_at([1, 3, 99])
+    assert held[1] is not None and held[1].msg_id == "a" and held[1].targets == ()
+    assert held[3] is not None and (held[3].msg_id, held[3].targets) == ("c", ("x.y", "x.z"))
+    assert held[99] is None
+
+
+def test_an_edit_of_the_stream_is_told_to_its_watchers_at_once(side):
+    from tests.conftest import wait_for
+
+    b = side.broker
+    b.ensure_stream(owner=str(uuid.uuid4()), instance="1:1")
+    told: list[str] = []
+    assert b.watch_stream(told.append)
+    side.edit(max_msgs=300)
+    wait_for(lambda: "modify" in told, timeout=5, what="the stream-update advisory")

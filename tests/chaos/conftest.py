@@ -8,6 +8,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import uuid
+from typing import Any
 
 import psycopg
 import pytest
@@ -69,7 +70,7 @@ def make_rig(scenario_database, tmp_path, request):
     it started is stopped at teardown, and their logs are shown on failure."""
     rigs: list[Rig] = []
 
-    def make(name: str, nats_urls: str, **settings_env: str) -> Rig:
+    def make(name: str, nats_urls: str, **settings_env: Any) -> Rig:
         rig = Rig(name, database_url=scenario_database, nats_urls=nats_urls, workdir=tmp_path / name, **settings_env)
         rigs.append(rig)
         return rig

@@ -134,8 +134,19 @@ class Rig:
     """One scenario's processes over its own database (``database_url``) and
     NATS (``nats_urls``, comma-separated for a cluster)."""
 
-    def __init__(self, name: str, *, database_url: str, nats_urls: str, workdir: Path, **settings_env: str) -> None:
+    def __init__(
+        self,
+        name: str,
+        *,
+        database_url: str,
+        nats_urls: str,
+        workdir: Path,
+        subscriptions: Sequence[str] = SUBSCRIPTIONS,
+        **settings_env: str,
+    ) -> None:
         self.name = name
+        #: The subscriptions whose effects the tally counts (and the workers consume by default).
+        self.subscriptions = tuple(subscriptions)
         self.database_url = database_url
         self.nats_urls = nats_urls
         self.workdir = workdir
@@ -181,7 +192,7 @@ class Rig:
         self,
         number: int = 1,
         *,
-        subscriptions: Sequence[str] = SUBSCRIPTIONS,
+        subscriptions: Sequence[str] | None = None,
         relay: bool = False,
         jobs: Sequence[str] = (),
     ) -> Process:
@@ -193,7 +204,7 @@ class Rig:
                 args += ["--job", job]
         else:
             args.append("--no-jobs")
-        for sub in subscriptions:
+        for sub in self.subscriptions if subscriptions is None else subscriptions:
             args += ["--subscription", sub]
         return self.manage(f"worker{number}", *args)
 
@@ -232,7 +243,7 @@ class Rig:
         for round_ in range(rounds):
             time.sleep(rng.uniform(1.5, 2.5))
             _, _, effects = self.progress()
-            if not any(w.running for w in writers) and all(effects.get(s, 0) >= events for s in SUBSCRIPTIONS):
+            if not any(w.running for w in writers) and all(effects.get(s, 0) >= events for s in self.subscriptions):
                 break  # nothing left to handle: a fault now would prove nothing
             victim = workers[round_ % 2]
             victim.wait_for_log("worker started")  # at work, not mid start-up
@@ -290,7 +301,7 @@ class Rig:
                 " CROSS JOIN unnest(%s::text[]) AS s(name)"
                 " LEFT JOIN testapp_effect e ON e.event_id = o.id AND e.subscription = s.name"
                 " WHERE o.name = %s GROUP BY o.id, s.name) per_pair",
-                [list(SUBSCRIPTIONS), EVENT],
+                [list(self.subscriptions), EVENT],
             ).fetchone()
             stray = conn.execute(
                 "SELECT count(*) FROM testapp_effect e WHERE NOT EXISTS (SELECT 1 FROM platformkit_outbox o WHERE o.id = e.event_id)"
@@ -298,7 +309,7 @@ class Rig:
             handled = dict(
                 conn.execute(
                     "SELECT subscription, count(DISTINCT event_id) FROM testapp_effect WHERE subscription = ANY(%s) GROUP BY 1",
-                    [list(SUBSCRIPTIONS)],
+                    [list(self.subscriptions)],
                 ).fetchall()
             )
             dead = conn.execute("SELECT count(*) FROM platformkit_dead_letters").fetchone()[0]
@@ -309,7 +320,7 @@ class Rig:
             pending=pending,
             dead_letters=dead,
             stray=stray,
-            handled={s: handled.get(s, 0) for s in SUBSCRIPTIONS},
+            handled={s: handled.get(s, 0) for s in self.subscriptions},
         )
 
     def assert_exactly_once(self, tally: Tally, events: int | None = None) -> None:
@@ -357,9 +368,9 @@ class Rig:
                 log.write(
                     f"{time.monotonic() - self.started:8.2f}s events={events} pending={pending} effects={effects}\n"
                 )
-            if events >= expected and not pending and all(effects.get(s, 0) >= expected for s in SUBSCRIPTIONS):
+            if events >= expected and not pending and all(effects.get(s, 0) >= expected for s in self.subscriptions):
                 tally = self.tally()
-                if tally.complete(expected) and consumers_idle(self.nats_urls, self.stream):
+                if tally.complete(expected) and consumers_idle(self.nats_urls, self.stream, self.subscriptions):
                     time.sleep(ACK_WAIT_SECONDS + 1)
                     return self.tally()
             time.sleep(1.0)
@@ -405,12 +416,12 @@ def nats_call(urls: str, coro_factory, timeout: float = 10.0):
     return asyncio.run(asyncio.wait_for(run(), timeout))
 
 
-def consumers_idle(urls: str, stream: str = STREAM) -> bool:
+def consumers_idle(urls: str, stream: str = STREAM, subscriptions: Sequence[str] = SUBSCRIPTIONS) -> bool:
     """True when every subscription's durable has nothing pending and
     nothing awaiting an ack (False, too, when NATS can't answer)."""
 
     async def check(js):
-        for sub in SUBSCRIPTIONS:
+        for sub in subscriptions:
             info = await js.consumer_info(stream, sub.replace(".", "-"))
             if info.num_pending or info.num_ack_pending:
                 return False

@@ -1,11 +1,16 @@
-"""``manage.py stream info|prune|reset|update`` against a real NATS: what
-the broker holds beside what this build wants, pruning only the durables no
-declared subscription owns, a reset only with ``--yes``, and limits lifted
-in place - no routine step needs the ``nats`` CLI."""
+"""``manage.py stream info|prune|reset|update|reconcile|takeover`` against a
+real NATS: what the broker holds beside what this build wants, pruning only
+the durables no declared subscription owns (a busy one only with ``--yes``),
+a reset only with ``--yes`` (and ``--discard-unhandled`` while durables hold
+unhandled messages), limits lifted in place, a reconciliation pass by hand,
+and a takeover only by the operator's word - no routine step needs the
+``nats`` CLI."""
 
 from __future__ import annotations
 
 import io
+import threading
+import time
 
 import pytest
 from django.core.management import CommandError, call_command
@@ -90,8 +95,14 @@ def test_prune_deletes_only_durables_no_declared_subscription_owns(ours):
     assert before == declared | {"retired-old_handler", "someone-elses"}
     dry = stream("prune", "--dry-run")
     assert "would delete retired-old_handler (subscription retired.old_handler, pending 1" in dry
+    assert "not idle: refused without --yes" in dry
     assert "someone-elses" not in dry and durables(ours) == before
-    assert "deleted retired-old_handler" in stream("prune")
+    with pytest.raises(CommandError) as refused:
+        stream("prune")  # its backlog would go with it
+    assert "stream prune refused, nothing deleted: 1 durable(s) to delete are not idle: " in str(refused.value)
+    assert "retired-old_handler (pending 1, ack pending 0" in str(refused.value) and "--yes" in str(refused.value)
+    assert durables(ours) == before
+    assert "deleted retired-old_handler" in stream("prune", "--yes")
     assert durables(ours) == declared | {"someone-elses"}
     assert "nothing to prune" in stream("prune")
 
@@ -100,7 +111,20 @@ def test_reset_is_refused_without_yes_and_deletes_the_stream_with_it(ours, broke
     with pytest.raises(CommandError, match="pass --yes"):
         stream("reset")
     assert ours.upkeep.report() is not None
-    assert f"deleted the stream {broker['STREAM']!r} with 1 message(s)" in stream("reset", "--yes")
+    with pytest.raises(CommandError) as refused:
+        stream("reset", "--yes")  # its durables have not read its one message
+    text = str(refused.value)
+    assert text.startswith(
+        f"stream reset refused, nothing deleted: the durables of this project's stream {broker['STREAM']!r} "
+        "have not handled "
+    )
+    assert " message(s) between them (" in text
+    assert "retired-old_handler 1" in text and "testapp-record_order 1" in text
+    assert "reconciliation sends every event a subscription has not handled again" in text
+    assert "--discard-unhandled" in text
+    out = stream("reset", "--yes", "--discard-unhandled")
+    assert f"deleted the stream {broker['STREAM']!r} with 1 message(s)" in out
+    assert "reconciliation sends the events this outbox holds" in out
     assert ours.upkeep.report() is None
     assert "none on" in stream("info")
 
@@ -110,7 +134,7 @@ def test_prune_deletes_a_declared_durable_only_when_named_after_its_filter_drift
         stream("prune", "--durable", "nobody-here")
     with pytest.raises(CommandError, match="no durable someone-elses made by django_platformkit"):
         stream("prune", "--durable", "someone-elses")  # another tool's consumer: never
-    out = stream("prune", "--durable", "testapp-flaky")
+    out = stream("prune", "--durable", "testapp-flaky", "--yes")
     assert "deleted retired-old_handler" in out and "deleted testapp-flaky (subscription testapp.flaky" in out
     assert "testapp-flaky" not in durables(ours) and "someone-elses" in durables(ours)
 
@@ -171,7 +195,7 @@ def test_prune_durable_of_a_backfill_false_subscription_resumes_where_it_stood_l
         waiting = {publish("testapp.resumed", {"n": n}) for n in (2, 3)}
     Relay(transport).drain()  # in the stream, not handled yet
     assert "deleted testapp-from_now (subscription testapp.from_now, pending 2" in stream(
-        "prune", "--durable", sub.durable
+        "prune", "--durable", sub.durable, "--yes"
     )
     with transaction.atomic():
         meanwhile = publish("testapp.resumed", {"n": 4})
@@ -184,3 +208,88 @@ def test_prune_durable_of_a_backfill_false_subscription_resumes_where_it_stood_l
     # A later change the broker makes in place keeps where it started (the broker refuses to change that).
     info = transport.ensure_consumer(consumer_config("testapp.from_now", "testapp.resumed", max_ack_pending=77))
     assert info.config.max_ack_pending == 77
+
+
+def test_reconcile_by_hand_says_what_it_would_send_again_then_sends_it(ours, broker):
+    from django.db import transaction
+
+    from django_platformkit import publish
+    from django_platformkit.consume.subscriptions import get_subscription
+    from django_platformkit.outbox.relay import Relay
+    from django_platformkit.runtime.startup import StartUp
+
+    start_up = StartUp(ours, using="default", stop_event=threading.Event(), connect_timeout_seconds=5)
+    start_up.connect_and_ensure_stream(give_up=True)
+    ours.upkeep.delete_durables(["testapp-record_order", "testapp-count_order"])
+    for name in ("testapp.record_order", "testapp.count_order"):
+        start_up.ensure_durable(get_subscription(name))  # made (again) by a worker: their beginnings recorded
+    with transaction.atomic():
+        ids = [publish("testapp.order_placed", {"n": n}) for n in range(4)]
+    Relay(ours).drain()
+    ours.upkeep.delete_stream()  # lost with every message
+    start_up.connect_and_ensure_stream(give_up=True)
+    dry = stream("reconcile", "--dry-run")
+    assert (
+        "testapp.record_order: would send again 4: 4 stream_replaced (the stream it was stored in was reset or lost)"
+        in dry
+    )
+    assert "testapp.count_order: would send again 4" in dry and str(ids[0]) in dry
+    assert "dry run, nothing sent: 8 re-send(s) would be made, each to its subscription only" in dry
+    assert ours.stream_info().state.messages == 0
+    out = stream("reconcile")
+    assert "testapp.record_order: sent again 4" in out and "8 re-send(s) made" in out
+    assert ours.stream_info().state.messages == 4  # one message per event, for both
+    assert "testapp.record_order: nothing lost" in stream("reconcile")
+
+
+def test_reconcile_says_why_it_does_nothing_in_one_line(broker, settings):
+    import uuid
+
+    t = Transport()
+    t.connect()
+    try:
+        t.ensure_stream(owner=str(uuid.uuid4()), instance="1:1")
+        with pytest.raises(CommandError, match="nothing reconciled: .* belongs to another project's database"):
+            stream("reconcile")
+    finally:
+        t.close()
+    settings.PLATFORMKIT = {**settings.PLATFORMKIT, "NATS_URL": "nats://127.0.0.1:1"}
+    with pytest.raises(CommandError) as down:
+        stream("reconcile", "--dry-run")
+    assert "\n" not in str(down.value) and "127.0.0.1:1" in str(down.value)
+
+
+def test_takeover_moves_the_stream_only_by_the_operators_word_and_says_which_side_is_which(ours, broker):
+    from django_platformkit import identity
+
+    ours_id, here = identity.database_identity(), identity.database_instance()
+    with pytest.raises(CommandError, match="Pass --yes"):
+        stream("takeover")
+    assert f"this database instance ({here}) holds the stream" in stream("takeover", "--yes")
+    # The stream held by another instance of this database (the old server), alive a moment ago,
+    # with a backlog in its durables: refused, naming both sides and the counts.
+    old = identity.Tenure(ours_id, "999:1", time.time())
+    ours.upkeep.record_holder(old)
+    with pytest.raises(CommandError) as refused:
+        stream("takeover", "--yes")
+    text = str(refused.value)
+    assert "held by database instance 999:1; this database is instance " + here in text
+    assert "Its workers said they were alive" in text and "testapp-record_order 1 pending" in text
+    assert "--force" in text
+    assert identity.Tenure.read(ours.stream_info().config.description, None).instance == "999:1"
+    out = stream("takeover", "--yes", "--force")
+    assert f"held by instance {here} (this database) from now on, instead of 999:1" in out
+    assert identity.Tenure.read(ours.stream_info().config.description, None).instance == here
+
+
+def test_takeover_never_crosses_projects(broker):
+    import uuid
+
+    t = Transport()
+    t.connect()
+    try:
+        t.ensure_stream(owner=str(uuid.uuid4()), instance="1:1")
+        with pytest.raises(CommandError, match="belongs to another project's database .* never between projects"):
+            stream("takeover", "--yes", "--force")
+    finally:
+        t.close()

@@ -13,7 +13,8 @@ from django.core.management import call_command
 from django.db import connection, transaction
 
 from django_platformkit.models import OutboxEvent
-from django_platformkit.outbox.relay import _PLAN_SQL, _SELECT_SQL, _STAMP_SQL, Relay
+from django_platformkit.outbox.relay import _PLAN_SQL, _SELECT_SQL, Relay
+from django_platformkit.outbox.stamp import STAMP_SQL, StampKey
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -130,14 +131,18 @@ def test_the_batch_query_walks_the_pending_index_and_stamps_by_tid_even_with_sta
         cursor.execute(_PLAN_SQL)
         select_plan = explain(cursor, _SELECT_SQL, [1000])
         cursor.execute(_SELECT_SQL, [1000])
-        ctids = [row[0] for row in cursor.fetchall()]
-        stamp_plan = explain(cursor, _STAMP_SQL, ['{"' + '","'.join(ctids) + '"}'])
+        rows = cursor.fetchall()
+        ctids, ids = ['{"' + '","'.join(row[i] for row in rows) + '"}' for i in (0, 1)]
+        seqs = "{" + ",".join(str(n) for n in range(1, len(rows) + 1)) + "}"
+        stamp_plan = explain(cursor, STAMP_SQL[StampKey.CTID], [None, ctids, seqs])
+        by_id_plan = explain(cursor, STAMP_SQL[StampKey.ID], [None, ids, seqs, ids])
         transaction.set_rollback(True)
     # Relay order straight off the partial index: no sort of the whole backlog.
     assert "Index Scan using platformkit_outbox_pending" in select_plan, select_plan
     assert "Sort" not in select_plan and "Seq Scan" not in select_plan, select_plan
-    # The stamp visits exactly the locked rows, not the table.
+    # The stamp visits exactly the locked rows, not the table, named by ctid or by id.
     assert "Tid Scan" in stamp_plan and "Seq Scan" not in stamp_plan, stamp_plan
+    assert "platformkit_outbox_pkey" in by_id_plan and "Seq Scan" not in by_id_plan, by_id_plan
     # Sent as the relay sends them, in one simple query: the SELECT is planned
     # after the settings before it took effect.
     with transaction.atomic(), connection.cursor() as cursor:

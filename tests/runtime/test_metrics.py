@@ -349,3 +349,15 @@ def test_a_scrape_inside_a_callers_transaction_leaves_it_usable_and_its_timeout_
             assert cursor.fetchone()[0] == before
         publish("testapp.order_placed", {"n": 2})
     assert OutboxEvent.objects.pending().count() == 2
+
+
+def test_a_reconciliation_pass_counts_what_it_sent_again_per_subscription_and_cause(metrics, broker):
+    from tests.conftest import lose_the_stream_and_reconcile
+
+    orders = ["testapp.record_order", "testapp.count_order"]
+    assert lose_the_stream_and_reconcile(orders, 3).resent == 6
+    port = metrics.serve(0, "127.0.0.1")
+    samples = scrape(port)
+    for name in orders:
+        labels = (("cause", "stream_replaced"), ("subscription", name))
+        assert samples[("platformkit_reconciled_total", labels)] == 3

@@ -15,6 +15,7 @@ from django_platformkit import identity, publish
 from django_platformkit.broker.memory import InMemoryTransport
 from django_platformkit.broker.transport import Transport
 from django_platformkit.models import OutboxEvent, WorkerHeartbeat, WorkerState
+from django_platformkit.runtime.startup import StartUp
 from django_platformkit.runtime.streamwatch import StreamWatch
 from tests.broker.test_standing import UNSAFE_LIMITS
 from tests.conftest import run_to_exit, wait_for, worker_env
@@ -45,6 +46,8 @@ def test_relay_and_worker_refuse_a_stream_whose_limits_could_discard_events_and_
                 await js.add_stream(config)
             else:
                 setattr(config, setting, value)
+                if setting == "max_age":  # NATS refuses a duplicate window longer than the max age
+                    config.duplicate_window = value
                 await js.update_stream(config)
 
         t.connection.call(edit(), timeout=10)
@@ -71,8 +74,9 @@ def test_a_running_worker_that_finds_its_stream_refused_stops_the_way_start_up_r
     memory.ensure_stream(owner=ours, instance="1:1")
     stop = threading.Event()
     refusals: list[str] = []
-    watch = StreamWatch(memory, refuse=refusals.append, stop=stop, every_seconds=0.05)
-    watch.owner, watch.instance = ours, "1:1"
+    start_up = StartUp(memory, using="default", stop_event=stop, connect_timeout_seconds=1.0)
+    start_up.owner, start_up.instance = ours, "1:1"
+    watch = StreamWatch(memory, start_up=start_up, refuse=refusals.append, stop=stop, every_seconds=0.05)
     thread = threading.Thread(target=watch.run, daemon=True)
     thread.start()
     try:
@@ -85,3 +89,43 @@ def test_a_running_worker_that_finds_its_stream_refused_stops_the_way_start_up_r
     wait_for(lambda: refusals, timeout=5, what="the refusal")
     thread.join(5)
     assert not thread.is_alive() and "max_msgs=300" in refusals[0]
+
+
+@pytest.mark.parametrize(
+    "edit", [{"max_bytes": 200_000}, {"max_msgs_per_subject": 1}, {"max_age": 15.0, "duplicate_window": 15.0}]
+)
+def test_a_limit_edited_while_a_worker_runs_is_learnt_from_the_advisory_within_a_second(broker, edit):
+    # The look every 30 s noticed `nats stream edit` 28-30 s later: 505 of 1,000 events discarded meanwhile.
+    import time
+
+    t = Transport()
+    t.connect()
+    stop = threading.Event()
+    refusals: list[float] = []
+    try:
+        start_up = StartUp(t, using="default", stop_event=stop, connect_timeout_seconds=5.0)
+        start_up.owner, start_up.instance = identity.database_identity(), identity.database_instance()
+        t.ensure_stream(owner=start_up.owner, instance=start_up.instance)
+        watch = StreamWatch(
+            t, start_up=start_up, refuse=lambda text: refusals.append(time.monotonic()), stop=stop, every_seconds=3600
+        )
+        thread = threading.Thread(target=watch.run, daemon=True)
+        thread.start()
+        time.sleep(0.5)  # its first look is done; the next periodic one is an hour away
+
+        async def operator_edits():
+            config = (await t.connection.js.stream_info(broker["STREAM"])).config
+            for key, value in edit.items():
+                setattr(config, key, value)
+            await t.connection.js.update_stream(config)
+            return time.monotonic()
+
+        edited_at = t.connection.call(operator_edits(), timeout=10)
+        assert isinstance(edited_at, float)
+        wait_for(lambda: refusals, timeout=5, what="the refusal")
+        assert refusals[0] - edited_at < 1.0, refusals[0] - edited_at
+        thread.join(5)
+        assert not thread.is_alive()
+    finally:
+        stop.set()
+        t.close()

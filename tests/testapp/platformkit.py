@@ -64,5 +64,7 @@ if os.environ.get("PLATFORMKIT_TEST_JOBS"):
     from . import _jobs  # noqa: F401 - periodic jobs for tests/jobs/test_scheduler.py's worker processes
 if os.environ.get("PLATFORMKIT_TEST_SCENARIOS"):
     from . import _scenarios  # noqa: F401 - the worker-runtime scenarios' subscriptions (tests/chaos/test_deploys.py)
+if os.environ.get("PLATFORMKIT_TEST_FROM_NOW"):
+    from . import _from_now  # noqa: F401 - a backfill=False subscription the reconciliation scenarios prune
 if os.environ.get("PLATFORMKIT_TEST_FEATURES"):
     from . import _features  # noqa: F401 - rate limit and recycling subscriptions for real worker processes

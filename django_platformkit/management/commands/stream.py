@@ -2,9 +2,11 @@
 the operator's verbs on it - no routine step needs the ``nats`` CLI.
 
     manage.py stream info                 the stream and its durables beside what this build wants
-    manage.py stream prune [--dry-run] [--durable NAME]   delete the durables no declared subscription owns
+    manage.py stream prune [--dry-run] [--durable NAME] [--yes]   delete the durables no declared subscription owns
     manage.py stream reset --yes [--discard-unhandled]   delete the stream and every message it holds (a development reset)
     manage.py stream update [--dry-run]   lift limits that could discard unhandled events; set what can change in place
+    manage.py stream reconcile [--dry-run]   send again what the stream no longer holds for a subscription
+    manage.py stream takeover --yes [--force]   make this database instance the stream's holder
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        verbs = parser.add_subparsers(dest="verb", required=True, metavar="info|prune|reset|update")
+        verbs = parser.add_subparsers(dest="verb", required=True, metavar="info|prune|reset|update|reconcile|takeover")
         verbs.add_parser(
             "info",
             help="The stream and every durable as the broker holds them beside what this build wants: limits that "
@@ -67,19 +69,26 @@ class Command(BaseCommand):
             "again, and its claims skip what was handled (a backfill=False subscription's is made again at once, "
             "from its first unacknowledged message, not from now).",
         )
+        prune.add_argument(
+            "--yes",
+            action="store_true",
+            help="Delete durables that are not idle too (pending or unacknowledged messages, or active within twice "
+            "ACK_WAIT_SECONDS): what they have not read is dropped. Refused without it, naming their counts.",
+        )
         reset = verbs.add_parser(
             "reset",
             help="Delete the stream with every message it holds and every durable (a development reset after "
-            "re-creating the database); a worker or relay makes it again. Pending outbox rows are relayed then; "
-            "published ones are not sent again.",
+            "re-creating the database); a worker or relay makes it again. Pending outbox rows are relayed then, and "
+            "the workers' reconciliation sends the published events a subscription had not handled again.",
         )
         reset.add_argument("--yes", action="store_true", help="Really delete it (required).")
         reset.add_argument(
             "--discard-unhandled",
             action="store_true",
-            help="Delete it even when it belongs to another database (or a live copy of this one holds it) and its "
-            "durables hold messages they have not handled: that database's events are lost. Refused without it. "
-            "For a re-created development database's old stream.",
+            help="Delete it even while its durables hold messages they have not handled (refused without it, "
+            "naming the counts). This project's own stream: reconciliation sends those events again from the "
+            "outbox. A stream another database owns (or another instance of this one holds): that database's "
+            "events are lost - for a re-created development database's old stream.",
         )
         update = verbs.add_parser(
             "update",
@@ -88,6 +97,30 @@ class Command(BaseCommand):
             "shorter max age lengthened. Never shortens the max age; says what it leaves and why.",
         )
         update.add_argument("--dry-run", action="store_true", help="Say what would change; change nothing.")
+        reconcile = verbs.add_parser(
+            "reconcile",
+            help="One reconciliation pass, as the workers run every RECONCILE_INTERVAL_SECONDS: each event a "
+            "subscription is owed, has not handled and whose message the stream no longer holds for it (a limit or "
+            "max_age, a durable made again, a stream reset or lost) is sent again to that subscription only.",
+        )
+        reconcile.add_argument(
+            "--dry-run",
+            action="store_true",
+            help="Say what would be sent again, per subscription and cause; send nothing.",
+        )
+        takeover = verbs.add_parser(
+            "takeover",
+            help="Make this database instance the holder of the stream its identity owns: the one way a stream "
+            "changes hands (a database restored or upgraded onto a new server). Run it with the new database's "
+            "settings once the old one's workers are stopped and its durables drained.",
+        )
+        takeover.add_argument("--yes", action="store_true", help="Really take it over (required).")
+        takeover.add_argument(
+            "--force",
+            action="store_true",
+            help="Take it over even while the holder's workers are alive or its durables hold messages nobody has "
+            "handled (they are then handled, or refused as unknown, by this database's workers).",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         configure_logging(options["verbosity"])
@@ -159,14 +192,15 @@ class Command(BaseCommand):
             w(f"  {name:<40}{'-':>10}{'-':>13}  {'-':<22}{view.owners[name]} (no durable yet: a worker makes it)")
 
     def _prune(self, transport: Any, options: dict[str, Any]) -> None:
-        from django_platformkit.operate.streams import prune_durables
+        from django_platformkit.operate.streams import busy, prune_durables
 
         dry_run = options["dry_run"]
-        doomed = prune_durables(transport.upkeep, dry_run=dry_run, also=options["durable"])
+        doomed = prune_durables(transport.upkeep, dry_run=dry_run, also=options["durable"], yes=options["yes"])
         for d in doomed:
+            refused = " - not idle: refused without --yes" if dry_run and busy(d) and not options["yes"] else ""
             self.stdout.write(
                 f"{'would delete' if dry_run else 'deleted'} {d.name} (subscription {d.subscription}, "
-                f"pending {d.pending:,}, ack pending {d.ack_pending:,})"
+                f"pending {d.pending:,}, ack pending {d.ack_pending:,}){refused}"
             )
         if not doomed:
             self.stdout.write("nothing to prune: every durable belongs to a declared subscription")
@@ -187,7 +221,11 @@ class Command(BaseCommand):
             self.stdout.write(f"no stream {stream!r}: nothing to delete")
             return
         held = f"{report.messages:,} message(s), {len(report.durables)} durable(s)"
-        self.stdout.write(f"deleted the stream {stream!r} with {held}; a worker or relay makes it again")
+        self.stdout.write(
+            f"deleted the stream {stream!r} with {held}; a worker or relay makes it again, and the workers' "
+            "reconciliation sends the events this outbox holds that a subscription had not handled again "
+            "(`manage.py stream reconcile --dry-run` lists them)"
+        )
 
     def _update(self, transport: Any, options: dict[str, Any]) -> None:
         changed, left = transport.upkeep.update(dry_run=options["dry_run"])
@@ -198,3 +236,48 @@ class Command(BaseCommand):
             self.stdout.write(f"left {line}")
         if not changed:
             self.stdout.write("nothing to change in place")
+
+    def _reconcile(self, transport: Any, options: dict[str, Any]) -> None:
+        from django_platformkit import identity
+        from django_platformkit.operate.reconcile import CAUSE_TEXT, reconcile
+
+        dry_run = options["dry_run"]
+        report = reconcile(
+            transport, owner=identity.database_identity(), instance=identity.database_instance(), dry_run=dry_run
+        )
+        if report.note:
+            raise CommandError(f"nothing reconciled: {report.note}")
+        verb = "would send again" if dry_run else "sent again"
+        for result in report.subscriptions.values():
+            if result.resent:
+                causes = ", ".join(f"{n:,} {cause} ({CAUSE_TEXT[cause]})" for cause, n in sorted(result.resent.items()))
+                examples = ", ".join(str(e) for e in result.examples)
+                self.stdout.write(f"{result.name}: {verb} {sum(result.resent.values()):,}: {causes}; e.g. {examples}")
+            elif result.note:
+                self.stdout.write(f"{result.name}: {result.note}")
+            else:
+                self.stdout.write(f"{result.name}: nothing lost")
+        if report.failed:
+            raise CommandError(f"reconciliation cut short (run it again): {report.failed}")
+        self.stdout.write(
+            f"{'dry run, nothing sent: ' if dry_run else ''}{report.resent:,} re-send(s) "
+            f"{'would be ' if dry_run else ''}made, each to its subscription only"
+        )
+
+    def _takeover(self, transport: Any, options: dict[str, Any]) -> None:
+        from django_platformkit.operate.streams import take_over
+
+        stream = conf.settings.STREAM
+        if not options["yes"]:
+            raise CommandError(
+                f"stream takeover makes this database instance the holder of the stream {stream!r}: the other "
+                "instance's workers are refused from then on. Pass --yes to do it (after stopping them)."
+            )
+        done = take_over(transport.upkeep, force=options["force"])
+        if done.after is None:
+            self.stdout.write(f"this database instance ({done.before.instance}) holds the stream {stream!r} already")
+            return
+        self.stdout.write(
+            f"took over the stream {stream!r}: held by instance {done.after.instance} (this database) from now on, "
+            f"instead of {done.before.instance or '(none recorded)'}"
+        )

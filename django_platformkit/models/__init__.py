@@ -2,7 +2,9 @@
 make handling exactly-once, the attempts that say how often a handler really
 ran, the dead letters an operator acts on, and the slot ledger behind "once
 per slot". Table names are part of the public
-contract (DESIGN.md), defined once in ``_tables``.
+contract (DESIGN.md), defined once in ``_tables``. Reconciliation's state per
+subscription has a module of its own (``reconciliation.py``), imported here:
+Django finds an app's models in its ``models``.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from django_platformkit._tables import (
     TASK_RESULTS_TABLE,
     WORKERS_TABLE,
 )
+from django_platformkit.models.reconciliation import SubscriptionState  # noqa: F401 - Django finds it here
 from django_platformkit.wire import AttemptOutcome, HandlingOutcome
 
 #: ``clock_timestamp()`` rather than ``now()``: ``now()`` is the transaction's
@@ -59,6 +62,11 @@ class OutboxEvent(models.Model):
     # A deferred task's run_after (django.tasks): the relay leaves the row
     # pending until then. NULL for every plain event.
     not_before = models.DateTimeField(verbose_name=_("not before"), null=True, blank=True)
+    # Where the broker stored its last send (stamped with published_at): the
+    # stream by its creation time - a reset or lost stream is made again with
+    # another - and the sequence the PubAck gave. What reconciliation reads.
+    stream_created = models.DateTimeField(verbose_name=_("stream created"), null=True, blank=True)
+    stream_seq = models.BigIntegerField(verbose_name=_("stream sequence"), null=True, blank=True)
 
     objects = OutboxQuerySet.as_manager()
 
@@ -88,6 +96,12 @@ class OutboxEvent(models.Model):
                 fields=["published_at"],
                 condition=models.Q(published_at__isnull=False),
                 name="platformkit_outbox_published",
+            ),
+            # Reconciliation walks one event's sends in stream order, from where its last pass stopped.
+            models.Index(
+                fields=["name", "stream_created", "stream_seq"],
+                condition=models.Q(stream_seq__isnull=False),
+                name="platformkit_outbox_stream",
             ),
         ]
 
