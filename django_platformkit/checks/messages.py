@@ -46,6 +46,11 @@ MESSAGES: dict[str, tuple[str, str]] = {
         "RETENTION_DAYS is the stream's max age and NATS refuses a longer duplicate window, so no relay or worker could start: "
         "lower DUPLICATE_WINDOW_SECONDS or raise RETENTION_DAYS.",
     ),
+    "E011": (
+        "subscription {subscription!r}: rate_limit={value!r} is not a rate",
+        "Write it as handler starts per second, minute or hour, every worker together: '100/s', '30/m' or "
+        "'1000/h' (a whole number from 1 to 999999999), or leave rate_limit out for no limit.",
+    ),
     "W001": (
         "BACKOFF_SECONDS has {delays} delays; MAX_ATTEMPTS={attempts} uses {retries}",
         "One delay per retry, so the extra delays never run: drop them or raise MAX_ATTEMPTS.",
