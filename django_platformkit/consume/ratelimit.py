@@ -52,6 +52,7 @@ def start_margin_seconds(rate: Rate) -> float:
     """The margin per period the slots of ``rate`` keep for starts that lag their slot, in seconds."""
     return min(rate.spacing_seconds * START_MARGIN_SHARE_OF_SPACING, START_MARGIN_MAX_SECONDS)
 
+
 #: Take the next slot and say how long to wait for it, in seconds (<= 0: now).
 #: ``clock_timestamp()`` read once: the slot is never earlier than the read.
 #: The row's next slot, judged under this taker's spacing: kept when the row
