@@ -8,7 +8,6 @@ broker), and ``checks`` registers them all. Nothing here queries or connects.
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -17,6 +16,7 @@ from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 
 from django_platformkit import conf
+from django_platformkit.names import closest_name
 
 TAG = "platformkit"
 
@@ -104,8 +104,7 @@ def _warning(check_id: str, obj: Any = None, **values: Any) -> checks.Warning:
 
 
 def _suggestion(name: str, known: Iterable[str]) -> str | None:
-    close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.75)
-    return close[0] if close else None
+    return closest_name(name, known)
 
 
 def _undeclared_fix(event: str, known: Iterable[str]) -> str:
