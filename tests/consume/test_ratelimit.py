@@ -89,9 +89,11 @@ def test_the_limiter_hands_out_evenly_spaced_slots_to_every_taker():
     second = RateLimiter("testapp.spaced", Rate(10, 1.0), "default")  # another worker's
     waits = [first.take(), second.take(), first.take(), second.take()]
     assert waits[0] == 0.0
-    # Each later taker waits one more spacing (0.1 s), give or take the statements' own time.
+    # 0.1 s and the margin for starts that lag their slot: 0.05 s per second, 0.105 s apart.
+    assert first.spacing_seconds == pytest.approx(0.105)
+    # Each later taker waits one more spacing, give or take the statements' own time.
     for n, wait in enumerate(waits[1:], start=1):
-        assert n * 0.1 - 0.05 <= wait <= n * 0.1 + 0.001, waits
+        assert n * 0.105 - 0.05 <= wait <= n * 0.105 + 0.001, waits
     with connection.cursor() as cursor:
         cursor.execute("SELECT count(*) FROM platformkit_rate_limits WHERE name = 'testapp.spaced'")
         assert cursor.fetchone()[0] == 1
@@ -372,8 +374,10 @@ def test_starts_after_a_database_outage_stay_within_the_rate_in_every_one_second
                 )
         wait_for(lambda: len(start_times(starts_file)) >= 40, timeout=90, what="the backlog under way")
         gate.down()
+        went_down = time.time()
         time.sleep(4.0)
         gate.up()
+        came_up = time.time()
         wait_for(
             lambda: Effect.objects.filter(subscription="testapp.rated_limited").count() >= events,
             timeout=120,
@@ -390,7 +394,12 @@ def test_starts_after_a_database_outage_stay_within_the_rate_in_every_one_second
     assert "database unavailable" in text or "rate limits: database" in text, text[-3000:]  # the outage happened
     times = start_times(starts_file, "testapp.rated_limited")
     assert len(times) >= events
-    assert most_in_any_window(times, 1.0) <= LIMIT, text[-3000:]
+    # The outage's excess: every window that overlaps the outage or the recovery after it (the units
+    # that waited it out start again then) holds at most the rate - 28 did before.
+    around = [t for t in times if went_down - 1.0 <= t <= came_up + 3.0]
+    assert most_in_any_window(around, 1.0) <= LIMIT, (most_in_any_window(around, 1.0), text[-3000:])
+    # Away from it, a start's lag behind its slot on a busy machine, as for any limited subscription.
+    assert most_in_any_window(times, 1.0) <= LIMIT + TOLERANCE, text[-3000:]
 
 
 @pytest.mark.parametrize("bad", ["0/s", "-1/s", "1e9/s", "10/x", ""])
