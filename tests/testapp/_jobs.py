@@ -12,6 +12,11 @@ from django.utils import timezone
 from django_platformkit.jobs.specs import current_slot, job
 
 RUNS_TABLE = "pk_test_job_runs"
+#: The runs table as the tests that start these jobs make it (``seen``: the job's own clock).
+RUNS_TABLE_DDL = (
+    f"CREATE TABLE {RUNS_TABLE} (job text NOT NULL, slot timestamptz NOT NULL, pid int NOT NULL, "
+    "at timestamptz NOT NULL DEFAULT clock_timestamp(), seen timestamptz)"
+)
 
 
 def record(name: str) -> int:
