@@ -4,6 +4,7 @@ The public API. Importing it loads neither the broker client (``nats``) nor
 the models, so it is safe in settings modules and AppConfigs.
 """
 
+from django_platformkit._version import __version__ as __version__  # the one place it is written
 from django_platformkit.consume.subscriptions import subscribe
 from django_platformkit.jobs.specs import job
 from django_platformkit.operate.cancel import cancel
@@ -11,10 +12,6 @@ from django_platformkit.operate.deadletters import discard, replay
 from django_platformkit.operate.republish import republish
 from django_platformkit.outbox.events import EventType, declare, publish, publish_many
 from django_platformkit.wire import ReceivedEvent
-
-#: The release, written here only: pyproject.toml reads it (setuptools
-#: dynamic version), so the wheel's metadata and this never disagree.
-__version__ = "0.1.0"
 
 __all__ = [
     "EventType",

@@ -225,8 +225,8 @@ def _event_loop(key: str, value: object) -> str:
             import uvloop  # noqa: F401
         except ImportError:
             raise ConfigurationError(
-                f"PLATFORMKIT[{key!r}] is 'uvloop', but uvloop is not installed: pip install uvloop "
-                "(it comes with django-platformkit on Linux and macOS), or set 'auto'."
+                f"PLATFORMKIT[{key!r}] is 'uvloop', but uvloop is not installed: "
+                "pip install 'django-platformkit[speed]' (Linux and macOS), or set 'auto'."
             ) from None
     return str(value)
 

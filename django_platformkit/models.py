@@ -65,6 +65,7 @@ class OutboxEvent(models.Model):
     class Meta:
         db_table = OUTBOX_TABLE
         verbose_name = _("outbox event")
+        verbose_name_plural = _("outbox events")
         indexes = [
             # The relay walks this index in relay order; it stays as small as
             # the due backlog however large the table grows. Deferred rows are
@@ -130,6 +131,7 @@ class HandledEvent(models.Model):
     class Meta:
         db_table = HANDLED_TABLE
         verbose_name = _("claim")
+        verbose_name_plural = _("claims")
         constraints = [
             models.UniqueConstraint(fields=["subscription", "event_id"], name="platformkit_handled_once"),
         ]
@@ -207,6 +209,7 @@ class Attempt(models.Model):
     class Meta:
         db_table = ATTEMPTS_TABLE
         verbose_name = _("attempt")
+        verbose_name_plural = _("attempts")
         ordering = ["subscription", "event_id", "attempt"]
         constraints = [
             models.UniqueConstraint(fields=["subscription", "event_id", "attempt"], name="platformkit_attempt_once"),
@@ -235,6 +238,7 @@ class DeadLetter(models.Model):
     class Meta:
         db_table = DEAD_LETTER_TABLE
         verbose_name = _("dead letter")
+        verbose_name_plural = _("dead letters")
         ordering = ["-failed_at", "-id"]
         constraints = [
             models.UniqueConstraint(fields=["subscription", "event_id"], name="platformkit_dead_letter_once"),
@@ -268,6 +272,7 @@ class JobState(models.Model):
     class Meta:
         db_table = JOBS_TABLE
         verbose_name = _("job state")
+        verbose_name_plural = _("job states")
 
     def __str__(self) -> str:
         return self.name
@@ -354,6 +359,7 @@ class TaskResultRecord(models.Model):
     class Meta:
         db_table = TASK_RESULTS_TABLE
         verbose_name = _("task result")
+        verbose_name_plural = _("task results")
 
     def __str__(self) -> str:
         return f"task {self.event_id}: {self.status or 'not finished'}"
@@ -391,6 +397,7 @@ class OutboxTask(OutboxEvent):
     class Meta:
         proxy = True
         verbose_name = _("task")
+        verbose_name_plural = _("tasks")
 
 
 class RateLimit(models.Model):
@@ -410,6 +417,7 @@ class RateLimit(models.Model):
     class Meta:
         db_table = RATE_LIMITS_TABLE
         verbose_name = _("rate limit")
+        verbose_name_plural = _("rate limits")
 
     def __str__(self) -> str:
         return f"{self.name}: next start at {self.next_at}"

@@ -83,7 +83,6 @@ def _api() -> Any:
         else:
             _otel = SimpleNamespace(
                 env_provider="OTEL_PYTHON_TRACER_PROVIDER" in os.environ,
-                get_tracer_provider=trace.get_tracer_provider,
                 trace=trace,
                 propagate=propagate,
                 proxy=ProxyTracerProvider,
@@ -108,7 +107,9 @@ def _tracer() -> Any:
     # in the environment on every call, for a provider to load lazily.
     # Only while get_tracer_provider is the API's own (a test may replace it).
     provider: Any = _UNKNOWN
-    if api.trace.get_tracer_provider is api.get_tracer_provider:
+    # Compared by module, not by the object first seen: a first call made while a test had
+    # replaced it would otherwise take the replacement for the API's own (and trace nothing).
+    if getattr(api.trace.get_tracer_provider, "__module__", "") == api.trace.__name__:
         provider = getattr(api.trace, "_TRACER_PROVIDER", _UNKNOWN)
         if provider is None and not api.env_provider:
             return None

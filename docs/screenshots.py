@@ -132,7 +132,7 @@ def traffic() -> int:
 def shoot(base: str, out: Path, gone: int, nats_server) -> list[Path]:
     import re
 
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import Page, expect, sync_playwright
 
     from django_platformkit.models import DeadLetter, JobState
     from shop.models import Order
@@ -153,16 +153,28 @@ def shoot(base: str, out: Path, gone: int, nats_server) -> list[Path]:
                 "DoesNotExist"
             )
 
-            def save(name: str, *, full_page: bool = True) -> None:
-                wide, window = page.evaluate("[document.documentElement.scrollWidth, window.innerWidth]")
+            def save(name: str, *, full_page: bool = True, shown: Page | None = None) -> None:
+                shown = shown or page
+                wide, window = shown.evaluate("[document.documentElement.scrollWidth, window.innerWidth]")
                 if wide > window:  # the docs promise pages readable at 1280 px
-                    raise SystemExit(f"screenshots: {page.url} scrolls sideways: {wide} px wide at {window} px")
+                    raise SystemExit(f"screenshots: {shown.url} scrolls sideways: {wide} px wide at {window} px")
                 path = out / name
-                page.screenshot(path=str(path), full_page=full_page)
+                shown.screenshot(path=str(path), full_page=full_page)
                 written.append(path)
                 say(f"wrote {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
 
             save("overview.png")
+
+            # The same page in German: a browser that asks for it (Accept-Language), the
+            # example project's LocaleMiddleware, the catalogue the wheel ships.
+            german = browser.new_context(viewport=VIEWPORT, locale="de-DE").new_page()
+            german.goto(f"{base}/admin/login/?next=/admin/django_platformkit/overview/")
+            german.fill("#id_username", USER)
+            german.fill("#id_password", PASSWORD)
+            german.click("input[type=submit]")
+            expect(german.locator('#platformkit-jobs tr[data-job="shop.report_sales"]')).to_contain_text("überfällig")
+            save("overview-de.png", shown=german)
+            german.context.close()
 
             page.locator('tr[data-why="shop.send_confirmation"] .pk-last-error a').click()
             expect(page).to_have_url(re.compile(r"/attempt/"))

@@ -28,6 +28,7 @@ FOUNDATIONS = {
     "_retry",
     "_tables",
     "_text",
+    "_version",
     "conf",
     "exceptions",
     "identity",

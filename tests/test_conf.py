@@ -111,7 +111,7 @@ def test_event_loop_auto_takes_uvloop_when_installed_and_asyncio_when_asked(sett
     settings.PLATFORMKIT = {}
     assert event_loop_kind() == "asyncio"
     settings.PLATFORMKIT = {"EVENT_LOOP": "uvloop"}
-    with pytest.raises(ConfigurationError, match="uvloop is not installed: pip install uvloop"):
+    with pytest.raises(ConfigurationError, match=r"uvloop is not installed: pip install 'django-platformkit\[speed\]'"):
         conf.settings.EVENT_LOOP
 
 

@@ -27,7 +27,7 @@ def order_subscriptions():
 
 @pytest.mark.parametrize("event_loop", ["auto", "asyncio"])
 def test_n_events_are_handled_exactly_once_by_every_subscription(run_worker, settings, event_loop):
-    """On either event loop: uvloop ("auto", installed with the package) and
+    """On either event loop: uvloop ("auto", with the speed extra the tests install) and
     the standard library's, which EVENT_LOOP "asyncio" keeps."""
     import asyncio
 

@@ -34,7 +34,7 @@ T = TypeVar("T")
 
 def event_loop_kind() -> str:
     """Which event loop the transport runs, from ``EVENT_LOOP``: ``"uvloop"``
-    (``"auto"`` with uvloop installed, as it is with the package on Linux and
+    (``"auto"`` with uvloop installed: the ``speed`` extra, on Linux and
     macOS) or ``"asyncio"`` (the standard library's). uvloop's loop, its
     transports and its thread-safe wake-ups are C; bench/README.md has what
     it saves per handling."""

@@ -83,7 +83,12 @@ async def _one_off[T](
             pass
         transport = getattr(nc, "_transport", None)
         if transport is not None:
-            transport.close()
+            try:
+                transport.close()
+            except Exception:
+                # nats-py before 2.15 raises AttributeError closing a socket that
+                # never opened (a refused connect): that would hide why it failed.
+                pass
 
 
 async def _stream_standing(js: Any, owner: str | None, instance: str | None) -> StreamStanding:

@@ -1,8 +1,8 @@
-"""Cron expressions, behind an interface of ours: croniter is used only to
-list the naive wall-clock times a five-field expression matches; which
-instants those are in a time zone - across DST gaps and folds - is decided
-here, with Vixie cron's rule. Syntax that cron implementations (croniter
-among them) read differently is refused, never guessed.
+"""Cron expressions, behind an interface of ours: cronsim (Debian cron's
+reading of an expression) is used only to list the naive wall-clock times a
+five-field expression matches; which instants those are in a time zone -
+across DST gaps and folds - is decided here, with Vixie cron's rule. Syntax
+that cron implementations read differently is refused, never guessed.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta, tzinfo
 
-from croniter import CroniterError, croniter
+from cronsim import CronSim, CronSimError
 
 FIELD_NAMES = ("minute", "hour", "day-of-month", "month", "day-of-week")
 _BOUNDS = ((0, 59), (0, 23), (1, 31), (1, 12), (0, 7))
@@ -30,10 +30,12 @@ _NAMES = (None, None, None, _MONTHS, _WEEKDAYS)
 #: nothing) in different crons, and ``a/n`` is ``a-max/n`` in some and an
 #: error in others.
 _ITEM = re.compile(r"^(?:(?P<star>\*)|(?P<low>[0-9]+|[a-z]{3})(?:-(?P<high>[0-9]+|[a-z]{3}))?)(?:/(?P<step>[0-9]+))?$")
-_DAYS_IN_MONTH = (31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)  # February in a leap year
 #: A zone's UTC offset never drops by more than this within this long; wall
 #: times that far back can't map to a later instant (see ``_lookback``).
 _OFFSET_WINDOW = timedelta(hours=26)
+#: Where cron_problems looks for a first instant: a leap year's first day, so
+#: a possible day (29 February too) comes within 8 years.
+_ANY_START = datetime(2000, 1, 1)
 
 
 def cron_problems(expression: object) -> list[str]:
@@ -42,7 +44,7 @@ def cron_problems(expression: object) -> list[str]:
     Fields: minute 0-59, hour 0-23, day-of-month 1-31, month 1-12 or
     jan-dec, day-of-week 0-7 (0 and 7 are Sunday) or sun-sat; each a list of
     ``*``, ``*/n``, ``a``, ``a-b`` or ``a-b/n`` (Vixie cron's syntax, crontab(5)).
-    Pure: no croniter state is kept, no clock is read.
+    Pure: no cronsim state is kept, no clock is read.
     """
     if not isinstance(expression, str):
         return [
@@ -61,22 +63,22 @@ def cron_problems(expression: object) -> list[str]:
         return problems
     dom, dow = fields[2], fields[4]
     if _restricted(dom) and _restricted(dow) and (dom.startswith("*") or dow.startswith("*")):
-        # Vixie cron ANDs the two day fields when either starts with '*';
-        # croniter ORs them whenever both are restricted. Refuse the difference.
+        # Vixie cron (and cronsim, from 2.2) ANDs the two day fields when either
+        # starts with '*'; croniter and others OR them whenever both are
+        # restricted. Refuse the difference.
         return [
             f"cron {expression!r}: day-of-month {dom!r} and day-of-week {dow!r} are both restricted and one starts "
             "with '*'; crons disagree on whether a day must match both or either. Write the days out "
             "(e.g. '1-31/2' instead of '*/2') to mean either, or leave one of the two fields '*'"
         ]
-    try:
-        expanded, _ = croniter.expand(expression)
-    except CroniterError as exc:  # pragma: no cover - the grammar above is stricter
-        return [f"cron {expression!r} is refused by croniter: {exc}"]
-    if expanded[2] != ["*"] and expanded[4] == ["*"]:
-        months = range(1, 13) if expanded[3] == ["*"] else expanded[3]
-        if not any(day <= _DAYS_IN_MONTH[month - 1] for month in months for day in expanded[2]):
+    if _restricted(dom) and not _restricted(dow):
+        # cronsim refuses a day of the month that no month it names has (and
+        # would find no instant for one): say so in our words.
+        try:
+            next(CronSim(expression, _ANY_START))
+        except (CronSimError, StopIteration):
             return [
-                f"cron {expression!r} can never fire: no month it names has day {_join(expanded[2])} "
+                f"cron {expression!r} can never fire: no month it names has day {dom} "
                 "(February has 29 days at most); pick a day that exists"
             ]
     return []
@@ -135,10 +137,6 @@ def _restricted(field: str) -> bool:
     return field not in ("*", "*/1")
 
 
-def _join(values: list[int]) -> str:
-    return ",".join(str(v) for v in values)
-
-
 @dataclass(frozen=True)
 class CronSchedule:
     """The instants a valid five-field ``expression`` names in ``zone``.
@@ -164,13 +162,13 @@ class CronSchedule:
         """The instants (aware, UTC) strictly after ``after``, ascending, without end."""
         local = after.astimezone(self.zone)
         start = local.replace(tzinfo=None, second=0, microsecond=0) - self._lookback(after) - timedelta(minutes=1)
-        walls = croniter(self.expression, start)
+        walls = CronSim(self.expression, start)
         # A wall time's instants are never before first(wall), and first() never
         # decreases; so an instant below first(latest wall) is final and in order.
         pending: list[datetime] = []
         last: datetime | None = None
         while True:
-            wall = walls.get_next(datetime)
+            wall = next(walls)
             floor = self._first(wall)
             while pending and pending[0] < floor:
                 instant = heapq.heappop(pending)

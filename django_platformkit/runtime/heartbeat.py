@@ -27,6 +27,7 @@ from django.utils import timezone
 from django_platformkit import conf
 from django_platformkit._process import worker_id
 from django_platformkit._tables import WORKERS_TABLE
+from django_platformkit._version import __version__
 from django_platformkit.models import WorkerState
 
 logger = logging.getLogger(__name__)
@@ -55,15 +56,6 @@ _STOP_SQL = (
     f"detail = CASE WHEN EXCLUDED.state = '{WorkerState.REFUSED}' THEN EXCLUDED.detail ELSE {WORKERS_TABLE}.detail END"
 )
 _FORGET_SQL = f"DELETE FROM {WORKERS_TABLE} WHERE last_seen < now() - make_interval(secs => %s)"
-
-
-def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("django_platformkit")
-    except PackageNotFoundError:
-        return ""
 
 
 #: What a worker says it does now: its state and, for a wait or a refusal, why (and the fix).
@@ -97,7 +89,7 @@ class Heartbeat:
         self.using = using or conf.settings.DATABASE_ALIAS
         self.every_seconds = every_seconds
         self.started_at: datetime = timezone.now()
-        self.version = _version()
+        self.version = __version__  # _version.py's, not the installed metadata's (stale in an editable install)
         self.state = state or (lambda: (WorkerState.RUNNING, ""))
         self.instance = ""
         #: Why the worker stops refused (its stream), with the fix: the stopped row says so.

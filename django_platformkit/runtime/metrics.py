@@ -22,15 +22,18 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import platform
 import threading
 import time
 from collections.abc import Iterable, Sequence
 from typing import Any, Protocol
 
+import django
 from django.db import connections, transaction
 
 from django_platformkit import conf, signals
 from django_platformkit._tables import DEAD_LETTER_TABLE, DUE_BACKLOG_SQL
+from django_platformkit._version import __version__
 from django_platformkit.broker.port import Broker
 from django_platformkit.exceptions import ConfigurationError
 from django_platformkit.wire import HandlingOutcome, task_path
@@ -65,6 +68,10 @@ DURATION_BUCKETS_SECONDS = (
 )
 #: How long a scrape may wait for PostgreSQL and for NATS (each), in seconds.
 SCRAPE_TIMEOUT_SECONDS = 2.0
+
+#: ``platformkit_build_info``'s labels: this release (``__version__``, the one
+#: place it is written), Django's and Python's versions.
+BUILD_LABELS = (__version__, django.get_version(), platform.python_version())
 
 _OUTBOX_SQL = DUE_BACKLOG_SQL  # due rows and how long the oldest has waited (deferred tasks are not lag)
 _DEAD_LETTERS_SQL = f"SELECT subscription, count(*) FROM {DEAD_LETTER_TABLE} GROUP BY subscription"
@@ -350,6 +357,11 @@ class _ScrapeCollector:
                 "1 when the scrape reached the source, 0 when it timed out or failed.",
                 labels=["source"],
             ),
+            "build": core.GaugeMetricFamily(
+                "platformkit_build_info",
+                "Always 1: the django_platformkit release this process runs (version), on which Django and Python.",
+                labels=["version", "django", "python"],
+            ),
         }
 
     def describe(self) -> list[Any]:
@@ -363,6 +375,7 @@ class _ScrapeCollector:
     def _collect(self) -> list[Any]:
         started = time.monotonic()
         families = self._families()
+        families["build"].add_metric(BUILD_LABELS, 1)
         db = self.metrics._database_figures()
         families["up"].add_metric(["database"], 1 if db is not None else 0)
         if db is not None:

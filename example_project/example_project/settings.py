@@ -43,6 +43,8 @@ TASKS = {"default": {"BACKEND": "django_platformkit.tasks.OutboxBackend", "QUEUE
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
+    # The admin, the console included, in the browser's language (English, German, French, Spanish).
+    "django.middleware.locale.LocaleMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",

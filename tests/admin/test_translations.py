@@ -2,14 +2,26 @@
 under a test translation that marks each string it is asked for (⟪…⟫), the
 pages show no English word of ours unmarked; and, without rendering, every
 template text sits in {% translate %} / {% blocktranslate %} and every admin
-label, filter title and message is a gettext call."""
+label, filter title and message is a gettext call.
+
+And every such string has a translation in the catalogues the wheel ships
+(German, French, Spanish): each page rendered in each language under that
+language's real catalogue, which marks ⟪…⟫ only a string it has no
+translation for, shows none; the catalogues, regenerated from the code with
+makemessages, have no new or fuzzy entry; and each django.mo is its
+django.po compiled (``.ci/messages`` does all three for a maintainer)."""
 
 from __future__ import annotations
 
 import ast
 import datetime
+import functools
 import gettext as gettext_module
+import os
 import re
+import shutil
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -31,6 +43,8 @@ from django_platformkit.runtime.heartbeat import Heartbeat
 
 PACKAGE = Path(__file__).resolve().parents[2] / "django_platformkit"
 TEMPLATES = PACKAGE / "templates" / "admin" / "django_platformkit"
+#: The catalogues the wheel ships (django_platformkit/locale/<language>/LC_MESSAGES).
+LANGUAGES = ["de", "fr", "es"]
 
 
 class Marking(gettext_module.NullTranslations):
@@ -59,6 +73,64 @@ def marked() -> Iterator[None]:
         yield
     finally:
         translation.deactivate()
+
+
+class Untranslated(gettext_module.NullTranslations):
+    """A language as Django has it (our catalogue merged with Django's and
+    every app's), except that a string that catalogue has no translation for
+    comes back marked ⟪…⟫ instead of in English, and is kept in ``missing``
+    (its msgid, without a context)."""
+
+    def __init__(self, language: str) -> None:
+        super().__init__()
+        self.real = trans_real.translation(language)
+        self.known = self.real._catalog  # msgid, "context\x04msgid", or (msgid, plural form)
+        self.missing: set[str] = set()
+
+    def _marked(self, message: str) -> str:
+        self.missing.add(message.split(trans_real.CONTEXT_SEPARATOR)[-1])
+        return f"⟪{message.split(trans_real.CONTEXT_SEPARATOR)[-1]}⟫"
+
+    def gettext(self, message: str) -> str:
+        if message in self.known:
+            return self.real.gettext(message)
+        return self._marked(message)
+
+    def ngettext(self, singular: str, plural: str, n: int) -> str:
+        if (singular, 0) in self.known:
+            return self.real.ngettext(singular, plural, n)
+        self._marked(singular)
+        return f"⟪{(singular if n == 1 else plural).split(trans_real.CONTEXT_SEPARATOR)[-1]}⟫"
+
+    def language(self) -> str:
+        return self.real.language()
+
+    def to_language(self) -> str:
+        return self.real.to_language()
+
+
+@contextmanager
+def untranslated_marked(language: str) -> Iterator[Untranslated]:
+    active = trans_real._active.value = Untranslated(language)
+    try:
+        yield active
+    finally:
+        translation.deactivate()
+
+
+@functools.cache
+def djangos_own_strings() -> frozenset[str]:
+    """Every msgid of Django's own catalogues (its English sources): Django's
+    to translate, and some new ones aren't yet ("Pagination %(name)s")."""
+    import django
+
+    root = Path(django.__file__).parent
+    found: set[str] = set()
+    for po in [root / "conf" / "locale", *(root / "contrib").glob("*/locale")]:
+        text = (po / "en" / "LC_MESSAGES" / "django.po").read_text() if (po / "en").exists() else ""
+        for pieces in re.findall(r'^msgid ((?:"(?:[^"\\]|\\.)*"\n?)+)', text, re.M):
+            found.add("".join(re.findall(r'"((?:[^"\\]|\\.)*)"', pieces)).encode().decode("unicode_escape"))
+    return frozenset(found)
 
 
 class _Text(HTMLParser):
@@ -174,31 +246,38 @@ def test_the_overview_shows_no_word_of_ours_that_did_not_go_through_gettext(clie
     assert unmarked_words(html, SCENE_DATA + broker_notes) == []
 
 
-@pytest.mark.django_db(transaction=True)
-@pytest.mark.parametrize(
-    "page",
-    [
-        "outboxevent",
-        "handledevent",
-        "attempt",
-        "deadletter",
-        "jobstate",
-        "outboxtask",
-        "deadletter-change",
-        "outboxevent-change",
-        "outboxtask-change",
-        "deadletter-replay",
-    ],
-)
-def test_every_list_and_page_shows_no_word_of_ours_that_did_not_go_through_gettext(client, operator, scene, page):
+#: Every page of ours: the lists, the change pages, the replay confirmation.
+PAGES = [
+    "outboxevent",
+    "handledevent",
+    "attempt",
+    "deadletter",
+    "jobstate",
+    "outboxtask",
+    "deadletter-change",
+    "outboxevent-change",
+    "outboxtask-change",
+    "deadletter-replay",
+]
+
+
+def page_url(page: str, scene: dict[str, object]) -> str:
+    """The URL of one of ``PAGES``, or of "overview", showing ``scene``."""
     model, _, view = page.partition("-")
+    if page == "overview":
+        return reverse("admin:django_platformkit_overview")
     if view == "change":
         pk = {"deadletter": scene["dead_letter"].pk, "outboxevent": scene["event"], "outboxtask": scene["task"]}[model]
-        url = reverse(f"admin:django_platformkit_{model}_change", args=[pk])
-    elif view == "replay":
-        url = reverse("admin:django_platformkit_deadletter_replay", args=[scene["dead_letter"].pk])
-    else:
-        url = reverse(f"admin:django_platformkit_{model}_changelist")
+        return reverse(f"admin:django_platformkit_{model}_change", args=[pk])
+    if view == "replay":
+        return reverse("admin:django_platformkit_deadletter_replay", args=[scene["dead_letter"].pk])  # type: ignore[attr-defined]
+    return reverse(f"admin:django_platformkit_{model}_changelist")
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("page", PAGES)
+def test_every_list_and_page_shows_no_word_of_ours_that_did_not_go_through_gettext(client, operator, scene, page):
+    url = page_url(page, scene)
     client.force_login(operator)
     with marked():
         response = client.get(url)
@@ -301,3 +380,83 @@ def test_every_label_filter_title_choice_and_message_of_the_admin_goes_through_g
                     if isinstance(inner, ast.Return) and _words(inner.value):
                         found.append(f"{where}: {node.name} returns {ast.unparse(inner.value)}")
     assert found == [], "user-facing text not through gettext:\n" + "\n".join(found)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("language", LANGUAGES)
+def test_every_page_of_the_console_has_every_string_translated(client, operator, scene, language):
+    """The overview, every list, change page and the replay confirmation,
+    rendered in ``language`` with something on each: a string of ours (or
+    Django's) with no translation in the catalogues shows up marked."""
+    client.force_login(operator)
+    missing: dict[str, list[str]] = {}
+    for page in ["overview", *PAGES]:
+        with untranslated_marked(language) as active:
+            response = client.get(page_url(page, scene))
+        assert response.status_code == 200, page
+        assert f'lang="{language}"' in response.content.decode(), f"{page} did not render in {language}"
+        if ours := sorted(active.missing - djangos_own_strings()):
+            missing[page] = ours
+    assert missing == {}, f"strings with no {language} translation (run .ci/messages, then translate): {missing}"
+
+
+@pytest.mark.unit
+def test_a_string_without_a_translation_is_caught_by_the_render_test():
+    """The marking above is not vacuous: a string no catalogue has comes back
+    marked, one ours has comes back translated, Django's own words too."""
+    with untranslated_marked("de") as active:
+        assert translation.gettext("A sentence nobody translated") == "⟪A sentence nobody translated⟫"
+        assert active.missing - djangos_own_strings() == {"A sentence nobody translated"}
+        assert translation.gettext("Dead letters") == "Unzustellbare Nachrichten"
+        assert translation.pgettext("cancel the selected events", "Cancel") == "Stornieren"
+        assert translation.ngettext("%(n)s ok", "%(n)s ok", 2) == "%(n)s ok"
+        assert translation.gettext("Home") == "Start"
+
+
+def _gettext_tools() -> None:
+    missing = [tool for tool in ("xgettext", "msgmerge", "msgfmt", "msgattrib") if shutil.which(tool) is None]
+    if missing:
+        pytest.skip(f"GNU gettext is not installed ({', '.join(missing)} missing): apt-get install gettext")
+
+
+@pytest.mark.unit
+def test_the_catalogues_regenerated_from_the_code_have_nothing_left_to_translate(tmp_path):
+    """makemessages over a copy of the package: a string marked in the code
+    and absent from a catalogue comes back new (untranslated), a changed one
+    fuzzy. Either means: run .ci/messages and translate."""
+    _gettext_tools()
+    copy = tmp_path / "django_platformkit"
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__", "*.mo"))
+    command = [sys.executable, "-m", "django", "makemessages", "--ignore", "migrations/*", "--add-location", "file"]
+    command += [arg for language in LANGUAGES for arg in ("--locale", language)]
+    # Django's own command, as .ci/messages runs it: no settings (this suite's aren't importable there).
+    env = {key: value for key, value in os.environ.items() if key != "DJANGO_SETTINGS_MODULE"}
+    made = subprocess.run(command, cwd=copy, env=env, capture_output=True, text=True)
+    assert made.returncode == 0, made.stderr
+    left = {}
+    for language in LANGUAGES:
+        po = copy / "locale" / language / "LC_MESSAGES" / "django.po"
+        entries = []
+        for which in ("--untranslated", "--only-fuzzy"):
+            out = subprocess.run(["msgattrib", which, "--no-wrap", str(po)], check=True, capture_output=True, text=True)
+            entries += [f"{which[2:]}: {m}" for m in re.findall(r'^msgid "(.+)"$', out.stdout, re.M)]
+        if entries:
+            left[language] = entries
+    assert left == {}, f"run .ci/messages and translate: {left}"
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("language", LANGUAGES)
+def test_each_shipped_mo_is_its_po_compiled(tmp_path, language):
+    _gettext_tools()
+    folder = PACKAGE / "locale" / language / "LC_MESSAGES"
+    compiled = tmp_path / "django.mo"
+    subprocess.run(["msgfmt", "--check", "-o", str(compiled), str(folder / "django.po")], check=True)
+
+    def catalogue(path: Path) -> dict[object, str]:
+        with path.open("rb") as fp:
+            return dict(gettext_module.GNUTranslations(fp)._catalog)  # type: ignore[attr-defined]
+
+    shipped = catalogue(folder / "django.mo")
+    assert len(shipped) > 200, "the shipped catalogue is (nearly) empty"
+    assert shipped == catalogue(compiled), f"{folder / 'django.mo'} is stale: run .ci/messages"

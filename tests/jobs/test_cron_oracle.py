@@ -29,9 +29,14 @@ disagreement must be one of the documented ones:
   repeated wall time twice (02:30 on the last Sunday of October in Berlin);
   (2) on a spring-forward it runs a *wildcard* expression's skipped wall time
   at the end of the gap (``45 */2 * * *`` at 03:00 in Berlin); (3) like
-  cronsim, it misses the second pass of Chatham's :45 fall-back. That is why
-  ``_cron`` uses croniter only to list naive wall-clock times and decides DST
-  itself (``_croniter_difference`` classifies; anything else fails).
+  cronsim, it misses the second pass of Chatham's :45 fall-back
+  (``_croniter_difference`` classifies; anything else fails).
+
+That is why ``_cron`` asks a cron library (cronsim) only for naive wall-clock
+times and decides DST itself; the oracles here read aware times, so their DST
+handling is their own. The day fields (OR when both are restricted and
+neither starts with '*', Vixie's rule, which cronsim follows from 2.2: the
+floor in pyproject.toml) are checked day by day at the end.
 """
 
 from __future__ import annotations
@@ -305,3 +310,36 @@ def test_the_rule_on_named_days(name, expression, start, hours, expected_local):
     after = datetime.fromisoformat(start).replace(tzinfo=zone).astimezone(UTC)
     got = ours(expression, zone, after, after + timedelta(hours=hours))
     assert _local(got, zone) == expected_local
+
+
+#: The day fields at noon: both restricted and neither starting with '*' means
+#: either day matches (OR); a '*' at the start of either means both (AND).
+DAY_FIELDS = [
+    "0 12 1-31 * 1",  # OR: every day (cronsim before 2.2 read it as AND: Mondays only)
+    "0 12 13 * 5",  # OR: every 13th and every Friday
+    "0 12 1,15 * mon-fri",  # OR
+    "0 12 */1 * 1",  # AND: Mondays
+    "0 12 */10 * sat,sun",  # AND: weekend days among the 1st, 11th, 21st and 31st
+    "0 12 * * 1",
+    "0 12 1-7 * *",
+    "0 12 29 2 *",  # only in leap years
+]
+
+
+def _day_matches(expression: str, day: datetime) -> bool:
+    dom, month, dow = expression.split()[2:]
+    _, _, days, months, weekdays = _fields(expression)
+    dom_ok, dow_ok = not days or day.day in days, not weekdays or day.isoweekday() % 7 in weekdays
+    either = dom != "*" and dow != "*" and not dom.startswith("*") and not dow.startswith("*")
+    return (not months or day.month in months) and ((dom_ok or dow_ok) if either else (dom_ok and dow_ok))
+
+
+@pytest.mark.parametrize("expression", DAY_FIELDS)
+def test_the_day_fields_follow_vixie_crons_and_or_rule(expression):
+    after = datetime(2027, 12, 31, 13, tzinfo=UTC)
+    expected, day = [], after.replace(hour=12) + timedelta(days=1)
+    while day < after + timedelta(days=800):  # 2028, a leap year, and 2029
+        if _day_matches(expression, day):
+            expected.append(day)
+        day += timedelta(days=1)
+    assert ours(expression, ZoneInfo("UTC"), after, after + timedelta(days=800)) == expected

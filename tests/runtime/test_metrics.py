@@ -1,16 +1,18 @@
 """/metrics (django_platformkit.runtime.metrics): what a scrape says after a burst
 equals what the database says happened - against real PostgreSQL and NATS."""
 
+import platform
 import subprocess
 import sys
 import time
 import urllib.request
 
+import django
 import pytest
 from django.db import transaction
 from prometheus_client.parser import text_string_to_metric_families
 
-from django_platformkit import publish
+from django_platformkit import __version__, publish
 from django_platformkit.consume.subscriptions import subscriptions
 from django_platformkit.models import DeadLetter, HandledEvent, OutboxEvent
 from django_platformkit.runtime.metrics import Metrics
@@ -160,6 +162,11 @@ def test_a_scrape_with_nats_unreachable_still_reports_the_database_figures(metri
     assert not any(name == "platformkit_consumer_pending" for name, _ in samples)
 
 
+def test_build_info_says_which_release_django_and_python_the_process_runs(metrics):
+    labels = {"version": __version__, "django": django.get_version(), "python": platform.python_version()}
+    assert metrics.registry.get_sample_value("platformkit_build_info", labels) == 1
+
+
 def test_two_metrics_in_one_process_have_registries_of_their_own(metrics):
     from django_platformkit import signals
 
@@ -218,6 +225,9 @@ def test_runrelay_metrics_port_serves_metrics_from_a_real_process(broker):
         wait_for(relayed, timeout=60, what="runrelay's /metrics to show 3 relayed")
         assert scrape(port)[("platformkit_outbox_pending", ())] == OutboxEvent.objects.pending().count() == 0
         assert listening_on(process.pid, port) == {"127.0.0.1"}  # the documented default: this machine only
+        assert [labels for name, labels in scrape(port) if name == "platformkit_build_info"] == [
+            (("django", django.get_version()), ("python", platform.python_version()), ("version", __version__))
+        ]
     finally:
         process.terminate()
         _, err = process.communicate(timeout=30)

@@ -17,6 +17,19 @@ from typing import Any
 LEVELS = {0: logging.ERROR, 1: logging.INFO, 2: logging.DEBUG, 3: logging.DEBUG}
 
 
+def command_version(command: object = None) -> str:
+    """What ``--version`` prints for the long-running commands, runworker and
+    runrelay (their ``get_version``): this release, then Django's and
+    Python's versions. Django's default prints Django's version alone."""
+    import platform
+
+    import django
+
+    from django_platformkit._version import __version__
+
+    return f"django-platformkit {__version__} (Django {django.get_version()}, Python {platform.python_version()})"
+
+
 def configure_logging(verbosity: int) -> None:
     """Send ``django_platformkit`` logs to stderr at the level ``--verbosity``
     asks for, unless the project's LOGGING already handles them."""

@@ -12,6 +12,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django_platformkit.exceptions import BrokerUnavailable, ConfigurationError, DatabaseUnavailable
 from django_platformkit.management.commands._base import (
     add_metrics_options,
+    command_version,
     configure_logging,
     positive,
     start_metrics,
@@ -21,6 +22,7 @@ from django_platformkit.outage import database_unavailable, is_database_error
 
 
 class Command(BaseCommand):
+    get_version = command_version  # --version: this release's, not only Django's
     help = "Relay pending outbox rows to NATS JetStream. Several relays may run at once (SKIP LOCKED)."
 
     def add_arguments(self, parser: CommandParser) -> None:

@@ -14,6 +14,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django_platformkit.exceptions import BrokerUnavailable, ConfigurationError, ConsumerDrift
 from django_platformkit.management.commands._base import (
     add_metrics_options,
+    command_version,
     configure_logging,
     import_urlconf,
     positive,
@@ -44,6 +45,7 @@ def processes_wanted(value: Any) -> int | None:
 
 
 class Command(BaseCommand):
+    get_version = command_version  # --version: this release's, not only Django's
     help = (
         "Run the relay, every subscription's durable consumer and the job scheduler in one process "
         "(or, with --processes N or --processes auto, the relay and scheduler in one child and the consumers in N "
