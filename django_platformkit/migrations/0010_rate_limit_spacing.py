@@ -8,7 +8,7 @@ class Migration(migrations.Migration):
     before it hold NULL: their next start is then at most one new spacing away."""
 
     dependencies = [
-        ("django_platformkit", "0008_worker_state"),
+        ("django_platformkit", "0009_plural_labels"),
     ]
 
     operations = [
