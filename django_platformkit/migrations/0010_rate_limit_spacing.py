@@ -5,7 +5,8 @@ class Migration(migrations.Migration):
     """The spacing a rate limit's next start was reserved under, so a
     changed limit takes effect within one period of the new one (issue 33):
     a taker under another spacing judges the reservation again. Rows from
-    before it hold NULL: their next start is then at most one new spacing away."""
+    before it hold NULL: their next start is then at most one new spacing away.
+    (Numbered 0010 by the issue; it follows 0009 once main held that.)"""
 
     dependencies = [
         ("django_platformkit", "0009_plural_labels"),

@@ -132,6 +132,11 @@ def test_quick_recycles_are_restarted_after_a_doubling_back_off_and_a_steady_lif
     assert child.recycled(6001.0) == RESTART_FIRST_SECONDS
 
 
+def one_child(subscription: str, *options: str) -> tuple[str, ...]:
+    """``runworker`` as a supervisor of one consumer child serving ``subscription`` (no jobs), with ``options``."""
+    return ("runworker", "--processes", "1", "--no-jobs", "--subscription", subscription, *options)
+
+
 def _children_started(text: str) -> int:
     return text.count("child started role=consumer")
 
@@ -158,10 +163,10 @@ def test_a_memory_limit_below_a_fresh_child_is_refused_at_start_naming_its_size_
     # A limit between the supervisor's size and a child's once it runs (its threads, loop and connections):
     # the child meets it before it handled anything, refuses, naming its size, and nothing restarts it.
     env = worker_env(broker, PLATFORMKIT_TEST_FEATURES="1")
-    args = ("--processes", "1", "--no-jobs", "--subscription", "testapp.recycled")
+    args = one_child("testapp.recycled")
     log = tmp_path / "measure.log"
     with log.open("w") as out:
-        proc = manage("runworker", *args, env=env, stdout=out, stderr=out)
+        proc = manage(*args, env=env, stdout=out, stderr=out)
     try:
         text = wait_for(
             lambda: "worker started pid=" in log.read_text() and log.read_text(), timeout=60, what="a child"
@@ -175,9 +180,7 @@ def test_a_memory_limit_below_a_fresh_child_is_refused_at_start_naming_its_size_
         proc.wait(60)
     log = tmp_path / "supervisor.log"
     with log.open("w") as out:
-        proc = manage(
-            "runworker", *args, "--max-memory-per-process", f"{child_mib - 1:.1f}", env=env, stdout=out, stderr=out
-        )
+        proc = manage(*args, "--max-memory-per-process", f"{child_mib - 1:.1f}", env=env, stdout=out, stderr=out)
         try:
             code = proc.wait(30)
         except subprocess.TimeoutExpired:
@@ -199,14 +202,7 @@ def test_a_child_that_recycles_at_every_handling_is_restarted_with_a_back_off_no
     log = tmp_path / "supervisor.log"
     with log.open("w") as out:
         supervisor = manage(
-            "runworker",
-            "--processes",
-            "1",
-            "--max-handlings-per-process",
-            "1",
-            "--no-jobs",
-            "--subscription",
-            "testapp.recycled",
+            *one_child("testapp.recycled", "--max-handlings-per-process", "1"),
             env=worker_env(broker, PLATFORMKIT_TEST_FEATURES="1"),
             stdout=subprocess.DEVNULL,
             stderr=out,
@@ -232,15 +228,7 @@ def test_the_metrics_folder_of_a_killed_supervisor_is_removed_by_the_next_start_
     def start(log: Path) -> subprocess.Popen:
         with log.open("w") as out:
             return manage(
-                "runworker",
-                "--processes",
-                "1",
-                "--no-jobs",
-                "--no-relay",
-                "--subscription",
-                "testapp.recycled",
-                "--metrics-port",
-                str(free_port()),
+                *one_child("testapp.recycled", "--no-relay", "--metrics-port", str(free_port())),
                 env=worker_env(broker, PLATFORMKIT_TEST_FEATURES="1"),
                 stdout=out,
                 stderr=out,
