@@ -198,7 +198,7 @@ def _rate(key: str, value: object) -> Rate:
     if match is None:
         raise ConfigurationError(
             f"PLATFORMKIT[{key!r}] must be a rate like '100/s', '30/m' or '1000/h' (a whole number of handler "
-            f"starts per second, minute or hour), got {value!r}."
+            f"starts from 1 to 999999999, '/', then s, m or h: per second, minute or hour), got {value!r}."
         )
     return Rate(int(match.group(1)), RATE_PERIODS[match.group(2)])
 

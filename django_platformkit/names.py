@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from django.apps import apps
@@ -91,3 +91,13 @@ def check_subscription_name(name: Any, where: str = "") -> str:
             "([A-Za-z_][A-Za-z0-9_]*, no '-'), e.g. 'shop.send_confirmation'."
         )
     return name
+
+
+def closest_name(name: str, known: Iterable[str]) -> str | None:
+    """The name of ``known`` that ``name`` most likely misspells, or None
+    (difflib's ratio of at least 0.75): one did-you-mean for the checks and
+    for ``publish()`` at run time alike."""
+    import difflib
+
+    close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.75)
+    return close[0] if close else None

@@ -118,3 +118,8 @@ TASKS = {
         "QUEUES": ["default", "emails"],
     }
 }
+# Two rate-limited queues beside the default one (tests/consume/test_ratelimit.py's starvation test).
+RATED_QUEUES = {"slow_a": {"RATE_LIMIT": "12/m"}, "slow_b": {"RATE_LIMIT": "12/m"}}
+if os.environ.get("PLATFORMKIT_TEST_TASKS_RATED"):
+    TASKS["default"]["QUEUES"] = ["default", "emails", *RATED_QUEUES]
+    TASKS["default"]["OPTIONS"] = {"QUEUES": RATED_QUEUES}

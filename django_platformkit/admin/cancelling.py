@@ -26,7 +26,9 @@ OPERATOR_PERMISSION = "django_platformkit.replay_deadletter"
 CONFIRMATION_LIST_LIMIT = 100
 
 
-@admin.action(description=gettext_lazy("Cancel selected events (before they run)…"))
+# Offered only to a user who may run it (the model admin's ``has_replay_permission``): one who
+# can't was shown the action and then got a 403.
+@admin.action(permissions=["replay"], description=gettext_lazy("Cancel selected events (before they run)…"))
 def cancel_selected(
     modeladmin: admin.ModelAdmin[Any], request: HttpRequest, queryset: QuerySet[Any]
 ) -> HttpResponse | None:

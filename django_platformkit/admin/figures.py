@@ -130,6 +130,11 @@ class JobFigures:
     def overdue(self) -> bool:
         return self.missed_slot is not None
 
+    @property
+    def failing(self) -> bool:
+        """Its last run that ended raised (``last_error`` is cleared by a run that succeeds)."""
+        return bool(self.last_error)
+
 
 @dataclass
 class WorkerFigures:

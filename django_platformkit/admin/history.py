@@ -51,16 +51,15 @@ def acting_user(username: str) -> Any:
     """The primary key of the Django user whose ``USERNAME_FIELD`` is
     ``username``, if that user may do what the admin's own Replay and
     Discard let a user do: active, holding ``REPLAY_PERMISSION``
-    (``manage.py deadletters ... --actor``). Raises ``ValueError`` saying
-    what is missing: no ``django.contrib.auth``, no such user, an inactive
-    one, or one without the permission."""
+    (``manage.py deadletters ... --actor``, ``manage.py cancel --actor``;
+    ``management.commands._base.checked_actor``). None without
+    ``django.contrib.auth`` (no users to check). Raises ``ValueError``
+    saying what is missing: no such user, an inactive one, or one without
+    the permission."""
     from django.apps import apps
 
     if not apps.is_installed("django.contrib.auth"):
-        raise ValueError(
-            "--actor names a Django user, and django.contrib.auth is not installed; leave --actor out "
-            "(the OS user is recorded)."
-        )
+        return None  # no users to check: the name is recorded as given, with no LogEntry
     from django.contrib.auth import get_user_model
 
     model = get_user_model()

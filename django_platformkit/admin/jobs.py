@@ -1,7 +1,7 @@
 """The job states list: each periodic job's slot ledger row
 (``platformkit_jobs``) beside its declaration - schedule, time zone, last
-and next slot, whether it is on time (``states.missed_slot``), and how its
-last run ended. Read-only: the next slot is the retry.
+and next slot, whether it is on time (``states.missed_slot``) or failing
+(its last run raised), and how its last run ended. Read-only: the next slot is the retry.
 """
 
 from __future__ import annotations
@@ -70,6 +70,8 @@ class JobStateAdmin(ReadOnlyAdmin[JobState]):
                 _("overdue"),
                 format_html(_("since the slot of {slot}"), slot=when_html(missed, relative=False)),
             )
+        if obj.last_error:
+            return format_html('<strong class="platformkit-terminal pk-job-failing">{}</strong>', _("failing"))
         return _("on time") if obj.last_slot is not None else _("not run yet")
 
     @admin.display(description=gettext_lazy("started at"), ordering="started_at")

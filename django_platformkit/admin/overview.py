@@ -82,6 +82,7 @@ class OverviewAdmin(NoWritesAdmin, ModelAdminOf[Overview]):
                 "lagging": by_state[states.SubscriptionState.LAGGING],
                 "ok": by_state[states.SubscriptionState.OK],
                 "overdue_jobs": sum(1 for j in overview.jobs if j.overdue),
+                "failing_jobs": sum(1 for j in overview.jobs if j.failing),
                 "workers_alive": sum(1 for w in overview.workers if w.state == states.WorkerState.ALIVE),
                 "workers_waiting": sum(1 for w in overview.workers if w.state == states.WorkerState.WAITING_FOR_BROKER),
             },

@@ -23,7 +23,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
-from django_platformkit.admin.cancelling import cancel_selected
+from django_platformkit.admin.cancelling import OPERATOR_PERMISSION, cancel_selected
 from django_platformkit.admin.display import ReadOnlyAdmin, _pretty_json, _uuid_or_none
 from django_platformkit.models import DeadLetter, HandledEvent, OutboxEvent, OutboxQuerySet
 from django_platformkit.templatetags.platformkit_admin import age_text, when_html
@@ -84,6 +84,11 @@ class OutboxEventAdmin(ReadOnlyAdmin[OutboxEvent]):
     # Counting a large outbox on every page view is the slow part: skip the total.
     show_full_result_count = False
     actions = [cancel_selected]
+
+    def has_replay_permission(self, request: HttpRequest) -> bool:
+        """Whether ``request.user`` may run the operator actions (Cancel): ``OPERATOR_PERMISSION``."""
+        return request.user.has_perm(OPERATOR_PERMISSION)
+
     fields = (
         "id",
         "name",

@@ -33,8 +33,9 @@ _PACKAGE_DIR = Path(__file__).resolve().parents[1]  # django_platformkit itself
 
 @checks.register(TAG)
 def check_subscriptions(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    """``E001``: a subscription to an event nobody declared. ``W002``: a
-    subscription's own backoff list longer than its retries."""
+    """``E001``: a subscription to an event nobody declared. ``E011``: a
+    ``rate_limit`` that is no rate. ``W002``: a subscription's own backoff
+    list longer than its retries."""
     from django_platformkit.consume.subscriptions import subscriptions
     from django_platformkit.outbox.events import catalogue
 
@@ -53,6 +54,8 @@ def check_subscriptions(app_configs: Sequence[AppConfig] | None = None, **kwargs
                     fix=_undeclared_fix(sub.event, declared),
                 )
             )
+        if sub.rate_limit_error:
+            errors.append(_error("E011", sub.declared_in, subscription=sub.name, value=sub.rate_limit_given))
         if sub.backoff_seconds_override is not None:
             attempts = sub.max_attempts_override or _setting("MAX_ATTEMPTS")
             if attempts is not None and len(sub.backoff_seconds_override) > attempts - 1:

@@ -8,7 +8,6 @@ broker), and ``checks`` registers them all. Nothing here queries or connects.
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -17,6 +16,7 @@ from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 
 from django_platformkit import conf
+from django_platformkit.names import closest_name
 
 TAG = "platformkit"
 
@@ -45,6 +45,11 @@ MESSAGES: dict[str, tuple[str, str]] = {
         "DUPLICATE_WINDOW_SECONDS ({window:g}) exceeds RETENTION_DAYS ({max_age:g} s)",
         "RETENTION_DAYS is the stream's max age and NATS refuses a longer duplicate window, so no relay or worker could start: "
         "lower DUPLICATE_WINDOW_SECONDS or raise RETENTION_DAYS.",
+    ),
+    "E011": (
+        "subscription {subscription!r}: rate_limit={value!r} is not a rate",
+        "Write it as handler starts per second, minute or hour, every worker together: '100/s', '30/m' or "
+        "'1000/h' (a whole number from 1 to 999999999), or leave rate_limit out for no limit.",
     ),
     "W001": (
         "BACKOFF_SECONDS has {delays} delays; MAX_ATTEMPTS={attempts} uses {retries}",
@@ -99,8 +104,7 @@ def _warning(check_id: str, obj: Any = None, **values: Any) -> checks.Warning:
 
 
 def _suggestion(name: str, known: Iterable[str]) -> str | None:
-    close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.75)
-    return close[0] if close else None
+    return closest_name(name, known)
 
 
 def _undeclared_fix(event: str, known: Iterable[str]) -> str:

@@ -38,6 +38,8 @@ class Lane(Protocol):
     @property
     def queue(self) -> Sized: ...  # units fetched and not started
     @property
+    def startable(self) -> bool: ...  # a unit of it not waiting for its rate-limit turn
+    @property
     def free(self) -> Sized: ...  # consumers not running a unit
     @property
     def puller(self) -> PullLane | None: ...
@@ -106,7 +108,7 @@ class BandGroup[L: Lane]:
         if self.slots.running >= self.slots.capacity:
             return None
         for lane in self.lanes:
-            if lane.queue and lane.free:
+            if lane.startable and lane.free:
                 return lane
             if lane.queue or lane.puller is None or not lane.puller.idle.is_set():
                 return None

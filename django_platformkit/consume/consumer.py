@@ -36,6 +36,7 @@ from django_platformkit.broker.port import Broker, KeepAlive
 from django_platformkit.consume.attempts import run_history, start_run
 from django_platformkit.consume.claim import NOT_IN_OUTBOX, UnitTransaction
 from django_platformkit.consume.handler import HandlerRunner
+from django_platformkit.consume.ratelimit import RateLimiter
 from django_platformkit.consume.settle import Settlement
 from django_platformkit.consume.subscriptions import Subscription
 from django_platformkit.consume.units import Redo, Stopping, Work
@@ -110,7 +111,18 @@ class Consumer:
         self.counts: Counter[HandlingOutcome] = Counter(dict.fromkeys(COUNTED, 0))
         self.runner = HandlerRunner(subscription, self.using)
         self.transaction = UnitTransaction(subscription, self.using, self.runner)
-        self.wait = DatabaseWait(subscription.name, self.using, self.stop, self.runner)
+        limiter = (
+            RateLimiter(subscription.rate_limit_name, subscription.rate_limit, self.using)
+            if subscription.rate_limit is not None
+            else None
+        )
+        self.wait = DatabaseWait(
+            subscription.name,
+            self.using,
+            self.stop,
+            self.runner,
+            fresh_turn=limiter.wait_for_slot if limiter is not None else None,
+        )
         self.settlement = Settlement(
             subscription, broker, self.using, self.counts, self.runner, self.wait, contested=contested
         )

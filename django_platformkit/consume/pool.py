@@ -17,10 +17,13 @@ one ``Slots`` and take turns by band: ``consume.bands`` says what that
 keeps; here it is three checks (a band's credit, the take, a slot freed).
 
 A rate-limited subscription's lane (``ratelimit``) fetches one delivery per
-free slot and never early: the pool thread that takes it first takes its
-start slot from the shared limiter and sleeps until then, its ack kept alive
-meanwhile, so a worker holds no more of it than it can start next. A
-stopping worker hands such a delivery back uncounted.
+free slot and never early, so a worker holds no more of it than it can
+start next; the unit waits for its start slot beside the pool
+(``turns.TurnKeeper``), its ack kept alive, and joins the lane's startable
+units when its slot comes - no pool thread sleeps on a turn, so every other
+lane starts as it would with no limit anywhere. Whether a unit may start
+now is decided in one place, ``ConsumerPool._may_start``. A stopping
+worker hands a waiting unit back uncounted.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from django.db import DatabaseError, connections
 
@@ -39,9 +43,10 @@ from django_platformkit import conf
 from django_platformkit.broker.port import Broker, KeepAlive, PullLane
 from django_platformkit.consume.bands import BandGroup, Slots, band_groups
 from django_platformkit.consume.consumer import Consumer
-from django_platformkit.consume.ratelimit import RateLimiter
+from django_platformkit.consume.ratelimit import LATE_RETAKES, RateLimiter
 from django_platformkit.consume.subscriptions import Subscription
-from django_platformkit.exceptions import BrokerUnavailable
+from django_platformkit.consume.turns import TurnKeeper
+from django_platformkit.exceptions import BrokerUnavailable, ConfigurationError
 from django_platformkit.wire import Delivery
 
 logger = logging.getLogger(__name__)
@@ -68,12 +73,31 @@ EARLY_FETCH_LEAD_FETCHES = 2.0
 EARLY_FETCH_LEAD_SHARE = 0.2
 
 
+@dataclass(eq=False)
+class Unit:
+    """Deliveries fetched together, not started yet, and their keep-alive.
+
+    A rate-limited lane's unit also carries its turn: ``waiting`` until its
+    start slot comes (``turns.TurnKeeper``), then ``slot_at`` (monotonic
+    seconds) is when it came; ``retakes`` counts the fresh slots it took
+    for starting too late after one."""
+
+    deliveries: list[Delivery]
+    keep: KeepAlive
+    waiting: bool = False
+    slot_at: float | None = None
+    retakes: int = 0
+
+
 class Lane:
     """One subscription in the pool: its consumers (one per
     ``concurrency`` slot), the units fetched and not started, and its puller.
     Guarded by the pool's condition lock."""
 
     def __init__(self, subscription: Subscription, consumers: list[Consumer], *, using: str = "default") -> None:
+        if subscription.rate_limit_error:
+            # The checks refuse it (platformkit.E011); a worker started without them must not run it unlimited.
+            raise ConfigurationError(subscription.rate_limit_error)
         self.subscription = subscription
         self.consumers = consumers
         rate = subscription.rate_limit
@@ -84,7 +108,8 @@ class Lane:
         self.slots = Slots(len(consumers))
         #: The priority group it is a band of, or None.
         self.band: BandGroup[Lane] | None = None
-        self.queue: collections.deque[tuple[list[Delivery], KeepAlive]] = collections.deque()
+        #: Units fetched and not started, in order (a rate-limited lane's include those waiting for their turn).
+        self.queue: collections.deque[Unit] = collections.deque()
         self.puller: PullLane | None = None
         self.unit_size = 1  # deliveries to fetch per unit; see UNIT_TARGET_SECONDS
         self.ready = False  # in the pool's ready deque: a unit queued and a consumer free
@@ -92,6 +117,18 @@ class Lane:
         self.fetch_seconds = 0.0  # how long a credit took to arrive as a unit, smoothed
         self.credit_since: float | None = None  # when credit last appeared with none outstanding
         self.early_fetches = 0  # units fetched on a lent slot's credit, before the running unit ended
+
+    @property
+    def startable(self) -> bool:
+        """Whether a unit of this lane may be taken by a pool thread: one not
+        waiting for its rate-limit turn (caller holds the lock)."""
+        return any(not unit.waiting for unit in self.queue)
+
+    def take_startable(self) -> Unit:
+        """Remove and return the first unit not waiting for its turn (caller holds the lock; ``startable``)."""
+        unit = next(unit for unit in self.queue if not unit.waiting)
+        self.queue.remove(unit)
+        return unit
 
     def measured(self, deliveries: int, elapsed_seconds: float, batch_size: int) -> None:
         """Resize the next units from how long this one took (caller holds the lock)."""
@@ -160,6 +197,13 @@ def pool_thread_count(subscriptions: Sequence[Subscription]) -> int:
     return min(int(conf.settings.CONSUMER_THREADS), sum(slots.values()))
 
 
+def pool_connection_count(subscriptions: Sequence[Subscription]) -> int:
+    """The database connections a pool serving ``subscriptions`` keeps: one
+    per pool thread, and the turn keeper's where one is rate-limited."""
+    limited = any(s.rate_limit is not None for s in subscriptions)
+    return pool_thread_count(subscriptions) + (1 if limited and subscriptions else 0)
+
+
 class ConsumerPool:
     """Lanes, credit, the round-robin take and the pool threads.
 
@@ -189,6 +233,10 @@ class ConsumerPool:
         self._ready: collections.deque[Lane] = collections.deque()  # lanes with a unit queued, in turn
         self._threads: list[threading.Thread] = []
         self._batch_size = int(conf.settings.CONSUMER_BATCH_SIZE)
+        #: Where rate-limited units wait for their turn (None: no lane is limited).
+        self.turns: TurnKeeper[tuple[Lane, Unit]] | None = None
+        if any(lane.limiter is not None for lane in self.lanes):
+            self.turns = TurnKeeper(using=using, stop_event=stop_event, release=self._turn_came)
         band_groups(self.lanes)  # a task queue's bands: shared slots, highest band first
 
     @property
@@ -211,6 +259,8 @@ class ConsumerPool:
             )
         for number in range(pool_thread_count([lane.subscription for lane in self.lanes])):
             self._threads.append(self._spawn(f"platformkit-consumer-{number}", self._pool_loop))
+        if self.turns is not None:
+            self._threads.append(self._spawn("platformkit-rate-turns", self.turns.run))
 
     def _credit(self, lane: Lane, batch_size: int) -> int:
         """Called on the loop: how many messages ``lane`` may fetch now."""
@@ -241,12 +291,48 @@ class ConsumerPool:
             if lane.available <= 0:
                 lane.early_fetches += 1
             lane.available -= 1  # below 0 while the unit holds a lent slot: it starts when that unit ends
-            lane.queue.append((deliveries, keep))
+            unit = Unit(deliveries, keep, waiting=lane.limiter is not None)
+            lane.queue.append(unit)
             self._mark_ready(lane)
+        if unit.waiting:
+            self._ask_turn(lane, unit)
+
+    def _ask_turn(self, lane: Lane, unit: Unit) -> None:
+        """Hand ``unit`` to the turn keeper: it waits there, on no pool thread, for its start slot."""
+        assert self.turns is not None  # a pool with a limited lane has a keeper
+        assert lane.limiter is not None
+        self.turns.ask(lane.limiter, (lane, unit))
+
+    def _turn_came(self, waiting: tuple[Lane, Unit], slot_at: float) -> None:
+        """The keeper's call: ``unit``'s start slot has come; a pool thread may take it."""
+        lane, unit = waiting
+        with self._cond:
+            if unit not in lane.queue:
+                return  # handed back meanwhile (a stopping worker)
+            unit.waiting, unit.slot_at = False, slot_at
+            self._mark_ready(lane)
+
+    def _may_start(self, lane: Lane, unit: Unit) -> bool:
+        """Whether ``unit``, just taken by a pool thread, may start now: the
+        one place that decides it (caller holds the lock). A rate-limited
+        unit taken later than ``late_after_seconds`` after its slot - every
+        thread was busy - would share a window with the slots after it: it
+        asks for a fresh slot instead (up to ``LATE_RETAKES`` times, then it
+        starts anyway). False: the unit is back in the lane, waiting."""
+        limiter = lane.limiter
+        if limiter is None or unit.slot_at is None:
+            return True
+        late = time.monotonic() - unit.slot_at
+        if late <= limiter.late_after_seconds or unit.retakes >= LATE_RETAKES:
+            return True
+        unit.waiting, unit.slot_at = True, None
+        unit.retakes += 1
+        lane.queue.appendleft(unit)
+        return False
 
     def _mark_ready(self, lane: Lane) -> None:
         """Queue ``lane`` for a pool thread if it has a unit and a free consumer (caller holds the lock)."""
-        if lane.queue and lane.free and lane.slots.running < lane.slots.capacity and not lane.ready:
+        if lane.startable and lane.free and lane.slots.running < lane.slots.capacity and not lane.ready:
             lane.ready = True
             self._ready.append(lane)
             self._cond.notify()
@@ -269,16 +355,25 @@ class ConsumerPool:
                     if best is not lane:
                         self._mark_ready(lane)  # its unit waits behind the higher band's
                         lane = best
-                deliveries, keep = lane.queue.popleft()
+                if not lane.startable:
+                    continue  # its unit went back to wait for a fresh turn meanwhile
+                unit = lane.take_startable()
+                retake: Unit | None = None if self._may_start(lane, unit) else unit
+                if retake is not None:
+                    self._mark_ready(lane)  # another of its units may be startable
+                    break
                 consumer = lane.free.pop()
                 lane.slots.running += 1
                 self._mark_ready(lane)  # its next unit waits for its turn
                 lower = lane.band.lower(lane) if lane.band is not None and not lane.queue else []
                 break
+        if retake is not None:
+            self._ask_turn(lane, retake)
+            return self._take()
         for other in lower:  # nothing of this band waits now: a lower one may fetch if this one is idle
             if other.puller is not None:
                 other.puller.wake()
-        return lane, consumer, deliveries, keep
+        return lane, consumer, unit.deliveries, unit.keep
 
     def _band_idle(self, lane: Lane) -> None:
         """``lane``'s puller found its durable empty (on the loop): the bands
@@ -331,7 +426,7 @@ class ConsumerPool:
             running = _Taken()
             self._lend_later(lane, running, len(deliveries))
             try:
-                self._handle(consumer, deliveries, keep, lane.limiter)
+                self._handle(consumer, deliveries, keep)
             finally:
                 with contextlib.suppress(Exception):
                     keep.stop()
@@ -351,14 +446,8 @@ class ConsumerPool:
                     if each.puller is not None:
                         each.puller.wake()
 
-    def _handle(
-        self, consumer: Consumer, deliveries: list[Delivery], keep: KeepAlive, limiter: RateLimiter | None
-    ) -> None:
+    def _handle(self, consumer: Consumer, deliveries: list[Delivery], keep: KeepAlive) -> None:
         try:
-            if limiter is not None:
-                # Its ack is kept alive meanwhile; a stop during the wait hands it back uncounted (handle()).
-                for _ in deliveries:
-                    limiter.wait_for_slot(self.stop_event)
             consumer.handle(deliveries, keep)
         except (DatabaseError, BrokerUnavailable, TimeoutError, OSError) as exc:
             # Outside a handler (the consumer settles a handler's own errors):
@@ -386,20 +475,22 @@ class ConsumerPool:
                 lane.queue.clear()
                 lane.ready = False
             self._ready.clear()
-        for deliveries, keep in units:
+        for unit in units:
             with contextlib.suppress(Exception):
-                keep.stop()
-            for delivery in deliveries:
+                unit.keep.stop()
+            for delivery in unit.deliveries:
                 with contextlib.suppress(Exception):
                     self.broker.nak(delivery)
         if units:
-            logger.info("handed back unstarted deliveries=%s", sum(len(d) for d, _ in units))
+            logger.info("handed back unstarted deliveries=%s", sum(len(u.deliveries) for u in units))
 
     # -- what the worker asks of its pool --
     def stop_pulling(self) -> None:
         """Wake every waiting pool thread (they see the stop) and stop every lane's puller."""
         with self._cond:
             self._cond.notify_all()
+        if self.turns is not None:
+            self.turns.wake()
         for lane in self.lanes:
             if lane.puller is not None:
                 lane.puller.stop()

@@ -42,6 +42,12 @@ class Subscription:
     backfill: bool = True
     #: At most this many handler starts per period across every worker together, or None (no limiter at all).
     rate_limit: conf.Rate | None = None
+    #: Why ``rate_limit=`` as written is no rate ("" when it is one, or None): a
+    #: system-check error (``platformkit.E011``), never an import traceback
+    #: (every ``manage.py`` command imports the declarations); a worker refuses to run it.
+    rate_limit_error: str = ""
+    #: ``rate_limit=`` as written, for the check's message.
+    rate_limit_given: object = None
     #: Not a ``subscribe()`` option: the claim also takes the transaction-scoped
     #: advisory lock ``(claim_lock_namespace, hashtext(event id))`` on each event
     #: it claims, held until the unit's transaction ends (the task queues set
@@ -165,7 +171,8 @@ def subscribe(
             ``"100/s"``, ``"30/m"``, ``"1000/h"``. Starts are spaced evenly,
             ``period / count`` apart (no burst above the rate in any window
             of the period's length); a shared row in PostgreSQL hands out
-            the start times. None (the default): no limiter, no cost.
+            the start times. None (the default): no limiter, no cost. A
+            value that is no rate is a system-check error (``platformkit.E011``).
 
     Returns:
         The decorator; it returns the handler unchanged.
@@ -211,11 +218,14 @@ def subscribe(
             conf.boolean("batch", batch)
             conf.boolean("external", external)
             conf.boolean("backfill", backfill)
-            rate = None if rate_limit is None else conf.rate("rate_limit", rate_limit)
         except ConfigurationError as exc:
-            raise ConfigurationError(
-                f"@subscribe{where}: " + re.sub(r"PLATFORMKIT\['(\w+)'\]", r"\1", str(exc))
-            ) from None
+            raise ConfigurationError(f"@subscribe{where}: " + _option_text(exc)) from None
+        rate, rate_error = None, ""
+        if rate_limit is not None:
+            try:
+                rate = conf.rate("rate_limit", rate_limit)
+            except ConfigurationError as exc:
+                rate_error = f"@subscribe{where}: " + _option_text(exc)
         subscription = Subscription(
             name=sub_name,
             event=event_name,
@@ -229,6 +239,8 @@ def subscribe(
             max_ack_pending_override=max_ack_pending,
             backfill=backfill,
             rate_limit=rate,
+            rate_limit_error=rate_error,
+            rate_limit_given=rate_limit,
         )
         existing = _subscriptions.get(sub_name)
         # Same function and event again is a re-import; one function stacked
@@ -245,6 +257,11 @@ def subscribe(
         return func
 
     return decorator
+
+
+def _option_text(exc: ConfigurationError) -> str:
+    """A setting validator's message with the option's name instead of ``PLATFORMKIT['...']``."""
+    return re.sub(r"PLATFORMKIT\['(\w+)'\]", r"\1", str(exc))
 
 
 def subscriptions() -> list[Subscription]:

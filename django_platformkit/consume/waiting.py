@@ -2,6 +2,9 @@
 for reasons that are not the handler's (a restart, a failover, too many
 connections), the unit is tried again with backoff and its acks kept alive -
 never counted as an attempt, so an outage can't dead-letter healthy events.
+A rate-limited unit takes a fresh turn before each try after the first
+(``fresh_turn``): the slot it started under is long gone, and units that
+waited out the outage must not start on top of the fresh ones.
 """
 
 from __future__ import annotations
@@ -34,13 +37,25 @@ class DatabaseWait:
         using: The database alias the work runs on.
         stop: Set when the worker stops: the wait ends with ``Stopping``.
         runner: Whose per-thread handler start a failed try clears.
+        fresh_turn: A rate-limited subscription's: takes a fresh start slot
+            and waits for it (``RateLimiter.wait_for_slot``), before each
+            try after an outage; None without a limit.
     """
 
-    def __init__(self, subscription: str, using: str, stop: threading.Event, runner: HandlerRunner) -> None:
+    def __init__(
+        self,
+        subscription: str,
+        using: str,
+        stop: threading.Event,
+        runner: HandlerRunner,
+        *,
+        fresh_turn: Callable[[threading.Event], None] | None = None,
+    ) -> None:
         self.subscription = subscription
         self.using = using
         self.stop = stop
         self.runner = runner
+        self.fresh_turn = fresh_turn
 
     def until_answers(self, unit: list[Work], run: Callable[[], T], timeout: float, keep: KeepAlive | None) -> T:
         """Run ``run``; while the database is away or refuses for reasons
@@ -68,6 +83,13 @@ class DatabaseWait:
         while True:
             started = time.monotonic()
             try:
+                if retries and self.fresh_turn is not None:
+                    # This thread already waited out the outage; the turn's wait is a
+                    # slot's spacing at most (a database error here is the outage going on).
+                    self.fresh_turn(self.stop)
+                    if self.stop.is_set():
+                        raise Stopping()
+                    started = time.monotonic()
                 result = run()
                 if since is not None:
                     logger.warning(

@@ -18,7 +18,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterable, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.db import connections
 
@@ -46,6 +46,8 @@ OUTAGE_MAX_SECONDS = 5.0
 #: refused: it would claim a future slot, and the correct workers would then
 #: find that slot - and every one before it - already "run".
 SLOT_AHEAD_TOLERANCE_SECONDS = 5.0
+#: A moment before a slot: ``count_slots_between`` excludes its ends, and the slot due is counted.
+_BEFORE = timedelta(microseconds=1)
 
 
 class Scheduler:
@@ -131,17 +133,23 @@ class Scheduler:
             if runner.next_due > now:
                 continue
             slot = runner.spec.prev_slot(now)
+            # The slots between the one due and the newest were never run: say how many, once.
+            passed = runner.spec.count_slots_between(runner.next_due - _BEFORE, slot)
             runner.next_due = runner.spec.next_slot(slot)
-            if now - slot > runner.spec.grace_after(slot):
+            too_late = now - slot > runner.spec.grace_after(slot)
+            if too_late or passed:
                 logger.warning(
-                    "slot skipped, too late name=%s slot=%s now=%s grace=%s: the scheduler was not ticking "
-                    "(a busy or paused process, a database outage) until after the slot's grace",
+                    "slot skipped, too late name=%s skipped=%s slot=%s now=%s grace=%s: the scheduler was not "
+                    "ticking (a busy or paused process, a database outage) until after the slots' grace; %s",
                     runner.spec.name,
+                    passed + too_late,
                     slot.isoformat(),
                     now.isoformat(),
                     runner.spec.grace_after(slot),
+                    "the next runs at its slot" if too_late else "the newest runs now",
                 )
-                continue
+                if too_late:
+                    continue
             if runner.busy():
                 logger.warning(
                     "job still running, slot skipped name=%s slot=%s running_slot=%s running_for=%.0fs",
@@ -201,14 +209,24 @@ class Scheduler:
             if last is None or newest <= last:
                 # Never run: nothing was missed; or the newest slot is done.
                 continue
-            if now - newest <= spec.grace_after(newest):
-                logger.info("catching up name=%s slot=%s last_slot=%s", spec.name, newest.isoformat(), last.isoformat())
+            catch_up = now - newest <= spec.grace_after(newest)
+            # Every slot between the last run and the newest was missed (no worker ran); the newest runs
+            # once if it is within its grace.
+            skipped = spec.count_slots_between(last, newest) + (0 if catch_up else 1)
+            if catch_up:
                 runner.next_due = newest
-            else:
-                logger.info(
-                    "missed slots skipped name=%s last_slot=%s newest_missed=%s grace=%s",
+            if skipped:
+                logger.warning(
+                    "missed slots skipped name=%s skipped=%s last_slot=%s newest_missed=%s grace=%s: no worker ran "
+                    "them; %s",
                     spec.name,
+                    skipped,
                     last.isoformat(),
                     newest.isoformat(),
                     spec.grace_after(newest),
+                    "the newest runs now (catch-up)"
+                    if catch_up
+                    else "the newest is past its grace too; the next runs at its slot",
                 )
+            else:
+                logger.info("catching up name=%s slot=%s last_slot=%s", spec.name, newest.isoformat(), last.isoformat())

@@ -3,7 +3,10 @@ lock on a connection of its own, then - under the lock - the slot claimed
 in the ledger (``platformkit_jobs``) before the job runs, so a crash loses
 the slot and never doubles it. A lock alone is not enough: a second worker
 can take it right after the first released it. A slot ahead of the
-database's clock is never claimed.
+database's clock is never claimed, and a job never starts before its slot
+by any clock it can read: the claim's database time and the worker's own
+(``timezone.now()`` in the job is at or after the slot: a midnight job sees
+its own day).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connections
+from django.utils import timezone
 
 from django_platformkit import signals
 from django_platformkit._tables import JOBS_TABLE
@@ -26,6 +30,10 @@ from django_platformkit.outage import database_unavailable
 from django_platformkit.wire import JobOutcome
 
 logger = logging.getLogger(__name__)
+
+#: A wait for the worker's own clock to reach a slot longer than this is
+#: logged at WARNING: the worker's clock runs behind the database's (NTP).
+CLOCK_BEHIND_WARNING_SECONDS = 1.0
 
 #: A job that runs more often than this logs its successful runs at DEBUG:
 #: an every-second job at INFO would drown what a person needs to read.
@@ -249,6 +257,7 @@ class SlotRun:
                 previous.isoformat(),
                 slot.isoformat(),
             )
+        self._wait_for_the_slot(spec, slot, database_now)
         logger.debug("job started name=%s slot=%s", spec.name, slot.isoformat())
         started, error, failure = time.monotonic(), "", None
         try:
@@ -305,6 +314,30 @@ class SlotRun:
                 slot.isoformat(),
                 duration,
             )
+
+    def _wait_for_the_slot(self, spec: JobSpec, slot: datetime, database_now: datetime) -> None:
+        """Sleep until both the database's clock (as the claim read it) and
+        this worker's (``timezone.now()``) have reached ``slot``: the scheduler
+        ticks on an estimate of the database's time, which can be milliseconds
+        ahead of either. Not with ``max_ahead_seconds=None`` (injected clocks
+        years ahead: tests of calendar arithmetic only)."""
+        if self.max_ahead_seconds is None:
+            return
+        database_behind = (slot - database_now).total_seconds()
+        if database_behind > 0:
+            time.sleep(database_behind)
+        behind = (slot - timezone.now()).total_seconds()
+        if behind > CLOCK_BEHIND_WARNING_SECONDS:
+            logger.warning(
+                "job waits for this worker's clock name=%s slot=%s behind=%.1fs: this worker's clock runs behind the "
+                "database's; the job starts once its own clock reaches the slot (fix the clock: NTP)",
+                spec.name,
+                slot.isoformat(),
+                behind,
+            )
+        while behind > 0:
+            time.sleep(behind)
+            behind = (slot - timezone.now()).total_seconds()
 
     def _unlock(self, runner: JobRunner) -> None:
         connection = runner.connection

@@ -168,6 +168,22 @@ class JobSpec:
             slots.append(slot)
         return slots
 
+    def count_slots_between(self, after: datetime, before: datetime, *, at_most: int = 100_000) -> int:
+        """How many slots ``s`` there are with ``after < s < before`` (aware),
+        counting at most ``at_most`` of a cron schedule (an interval's are
+        counted, not listed: an every-second job after a week away)."""
+        if before <= after:
+            return 0
+        if self.every is not None:
+            first = self.next_slot(after)
+            return 0 if first >= before else (before - first - timedelta(microseconds=1)) // self.every + 1
+        count = 0
+        for slot in self.slots_after(after):
+            if slot >= before or count >= at_most:
+                break
+            count += 1
+        return count
+
     def grace_after(self, slot: datetime) -> timedelta:
         """How long after ``slot`` a worker that was not running may still
         catch it up: ``grace``, or the distance to the next slot."""

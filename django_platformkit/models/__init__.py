@@ -417,10 +417,16 @@ class OutboxTask(OutboxEvent):
 class RateLimit(models.Model):
     """The shared limiter of a rate-limited subscription (``subscribe(...,
     rate_limit=...)``): the earliest time its next handler may start, moved
-    on by ``period / count`` with each start any worker takes."""
+    on by ``period / count`` with each start any worker takes, and that
+    spacing, so a taker under another limit judges the reservation again."""
 
     name = models.CharField(verbose_name=_("subscription"), max_length=200, primary_key=True)
     next_at = models.DateTimeField(verbose_name=_("next start at"))
+    spacing_seconds = models.FloatField(
+        verbose_name=_("spacing (seconds)"),
+        null=True,
+        help_text=_("period / count of the limit the next start was reserved under"),
+    )
 
     class Meta:
         db_table = RATE_LIMITS_TABLE

@@ -83,6 +83,34 @@ def busy(durable: DurableReport, now: datetime | None = None) -> str:
     return f"pending {durable.pending:,}, ack pending {durable.ack_pending:,}{seen}"
 
 
+def refuse_unless_ours(view: StreamView) -> None:
+    """Refuse, as a worker refuses at start-up, a stream this database must
+    not change: another project's database owns it, or a live copy of this
+    database holds it. Every verb that changes the broker asks this first
+    (``reset`` has its own rule: a gone database's stream may be deleted).
+
+    Raises:
+        ConfigurationError: With the workers' own text: whose it is, and the fix.
+    """
+    from django_platformkit.exceptions import ConfigurationError
+
+    judgement = view.standing.judgement
+    if judgement is not None and judgement.refused:
+        raise ConfigurationError(judgement.text)
+
+
+def update_stream(
+    upkeep: StreamUpkeep, *, dry_run: bool = False, using: str | None = None
+) -> tuple[list[str], list[str]]:
+    """``stream update``: make what can change in place match this build
+    (``StreamUpkeep.update``), refused for a stream not ours
+    (``refuse_unless_ours``): grafting this project's subjects onto another
+    project's stream left its owner logging drift for ever, and this project
+    unable to make a stream for its own prefix. Returns ``(changed, left)``."""
+    refuse_unless_ours(stream_view(upkeep, using=using))
+    return upkeep.update(dry_run=dry_run)
+
+
 def prune_durables(
     upkeep: StreamUpkeep,
     *,
@@ -99,8 +127,8 @@ def prune_durables(
     unacknowledged message (the worker would make it start at "now").
 
     Raises:
-        ConfigurationError: Nothing deleted: for a stream another project
-            owns, for a name in ``also`` that is no django_platformkit
+        ConfigurationError: Nothing deleted: for a stream this database must
+            not change (``refuse_unless_ours``), for a name in ``also`` that is no django_platformkit
             durable of this stream, and - without ``yes`` - when a durable to
             delete is busy (``busy()``): settings that lack an app (a
             management container missing one, an old build) see its live
@@ -108,8 +136,7 @@ def prune_durables(
     from django_platformkit.exceptions import ConfigurationError
 
     view = stream_view(upkeep, using=using)
-    if view.standing.standing is identity.Standing.FOREIGN and view.standing.judgement is not None:
-        raise ConfigurationError(view.standing.judgement.text)
+    refuse_unless_ours(view)
     ours = {d.name: d for d in (view.report.durables if view.report else []) if d.subscription is not None}
     unknown = sorted(set(also) - set(ours))
     if unknown:

@@ -28,7 +28,7 @@ from django_platformkit.exceptions import (
     TransactionRequired,
     UndeclaredEvent,
 )
-from django_platformkit.names import RESERVED_MODULE, check_event_name, check_tenant
+from django_platformkit.names import RESERVED_MODULE, check_event_name, check_tenant, closest_name
 from django_platformkit.outbox.payload import encode_payload
 
 if TYPE_CHECKING:
@@ -204,6 +204,12 @@ def get_event_type(event: str | EventType) -> EventType:
                 f"event {name!r} is not declared, and 'django_platformkit' is not in INSTALLED_APPS, so no "
                 "app's platformkit.py was imported: add 'django_platformkit' to INSTALLED_APPS (and run "
                 "migrate)."
+            ) from None
+        suggestion = closest_name(name, _catalogue)
+        if suggestion is not None:
+            raise UndeclaredEvent(
+                f"event {name!r} is not declared: did you mean {suggestion!r}? Else add declare({name!r}) to your "
+                "app's platformkit.py."
             ) from None
         raise UndeclaredEvent(
             f"event {name!r} is not declared: add declare({name!r}) to your app's platformkit.py."

@@ -4,7 +4,10 @@
 consumer child past its limit stops fetching, lets what it holds finish
 and ack - a delivery fetched and not started is handed back, never counted
 as an attempt - and exits ``EXIT_RECYCLE``; its supervisor starts a fresh
-one at once, with no crash backoff.
+one (at once after a steady life, after a back-off if it recycled quickly).
+A child above its memory limit before it handled anything refuses to run
+(``ConfigurationError``, naming its size): a fresh one would be the same, so
+recycling it would only start children in a storm.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from django_platformkit.exceptions import ConfigurationError
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +37,15 @@ def resident_mib() -> float:
     except (OSError, ValueError, IndexError):
         return 0.0
     return pages * os.sysconf("SC_PAGE_SIZE") / (1024 * 1024)
+
+
+def memory_limit_text(limit_mib: float, size_mib: float) -> str:
+    """The refusal of a ``--max-memory-per-process`` that a fresh worker process is already above."""
+    return (
+        f"--max-memory-per-process {limit_mib:g}: a fresh worker process already uses {size_mib:.0f} MiB (resident), "
+        f"so every child would recycle at once, in a storm. Give a limit well above it, e.g. "
+        f"--max-memory-per-process {max(2 * size_mib, size_mib + 256):.0f}."
+    )
 
 
 @dataclass(frozen=True)
@@ -69,9 +83,15 @@ class RecyclePolicy:
         Returns:
             True when it is due (logged; the caller stops as SIGTERM stops,
             then exits ``EXIT_RECYCLE``), False when ``stop`` was set first.
+
+        Raises:
+            ConfigurationError: Above the memory limit before handling anything.
         """
         while not stop.wait(RECYCLE_CHECK_SECONDS):
-            why = self.reason(handlings())
+            done = handlings()
+            why = self.reason(done)
+            if why is not None and done == 0 and self.max_memory_mib is not None:
+                raise ConfigurationError(memory_limit_text(self.max_memory_mib, resident_mib()))
             if why is not None:
                 logger.info("worker recycling %s: finishing in-flight handlers, then exit=%s", why, EXIT_RECYCLE)
                 return True

@@ -15,7 +15,12 @@ child refused by its configuration (a connection pool too small for it, a
 durable that drifted, a stream another project owns) is not restarted: no
 restart can fix it, so the supervisor stops the others and exits 1 at once.
 A consumer child that recycled itself (``recycle.py``: ``EXIT_RECYCLE``,
-after finishing and acking what it held) is replaced at once, no backoff.
+after finishing and acking what it held) is replaced at once - unless it
+lived less than ``RECYCLE_STEADY_SECONDS``: then after a back-off doubling
+from ``RESTART_FIRST_SECONDS`` to ``RESTART_MAX_SECONDS``, so a limit it
+meets at once never starts children in a storm (34-49 children in 10 s,
+each with new connections, were seen). A ``--max-memory-per-process`` below
+what a fresh child already uses is refused before any child starts.
 With ``burst`` each consumer child drains and exits 0 (not restarted) while
 the relay child keeps relaying - a handler may publish more - until every
 consumer child finished; a consumer child that fails ends the run with its
@@ -40,8 +45,9 @@ from django.db import connections
 
 from django_platformkit._retry import Backoff
 from django_platformkit.exceptions import ConfigurationError, ConsumerDrift
+from django_platformkit.runtime.cpus import usable_cpus
 from django_platformkit.runtime.health import HealthFile
-from django_platformkit.runtime.recycle import EXIT_RECYCLE, RecyclePolicy
+from django_platformkit.runtime.recycle import EXIT_RECYCLE, RecyclePolicy, memory_limit_text, resident_mib
 from django_platformkit.runtime.treemetrics import TreeMetrics
 
 logger = logging.getLogger(__name__)
@@ -51,6 +57,9 @@ RESTART_FIRST_SECONDS = 1.0
 RESTART_MAX_SECONDS = 30.0
 #: A child that lived this long is healthy again: its backoff starts over.
 STABLE_AFTER_SECONDS = 60.0
+#: A child that recycled after living less than this is replaced after the
+#: back-off (doubling per quick recycle), not at once; a longer life resets it.
+RECYCLE_STEADY_SECONDS = 10.0
 #: This many deaths of one child within the window: stop everything, exit 1.
 GIVE_UP_AFTER_DEATHS = 5
 GIVE_UP_WINDOW_SECONDS = 120.0
@@ -62,18 +71,9 @@ EXIT_CONFIGURATION = 78
 
 
 def usable_cores() -> int:
-    """The cores this process may run on (``runworker --processes auto``):
-    ``os.process_cpu_count()`` (Python 3.13), else the CPU affinity mask
-    (a container's or ``taskset``'s limit), else every core; at least 1."""
-    count = getattr(os, "process_cpu_count", None)
-    if count is not None:
-        found = count()
-    else:
-        try:
-            found = len(os.sched_getaffinity(0))
-        except (AttributeError, OSError):
-            found = os.cpu_count()
-    return max(1, int(found or 1))
+    """The CPUs this process may really use (``runworker --processes auto``):
+    its affinity mask and a cgroup CPU quota, rounded up, at least 1 (``cpus.usable_cpus``)."""
+    return usable_cpus()
 
 
 class _Child:
@@ -87,6 +87,16 @@ class _Child:
         self.exit_code: int | None = None
         self.recycles = 0  # exits with EXIT_RECYCLE: restarted at once, never counted as deaths
         self.backoff = Backoff(RESTART_FIRST_SECONDS, RESTART_MAX_SECONDS)
+        self.recycle_backoff = Backoff(RESTART_FIRST_SECONDS, RESTART_MAX_SECONDS)
+
+    def recycled(self, now: float) -> float:
+        """Record a recycle at ``now`` (monotonic seconds); return the restart
+        delay in seconds: 0 after a steady life, else the doubling back-off."""
+        self.recycles += 1
+        if now - self.started >= RECYCLE_STEADY_SECONDS:
+            self.recycle_backoff.reset()
+            return 0.0
+        return self.recycle_backoff.next()
 
     def died(self, now: float) -> float:
         """Record a death at ``now`` (monotonic seconds); return the restart delay in seconds."""
@@ -162,6 +172,7 @@ class Supervisor:
                     },
                 )
             )
+        self.recycle = recycle
         self.stopping = False
         self.exit_code = 0
         self._signals = 0
@@ -200,12 +211,20 @@ class Supervisor:
     def refuse_what_no_child_could_run(self) -> None:
         """Raise ``ConfigurationError`` for what every start of a child would
         refuse and the parent can tell without the broker: a connection pool
-        smaller than a child keeps (each child checks it again). Call before
-        ``run()``, so the refusal is one message, not children dying."""
+        smaller than a child keeps (each child checks it again), and a memory
+        limit a fresh child is already above (a child is a fork of this
+        process: it starts at this size and grows; one that meets its limit
+        before handling anything refuses to run too). Call before ``run()``,
+        so the refusal is one message, not children dying."""
         from django_platformkit.runtime.worker import Worker
 
         for child in self.children:
             Worker(**child.kwargs).refuse_a_small_connection_pool()
+        limit = self.recycle.max_memory_mib if self.recycle is not None else None
+        if limit is not None:
+            size = resident_mib()
+            if size >= limit:
+                raise ConfigurationError(memory_limit_text(limit, size))
 
     def run(self) -> int:
         # Nothing of ours may be shared with the children: no connection, no loop thread.
@@ -297,10 +316,22 @@ class Supervisor:
                 self._signal_children(signal.SIGTERM)
                 continue
             if code == EXIT_RECYCLE:
-                # Not a death: it finished and acked what it held. A fresh one now.
-                child.recycles += 1
-                child.restart_at = now
-                logger.info("child recycled role=%s pid=%s; starting a fresh one", child.role, pid)
+                # Not a death: it finished and acked what it held. A fresh one now, unless it recycles quickly.
+                delay = child.recycled(now)
+                child.restart_at = now + delay
+                if delay:
+                    logger.warning(
+                        "child recycled role=%s pid=%s after %.1fs: starting a fresh one in %.0fs (a child that "
+                        "recycles within %.0fs of its start costs more than it saves: raise "
+                        "--max-handlings-per-process or --max-memory-per-process)",
+                        child.role,
+                        pid,
+                        now - child.started,
+                        delay,
+                        RECYCLE_STEADY_SECONDS,
+                    )
+                else:
+                    logger.info("child recycled role=%s pid=%s; starting a fresh one", child.role, pid)
                 continue
             delay = child.died(now)
             if code == EXIT_CONFIGURATION:

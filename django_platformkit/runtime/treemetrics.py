@@ -7,16 +7,25 @@ and a child that exits or recycles takes none of its counts with it. The
 gauges computed at scrape time (outbox backlog and lag, dead letters,
 consumer pending) are the supervisor's own: they describe the database and
 the stream, not a process, so one process asks, once per scrape.
+
+The folder is the tree's for as long as any process of it lives: the
+supervisor holds an exclusive ``flock`` on its ``.owner`` file, and the
+children it forks inherit the lock. A supervisor killed by SIGKILL can't
+remove its folder (prometheus-client's multiprocess users know the pile of
+stale ``.db`` files that leaves); the next tree to start removes every such
+folder whose lock nobody holds any more - never one a live tree still uses.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import logging
 import os
 import shutil
 import tempfile
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from django_platformkit.runtime.metrics import Metrics
@@ -25,6 +34,32 @@ logger = logging.getLogger(__name__)
 
 #: prometheus-client's switch to multiprocess mode, read by every child.
 MULTIPROC_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
+#: The folders' names (in the system's temporary folder) and the lock file in each.
+FOLDER_PREFIX = "platformkit-metrics-"
+OWNER_FILE = ".owner"
+
+
+def remove_orphaned_folders(parent: str | os.PathLike[str] | None = None) -> list[Path]:
+    """Remove the metrics folders under ``parent`` (default: the system's
+    temporary folder) whose tree is gone: no process holds the lock on
+    their ``.owner`` file. Returns those removed. A folder without the file
+    (another tool's, or being made right now) and one a live tree holds are left."""
+    removed = []
+    for folder in sorted(Path(parent or tempfile.gettempdir()).glob(f"{FOLDER_PREFIX}*")):
+        owner = folder / OWNER_FILE
+        try:
+            fd = os.open(owner, os.O_RDWR)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            continue  # a live tree holds it
+        finally:
+            os.close(fd)  # the lock, if taken, goes with it: the folder is removed next
+        shutil.rmtree(folder, ignore_errors=True)
+        removed.append(folder)
+    return removed
 
 
 class ConnectionPerScrape:
@@ -56,7 +91,12 @@ class TreeMetrics:
 
     def __init__(self, *, subscriptions: Sequence[Any] = (), using: str | None = None) -> None:
         self.subscriptions = list(subscriptions)
-        self.directory = tempfile.mkdtemp(prefix="platformkit-metrics-")
+        for folder in remove_orphaned_folders():
+            logger.info("metrics: removed the folder of a process tree that is gone folder=%s", folder)
+        self.directory = tempfile.mkdtemp(prefix=FOLDER_PREFIX)
+        # Held while this process or a child it forks lives (the children inherit the descriptor).
+        self._owner_fd: int | None = os.open(Path(self.directory, OWNER_FILE), os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(self._owner_fd, fcntl.LOCK_EX)
         self._previous = os.environ.get(MULTIPROC_DIR_ENV)
         os.environ[MULTIPROC_DIR_ENV] = self.directory
         logger.info("metrics of the process tree folder=%s", self.directory)
@@ -102,6 +142,10 @@ class TreeMetrics:
             if getattr(self, "metrics", None) is not None:
                 self.metrics.close()
         shutil.rmtree(self.directory, ignore_errors=True)
+        if self._owner_fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._owner_fd)
+            self._owner_fd = None
         if self._previous is None:
             os.environ.pop(MULTIPROC_DIR_ENV, None)
         else:

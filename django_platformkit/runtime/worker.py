@@ -39,7 +39,7 @@ from django_platformkit import conf
 from django_platformkit.broker.connection import event_loop_kind
 from django_platformkit.broker.port import Broker
 from django_platformkit.consume.consumer import Consumer
-from django_platformkit.consume.pool import ConsumerPool, Lane, pool_thread_count
+from django_platformkit.consume.pool import ConsumerPool, Lane, pool_connection_count, pool_thread_count
 from django_platformkit.consume.subscriptions import Subscription
 from django_platformkit.consume.subscriptions import subscriptions as registered_subscriptions
 from django_platformkit.exceptions import ConfigurationError
@@ -259,7 +259,7 @@ class Worker:
     def refuse_a_small_connection_pool(self) -> None:
         """``StartUp.refuse_a_small_connection_pool`` (``ConfigurationError``) with this worker's threads."""
         self.start_up.refuse_a_small_connection_pool(
-            threads=pool_thread_count(self.subscriptions) if self.want_consumers else 0,
+            threads=pool_connection_count(self.subscriptions) if self.want_consumers else 0,
             relay_lanes=int(conf.settings.RELAY_LANES) if self.want_relay else 0,
             scheduler=self.want_scheduler,
         )

@@ -8,7 +8,7 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from tests.testapp._jobs import RUNS_TABLE
+from tests.testapp._jobs import RUNS_TABLE, RUNS_TABLE_DDL
 
 from .harness import scaled
 
@@ -21,9 +21,7 @@ def test_two_relays_and_three_workers_with_a_periodic_job_double_nothing(make_ri
     events = scaled(20_000)
     rig = make_rig("relays2_workers3_job", nats_server.url, PLATFORMKIT_TEST_JOBS="1")
     with psycopg.connect(rig.database_url, autocommit=True) as conn:
-        conn.execute(
-            f"CREATE TABLE {RUNS_TABLE} (job text NOT NULL, slot timestamptz NOT NULL, pid int NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp())"
-        )
+        conn.execute(RUNS_TABLE_DDL)
     relays = [rig.relay(1), rig.relay(2)]
     workers = [rig.worker(i, jobs=[JOB]) for i in (1, 2, 3)]
     for process in [*relays, *workers]:

@@ -130,6 +130,21 @@ def test_w002_a_subscription_backoff_longer_than_its_retries_warns(registries):
     assert message.obj == handler_path(overlong)
 
 
+@pytest.mark.parametrize("bad", ["0/s", "-1/s", "1e9/s", "10/x", "", 10])
+def test_e011_a_rate_limit_that_is_no_rate_is_a_check_error_naming_the_forms_not_an_import_error(registries, bad):
+    def limited(event):
+        pass
+
+    subscription_registry.subscribe("testapp.order_placed", name="testapp.limited", rate_limit=bad)(limited)
+    message = only(declarations.check_subscriptions(), "E011")
+    assert message.msg == f"subscription 'testapp.limited': rate_limit={bad!r} is not a rate"
+    assert message.hint == (
+        "Write it as handler starts per second, minute or hour, every worker together: '100/s', '30/m' or "
+        "'1000/h' (a whole number from 1 to 999999999), or leave rate_limit out for no limit."
+    )
+    assert message.obj == handler_path(limited)
+
+
 @pytest.mark.parametrize("bad", [0, -1, 1.5, True, "2"])
 def test_subscribe_refuses_a_concurrency_that_is_not_a_positive_integer(registries, bad):
     def handler(event):

@@ -14,6 +14,7 @@ pytestmark = pytest.mark.unit
 class _Subscription:
     name = "orders.record"
     rate_limit = None
+    rate_limit_error = ""
 
 
 def _lane() -> Lane:

@@ -25,7 +25,7 @@ from django_platformkit.jobs.scheduler import Scheduler
 from django_platformkit.jobs.specs import PURGE_JOB, current_slot, job, jobs, validate_schedule
 from django_platformkit.models import JobState
 from tests.conftest import manage, worker_env
-from tests.testapp._jobs import RUNS_TABLE
+from tests.testapp._jobs import RUNS_TABLE, RUNS_TABLE_DDL
 
 AMSTERDAM = ZoneInfo("Europe/Amsterdam")
 db = pytest.mark.django_db(transaction=True)
@@ -456,7 +456,12 @@ def test_a_worker_starting_late_catches_up_the_newest_missed_slot_once(runs, cap
         tick(scheduler, clock, clock.moment + timedelta(minutes=1))
         assert runs.slots(hourly) == [datetime(2026, 6, 1, 12, tzinfo=UTC)]
         assert runs.slots(strict) == [] and runs.slots(fresh) == []
-        assert any("missed slots skipped name=testapp.strict_sync" in r.getMessage() for r in caplog.records)
+        # One WARNING per job, with how many: 09:00-11:00 (12:00 runs), and 09:00-12:00 past a 5-minute grace.
+        skipped = [r for r in caplog.records if "missed slots skipped" in r.getMessage()]
+        assert [r.levelno for r in skipped] == [logging.WARNING, logging.WARNING]
+        assert "name=testapp.hourly_sync skipped=3 " in skipped[0].getMessage()
+        assert "the newest runs now (catch-up)" in skipped[0].getMessage()
+        assert "name=testapp.strict_sync skipped=4 " in skipped[1].getMessage()
         tick(scheduler, clock, datetime(2026, 6, 1, 13, 0, 1, tzinfo=UTC))
     finally:
         scheduler.close()
@@ -500,9 +505,7 @@ def test_a_scheduler_on_an_injected_clock_runs_the_dst_and_leap_day_counts(runs,
 @pytest.fixture
 def runs_table(django_db_blocker):
     with django_db_blocker.unblock(), connection.cursor() as cursor:
-        cursor.execute(
-            f"CREATE TABLE {RUNS_TABLE} (job text NOT NULL, slot timestamptz NOT NULL, pid int NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp())"
-        )
+        cursor.execute(RUNS_TABLE_DDL)
     yield RUNS_TABLE
     with django_db_blocker.unblock(), connection.cursor() as cursor:
         cursor.execute(f"DROP TABLE IF EXISTS {RUNS_TABLE}")
@@ -687,6 +690,9 @@ def test_a_slot_skipped_for_lateness_is_logged_at_warning_with_why(runs, caplog)
         scheduler.close()
     record = next(r for r in caplog.records if "slot skipped, too late" in r.getMessage())
     assert record.levelno == logging.WARNING and "grace=" in record.getMessage()
+    # 12:01, 12:02 and 12:03 never ran, and 12:04 is past its 5 s grace: one line says four.
+    assert "skipped=4 " in record.getMessage()
+    assert sum("slot skipped" in r.getMessage() for r in caplog.records) == 1
 
 
 @db
@@ -727,3 +733,76 @@ def test_a_future_slot_left_in_the_ledger_by_a_clock_ahead_is_replaced_not_respe
     assert len(runs.slots(name)) == 1
     assert JobState.objects.get(name=name).last_slot == runs.slots(name)[0]
     assert any(r.levelno == logging.WARNING and "ledger held a slot ahead" in r.getMessage() for r in caplog.records)
+
+
+# --- on time, by the job's own clock; skipped slots said; a failing job shown ---
+
+
+@db
+def test_a_job_never_starts_before_its_slot_by_its_own_clock(runs_table):
+    """A scheduler whose view of the database's clock runs 0.3 s ahead of
+    this machine's (a database server whose clock is ahead, or the estimate
+    between two readings): the job still sees its slot come by its own clock."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    env = dict(os.environ, PLATFORMKIT_TEST_JOBS="1", PYTHONPATH=str(ROOT))
+    env["PLATFORMKIT_TEST_DB_NAME"] = connection.settings_dict["NAME"]
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.chaos.ahead_scheduler", "--job", "testapp.every_second"]
+        + ["--ahead-seconds", "0.3", "--seconds", "5"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT slot, seen FROM {RUNS_TABLE} WHERE job = 'testapp.every_second'")
+        seen = cursor.fetchall()
+    assert len(seen) >= 3, done.stderr[-3000:]
+    early = [(slot, at) for slot, at in seen if at < slot]
+    assert early == [], f"started before the slot by the job's clock: {early}"
+
+
+@db
+def test_a_worker_starting_after_downtime_warns_once_how_many_slots_were_skipped(broker, runs_table, tmp_path):
+    name = "testapp.every_second"
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT date_trunc('second', clock_timestamp()) - interval '20 seconds'")
+        last = cursor.fetchone()[0]
+    JobState.objects.create(name=name, last_slot=last)
+    procs, logs = start_workers(broker, tmp_path, name, 1)
+    try:
+        wait_for(lambda: len(recorded(name)) >= 1, 30, "the catch-up run")
+    finally:
+        stop_workers(procs)
+    log = logs[0].read_text()
+    lines = [line for line in log.splitlines() if "missed slots skipped name=testapp.every_second" in line]
+    assert len(lines) == 1 and " WARNING " in lines[0], log[-3000:]
+    skipped = int(lines[0].split("skipped=")[1].split()[0])
+    assert 18 <= skipped <= 40, lines[0]  # the 19 slots after the last run, and those the start-up took
+
+
+@db
+def test_a_job_that_fails_every_run_is_failing_on_the_overview_and_counted_in_its_header(
+    broker, runs_table, tmp_path, admin_client
+):
+    from django.urls import reverse
+
+    name = "testapp.always_fails"
+    procs, logs = start_workers(broker, tmp_path, name, 1)
+    try:
+        wait_for(lambda: len(recorded(name)) >= 2, 30, "two failed runs")
+        wait_for(lambda: JobState.objects.filter(name=name).exclude(last_error="").exists(), 30, "the error recorded")
+    finally:
+        stop_workers(procs)
+    page = admin_client.get(reverse("admin:django_platformkit_overview")).content.decode()
+    row = page.split(f'data-job="{name}"', 1)[1].split("</tr>", 1)[0]
+    assert "failing" in row and "on time" not in row, row
+    assert "1 job failing" in page
+    listing = admin_client.get(reverse("admin:django_platformkit_jobstate_changelist")).content.decode()
+    assert "pk-job-failing" in listing

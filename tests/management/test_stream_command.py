@@ -293,3 +293,36 @@ def test_takeover_never_crosses_projects(broker):
             stream("takeover", "--yes", "--force")
     finally:
         t.close()
+
+
+def test_update_refuses_another_projects_stream_as_the_workers_do_and_changes_nothing(broker):
+    """`stream update` grafted this project's subjects onto another project's
+    stream and exited 0 (its owner then logged drift for ever); now it is
+    refused with the workers' own words, whatever it would have changed."""
+    import uuid
+
+    from tests.conftest import run_to_exit, worker_env
+
+    theirs = str(uuid.uuid4())
+    t = Transport()
+    t.connect()
+    try:
+        t.ensure_stream(owner=theirs, instance="1:1")
+
+        async def narrow():
+            # What update would change: a limit that discards, and this project's subjects replaced.
+            js = t.connection.js
+            config = (await js.stream_info(broker["STREAM"])).config
+            config.max_msgs = 300
+            config.subjects = ["someone.else.>"]
+            await js.update_stream(config)
+
+        t.connection.call(narrow(), timeout=10)
+        for args in (("stream", "update"), ("stream", "update", "--dry-run"), ("stream", "prune")):
+            code, output = run_to_exit(*args, env=worker_env(broker), timeout=120)
+            assert code == 1 and "Traceback" not in output, output
+            assert "belongs to another project" in output or theirs in output, output
+        held = t.upkeep.report().config
+        assert held.max_msgs == 300 and held.subjects == ["someone.else.>"]
+    finally:
+        t.close()

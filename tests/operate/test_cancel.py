@@ -170,7 +170,15 @@ def test_cancel_refuses_without_actor_reason_or_a_known_event_and_writes_nothing
     assert isinstance(CancelRefused("x"), ValueError)
 
 
-def test_manage_py_cancel_cancels_one_subscription_and_says_so(broker, capsys):
+@pytest.fixture
+def ops():
+    """``--actor ops``: an active user holding the permission the admin's Cancel needs."""
+    from tests.management.test_deadletters_command import operator
+
+    return operator("ops")
+
+
+def test_manage_py_cancel_cancels_one_subscription_and_says_so(broker, capsys, ops):
     with transaction.atomic():
         event_id = publish("testapp.order_placed", {})
     call_command("cancel", str(event_id), "--subscription", "testapp.count_order", "--actor", "ops", "--reason", "why")
@@ -189,7 +197,7 @@ def test_manage_py_cancel_cancels_one_subscription_and_says_so(broker, capsys):
 
 
 def test_manage_py_cancel_of_an_event_every_subscription_finished_says_how_to_close_a_dead_letter(
-    broker, registries, run_worker, capsys
+    broker, registries, run_worker, capsys, ops
 ):
     declare("testapp.finished")
 
@@ -208,3 +216,43 @@ def test_manage_py_cancel_of_an_event_every_subscription_finished_says_how_to_cl
     )
     assert f"too late event={event_id} subscription=testapp.finished" in capsys.readouterr().out
     assert audits() == []  # nothing cancelled: no audit event
+
+
+@pytest.mark.parametrize(
+    ("actor", "why"),
+    [
+        ("pager-bot", "no such user"),  # accepted before: the audit event recorded a user nobody is
+        ("ivan", "the user is inactive"),
+        ("nora", "lacks the permission 'django_platformkit.replay_deadletter'"),
+    ],
+)
+def test_manage_py_cancel_checks_the_actor_as_deadletters_does_and_writes_nothing(broker, actor, why):
+    from tests.conftest import run_to_exit, worker_env
+    from tests.management.test_deadletters_command import operator
+
+    operator("ivan", active=False)
+    operator("nora", permitted=False)
+    with transaction.atomic():
+        event_id = publish("testapp.order_placed", {})
+    code, output = run_to_exit("cancel", str(event_id), "--actor", actor, "--reason", "why", env=worker_env(broker))
+    assert code == 1 and "Traceback" not in output, output
+    assert f"cancel --actor {actor}: refused, nothing written: " in output and why in output, output
+    assert HandledEvent.objects.count() == 0 and audits() == []
+
+
+def test_manage_py_cancel_of_an_unknown_event_or_subscription_is_a_clear_error_writing_nothing(broker, ops):
+    from tests.conftest import run_to_exit, worker_env
+
+    with transaction.atomic():
+        event_id = publish("testapp.order_placed", {})
+    env = worker_env(broker)
+    unknown = "0192f1c2-0000-7000-8000-000000000000"
+    for args, says in (
+        ((unknown,), f"event {unknown} is not in the outbox (never published, or purged): nothing to cancel."),
+        (("not-an-id",), "'not-an-id' is not an event id (a UUID)."),
+        ((str(event_id), "--subscription", "testapp.nope"), "subscription 'testapp.nope' does not receive"),
+    ):
+        code, output = run_to_exit("cancel", *args, "--actor", "ops", "--reason", "why", env=env)
+        assert code == 1 and "Traceback" not in output, output
+        assert f"CommandError: {says}" in output, output
+    assert HandledEvent.objects.count() == 0 and audits() == []

@@ -350,3 +350,16 @@ def test_another_programming_error_is_raised_as_it_was():
             cursor.execute("ALTER TABLE platformkit_outbox RENAME COLUMN payload TO payload_away")
             publish("testapp.order_placed", {"order": 1})
     assert "migrate" not in str(raised.value)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_misspelt_event_at_run_time_gets_the_did_you_mean_the_check_gives():
+    # The check (E002) suggests the declared name; publish() at run time said only "add declare(...)".
+    with transaction.atomic():
+        with pytest.raises(UndeclaredEvent) as caught:
+            publish("testapp.order_placd", {})
+        publish("testapp.order_placed", {})  # the caller's transaction is still usable
+    assert str(caught.value) == (
+        "event 'testapp.order_placd' is not declared: did you mean 'testapp.order_placed'? "
+        "Else add declare('testapp.order_placd') to your app's platformkit.py."
+    )

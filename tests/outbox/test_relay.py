@@ -234,3 +234,31 @@ def test_runrelay_without_once_keeps_waiting_for_an_unreachable_database(broker)
         out, err = proc.communicate(timeout=30)
     assert "waiting for database error=" in err, err
     assert "s3cret" not in err
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_busy_relay_logs_one_info_line_per_interval_and_each_pass_at_debug(broker, tmp_path):
+    """300 orders committed one by one while runrelay runs: one pass each was
+    one INFO line each (203 lines); now one summary per RELAY_SUMMARY_SECONDS."""
+    from django_platformkit import publish
+    from tests.conftest import manage, wait_for, worker_env
+
+    log = tmp_path / "relay.log"
+    with log.open("w") as out:
+        proc = manage("runrelay", env=worker_env(broker), stdout=out, stderr=out)
+    try:
+        wait_for(lambda: "relay started" in log.read_text(), timeout=60, what="the relay")
+        started = time.monotonic()
+        for n in range(300):
+            with transaction.atomic():
+                publish("testapp.order_placed", {"n": n})
+            time.sleep(0.01)
+        wait_for(lambda: not OutboxEvent.objects.filter(published_at=None).exists(), timeout=60, what="all relayed")
+        elapsed = time.monotonic() - started
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+    lines = [line for line in log.read_text().splitlines() if "relayed count=" in line]
+    assert lines and all(" INFO " in line for line in lines)
+    assert len(lines) <= elapsed / 10 + 2, lines  # one per 10 s interval, and the last at the stop
+    assert sum(int(line.split("relayed count=")[1].split()[0]) for line in lines) == 300

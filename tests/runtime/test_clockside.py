@@ -15,7 +15,7 @@ from django.db import connection
 from django_platformkit.devservices import free_port
 from django_platformkit.models import WorkerHeartbeat, WorkerState
 from tests.conftest import manage, wait_for, worker_env
-from tests.testapp._jobs import RUNS_TABLE
+from tests.testapp._jobs import RUNS_TABLE, RUNS_TABLE_DDL
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -24,10 +24,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def runs(django_db_blocker):
     """The table the test app's jobs record their runs in."""
     with django_db_blocker.unblock(), connection.cursor() as cursor:
-        cursor.execute(
-            f"CREATE TABLE {RUNS_TABLE} (job text NOT NULL, slot timestamptz NOT NULL, pid int NOT NULL, "
-            "at timestamptz NOT NULL DEFAULT clock_timestamp())"
-        )
+        cursor.execute(RUNS_TABLE_DDL)
     yield
     with django_db_blocker.unblock(), connection.cursor() as cursor:
         cursor.execute(f"DROP TABLE IF EXISTS {RUNS_TABLE}")

@@ -4,8 +4,12 @@ run twice, or counted as an extra attempt. Real processes, PostgreSQL and NATS."
 
 from __future__ import annotations
 
+import os
+import re
 import signal
 import subprocess
+import time
+from pathlib import Path
 
 import pytest
 from django.db import transaction
@@ -14,7 +18,7 @@ from django_platformkit import declare, publish
 from django_platformkit.models import HandledEvent
 from django_platformkit.runtime.recycle import EXIT_RECYCLE, RecyclePolicy
 from django_platformkit.runtime.supervisor import _Child
-from tests.conftest import manage, wait_for, worker_env
+from tests.conftest import manage, run_to_exit, wait_for, worker_env
 from tests.testapp.models import Effect
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(300)]
@@ -105,3 +109,155 @@ def test_a_recycle_policy_says_why_once_a_limit_is_passed():
     assert EXIT_RECYCLE not in (0, 1, 3, 78)  # none of the statuses that mean stopped, crashed, stuck or refused
     child = _Child("consumer0", {})
     assert child.recycles == 0 and child.deaths == []
+
+
+# --- a limit a fresh child already meets: refused, never a storm (issue 33) ---
+
+
+def test_quick_recycles_are_restarted_after_a_doubling_back_off_and_a_steady_life_resets_it():
+    from django_platformkit.runtime.supervisor import RECYCLE_STEADY_SECONDS, RESTART_FIRST_SECONDS, RESTART_MAX_SECONDS
+
+    child = _Child("consumer0", {})
+    delays = []
+    for n in range(8):
+        child.started = 1000.0 + n
+        delays.append(child.recycled(child.started + 1.0))
+    assert delays[:3] == [RESTART_FIRST_SECONDS, 2 * RESTART_FIRST_SECONDS, 4 * RESTART_FIRST_SECONDS]
+    assert max(delays) == RESTART_MAX_SECONDS and child.recycles == 8
+    child.started = 5000.0
+    assert (
+        child.recycled(5000.0 + RECYCLE_STEADY_SECONDS) == 0.0
+    )  # a steady life: at once, and the back-off starts over
+    child.started = 6000.0
+    assert child.recycled(6001.0) == RESTART_FIRST_SECONDS
+
+
+def one_child(subscription: str, *options: str) -> tuple[str, ...]:
+    """``runworker`` as a supervisor of one consumer child serving ``subscription`` (no jobs), with ``options``."""
+    return ("runworker", "--processes", "1", "--no-jobs", "--subscription", subscription, *options)
+
+
+def _children_started(text: str) -> int:
+    return text.count("child started role=consumer")
+
+
+@pytest.mark.parametrize(("value", "says"), [("0", "above 0"), ("1GB", "a number of MiB"), ("-5", "above 0")])
+def test_a_memory_limit_that_is_no_size_is_refused_naming_the_form(broker, value, says):
+    code, output = run_to_exit(
+        "runworker", "--processes", "1", "--max-memory-per-process", value, env=worker_env(broker), timeout=60
+    )
+    assert code == 1 and "Traceback" not in output, output
+    assert (
+        f"--max-memory-per-process {value}: give a number of MiB above 0 (e.g. --max-memory-per-process 512)" in output
+    )
+    assert says in output and _children_started(output) == 0
+
+
+def test_a_memory_limit_below_a_fresh_child_is_refused_at_start_naming_its_size_never_a_storm(broker, tmp_path):
+    code, output = run_to_exit(
+        "runworker", "--processes", "1", "--max-memory-per-process", "1", "--no-jobs", env=worker_env(broker)
+    )
+    assert code == 1 and "Traceback" not in output, output
+    size = int(re.search(r"a fresh worker process already uses (\d+) MiB", output).group(1))
+    assert size > 1 and _children_started(output) == 0, output
+    # A limit between the supervisor's size and a child's once it runs (its threads, loop and connections):
+    # the child meets it before it handled anything, refuses, naming its size, and nothing restarts it.
+    env = worker_env(broker, PLATFORMKIT_TEST_FEATURES="1")
+    args = one_child("testapp.recycled")
+    log = tmp_path / "measure.log"
+    with log.open("w") as out:
+        proc = manage(*args, env=env, stdout=out, stderr=out)
+    try:
+        text = wait_for(
+            lambda: "worker started pid=" in log.read_text() and log.read_text(), timeout=60, what="a child"
+        )
+        child = re.search(r"worker started pid=(\d+) relay=False", text).group(1)
+        time.sleep(1.0)
+        pages = int(Path(f"/proc/{child}/statm").read_text().split()[1])
+        child_mib = pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+    log = tmp_path / "supervisor.log"
+    with log.open("w") as out:
+        proc = manage(*args, "--max-memory-per-process", f"{child_mib - 1:.1f}", env=env, stdout=out, stderr=out)
+        try:
+            code = proc.wait(30)
+        except subprocess.TimeoutExpired:
+            code = None
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    text = log.read_text()
+    assert _children_started(text) <= 1, text[-3000:]  # not a storm (34-49 children in 10 s were seen)
+    assert code == 1 and "a fresh worker process already uses" in text, text[-3000:]
+
+
+def test_a_child_that_recycles_at_every_handling_is_restarted_with_a_back_off_not_in_a_storm(broker, tmp_path):
+    recycled = declare("testapp.recycled")
+    with transaction.atomic():
+        for n in range(100):
+            publish(recycled, {"n": n})
+    log = tmp_path / "supervisor.log"
+    with log.open("w") as out:
+        supervisor = manage(
+            *one_child("testapp.recycled", "--max-handlings-per-process", "1"),
+            env=worker_env(broker, PLATFORMKIT_TEST_FEATURES="1"),
+            stdout=subprocess.DEVNULL,
+            stderr=out,
+        )
+        try:
+            wait_for(lambda: "child recycled" in log.read_text(), timeout=120, what="the first recycle")
+            before = _children_started(log.read_text())
+            time.sleep(20)
+            during = _children_started(log.read_text()) - before
+        finally:
+            supervisor.send_signal(signal.SIGTERM)
+            assert supervisor.wait(60) == 0, log.read_text()[-3000:]
+    text = log.read_text()
+    # From the first recycle: lives of a second or more, each followed by 1, 2, 4, 8 s of back-off: five starts
+    # at most in 20 s (a storm started one per life).
+    assert 1 <= during <= 5, text[-4000:]
+    assert "starting a fresh one in" in text
+
+
+def test_the_metrics_folder_of_a_killed_supervisor_is_removed_by_the_next_start_of_the_tree(broker, tmp_path):
+    from django_platformkit.devservices import free_port
+
+    def start(log: Path) -> subprocess.Popen:
+        with log.open("w") as out:
+            return manage(
+                *one_child("testapp.recycled", "--no-relay", "--metrics-port", str(free_port())),
+                env=worker_env(broker, PLATFORMKIT_TEST_FEATURES="1"),
+                stdout=out,
+                stderr=out,
+            )
+
+    first_log, second_log = tmp_path / "first.log", tmp_path / "second.log"
+    first = start(first_log)
+    try:
+        text = wait_for(
+            lambda: "child started role=consumer0" in first_log.read_text() and first_log.read_text(),
+            timeout=60,
+            what="the first tree",
+        )
+        folder = Path(re.search(r"metrics of the process tree folder=(\S+)", text).group(1))
+        child = int(re.search(r"child started role=consumer0 pid=(\d+)", text).group(1))
+        assert folder.is_dir()
+    finally:
+        first.kill()  # SIGKILL: no clean-up of its own
+        first.wait(30)
+    # Its child hears of it (SIGTERM from the kernel), finishes and exits; its folder stays behind.
+    wait_for(lambda: not Path(f"/proc/{child}").exists(), timeout=60, what="the orphaned child to exit")
+    assert folder.is_dir()
+    second = start(second_log)
+    try:
+        wait_for(lambda: "supervisor started" in second_log.read_text(), timeout=60, what="the second tree")
+        assert not folder.exists(), second_log.read_text()[-3000:]
+        own = Path(re.search(r"metrics of the process tree folder=(\S+)", second_log.read_text()).group(1))
+        assert own.is_dir()  # a live tree's folder is never taken for a gone one's
+    finally:
+        second.send_signal(signal.SIGTERM)
+        assert second.wait(60) == 0, second_log.read_text()[-3000:]
+    assert not own.exists()

@@ -440,7 +440,7 @@ def test_a_stopping_worker_hands_back_its_early_fetched_unit_at_once_not_after_t
 
     def queued_ids():
         with first.pool._cond:
-            return [str(parse_delivery(d).id) for deliveries, _ in lane.queue for d in deliveries]
+            return [str(parse_delivery(d).id) for unit in lane.queue for d in unit.deliveries]
 
     early = wait_for(queued_ids, timeout=3, interval=0.01, what="a unit fetched early behind the slow one")
     first.stop()

@@ -7,17 +7,25 @@ import time
 from datetime import timedelta
 
 from django.db import connection
+from django.utils import timezone
 
 from django_platformkit.jobs.specs import current_slot, job
 
 RUNS_TABLE = "pk_test_job_runs"
+#: The runs table as the tests that start these jobs make it (``seen``: the job's own clock).
+RUNS_TABLE_DDL = (
+    f"CREATE TABLE {RUNS_TABLE} (job text NOT NULL, slot timestamptz NOT NULL, pid int NOT NULL, "
+    "at timestamptz NOT NULL DEFAULT clock_timestamp(), seen timestamptz)"
+)
 
 
 def record(name: str) -> int:
-    """Note this run (job, slot, pid); return how many runs the job has had."""
+    """Note this run (job, slot, pid, and ``timezone.now()``: the job's own
+    clock); return how many runs the job has had."""
     with connection.cursor() as cursor:
         cursor.execute(
-            f"INSERT INTO {RUNS_TABLE} (job, slot, pid) VALUES (%s, %s, %s)", [name, current_slot(), os.getpid()]
+            f"INSERT INTO {RUNS_TABLE} (job, slot, pid, seen) VALUES (%s, %s, %s, %s)",
+            [name, current_slot(), os.getpid(), timezone.now()],
         )
         cursor.execute(f"SELECT count(*) FROM {RUNS_TABLE} WHERE job = %s", [name])
         return cursor.fetchone()[0]
@@ -33,3 +41,9 @@ def hangs_first():
     # The first run hangs (the test kills its worker); later runs are quick.
     if record("testapp.hangs_first") == 1:
         time.sleep(120)
+
+
+@job(every=timedelta(seconds=1), name="testapp.always_fails")
+def always_fails():
+    record("testapp.always_fails")
+    raise RuntimeError("the report server refused the upload")

@@ -2,6 +2,7 @@
 Each writes an Effect row, so a duplicate run shows up as an extra row."""
 
 import functools
+import time
 import uuid
 
 from django.tasks import task
@@ -161,3 +162,11 @@ async def asees_its_claim(context, label):
     seen = await HandledEvent.objects.filter(event_id=context.task_result.id).aexists()
     await Effect.objects.acreate(subscription=label, event_id=uuid.uuid4(), payload={"claim_seen": seen})
     return seen
+
+
+@task
+def note_start(label, enqueued):
+    """Its start beside when it was enqueued (``time.time()`` both): the starvation test's latency."""
+    Effect.objects.create(
+        subscription=label, event_id=uuid.uuid4(), payload={"started": time.time(), "enqueued": enqueued}
+    )

@@ -293,3 +293,24 @@ def tables_migrated() -> Iterator[None]:
             f"the database is unavailable ({' '.join(str(exc).split()) or type(exc).__name__}): run the command "
             "again once it answers (check DATABASES, or PGHOST/PGPORT where they are left out)."
         ) from None
+
+
+def checked_actor(command: str, username: str) -> Any:
+    """The Django user ``--actor USERNAME`` names, checked alike by every
+    command that takes ``--actor`` (``deadletters replay|discard``,
+    ``cancel``): an active user holding the permission the admin's own
+    action needs (``admin.history.acting_user``), before anything is read
+    or written. Returns the user's primary key (None without
+    ``django.contrib.auth``: no user to check, the name is recorded as given).
+
+    Raises:
+        CommandError: ``<command> --actor USERNAME: refused, nothing written: <why>``.
+    """
+    from django.core.management.base import CommandError
+
+    from django_platformkit.admin.history import acting_user
+
+    try:
+        return acting_user(username)
+    except ValueError as exc:
+        raise CommandError(f"{command} --actor {username}: refused, nothing written: {exc}") from None

@@ -10,7 +10,12 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from django_platformkit.management.commands._base import configure_logging, import_urlconf, tables_migrated
+from django_platformkit.management.commands._base import (
+    checked_actor,
+    configure_logging,
+    import_urlconf,
+    tables_migrated,
+)
 from django_platformkit.operate.cancel import cancel
 
 
@@ -32,7 +37,13 @@ class Command(BaseCommand):
             metavar="NAME",
             help="Cancel for this subscription only (default: every subscription of the event).",
         )
-        parser.add_argument("--actor", required=True, metavar="USERNAME", help="Required. Who cancels.")
+        parser.add_argument(
+            "--actor",
+            required=True,
+            metavar="USERNAME",
+            help="Required. The Django user who cancels: an active user holding the permission the admin's Cancel "
+            "needs (django_platformkit.replay_deadletter), as for deadletters --actor; else refused, nothing written.",
+        )
         parser.add_argument("--reason", required=True, metavar="TEXT", help="Required. Why (kept in the audit event).")
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -46,6 +57,8 @@ class Command(BaseCommand):
             )
         import_urlconf()  # a subscription declared in a views module is known with --skip-checks too
         with tables_migrated():
+            # Checked before anything is written, as every command with --actor checks it.
+            checked_actor("cancel", options["actor"].strip())
             try:
                 result = cancel(
                     options["event_id"],

@@ -28,9 +28,16 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
 from django_platformkit import conf
-from django_platformkit.admin.history import REPLAY_PERMISSION, acting_user, log_dead_letter_action
+from django_platformkit.admin.history import REPLAY_PERMISSION, log_dead_letter_action
 from django_platformkit.exceptions import ReplayRefused
-from django_platformkit.management.commands._base import age, configure_logging, import_urlconf, parsed, tables_migrated
+from django_platformkit.management.commands._base import (
+    age,
+    checked_actor,
+    configure_logging,
+    import_urlconf,
+    parsed,
+    tables_migrated,
+)
 from django_platformkit.models import Attempt, DeadLetter, OutboxEvent
 from django_platformkit.operate.deadletters import discard, replay, replay_blocker
 from django_platformkit.outbox.deadletters import MALFORMED_BODY_BYTES, MALFORMED_NAME
@@ -387,12 +394,7 @@ class Command(BaseCommand):
         admin_installed = django_apps.is_installed("django.contrib.admin")  # the LogEntry's table
         history_user = None
         if options["actor"]:
-            try:
-                history_user = acting_user(options["actor"])
-            except ValueError as exc:
-                raise CommandError(
-                    f"deadletters {verb} --actor {options['actor']}: refused, nothing written: {exc}"
-                ) from None
+            history_user = checked_actor(f"deadletters {verb}", options["actor"])
         if verb == "replay":
             # replay_blocker() refuses a subscription this build lacks: with
             # --skip-checks a views-declared one must not look removed.

@@ -228,7 +228,9 @@ class Command(BaseCommand):
         )
 
     def _update(self, transport: Any, options: dict[str, Any]) -> None:
-        changed, left = transport.upkeep.update(dry_run=options["dry_run"])
+        from django_platformkit.operate.streams import update_stream
+
+        changed, left = update_stream(transport.upkeep, dry_run=options["dry_run"])
         verb = "would change" if options["dry_run"] else "changed"
         for line in changed:
             self.stdout.write(f"{verb} {line}")
