@@ -21,6 +21,10 @@ Oban Web's queue table and River UI's job-state counts; the lag definition
 (the oldest unrelayed row's age) is the Go platformkit's outbox-lag gauge.
 What the page concludes from the figures (states, overdue jobs, folded
 workers) follows the rules of ``states.py``.
+
+Why one module: the overview's value types and the queries that fill
+them change together (a figure added is a field and a query), and
+``collect()`` is their one entry point.
 """
 
 from __future__ import annotations

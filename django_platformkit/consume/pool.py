@@ -24,6 +24,12 @@ units when its slot comes - no pool thread sleeps on a turn, so every other
 lane starts as it would with no limit anywhere. Whether a unit may start
 now is decided in one place, ``ConsumerPool._may_start``. A stopping
 worker hands a waiting unit back uncounted.
+
+Why one module: lanes, credit, early fetch, bands and rate-limit turns
+all answer one question under one lock - which unit a free pool thread
+takes next - and ``_may_start``, ``_credit`` and ``_take`` keep their
+invariants together; split across files, that lock's rules would be read
+in several places at once.
 """
 
 from __future__ import annotations

@@ -8,6 +8,11 @@ relays run side by side; none waits on another's rows. There is no "last id
 seen" cursor, so a row that commits late still goes out. The stamp
 (``stamp.py``) also records where the stream stored each row, which
 reconciliation reads.
+
+Why one module: selecting, sending, settling and stamping a batch are one
+transaction and one guarantee (stamped only after the broker stored it),
+and the loop that paces those batches (its LISTEN wake-up, its interval,
+its summary line) is their only caller.
 """
 
 from __future__ import annotations
