@@ -10,6 +10,8 @@ IDENTITY_TABLE = "platformkit_identity"
 WORKERS_TABLE = "platformkit_workers"
 TASK_RESULTS_TABLE = "platformkit_task_results"
 RATE_LIMITS_TABLE = "platformkit_rate_limits"
+PAUSES_TABLE = "platformkit_pauses"
+JOB_CONTROLS_TABLE = "platformkit_job_controls"
 
 #: The relay's backlog as operators read it (metrics, the admin overview):
 #: ``(rows, seconds the oldest has been due)`` over rows the relay may send

@@ -2,7 +2,9 @@
 make handling exactly-once, the attempts that say how often a handler really
 ran, the dead letters an operator acts on, and the slot ledger behind "once
 per slot". Table names are part of the public
-contract (DESIGN.md), defined once in ``_tables``.
+contract (DESIGN.md), defined once in ``_tables``. The operator's controls
+(paused subscriptions, job switches) are tables of this app too, in
+``controls``.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from django.db.models.functions import Now
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
+from django_platformkit import controls  # noqa: F401 - its tables (pauses, job controls) are this app's models too
 from django_platformkit._ids import uuid7
 from django_platformkit._tables import (
     ATTEMPTS_TABLE,

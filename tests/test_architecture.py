@@ -29,6 +29,7 @@ FOUNDATIONS = {
     "_tables",
     "_text",
     "conf",
+    "controls",
     "exceptions",
     "identity",
     "models",

@@ -12,6 +12,11 @@ with one ready and a slot free, so a busy subscription can't starve the
 others. The worker (``runtime/worker.py``) owns the lifecycle and is given
 its pool.
 
+A paused subscription's lane (``pausing``) gets no credit: its messages
+stay in the stream, unfetched; a unit it fetched before the pause is handed
+back, uncounted, when the pause is read (``pauses_changed``), or by its
+consumer when it would start it.
+
 A rate-limited subscription's lane (``ratelimit``) fetches one delivery per
 free slot and never early: the pool thread that takes it first takes its
 start slot from the shared limiter and sleeps until then, its ack kept alive
@@ -34,6 +39,7 @@ from django.db import DatabaseError, connections
 from django_platformkit import conf
 from django_platformkit.broker.port import Broker, KeepAlive, PullLane
 from django_platformkit.consume.consumer import Consumer
+from django_platformkit.consume.pausing import Pauses, pause_key
 from django_platformkit.consume.ratelimit import RateLimiter
 from django_platformkit.consume.subscriptions import Subscription
 from django_platformkit.exceptions import BrokerUnavailable
@@ -141,6 +147,7 @@ class ConsumerPool:
         using: The database alias of the pool threads' connections.
         stop_event: Set when the worker stops: nothing more is fetched or taken.
         spawn: Starts a named thread whose crash stops the process (the worker's).
+        pauses: The paused subscriptions (their lanes fetch nothing), or None.
     """
 
     def __init__(
@@ -151,8 +158,10 @@ class ConsumerPool:
         using: str,
         stop_event: threading.Event,
         spawn: Callable[[str, Callable[[], object]], threading.Thread],
+        pauses: Pauses | None = None,
     ) -> None:
         self.broker = broker
+        self.pauses = pauses
         self.lanes = list(lanes)
         self.using = using
         self.stop_event = stop_event
@@ -184,8 +193,8 @@ class ConsumerPool:
 
     def _credit(self, lane: Lane, batch_size: int) -> int:
         """Called on the loop: how many messages ``lane`` may fetch now."""
-        if self.stop_event.is_set():
-            return 0
+        if self.stop_event.is_set() or (self.pauses is not None and self.pauses.holds(lane.subscription)):
+            return 0  # a paused lane's messages wait in the stream, unfetched: no ack wait runs
         with self._cond:
             if lane.credit <= 0:
                 return 0
@@ -314,23 +323,48 @@ class ConsumerPool:
                     self.broker.nak(delivery, POOL_ERROR_BACKOFF_SECONDS)
             self.stop_event.wait(POOL_ERROR_BACKOFF_SECONDS)
 
-    def hand_back_queued(self) -> None:
+    def hand_back_queued(self, lanes: Sequence[Lane] | None = None) -> int:
         """NAK at once every unit fetched and not started (a stopping worker
-        hands back what it must now, not after the ack wait)."""
+        hands back what it must now, not after the ack wait), of ``lanes``
+        only if given. Returns how many deliveries were handed back."""
         with self._cond:
-            units = [unit for lane in self.lanes for unit in lane.queue]
-            for lane in self.lanes:
+            chosen = self.lanes if lanes is None else list(lanes)
+            units = [unit for lane in chosen for unit in lane.queue]
+            for lane in chosen:
+                # Their slots are free again: a unit's slot was taken when it was fetched.
+                lane.available += len(lane.queue)
                 lane.queue.clear()
                 lane.ready = False
-            self._ready.clear()
+            self._ready = collections.deque(lane for lane in self._ready if lane not in chosen)
         for deliveries, keep in units:
             with contextlib.suppress(Exception):
                 keep.stop()
             for delivery in deliveries:
                 with contextlib.suppress(Exception):
                     self.broker.nak(delivery)
-        if units:
-            logger.info("handed back unstarted deliveries=%s", sum(len(d) for d, _ in units))
+        count = sum(len(d) for d, _ in units)
+        if units and lanes is None:
+            logger.info("handed back unstarted deliveries=%s", count)
+        return count
+
+    def pauses_changed(self, paused: frozenset[str], resumed: frozenset[str]) -> None:
+        """The control watch read new pauses: hand back what a newly paused
+        lane fetched and has not started (uncounted: it waits in the
+        stream), and wake a resumed lane's puller to fetch again."""
+        for lane in self.lanes:
+            key = pause_key(lane.subscription)
+            if key in paused:
+                handed_back = self.hand_back_queued([lane])
+                logger.info(
+                    "subscription paused subscription=%s: no handler of it starts here until it is resumed "
+                    "(running ones finish); handed back unstarted deliveries=%s",
+                    lane.subscription.name,
+                    handed_back,
+                )
+            elif key in resumed:
+                logger.info("subscription resumed subscription=%s: fetching and starting again", lane.subscription.name)
+                if lane.puller is not None:
+                    lane.puller.wake()
 
     # -- what the worker asks of its pool --
     def stop_pulling(self) -> None:

@@ -8,12 +8,14 @@ database's clock is never claimed.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
 import traceback as traceback_module
+from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db import connections
@@ -305,6 +307,30 @@ class SlotRun:
                 slot.isoformat(),
                 duration,
             )
+
+    @contextlib.contextmanager
+    def locked(self, runner: JobRunner) -> Iterator[Any]:
+        """The job's advisory lock for a run outside the slots (a run asked
+        for by hand, ``jobs/manual.py``): yields the lock connection once the
+        lock is taken - so never beside a slot's run or another manual run,
+        on any worker - and releases it after; yields None while a run holds
+        it, or when the database can't be reached (logged as for a slot)."""
+        import psycopg
+
+        try:
+            connection = self._connect(runner)
+            taken = bool(connection.execute("SELECT pg_try_advisory_lock(%s)", [runner.key]).fetchone()[0])
+        except psycopg.OperationalError as exc:
+            runner.close_connection()
+            self._database_unavailable(runner.spec.name, datetime.now(UTC), exc)
+            taken = False
+        if not taken:
+            yield None
+            return
+        try:
+            yield connection
+        finally:
+            self._unlock(runner)
 
     def _unlock(self, runner: JobRunner) -> None:
         connection = runner.connection

@@ -1,4 +1,7 @@
-"""What every command shares: ``--verbosity`` mapped to the package's logging,
+"""What every command shares: ``--verbosity`` mapped to the package's logging
+and to the command's own lines (``Output``: ``-v 0`` prints errors and the
+data asked for only; ``-v`` accepted after a subcommand too), outcome words
+in ``self.style``'s colours (``--no-color`` honoured), the ``--actor`` check,
 ``--metrics-port`` and ``--metrics-host``, the refusal of a number option that can't mean anything
 (in ``handle()``, so ``call_command`` is refused too), the reading of ages
 (``12h``) and points in time (``2h`` ago, or ISO 8601), and a complete
@@ -15,6 +18,85 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 LEVELS = {0: logging.ERROR, 1: logging.INFO, 2: logging.DEBUG, 3: logging.DEBUG}
+
+
+def accept_verbosity(subparser: Any) -> Any:
+    """Let a subcommand take ``-v``/``--verbosity`` after its name too
+    (``deadletters list -v 0``): argparse gives a subparser none of its
+    parent's options, so that was an error (status 2). Given there, it wins;
+    left out, the parent's stands (``SUPPRESS``: the subparser sets nothing).
+    Returns ``subparser``."""
+    subparser.add_argument(
+        "-v",
+        "--verbosity",
+        type=int,
+        choices=[0, 1, 2, 3],
+        default=argparse.SUPPRESS,
+        help="Verbosity level; 0=errors and the data asked for only, 1=normal output, 2=every row, 3=very verbose.",
+    )
+    return subparser
+
+
+class Output:
+    """A command's own lines, by what they are, at Django's verbosity
+    levels: ``data`` (what was asked for: a list, a document) always;
+    ``result`` (what was done, its outcome word coloured) and ``warning``
+    from 1; ``detail`` (one line per row) from 2. Errors are
+    ``CommandError``s, which Django prints at every level. Colours are
+    ``command.style``'s: none with ``--no-color`` or off a terminal.
+
+    Args:
+        command: The running command (its ``stdout``, ``stderr``, ``style``).
+        verbosity: ``options["verbosity"]``.
+    """
+
+    def __init__(self, command: Any, verbosity: int) -> None:
+        self.command = command
+        self.verbosity = int(verbosity)
+        self.style = command.style
+
+    def data(self, text: str, **kwargs: Any) -> None:
+        self.command.stdout.write(text, **kwargs)
+
+    def result(self, word: str, rest: str = "", *, style: str = "SUCCESS") -> None:
+        """``word`` (coloured: ``style`` is a ``self.style`` role, e.g.
+        ``SUCCESS``, ``WARNING``, ``NOTICE``, ``ERROR``) then ``rest``."""
+        if self.verbosity >= 1:
+            self.command.stdout.write(getattr(self.style, style)(word) + (f" {rest}" if rest else ""))
+
+    def warning(self, word: str, rest: str = "") -> None:
+        if self.verbosity >= 1:
+            self.command.stderr.write(self.style.WARNING(word) + (f" {rest}" if rest else ""))
+
+    def detail(self, text: str) -> None:
+        if self.verbosity >= 2:
+            self.command.stdout.write(text)
+
+
+def acting_operator(verb: str, username: str) -> Any:
+    """``--actor USERNAME`` of an operator command (``pause``, ``resume``,
+    ``jobs``): the primary key of that Django user if the admin would let
+    them do it (active, holding the replay permission:
+    ``admin.history.acting_user``), for the ``LogEntry``; None without
+    ``django.contrib.auth`` (nothing to check; the name is recorded as given).
+
+    Raises:
+        CommandError: No such user, an inactive one, or one without the
+            permission, saying so: nothing was written.
+    """
+    from django.apps import apps
+    from django.core.management.base import CommandError
+
+    from django_platformkit.admin.history import acting_user
+
+    if not str(username or "").strip():
+        raise CommandError(f"{verb}: give --actor USERNAME, who acts (kept in the log); nothing was written.")
+    if not apps.is_installed("django.contrib.auth"):
+        return None
+    try:
+        return acting_user(username)
+    except ValueError as exc:
+        raise CommandError(f"{verb} --actor {username}: refused, nothing written: {exc}") from None
 
 
 def configure_logging(verbosity: int) -> None:
