@@ -48,17 +48,17 @@ class JobControl(models.Model):
 
     name = models.CharField(verbose_name=_("job"), max_length=200, primary_key=True)
     disabled_at = models.DateTimeField(verbose_name=_("disabled at"), null=True, blank=True)
-    disabled_by = models.CharField(verbose_name=_("disabled by"), max_length=150, blank=True, default="")
-    disabled_reason = models.TextField(verbose_name=_("why disabled"), blank=True, default="")
+    disabled_by = models.CharField(verbose_name=_("disabled by"), max_length=150, blank=True, db_default="")
+    disabled_reason = models.TextField(verbose_name=_("why disabled"), blank=True, db_default="")
     enabled_at = models.DateTimeField(verbose_name=_("enabled again at"), null=True, blank=True)
     run_requested_at = models.DateTimeField(verbose_name=_("run asked for at"), null=True, blank=True)
-    run_requested_by = models.CharField(verbose_name=_("run asked for by"), max_length=150, blank=True, default="")
-    run_reason = models.TextField(verbose_name=_("why run"), blank=True, default="")
+    run_requested_by = models.CharField(verbose_name=_("run asked for by"), max_length=150, blank=True, db_default="")
+    run_reason = models.TextField(verbose_name=_("why run"), blank=True, db_default="")
     manual_started_at = models.DateTimeField(verbose_name=_("manual run started at"), null=True, blank=True)
     manual_finished_at = models.DateTimeField(verbose_name=_("manual run finished at"), null=True, blank=True)
-    manual_by = models.CharField(verbose_name=_("manual run by"), max_length=150, blank=True, default="")
-    manual_reason = models.TextField(verbose_name=_("why the manual run"), blank=True, default="")
-    manual_error = models.TextField(verbose_name=_("manual run error"), blank=True, default="")
+    manual_by = models.CharField(verbose_name=_("manual run by"), max_length=150, blank=True, db_default="")
+    manual_reason = models.TextField(verbose_name=_("why the manual run"), blank=True, db_default="")
+    manual_error = models.TextField(verbose_name=_("manual run error"), blank=True, db_default="")
 
     class Meta:
         db_table = JOB_CONTROLS_TABLE

@@ -5,7 +5,9 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
     """The operator's controls (issue 34): a paused subscription or task
     queue (``platformkit_pauses``), and a job's switches - disabled, a run
-    asked for by hand, the last such run (``platformkit_job_controls``)."""
+    asked for by hand, the last such run (``platformkit_job_controls``).
+    Text columns default to '' in the database: the controls' own SQL
+    names only what it sets."""
 
     dependencies = [
         ("django_platformkit", "0008_worker_state"),
@@ -17,15 +19,18 @@ class Migration(migrations.Migration):
             fields=[
                 ("name", models.CharField(max_length=200, primary_key=True, serialize=False, verbose_name="job")),
                 ("disabled_at", models.DateTimeField(blank=True, null=True, verbose_name="disabled at")),
-                ("disabled_by", models.CharField(blank=True, default="", max_length=150, verbose_name="disabled by")),
-                ("disabled_reason", models.TextField(blank=True, default="", verbose_name="why disabled")),
+                (
+                    "disabled_by",
+                    models.CharField(blank=True, db_default="", max_length=150, verbose_name="disabled by"),
+                ),
+                ("disabled_reason", models.TextField(blank=True, db_default="", verbose_name="why disabled")),
                 ("enabled_at", models.DateTimeField(blank=True, null=True, verbose_name="enabled again at")),
                 ("run_requested_at", models.DateTimeField(blank=True, null=True, verbose_name="run asked for at")),
                 (
                     "run_requested_by",
-                    models.CharField(blank=True, default="", max_length=150, verbose_name="run asked for by"),
+                    models.CharField(blank=True, db_default="", max_length=150, verbose_name="run asked for by"),
                 ),
-                ("run_reason", models.TextField(blank=True, default="", verbose_name="why run")),
+                ("run_reason", models.TextField(blank=True, db_default="", verbose_name="why run")),
                 (
                     "manual_started_at",
                     models.DateTimeField(blank=True, null=True, verbose_name="manual run started at"),
@@ -34,9 +39,12 @@ class Migration(migrations.Migration):
                     "manual_finished_at",
                     models.DateTimeField(blank=True, null=True, verbose_name="manual run finished at"),
                 ),
-                ("manual_by", models.CharField(blank=True, default="", max_length=150, verbose_name="manual run by")),
-                ("manual_reason", models.TextField(blank=True, default="", verbose_name="why the manual run")),
-                ("manual_error", models.TextField(blank=True, default="", verbose_name="manual run error")),
+                (
+                    "manual_by",
+                    models.CharField(blank=True, db_default="", max_length=150, verbose_name="manual run by"),
+                ),
+                ("manual_reason", models.TextField(blank=True, db_default="", verbose_name="why the manual run")),
+                ("manual_error", models.TextField(blank=True, db_default="", verbose_name="manual run error")),
             ],
             options={
                 "verbose_name": "job control",

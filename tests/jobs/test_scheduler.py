@@ -25,7 +25,7 @@ from django_platformkit.jobs.scheduler import Scheduler
 from django_platformkit.jobs.specs import PURGE_JOB, current_slot, job, jobs, validate_schedule
 from django_platformkit.models import JobState
 from tests.conftest import manage, worker_env
-from tests.testapp._jobs import RUNS_TABLE
+from tests.testapp._jobs import RUNS_TABLE, RUNS_TABLE_SQL
 
 AMSTERDAM = ZoneInfo("Europe/Amsterdam")
 db = pytest.mark.django_db(transaction=True)
@@ -500,9 +500,7 @@ def test_a_scheduler_on_an_injected_clock_runs_the_dst_and_leap_day_counts(runs,
 @pytest.fixture
 def runs_table(django_db_blocker):
     with django_db_blocker.unblock(), connection.cursor() as cursor:
-        cursor.execute(
-            f"CREATE TABLE {RUNS_TABLE} (job text NOT NULL, slot timestamptz NOT NULL, pid int NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp())"
-        )
+        cursor.execute(RUNS_TABLE_SQL)
     yield RUNS_TABLE
     with django_db_blocker.unblock(), connection.cursor() as cursor:
         cursor.execute(f"DROP TABLE IF EXISTS {RUNS_TABLE}")

@@ -11,6 +11,11 @@ from django.db import connection
 from django_platformkit.jobs.specs import current_slot, job
 
 RUNS_TABLE = "pk_test_job_runs"
+#: One row per run; ``slot`` NULL for a run asked for by hand (it has no slot).
+RUNS_TABLE_SQL = (
+    f"CREATE TABLE {RUNS_TABLE} (job text NOT NULL, slot timestamptz, pid int NOT NULL, "
+    "at timestamptz NOT NULL DEFAULT clock_timestamp())"
+)
 
 
 def record(name: str) -> int:
@@ -33,3 +38,15 @@ def hangs_first():
     # The first run hangs (the test kills its worker); later runs are quick.
     if record("testapp.hangs_first") == 1:
         time.sleep(120)
+
+
+@job(cron="0 3 * * *", name="testapp.nightly")
+def nightly():
+    # Its slot is 03:00: a test's runs of it are the ones asked for by hand.
+    record("testapp.nightly")
+
+
+@job(cron="0 3 * * *", name="testapp.nightly_fails")
+def nightly_fails():
+    record("testapp.nightly_fails")
+    raise RuntimeError("report server down")
