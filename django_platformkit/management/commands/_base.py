@@ -64,9 +64,19 @@ class Output:
         if self.verbosity >= 1:
             self.command.stdout.write(getattr(self.style, style)(word) + (f" {rest}" if rest else ""))
 
+    def line(self, text: str) -> None:
+        """A result line with nothing to colour (``key=value`` totals), from 1."""
+        if self.verbosity >= 1:
+            self.command.stdout.write(text)
+
     def warning(self, word: str, rest: str = "") -> None:
         if self.verbosity >= 1:
             self.command.stderr.write(self.style.WARNING(word) + (f" {rest}" if rest else ""))
+
+    def progress(self, text: str) -> None:
+        """How far a long run has got, on stderr (stdout stays the result), from 1."""
+        if self.verbosity >= 1:
+            self.command.stderr.write(text)
 
     def detail(self, text: str) -> None:
         if self.verbosity >= 2:

@@ -16,7 +16,13 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_platformkit import conf
 from django_platformkit.exceptions import BrokerUnavailable, ConfigurationError, DatabaseUnavailable
-from django_platformkit.management.commands._base import configure_logging, import_urlconf, tables_migrated
+from django_platformkit.management.commands._base import (
+    Output,
+    accept_verbosity,
+    configure_logging,
+    import_urlconf,
+    tables_migrated,
+)
 
 
 def _seconds(value: Any) -> str:
@@ -45,18 +51,21 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         verbs = parser.add_subparsers(dest="verb", required=True, metavar="info|prune|reset|update")
-        verbs.add_parser(
+        info = verbs.add_parser(
             "info",
             help="The stream and every durable as the broker holds them beside what this build wants: limits that "
             "could discard unread events, the owning database, each durable's pending / ack pending / last active, "
             "durables no declared subscription owns.",
         )
+        accept_verbosity(info)
         prune = verbs.add_parser(
             "prune",
             help="Delete the durables no declared subscription owns (a removed subscription's, with its backlog). "
             "Run it once every deployment runs this build: an older one still consuming would lose its durable.",
         )
-        prune.add_argument("--dry-run", action="store_true", help="Say which durables would go; delete nothing.")
+        accept_verbosity(prune).add_argument(
+            "--dry-run", action="store_true", help="Say which durables would go; delete nothing."
+        )
         prune.add_argument(
             "--durable",
             action="append",
@@ -73,7 +82,7 @@ class Command(BaseCommand):
             "re-creating the database); a worker or relay makes it again. Pending outbox rows are relayed then; "
             "published ones are not sent again.",
         )
-        reset.add_argument("--yes", action="store_true", help="Really delete it (required).")
+        accept_verbosity(reset).add_argument("--yes", action="store_true", help="Really delete it (required).")
         reset.add_argument(
             "--discard-unhandled",
             action="store_true",
@@ -87,10 +96,13 @@ class Command(BaseCommand):
             "max_msgs_per_subject lifted, the duplicate window and replicas set, missing subjects added, a "
             "shorter max age lengthened. Never shortens the max age; says what it leaves and why.",
         )
-        update.add_argument("--dry-run", action="store_true", help="Say what would change; change nothing.")
+        accept_verbosity(update).add_argument(
+            "--dry-run", action="store_true", help="Say what would change; change nothing."
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         configure_logging(options["verbosity"])
+        self.out = Output(self, options["verbosity"])
         from django_platformkit.broker.transport import Transport
 
         import_urlconf()  # a subscription declared where only the URLconf imports it still owns its durable
@@ -109,7 +121,7 @@ class Command(BaseCommand):
         from django_platformkit.operate.streams import stream_view
 
         view = stream_view(transport.upkeep)
-        w = self.stdout.write
+        w = self.out.data
         where = conf.redact_url(conf.settings.NATS_URL)
         report = view.report
         if report is None:
@@ -164,14 +176,15 @@ class Command(BaseCommand):
         dry_run = options["dry_run"]
         doomed = prune_durables(transport.upkeep, dry_run=dry_run, also=options["durable"])
         for d in doomed:
-            self.stdout.write(
-                f"{'would delete' if dry_run else 'deleted'} {d.name} (subscription {d.subscription}, "
-                f"pending {d.pending:,}, ack pending {d.ack_pending:,})"
+            self.out.result(
+                "would delete" if dry_run else "deleted",
+                f"{d.name} (subscription {d.subscription}, pending {d.pending:,}, ack pending {d.ack_pending:,})",
+                style="NOTICE" if dry_run else "SUCCESS",
             )
         if not doomed:
-            self.stdout.write("nothing to prune: every durable belongs to a declared subscription")
+            self.out.result("nothing to prune:", "every durable belongs to a declared subscription", style="NOTICE")
         elif dry_run:
-            self.stdout.write(f"dry run, nothing deleted: would delete {len(doomed)} durable(s)")
+            self.out.result("dry run,", f"nothing deleted: would delete {len(doomed)} durable(s)", style="NOTICE")
 
     def _reset(self, transport: Any, options: dict[str, Any]) -> None:
         stream = conf.settings.STREAM
@@ -184,17 +197,17 @@ class Command(BaseCommand):
 
         report = reset_stream(transport.upkeep, discard_unhandled=options["discard_unhandled"])
         if report is None:
-            self.stdout.write(f"no stream {stream!r}: nothing to delete")
+            self.out.result("no stream", f"{stream!r}: nothing to delete", style="NOTICE")
             return
         held = f"{report.messages:,} message(s), {len(report.durables)} durable(s)"
-        self.stdout.write(f"deleted the stream {stream!r} with {held}; a worker or relay makes it again")
+        self.out.result("deleted", f"the stream {stream!r} with {held}; a worker or relay makes it again")
 
     def _update(self, transport: Any, options: dict[str, Any]) -> None:
         changed, left = transport.upkeep.update(dry_run=options["dry_run"])
         verb = "would change" if options["dry_run"] else "changed"
         for line in changed:
-            self.stdout.write(f"{verb} {line}")
+            self.out.result(verb, line, style="NOTICE" if options["dry_run"] else "SUCCESS")
         for line in left:
-            self.stdout.write(f"left {line}")
+            self.out.result("left", line, style="WARNING")
         if not changed:
-            self.stdout.write("nothing to change in place")
+            self.out.result("nothing to change", "in place", style="NOTICE")
