@@ -23,12 +23,13 @@ from django_platformkit.admin.history import REPLAY_PERMISSION
 from django_platformkit.controls import JobControl
 from django_platformkit.jobs.specs import JobSpec, jobs
 from django_platformkit.models import JobState
-from django_platformkit.templatetags.platformkit_admin import when_html
+from django_platformkit.templatetags.platformkit_admin import ago_html, when_html
 
 
 @admin.register(JobState)
 class JobStateAdmin(ReadOnlyAdmin[JobState]):
-    list_display = ("name", "schedule", "on_time", "last_slot_at", "last_run", "next_slot", "error_first_line")
+    list_display = ("name", "schedule", "on_time", "last_run", "next_slot", "error_first_line")
+    change_list_template = "admin/django_platformkit/jobstate/change_list.html"
     search_fields = ("name",)
     actions = [jobcontrols.run_now, jobcontrols.disable_jobs, jobcontrols.enable_jobs]
     fields = (
@@ -73,7 +74,7 @@ class JobStateAdmin(ReadOnlyAdmin[JobState]):
                     format_html(
                         _("by {by} {when}: {why}"),
                         by=control.disabled_by,
-                        when=when_html(control.disabled_at),
+                        when=ago_html(control.disabled_at),
                         why=control.disabled_reason,
                     ),
                 )
@@ -115,12 +116,17 @@ class JobStateAdmin(ReadOnlyAdmin[JobState]):
     def finished(self, obj: JobState) -> str:
         return when_html(obj.finished_at)
 
-    @admin.display(description=gettext_lazy("last run"), ordering="started_at")
+    @admin.display(description=gettext_lazy("last slot"), ordering="last_slot")
     def last_run(self, obj: JobState) -> str:
-        """When the last slot's run started, and how long it ran (or that it runs or never reported)."""
-        if obj.started_at is None:
+        """The last slot claimed, and how long its run took (or that it runs, or never reported)."""
+        if obj.last_slot is None:
             return "—"
-        return format_html("{}<br>{}", when_html(obj.started_at), _duration(obj.started_at, obj.finished_at))
+        ran = _duration(obj.started_at, obj.finished_at) if obj.started_at is not None else "—"
+        return format_html(
+            "{}{}",
+            when_html(obj.last_slot),
+            format_html('<span class="pk-ran">{}</span>', _("ran %(for)s") % {"for": ran}),
+        )
 
     @admin.display(description=gettext_lazy("last slot"), ordering="last_slot")
     def last_slot_at(self, obj: JobState) -> str:

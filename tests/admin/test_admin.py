@@ -510,7 +510,7 @@ def test_job_state_shows_schedule_with_its_time_zone_last_run_and_next_slot(clie
     response = client.get(reverse("admin:django_platformkit_jobstate_changelist"))
     html = response.content.decode()
     assert "cron 0 3 * * * (Europe/Paris)" in html
-    assert "column-next_slot" in html and "column-last_run" in html and "column-last_slot_at" in html
+    assert "column-next_slot" in html and "column-last_run" in html and "column-on_time" in html
     assert (
         '<time datetime="2026-01-05T02:00:00+00:00">2026-01-05 02:00:00 UTC</time>' in html
     )  # the last slot, to the second
