@@ -19,7 +19,7 @@ from typing import Any
 from django_platformkit import conf
 from django_platformkit.names import TENANT
 from django_platformkit.outbox.events import EventType, catalogue
-from django_platformkit.tasks.queues import configured_queues, queue_of
+from django_platformkit.tasks.queues import configured_queues, queue_of, split_task_name
 from django_platformkit.wire import NO_TENANT, subject_for
 
 #: AsyncAPI 3.0.0, https://www.asyncapi.com/docs/reference/specification/v3.0.0
@@ -77,6 +77,12 @@ _TASK: dict[str, Any] = {
         },
         "kwargs": {"type": "object", "description": "Keyword arguments, JSON as for args."},
         "backend": {"type": "string", "description": "The TASKS alias that enqueued it (its results are read there)."},
+        "priority": {
+            "type": "integer",
+            "minimum": -100,
+            "maximum": 100,
+            "description": "Task.priority as enqueued, when not 0 (absent: 0); its band is the channel.",
+        },
     },
 }
 
@@ -155,6 +161,15 @@ def document(*, title: str = "Event catalogue", version: str = "1.0.0") -> dict[
                 "(outside atomic(): on its own); the relay sends it, not before its run_after."
             )
             channel["x-platformkit-task-queue"] = queue
+            split = split_task_name(name)
+            assert split is not None  # queue_of(name) said it is a task's
+            band = split[1]
+            channel["x-platformkit-task-priority"] = {"minimum": band.lowest, "maximum": band.highest}
+            priorities = str(band.lowest) if band.lowest == band.highest else f"{band.lowest}..{band.highest}"
+            about += (
+                f" This channel carries its tasks of priority {priorities}: a worker starts a "
+                "higher band's waiting tasks first."
+            )
         message: dict[str, Any] = {
             "name": name,
             "title": name,

@@ -9,9 +9,17 @@ Attributes follow OpenTelemetry's messaging semantic conventions (v1.27+,
 ``messaging.destination.name`` (the event name on both sides: the subject,
 which carries the tenant, is ``messaging.nats.subject`` on the send),
 ``messaging.message.id``, ``messaging.operation.type`` (``send`` |
-``process``); each span is also linked to the creation context (the
-conventions' link for a batch or a retry, whose parent may differ), and a
-failed one carries ``error.type`` (the exception's class path).
+``process``), ``messaging.client.id`` (this process: ``<host>:<pid>``, as
+the worker rows name it), ``server.address`` / ``server.port`` (the NATS
+server the connection reached, as the broker reports it on each connect:
+``broker_connected``), and on a handler run
+``messaging.destination.subscription.name`` and
+``messaging.consumer.group.name`` (both the subscription: its durable is
+the stream's subscription and the group its workers share); each span is
+also linked to the creation context (the conventions' link for a batch or
+a retry, whose parent may differ), and a failed one carries ``error.type``
+(the exception's class path). A ``django.tasks`` task's run also carries
+``platformkit.task`` (its dotted path) and ``platformkit.task_priority``.
 
 Without OpenTelemetry installed, or while no tracer provider is configured
 (the API's default proxy), these are no-ops: the import is tried once and
@@ -26,6 +34,8 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from types import SimpleNamespace
 from typing import Any
 
+from django_platformkit._process import worker_id
+
 #: Instrumentation scope name of every span this package makes.
 TRACER_NAME = "django_platformkit"
 MESSAGING_SYSTEM = "nats"
@@ -36,6 +46,30 @@ _cached: tuple[Any, Any] = (None, None)  # (provider, its tracer)
 
 #: getattr's default when the OpenTelemetry API has no ``_TRACER_PROVIDER``.
 _UNKNOWN = object()
+
+
+#: ``server.address`` / ``server.port`` of the NATS server this process is
+#: connected to now ({} until the first connect): the broker sets it.
+_server: dict[str, Any] = {}
+
+
+def broker_connected(host: str | None, port: int | None) -> None:
+    """The broker connection reached ``host:port`` (its first connect or a
+    reconnect, possibly to another server of a cluster): later spans carry
+    them as ``server.address`` and ``server.port``. Never credentials: the
+    host and port only."""
+    server: dict[str, Any] = {}
+    if host:
+        server["server.address"] = host
+        if port:
+            server["server.port"] = int(port)
+    global _server
+    _server = server
+
+
+def _common() -> dict[str, Any]:
+    """The attributes every span of this process shares now."""
+    return {"messaging.system": MESSAGING_SYSTEM, "messaging.client.id": worker_id(), **_server}
 
 
 def _api() -> Any:
@@ -49,7 +83,6 @@ def _api() -> Any:
         else:
             _otel = SimpleNamespace(
                 env_provider="OTEL_PYTHON_TRACER_PROVIDER" in os.environ,
-                get_tracer_provider=trace.get_tracer_provider,
                 trace=trace,
                 propagate=propagate,
                 proxy=ProxyTracerProvider,
@@ -74,7 +107,9 @@ def _tracer() -> Any:
     # in the environment on every call, for a provider to load lazily.
     # Only while get_tracer_provider is the API's own (a test may replace it).
     provider: Any = _UNKNOWN
-    if api.trace.get_tracer_provider is api.get_tracer_provider:
+    # Compared by module, not by the object first seen: a first call made while a test had
+    # replaced it would otherwise take the replacement for the API's own (and trace nothing).
+    if getattr(api.trace.get_tracer_provider, "__module__", "") == api.trace.__name__:
         provider = getattr(api.trace, "_TRACER_PROVIDER", _UNKNOWN)
         if provider is None and not api.env_provider:
             return None
@@ -117,15 +152,23 @@ def error_type(exc: BaseException) -> str:
 
 @contextlib.contextmanager
 def consumer_span(
-    *, subscription: str, event_id: Any, name: str, headers: Mapping[str, str], attempt: int, task: str = ""
+    *,
+    subscription: str,
+    event_id: Any,
+    name: str,
+    headers: Mapping[str, str],
+    attempt: int,
+    task: str = "",
+    task_priority: int | None = None,
 ) -> Iterator[Any]:
     """Wrap one handler run: a CONSUMER span ``process <event name>`` whose
     parent is the publisher's context (``traceparent``/``tracestate`` in
     ``headers``), current while the handler runs (spans the handler starts
-    are its children). Attributes: the messaging ones above plus
-    ``messaging.consumer.group.name`` (the subscription) and
-    ``platformkit.attempt`` (int, 1-based), and ``platformkit.task`` (a
-    ``django.tasks`` task's dotted path) for a task. Linked to the creation
+    are its children). Attributes: the messaging ones above (the
+    subscription as ``messaging.destination.subscription.name`` and
+    ``messaging.consumer.group.name``), ``platformkit.attempt`` (int,
+    1-based), and for a ``django.tasks`` task ``platformkit.task`` (its
+    dotted path) and ``platformkit.task_priority`` (int, -100..100). Linked to the creation
     context too. Yields the span, or None when tracing is off. An exception
     leaving the block is recorded on the span (``record_exception``, status
     ERROR, ``error.type``) and re-raised unchanged."""
@@ -135,16 +178,18 @@ def consumer_span(
         return
     api = _otel
     attributes = {
-        "messaging.system": MESSAGING_SYSTEM,
+        **_common(),
         "messaging.operation.type": "process",
         "messaging.operation.name": "process",
         "messaging.destination.name": name,
         "messaging.message.id": str(event_id),
+        "messaging.destination.subscription.name": subscription,
         "messaging.consumer.group.name": subscription,
         "platformkit.attempt": int(attempt),
     }
     if task:
         attributes["platformkit.task"] = task
+        attributes["platformkit.task_priority"] = task_priority if isinstance(task_priority, int) else 0
     parent = _parent(api, headers.get("traceparent"), headers.get("tracestate"))
     with tracer.start_as_current_span(
         f"process {name}",
@@ -206,6 +251,7 @@ def producer_spans(
         return _NO_SPANS
     api = _otel
     spans = []
+    common = _common()
     for message, (event_id, name, traceparent, tracestate) in zip(messages, events, strict=True):
         parent = _parent(api, traceparent, tracestate)
         spans.append(
@@ -215,7 +261,7 @@ def producer_spans(
                 kind=api.kind.PRODUCER,
                 links=_creation_links(api, parent),
                 attributes={
-                    "messaging.system": MESSAGING_SYSTEM,
+                    **common,
                     "messaging.operation.type": "send",
                     "messaging.operation.name": "send",
                     "messaging.destination.name": name,

@@ -242,3 +242,24 @@ def tables() -> dict[str, list[tuple]]:
             cursor.execute(f"SELECT * FROM {table} ORDER BY 1, 2")
             snapshot[table] = cursor.fetchall()
     return snapshot
+
+
+@contextlib.contextmanager
+def tasks_registered(tasks_setting):
+    """``TASKS = tasks_setting``, with its queues' subscriptions registered as
+    AppConfig.ready() does, removed again afterwards."""
+    from django.tasks import task_backends
+    from django.test import override_settings
+
+    from django_platformkit.consume import subscriptions as registry
+    from django_platformkit.outbox import events
+    from django_platformkit.tasks.registry import register_task_queues
+
+    with override_settings(TASKS=tasks_setting):
+        names = register_task_queues()
+        try:
+            yield task_backends["default"]
+        finally:
+            for name in names:
+                registry._subscriptions.pop(name, None)
+                events._catalogue.pop(name, None)

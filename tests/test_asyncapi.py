@@ -218,7 +218,10 @@ needs_django_tasks = pytest.mark.skipif(not HAVE_DJANGO_TASKS, reason="django.ta
 def outbox_queues(registries):
     """TASKS -> OutboxBackend with two queues, registered as AppConfig.ready() does."""
     with override_settings(TASKS=OUTBOX_TASKS):
-        assert register_task_queues() == ["platformkit.task_default", "platformkit.task_emails"]
+        names = register_task_queues()
+        # One subscription per priority band, the default band under the queue's own name.
+        assert [n for n in names if "__" not in n] == ["platformkit.task_default", "platformkit.task_emails"]
+        assert len(names) == 2 * 5
         yield
 
 
@@ -254,6 +257,11 @@ def test_each_outbox_backend_queue_is_a_channel_its_worker_receives_on(outbox_qu
         data = doc["components"]["messages"][name]["payload"]["allOf"][1]["properties"]["data"]
         assert data == {"$ref": f"#/components/schemas/{TASK_SCHEMA}"}
     assert doc["components"]["schemas"][TASK_SCHEMA]["required"] == ["task", "args", "kwargs", "backend"]
+    high = doc["channels"]["platformkit.task_emails__high"]
+    assert high["address"] == f"{prefix}.{{tenant}}.platformkit.task_emails__high"
+    assert high["x-platformkit-task-queue"] == "emails"
+    assert high["x-platformkit-task-priority"] == {"minimum": 1, "maximum": 50}
+    assert doc["channels"]["platformkit.task_emails"]["x-platformkit-task-priority"] == {"minimum": 0, "maximum": 0}
     for ref in _refs(doc):
         _pointer(doc, ref)  # KeyError if it dangles
 
@@ -277,7 +285,10 @@ def test_a_queues_message_describes_the_message_the_relay_sends_for_an_enqueued_
         body = json.loads(message.body)
         _message_validator(doc, row.name).validate(body)
         assert message.subject == doc["channels"][row.name]["address"].replace("{tenant}", "_")
-    body["data"]["priority"] = 1
+    body["data"]["colour"] = "red"  # a key enqueue() never writes
+    assert not _message_validator(doc, row.name).is_valid(body)
+    body["data"].pop("colour")
+    body["data"]["priority"] = 101  # outside Django's -100..100
     assert not _message_validator(doc, row.name).is_valid(body)
 
 

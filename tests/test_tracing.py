@@ -69,6 +69,67 @@ def test_one_publish_gives_one_producer_span_and_one_consumer_span_per_subscript
         assert consumer.name == "process testapp.order_placed"
         assert consumer.attributes["messaging.operation.type"] == "process"
         assert consumer.status.status_code is not StatusCode.ERROR
+        # The messaging conventions' subscription: the durable's, as the consumer group.
+        name = consumer.attributes["messaging.consumer.group.name"]
+        assert consumer.attributes["messaging.destination.subscription.name"] == name
+        assert "platformkit.task" not in consumer.attributes
+
+
+def test_every_span_names_the_nats_server_it_talked_to_and_this_process_as_the_client(spans, run_worker, settings):
+    from urllib.parse import urlsplit
+
+    from django_platformkit._process import worker_id
+
+    with transaction.atomic():
+        publish("testapp.order_placed", {"n": 1})
+    run_worker(subscriptions=subs("testapp.record_order"))
+    server = urlsplit(settings.PLATFORMKIT["NATS_URL"].split(",")[0])
+    tracing.broker_connected(server.hostname, server.port or 4222)  # as the relay's connection says it
+    from django_platformkit.wire import compose
+
+    message = compose(
+        settings.PLATFORMKIT["SUBJECT_PREFIX"],
+        "e1",
+        "testapp.order_placed",
+        None,
+        "{}",
+        "2026-01-01T00:00:00Z",
+        None,
+        None,
+        None,
+    )
+    with tracing.producer_spans([message], [("e1", "testapp.order_placed", None, None)]):
+        pass
+    finished = spans.get_finished_spans()
+    assert {s.kind for s in finished} == {SpanKind.PRODUCER, SpanKind.CONSUMER}
+    for span in finished:
+        assert span.attributes["server.address"] == server.hostname, span.name
+        assert span.attributes["server.port"] == (server.port or 4222), span.name
+        assert span.attributes["messaging.client.id"] == worker_id(), span.name
+
+
+def test_a_django_task_run_names_its_task_and_priority_on_its_span(spans, run_worker, settings):
+    pytest.importorskip("django.tasks")
+    from django.test import override_settings
+
+    from django_platformkit.consume import subscriptions as registry
+    from django_platformkit.outbox import events
+    from django_platformkit.tasks.registry import queue_subscriptions, register_task_queues
+    from tests.testapp import tasks
+
+    with override_settings(TASKS={"default": {"BACKEND": "django_platformkit.tasks.OutboxBackend"}}):
+        names = register_task_queues()
+        try:
+            tasks.record.using(priority=30).enqueue("traced", n=1)
+            run_worker(subscriptions=queue_subscriptions(["default"]))
+        finally:
+            for name in names:
+                registry._subscriptions.pop(name, None)
+                events._catalogue.pop(name, None)
+    (consumer,) = [s for s in spans.get_finished_spans() if s.kind is SpanKind.CONSUMER]
+    assert consumer.attributes["platformkit.task"] == "tests.testapp.tasks.record"
+    assert consumer.attributes["platformkit.task_priority"] == 30
+    assert consumer.attributes["messaging.destination.subscription.name"] == "platformkit.task_default__high"
 
 
 def test_a_failing_handler_records_its_error_on_each_attempts_span(spans, run_worker):

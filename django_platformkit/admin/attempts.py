@@ -18,6 +18,7 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
 from django_platformkit.admin.display import ReadOnlyAdmin, _duration, _pre, _truncated
+from django_platformkit.admin.tasknames import TaskPathFilter, subscription_and_task, with_task_paths
 from django_platformkit.models import Attempt
 from django_platformkit.templatetags.platformkit_admin import when_html
 from django_platformkit.wire import AttemptOutcome
@@ -50,7 +51,7 @@ class OutcomeFilter(admin.SimpleListFilter):
 class AttemptAdmin(ReadOnlyAdmin[Attempt]):
     list_display = (
         "started",
-        "subscription",
+        "subscription_task",
         "run",
         "error_first_line",
         "ran_for",
@@ -58,14 +59,14 @@ class AttemptAdmin(ReadOnlyAdmin[Attempt]):
         "event",
     )
     list_display_links = ("started",)
-    list_filter = (OutcomeFilter, "subscription")
+    list_filter = (OutcomeFilter, "subscription", TaskPathFilter)
     date_hierarchy = "started_at"
     search_fields = ("event_id", "error")
     search_help_text = gettext_lazy("Search by event id (or part of it) or error text.")
     ordering = ("-started_at", "-id")
     show_full_result_count = False
     fields = (
-        "subscription",
+        "subscription_task",
         "event_id",
         "attempt",
         "outcome_text",
@@ -77,6 +78,13 @@ class AttemptAdmin(ReadOnlyAdmin[Attempt]):
         "traceback_text",
     )
     readonly_fields = fields
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Attempt]:
+        return with_task_paths(super().get_queryset(request))
+
+    @admin.display(description=gettext_lazy("subscription / task"), ordering="subscription")
+    def subscription_task(self, obj: Attempt) -> str:
+        return subscription_and_task(obj)
 
     @admin.display(description=gettext_lazy("started at"), ordering="started_at")
     def started(self, obj: Attempt) -> str:

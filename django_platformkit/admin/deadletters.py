@@ -24,6 +24,7 @@ from django_platformkit.admin import bulk
 from django_platformkit.admin.attempts import outcome_labels
 from django_platformkit.admin.display import ReadOnlyAdmin, _duration, _first_line, _pre, _pretty_json, _truncated
 from django_platformkit.admin.history import log_dead_letter_action
+from django_platformkit.admin.tasknames import TaskPathFilter, subscription_and_task, with_task_paths
 from django_platformkit.models import Attempt, DeadLetter, OutboxEvent
 from django_platformkit.operate.deadletters import replay_blocker as _replay_blocker
 from django_platformkit.templatetags.platformkit_admin import when_html
@@ -41,9 +42,9 @@ REFUSALS_LISTED = 20
 
 @admin.register(DeadLetter)
 class DeadLetterAdmin(ReadOnlyAdmin[DeadLetter]):
-    list_display = ("failed", "name", "subscription", "tenant", "attempts", "event_id", "error_first_line")
+    list_display = ("failed", "name", "subscription_task", "tenant", "attempts", "event_id", "error_first_line")
     list_display_links = ("failed", "name")
-    list_filter = ("subscription", "name", "tenant")
+    list_filter = ("subscription", TaskPathFilter, "name", "tenant")
     date_hierarchy = "failed_at"
     search_fields = ("event_id", "error")
     search_help_text = gettext_lazy("Search by event id (or part of it) or error text.")
@@ -52,7 +53,7 @@ class DeadLetterAdmin(ReadOnlyAdmin[DeadLetter]):
         "event_id",
         "outbox_link",
         "name",
-        "subscription",
+        "subscription_task",
         "tenant",
         "attempts",
         "failed",
@@ -64,6 +65,13 @@ class DeadLetterAdmin(ReadOnlyAdmin[DeadLetter]):
     readonly_fields = fields
     change_form_template = "admin/django_platformkit/deadletter/change_form.html"
     change_list_template = "admin/django_platformkit/deadletter/change_list.html"
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[DeadLetter]:
+        return with_task_paths(super().get_queryset(request))
+
+    @admin.display(description=gettext_lazy("subscription / task"), ordering="subscription")
+    def subscription_task(self, obj: DeadLetter) -> str:
+        return subscription_and_task(obj)
 
     @admin.display(description=gettext_lazy("failed at"), ordering="failed_at")
     def failed(self, obj: DeadLetter) -> str:

@@ -99,6 +99,8 @@ class SubscriptionFigures:
     #: The pause an operator set on it (who, when, why), or None; ``pause_key``: the name it is kept under.
     paused: Pause | None = None
     pause_key: str = ""
+    #: A task queue's tasks lately, by dotted path (``taskfigures.TaskFigures``): rows under its row.
+    tasks: list[Any] = field(default_factory=list)
 
 
 @dataclass

@@ -21,8 +21,10 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.translation import gettext as _
 
+from django_platformkit import conf
 from django_platformkit.admin import pausing, states
 from django_platformkit.admin.display import ModelAdminOf, NoWritesAdmin
+from django_platformkit.admin.taskfigures import add_task_figures
 from django_platformkit.models import Attempt, DeadLetter, HandledEvent, JobState, OutboxEvent, Overview
 from django_platformkit.runtime.heartbeat import ALIVE_AFTER_SECONDS
 
@@ -74,6 +76,7 @@ class OverviewAdmin(NoWritesAdmin, ModelAdminOf[Overview]):
         if not self.has_view_permission(request):
             raise PermissionDenied
         overview = figures.collect()
+        add_task_figures(overview, conf.settings.DATABASE_ALIAS)  # a task queue's tasks by name; quiet bands folded
         by_state = Counter(s.state for s in overview.subscriptions)
         consuming = {name for w in overview.workers if w.state == states.WorkerState.ALIVE for name in w.subscriptions}
         context = {

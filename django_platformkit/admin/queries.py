@@ -58,4 +58,6 @@ QUERY_NAMES = (
     gettext_noop("workers"),
     gettext_noop("last dead letters"),
     gettext_noop("retrying events"),
+    gettext_noop("handled per task"),
+    gettext_noop("dead letters per task"),
 )

@@ -23,7 +23,7 @@ import nats
 import nats.errors
 import nats.js.errors
 
-from django_platformkit import conf
+from django_platformkit import conf, tracing
 from django_platformkit._retry import WaitingLog
 from django_platformkit.exceptions import BrokerUnavailable
 
@@ -254,6 +254,7 @@ class Connection:
         # netloc carries the user info: never log it as it is.
         where = self.nc.connected_url.geturl() if self.nc and self.nc.connected_url else self.url
         logger.info("nats reconnected url=%s", conf.redact_url(where))
+        self._tell_tracing()
 
     async def _connect(self) -> None:
         if self.nc is not None and not self.nc.is_closed:
@@ -268,6 +269,12 @@ class Connection:
         self.js = jetstream_context(self.nc, self.request_timeout_seconds)
         self.generation += 1
         self.connected.set()
+        self._tell_tracing()
+
+    def _tell_tracing(self) -> None:
+        """The spans' ``server.address`` / ``server.port``: the server reached now (a cluster's may change)."""
+        url = self.nc.connected_url if self.nc is not None else None
+        tracing.broker_connected(url.hostname if url else None, url.port if url else None)
 
     def connect(self) -> None:
         """Connect once (after the first connection, reconnects happen by themselves).

@@ -419,6 +419,7 @@ class InMemoryTransport:
         batch_size: int,
         linger_seconds: float = 30.0,
         heartbeat_seconds: float = 5.0,
+        on_idle: Callable[[], None] | None = None,
     ) -> MemoryPullLane:
         """Pull ``want``'s durable from a thread of its own while ``credit()``
         allows, as ``transport.PullLane`` does (``Worker`` uses it)."""
@@ -431,6 +432,7 @@ class InMemoryTransport:
             credit=credit,
             deliver=deliver,
             batch_size=batch_size,
+            on_idle=on_idle,
         )
         lane.start()
         return lane

@@ -239,6 +239,7 @@ class MemoryPullLane:
         credit: Callable[[], int],
         deliver: Callable[[list[Delivery]], None],
         batch_size: int,
+        on_idle: Callable[[], None] | None = None,
     ) -> None:
         self.durable = durable
         self._cond = cond
@@ -246,6 +247,7 @@ class MemoryPullLane:
         self._advance_if_idle = advance_if_idle
         self._credit = credit
         self._deliver = deliver
+        self._on_idle = on_idle  # a priority band's: see Broker.pull_lane
         self.batch_size = max(1, int(batch_size))
         self.idle = threading.Event()
         self.error: BaseException | None = None
@@ -282,14 +284,22 @@ class MemoryPullLane:
         try:
             while not self._stopped.is_set():
                 want = min(self._credit(), self.batch_size)
+                went_idle = False
                 with cond:
                     deliveries = self._take(want) if want > 0 else []
                     if not deliveries:
                         if want > 0:
+                            went_idle = not self.idle.is_set()
                             self.idle.set()
+                        elif self._on_idle is not None:
+                            self.idle.clear()  # not looking: what arrives now isn't seen (Broker.pull_lane)
+                if not deliveries:
+                    if went_idle and self._on_idle is not None:
+                        self._on_idle()
+                    with cond:
                         if not self._advance_if_idle():
                             cond.wait(0.05)
-                        continue
+                    continue
                 self.idle.clear()
                 self._deliver(deliveries)
         except BaseException as exc:

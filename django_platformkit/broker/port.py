@@ -157,8 +157,15 @@ class Broker(Protocol):
         credit: Callable[[], int],
         deliver: Callable[[list[Delivery]], None],
         batch_size: int,
+        on_idle: Callable[[], None] | None = None,
     ) -> PullLane:
-        """Pull ``want``'s durable while ``credit()`` allows, handing each unit to ``deliver``."""
+        """Pull ``want``'s durable while ``credit()`` allows, handing each unit to ``deliver``.
+
+        ``on_idle`` (a priority band's lane, ``consume.bands``): called each
+        time a look finds the durable empty and the lane goes on watching it;
+        given one, ``idle`` is also cleared while the lane waits for credit
+        (it sees nothing arrive then), and the first look after that wait is
+        a fresh one."""
 
     # -- settling --
     def ack(self, delivery: Delivery) -> None:

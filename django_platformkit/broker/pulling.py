@@ -77,6 +77,7 @@ class PullLane:
         batch_size: int,
         linger_seconds: float,
         heartbeat_seconds: float,
+        on_idle: Callable[[], None] | None = None,
     ) -> None:
         self.connection = connection
         self.streams = streams
@@ -84,6 +85,7 @@ class PullLane:
         self.durable = str(want.durable_name)
         self._credit = credit
         self._deliver = deliver
+        self._on_idle = on_idle  # a priority band's: see Broker.pull_lane
         self.batch_size = max(1, int(batch_size))
         self.linger_seconds = float(linger_seconds)
         self.heartbeat_seconds = float(heartbeat_seconds)
@@ -140,6 +142,11 @@ class PullLane:
             while not self._stopped:
                 want = min(self._credit(), self.batch_size)
                 if want <= 0:
+                    if self._on_idle is not None:
+                        # No request open: what arrives now isn't seen, so a
+                        # lower band must not take this durable for empty.
+                        self.idle.clear()
+                        maybe_more = True  # and the look after the wait is a fresh one
                     self._wake.clear()
                     # Waiting, then the credit read again: a credit given after
                     # that read finds _waiting set and wakes us; one given before
@@ -160,6 +167,8 @@ class PullLane:
                     msgs = await self._request(want, linger=False) if maybe_more else []
                     if not msgs:
                         self.idle.set()
+                        if self._on_idle is not None:
+                            self._on_idle()
                         # Waits for the first message, then hands over at once
                         # what is there with it (up to the credit) and ends (404):
                         # a burst arrives as one unit, an isolated event alone.
@@ -336,6 +345,7 @@ class Puller:
         batch_size: int,
         linger_seconds: float = PULL_LINGER_SECONDS,
         heartbeat_seconds: float = PULL_HEARTBEAT_SECONDS,
+        on_idle: Callable[[], None] | None = None,
     ) -> PullLane:
         """Start pulling ``want``'s durable on the loop, for as long as the
         connection lives or until ``PullLane.stop()``; see ``PullLane``."""
@@ -348,6 +358,7 @@ class Puller:
             batch_size=batch_size,
             linger_seconds=linger_seconds,
             heartbeat_seconds=heartbeat_seconds,
+            on_idle=on_idle,
         )
         lane.start()
         return lane

@@ -123,8 +123,9 @@ class Transport:
         credit: Callable[[], int],
         deliver: Callable[[list[Delivery]], None],
         batch_size: int,
+        on_idle: Callable[[], None] | None = None,
     ) -> PullLane:
-        return self.puller.pull_lane(want, credit=credit, deliver=deliver, batch_size=batch_size)
+        return self.puller.pull_lane(want, credit=credit, deliver=deliver, batch_size=batch_size, on_idle=on_idle)
 
     # -- settling --
     def ack(self, delivery: Delivery) -> None:

@@ -157,6 +157,7 @@ class HandlerRunner:
                             headers=event.headers,
                             attempt=event.attempt,
                             task=task_path(event.name, event.payload),
+                            task_priority=event.payload.get("priority", 0),
                         )
                         if tracing.enabled()
                         else contextlib.nullcontext()

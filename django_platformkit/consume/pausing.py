@@ -14,10 +14,13 @@ from django_platformkit.consume.subscriptions import Subscription
 
 
 def pause_key(subscription: Subscription) -> str:
-    """The name a pause of ``subscription`` is recorded under: its own.
-    A task queue is paused under its queue's subscription name
-    (``platformkit.task_<queue>``), which is this same name."""
-    return subscription.name
+    """The name a pause of ``subscription`` is recorded under: its own, or
+    for a task queue's priority band its queue's (``priority_group``:
+    ``platformkit.task_<queue>``, the default band's name), so a queue's
+    bands pause and resume together - a band paused alone would hold the
+    bands below it back for good (``bands``: a lower band waits while a
+    higher one may have work)."""
+    return subscription.priority_group or subscription.name
 
 
 class Pauses:

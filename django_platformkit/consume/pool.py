@@ -12,10 +12,12 @@ with one ready and a slot free, so a busy subscription can't starve the
 others. The worker (``runtime/worker.py``) owns the lifecycle and is given
 its pool.
 
-A paused subscription's lane (``pausing``) gets no credit: its messages
-stay in the stream, unfetched; a unit it fetched before the pause is handed
-back, uncounted, when the pause is read (``pauses_changed``), or by its
-consumer when it would start it.
+A task queue's priority bands (``Subscription.priority_group``) share
+one ``Slots`` and take turns by band: ``consume.bands`` says what that
+keeps; here it is three checks (a band's credit, the take, a slot freed).
+
+A paused subscription's lane gets no credit: its messages wait in the
+stream, unfetched (``pausing`` says the rest).
 
 A rate-limited subscription's lane (``ratelimit``) fetches one delivery per
 free slot and never early: the pool thread that takes it first takes its
@@ -38,8 +40,9 @@ from django.db import DatabaseError, connections
 
 from django_platformkit import conf
 from django_platformkit.broker.port import Broker, KeepAlive, PullLane
+from django_platformkit.consume.bands import BandGroup, Slots, band_groups
 from django_platformkit.consume.consumer import Consumer
-from django_platformkit.consume.pausing import Pauses, pause_key
+from django_platformkit.consume.pausing import Pauses
 from django_platformkit.consume.ratelimit import RateLimiter
 from django_platformkit.consume.subscriptions import Subscription
 from django_platformkit.exceptions import BrokerUnavailable
@@ -79,14 +82,16 @@ class Lane:
         self.consumers = consumers
         rate = subscription.rate_limit
         #: The shared limiter of a rate-limited subscription, else None (no cost).
-        self.limiter = RateLimiter(subscription.name, rate, using) if rate is not None else None
+        self.limiter = RateLimiter(subscription.rate_limit_name, rate, using) if rate is not None else None
         self.free = list(consumers)  # not running a unit
-        self.available = len(consumers)  # slots neither running nor holding a queued unit: the credit
+        #: Its concurrency's slots; a priority group's lanes share one (``bands.band_groups``).
+        self.slots = Slots(len(consumers))
+        #: The priority group it is a band of, or None.
+        self.band: BandGroup[Lane] | None = None
         self.queue: collections.deque[tuple[list[Delivery], KeepAlive]] = collections.deque()
         self.puller: PullLane | None = None
         self.unit_size = 1  # deliveries to fetch per unit; see UNIT_TARGET_SECONDS
         self.ready = False  # in the pool's ready deque: a unit queued and a consumer free
-        self.lent = 0  # running units that lent their slot's credit to the next unit (early fetch)
         self.per_message: float | None = None  # the last unit's run time per delivery, seconds
         self.fetch_seconds = 0.0  # how long a credit took to arrive as a unit, smoothed
         self.credit_since: float | None = None  # when credit last appeared with none outstanding
@@ -112,13 +117,32 @@ class Lane:
         return max(0.0, expected * (1 - EARLY_FETCH_LEAD_SHARE) - EARLY_FETCH_LEAD_FETCHES * self.fetch_seconds)
 
     @property
+    def available(self) -> int:
+        """Slots neither running nor holding a queued unit: the credit (below 0
+        while a fetched unit waits for a lent slot)."""
+        return self.slots.available
+
+    @available.setter
+    def available(self, value: int) -> None:
+        self.slots.available = value
+
+    @property
+    def lent(self) -> int:
+        """Running units that lent their slot's credit to the next unit (early fetch)."""
+        return self.slots.lent
+
+    @lent.setter
+    def lent(self, value: int) -> None:
+        self.slots.lent = value
+
+    @property
     def busy(self) -> bool:
-        return self.available < len(self.consumers)
+        return self.slots.available < self.slots.capacity
 
     @property
     def credit(self) -> int:
         """Units this lane may fetch now: free slots plus lent ones (caller holds the lock)."""
-        return self.available + self.lent
+        return self.slots.available + self.slots.lent
 
 
 class _Taken:
@@ -134,8 +158,10 @@ class _Taken:
 def pool_thread_count(subscriptions: Sequence[Subscription]) -> int:
     """How many pool threads (each keeping a database connection) serve
     ``subscriptions``: ``CONSUMER_THREADS``, but no more than their units
-    could ever run at once (the sum of their ``concurrency``); 0 for none."""
-    return min(int(conf.settings.CONSUMER_THREADS), sum(s.concurrency for s in subscriptions))
+    could ever run at once (the sum of their ``concurrency``, a priority
+    group's bands counted once: they share its slots); 0 for none."""
+    slots = {s.priority_group or s.name: s.concurrency for s in subscriptions}
+    return min(int(conf.settings.CONSUMER_THREADS), sum(slots.values()))
 
 
 class ConsumerPool:
@@ -170,6 +196,7 @@ class ConsumerPool:
         self._ready: collections.deque[Lane] = collections.deque()  # lanes with a unit queued, in turn
         self._threads: list[threading.Thread] = []
         self._batch_size = int(conf.settings.CONSUMER_BATCH_SIZE)
+        band_groups(self.lanes)  # a task queue's bands: shared slots, highest band first
 
     @property
     def consumers(self) -> list[Consumer]:
@@ -187,6 +214,7 @@ class ConsumerPool:
                 credit=functools.partial(self._credit, lane, batch_size),
                 deliver=functools.partial(self._delivered, lane),
                 batch_size=batch_size,
+                on_idle=None if lane.band is None else functools.partial(self._band_idle, lane),
             )
         for number in range(pool_thread_count([lane.subscription for lane in self.lanes])):
             self._threads.append(self._spawn(f"platformkit-consumer-{number}", self._pool_loop))
@@ -196,7 +224,8 @@ class ConsumerPool:
         if self.stop_event.is_set() or (self.pauses is not None and self.pauses.holds(lane.subscription)):
             return 0  # a paused lane's messages wait in the stream, unfetched: no ack wait runs
         with self._cond:
-            if lane.credit <= 0:
+            # A priority band: 0 while a band above may have work (its look or take wakes this lane).
+            if (lane.credit if lane.band is None else lane.band.credit(lane)) <= 0:
                 return 0
             if lane.credit_since is None:
                 lane.credit_since = time.monotonic()
@@ -224,24 +253,51 @@ class ConsumerPool:
 
     def _mark_ready(self, lane: Lane) -> None:
         """Queue ``lane`` for a pool thread if it has a unit and a free consumer (caller holds the lock)."""
-        if lane.queue and lane.free and not lane.ready:
+        if lane.queue and lane.free and lane.slots.running < lane.slots.capacity and not lane.ready:
             lane.ready = True
             self._ready.append(lane)
             self._cond.notify()
 
     def _take(self) -> tuple[Lane, Consumer, list[Delivery], KeepAlive] | None:
-        """The next unit, round-robin over the lanes with one ready; None when stopping."""
+        """The next unit, round-robin over the lanes with one ready (a
+        priority group's highest band first); None when stopping."""
         with self._cond:
-            while not self._ready and not self.stop_event.is_set():
-                self._cond.wait(1.0)
-            if self.stop_event.is_set():
-                return None
-            lane = self._ready.popleft()
-            lane.ready = False
-            deliveries, keep = lane.queue.popleft()
-            consumer = lane.free.pop()
-            self._mark_ready(lane)  # its next unit waits for its turn
-            return lane, consumer, deliveries, keep
+            while True:
+                while not self._ready and not self.stop_event.is_set():
+                    self._cond.wait(1.0)
+                if self.stop_event.is_set():
+                    return None
+                lane = self._ready.popleft()
+                lane.ready = False
+                if lane.band is not None:
+                    best = lane.band.first_ready()
+                    if best is None:
+                        continue  # taken from by a band above it meanwhile: re-marked when a slot frees
+                    if best is not lane:
+                        self._mark_ready(lane)  # its unit waits behind the higher band's
+                        lane = best
+                deliveries, keep = lane.queue.popleft()
+                consumer = lane.free.pop()
+                lane.slots.running += 1
+                self._mark_ready(lane)  # its next unit waits for its turn
+                lower = lane.band.lower(lane) if lane.band is not None and not lane.queue else []
+                break
+        for other in lower:  # nothing of this band waits now: a lower one may fetch if this one is idle
+            if other.puller is not None:
+                other.puller.wake()
+        return lane, consumer, deliveries, keep
+
+    def _band_idle(self, lane: Lane) -> None:
+        """``lane``'s puller found its durable empty (on the loop): the bands
+        below it may start what they hold, and fetch."""
+        band = lane.band
+        assert band is not None  # only a band's puller is given this callback
+        with self._cond:
+            for each in band.lanes:
+                self._mark_ready(each)
+        for other in band.lower(lane):
+            if other.puller is not None:
+                other.puller.wake_on_loop()
 
     def _lend(self, lane: Lane, running: _Taken, *, on_loop: bool = True) -> None:
         """Near the end of ``running``'s unit: let its slot's credit fetch the next unit."""
@@ -293,9 +349,14 @@ class ConsumerPool:
                         lane.lent -= 1
                     lane.free.append(consumer)
                     lane.available += 1
-                    self._mark_ready(lane)
-                if lane.puller is not None:
-                    lane.puller.wake()
+                    lane.slots.running -= 1
+                    # A priority group's slot is every band's: each may start or fetch.
+                    freed = [lane] if lane.band is None else lane.band.lanes
+                    for each in freed:
+                        self._mark_ready(each)
+                for each in freed:
+                    if each.puller is not None:
+                        each.puller.wake()
 
     def _handle(
         self, consumer: Consumer, deliveries: list[Delivery], keep: KeepAlive, limiter: RateLimiter | None
@@ -323,10 +384,10 @@ class ConsumerPool:
                     self.broker.nak(delivery, POOL_ERROR_BACKOFF_SECONDS)
             self.stop_event.wait(POOL_ERROR_BACKOFF_SECONDS)
 
-    def hand_back_queued(self, lanes: Sequence[Lane] | None = None) -> int:
+    def hand_back_queued(self, lanes: Sequence[Lane] | None = None) -> None:
         """NAK at once every unit fetched and not started (a stopping worker
         hands back what it must now, not after the ack wait), of ``lanes``
-        only if given. Returns how many deliveries were handed back."""
+        only if given (a pause)."""
         with self._cond:
             chosen = self.lanes if lanes is None else list(lanes)
             units = [unit for lane in chosen for unit in lane.queue]
@@ -342,29 +403,8 @@ class ConsumerPool:
             for delivery in deliveries:
                 with contextlib.suppress(Exception):
                     self.broker.nak(delivery)
-        count = sum(len(d) for d, _ in units)
-        if units and lanes is None:
-            logger.info("handed back unstarted deliveries=%s", count)
-        return count
-
-    def pauses_changed(self, paused: frozenset[str], resumed: frozenset[str]) -> None:
-        """The control watch read new pauses: hand back what a newly paused
-        lane fetched and has not started (uncounted: it waits in the
-        stream), and wake a resumed lane's puller to fetch again."""
-        for lane in self.lanes:
-            key = pause_key(lane.subscription)
-            if key in paused:
-                handed_back = self.hand_back_queued([lane])
-                logger.info(
-                    "subscription paused subscription=%s: no handler of it starts here until it is resumed "
-                    "(running ones finish); handed back unstarted deliveries=%s",
-                    lane.subscription.name,
-                    handed_back,
-                )
-            elif key in resumed:
-                logger.info("subscription resumed subscription=%s: fetching and starting again", lane.subscription.name)
-                if lane.puller is not None:
-                    lane.puller.wake()
+        if units:
+            logger.info("handed back unstarted deliveries=%s", sum(len(d) for d, _ in units))
 
     # -- what the worker asks of its pool --
     def stop_pulling(self) -> None:

@@ -47,6 +47,19 @@ class Subscription:
     #: it claims, held until the unit's transaction ends (the task queues set
     #: it: ``get_result()`` reads the lock as RUNNING; ``tasks_results``).
     claim_lock_namespace: int | None = None
+    #: Not a ``subscribe()`` option: the subscriptions that share a
+    #: ``priority_group`` (a task queue's priority bands, ``tasks.registry``)
+    #: share one worker's ``concurrency`` slots and one rate limit, and a
+    #: worker starts the lowest ``priority_rank`` (the highest band) with work
+    #: first (``consume.bands``). None: a subscription of its own.
+    priority_group: str | None = None
+    priority_rank: int = 0
+
+    @property
+    def rate_limit_name(self) -> str:
+        """Whose rate-limit row this subscription's handler starts take: its
+        priority group's (the queue's), else its own name."""
+        return self.priority_group or self.name
 
     def __hash__(self) -> int:
         # The signals' sender: Django's dispatcher hashes it once a receiver

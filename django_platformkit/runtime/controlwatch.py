@@ -1,6 +1,8 @@
 """A worker's look at the operators' controls every ``CONTROL_POLL_SECONDS``:
-the paused subscriptions (``operate/pause.py``) for its consumer pool, the
-job switches (``jobs/controls.py``) for its scheduler. The first look is
+the paused subscriptions (``operate/pause.py``) for its consumer pool (a
+newly paused lane hands back what it fetched and has not started; a resumed
+one fetches again: ``apply_pauses``), the job switches (``jobs/controls.py``)
+for its scheduler. The first look is
 made before either starts, so a worker started while a subscription is
 paused never starts its handler, nor a disabled job's slot. A database
 outage keeps the last controls read (logged once, as every loop's outage
@@ -11,11 +13,11 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
 
 from django.db import connections
 
-from django_platformkit.consume.pausing import Pauses
+from django_platformkit.consume.pausing import Pauses, pause_key
+from django_platformkit.consume.pool import ConsumerPool
 from django_platformkit.exceptions import DatabaseUnavailable
 from django_platformkit.jobs.controls import JobSwitches, read_switches
 from django_platformkit.operate.pause import paused
@@ -29,6 +31,25 @@ logger = logging.getLogger(__name__)
 CONTROL_POLL_SECONDS = 2.0
 
 
+def apply_pauses(pool: ConsumerPool, paused: frozenset[str], resumed: frozenset[str]) -> None:
+    """New pauses read: hand back at once what a newly paused lane of
+    ``pool`` fetched and has not started (uncounted: it waits in the
+    stream), and wake a resumed lane's puller to fetch again."""
+    for lane in pool.lanes:
+        key = pause_key(lane.subscription)
+        if key in paused:
+            pool.hand_back_queued([lane])
+            logger.info(
+                "subscription paused subscription=%s: no handler of it starts here until it is resumed "
+                "(running ones finish; what it fetched and has not started is handed back)",
+                lane.subscription.name,
+            )
+        elif key in resumed:
+            logger.info("subscription resumed subscription=%s: fetching and starting again", lane.subscription.name)
+            if lane.puller is not None:
+                lane.puller.wake()
+
+
 class ControlWatch:
     """Reads the controls into ``pauses`` and ``switches``.
 
@@ -40,8 +61,8 @@ class ControlWatch:
         switches: The job switches the scheduler asks, or None (no scheduler).
         every_seconds: The time between two looks.
 
-    ``on_pauses`` (set once the pool exists) is called with ``(paused,
-    resumed)`` names after a look changed the pauses.
+    ``pool`` (set once it exists) is told of the pauses a look changed
+    (``apply_pauses``).
     """
 
     def __init__(
@@ -58,7 +79,7 @@ class ControlWatch:
         self.pauses = pauses
         self.switches = switches
         self.every_seconds = every_seconds
-        self.on_pauses: Callable[[frozenset[str], frozenset[str]], None] | None = None
+        self.pool: ConsumerPool | None = None
         self._outage = Outage("controls", logger)
 
     @property
@@ -87,8 +108,8 @@ class ControlWatch:
             self.switches.replace(switches)
         if keys is not None and self.pauses is not None:
             now_paused, resumed = self.pauses.replace(keys)
-            if (now_paused or resumed) and self.on_pauses is not None:
-                self.on_pauses(now_paused, resumed)
+            if (now_paused or resumed) and self.pool is not None:
+                apply_pauses(self.pool, now_paused, resumed)
 
     def first_look(self) -> None:
         """The look before the pool and the scheduler start (on the worker's

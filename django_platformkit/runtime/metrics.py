@@ -10,7 +10,12 @@ default), so tests and two workers in one process don't clash.
 
 Needs the ``metrics`` extra (``prometheus-client``). Names and labels follow
 Prometheus' conventions ("Metric and label naming", prometheus.io/docs):
-base units (seconds), ``_total`` on counters, snake_case labels.
+base units (seconds), ``_total`` on counters, snake_case labels. The
+``task`` label is a ``django.tasks`` task's dotted path: bounded by the
+task functions the code defines (never an argument, id or priority), so a
+series per (subscription, task) pair that ran; a queue's priority bands are
+subscriptions, so a task enqueued at several bands' priorities has a series
+per band.
 """
 
 from __future__ import annotations
@@ -147,8 +152,9 @@ class Metrics:
         )
         self.latency = pc.Histogram(
             "platformkit_delivery_latency_seconds",
-            "From an event's commit (or a task's run_after) to its handler's start, per handler run.",
-            ["subscription"],
+            "From an event's commit (or a task's run_after) to its handler's start, per handler run, by "
+            "subscription and task (a django.tasks task's dotted path; empty for other events).",
+            ["subscription", "task"],
             buckets=DURATION_BUCKETS_SECONDS,
             registry=own,
         )
@@ -187,7 +193,7 @@ class Metrics:
         if outcome == HandlingOutcome.HANDLED:
             self.duration.labels(subscription, task).observe(duration_seconds)
             if delivery_latency_seconds is not None:
-                self.latency.labels(subscription).observe(delivery_latency_seconds)
+                self.latency.labels(subscription, task).observe(delivery_latency_seconds)
 
     def _on_failed(
         self,
@@ -203,7 +209,7 @@ class Metrics:
         task = task_path(event.name, event.payload) if event is not None else ""
         self.duration.labels(subscription, task).observe(duration_seconds)
         if delivery_latency_seconds is not None:
-            self.latency.labels(subscription).observe(delivery_latency_seconds)
+            self.latency.labels(subscription, task).observe(delivery_latency_seconds)
         if will_retry:  # the last failure is counted once, by event_dead_lettered
             self.handled.labels(subscription, HandlingOutcome.RETRIED, task).inc()
 

@@ -218,7 +218,7 @@ class Worker:
                 self.pool = self.start_up.consumer_pool(
                     self.subscriptions, spawn=self.threads.spawn, contested=self.watch.contested, pauses=controls.pauses
                 )
-                controls.on_pauses = self.pool.pauses_changed  # a pause hands back what waits; a resume fetches
+                controls.pool = self.pool  # a pause hands back what waits; a resume fetches
             if self.stop_event.is_set():
                 return self._stopped_in_start_up()
         except ConfigurationError as exc:

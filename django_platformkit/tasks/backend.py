@@ -95,16 +95,19 @@ class OutboxBackend(BaseTaskBackend):
     alone) in one transaction, a savepoint per task after a failure; each
     task's writes still happen exactly once. ``{"BATCH": False}``: every
     task commits in a transaction of its own. ``supports_defer`` (``run_after``, honoured
-    by the relay), ``supports_get_result``; no async task functions (they'd
-    run outside the claim's transaction) and no priority (JetStream delivers
-    a subscription's messages in stream order; a priority we can't keep
-    would be a lie).
+    by the relay), ``supports_get_result``, ``supports_priority`` (a queue
+    is five priority bands, ``queues.PRIORITY_BANDS``: a worker starts the
+    highest band with work first, equal priorities in enqueue order;
+    ``docs/how-to/django-tasks.md`` says exactly what is kept) and
+    ``supports_async_task`` (an ``async def`` task runs in the worker through
+    Django's ``async_to_sync``: its ORM calls come back to the claim's thread
+    and connection, so they commit with the claim).
     """
 
     supports_defer = True
     supports_get_result = True
-    supports_async_task = False
-    supports_priority = False
+    supports_async_task = True
+    supports_priority = True
 
     def __init__(self, alias: str, params: dict[str, Any]) -> None:
         if not HAVE_DJANGO_TASKS:
@@ -127,7 +130,8 @@ class OutboxBackend(BaseTaskBackend):
         super().validate_task(task)
         if not QUEUE_NAME.match(task.queue_name):
             raise InvalidTask(
-                f"Queue {task.queue_name!r} can't be an event name: rename it (lowercase letters, digits, '_')."
+                f"Queue {task.queue_name!r} can't be an event name: rename it (lowercase letters, digits, "
+                "single '_': '__' separates a queue from its priority band)."
             )
 
     # -- enqueue --
@@ -171,12 +175,16 @@ class OutboxBackend(BaseTaskBackend):
         # take is the mistake Python itself would report first, whatever the values.
         refuse_arguments_it_cant_take(task, args, kwargs)
         args, kwargs = django_json_arguments(args, kwargs)
-        payload = {"task": task.module_path, "args": args, "kwargs": kwargs, "backend": self.alias}
+        # Django validated the priority (a whole number in -100..100) above; 5.0 is allowed there.
+        priority = int(task.priority)
+        payload: dict[str, Any] = {"task": task.module_path, "args": args, "kwargs": kwargs, "backend": self.alias}
+        if priority:
+            payload["priority"] = priority
         text, data = encode_payload(payload)
         handled = current_event.get()
         tenant = check_tenant(handled.tenant if handled is not None else None)
         event_id = uuid7()
-        name = event_name(task.queue_name)
+        name = event_name(task.queue_name, priority)  # its priority band's subject and durable
         alias = conf.settings.DATABASE_ALIAS
         connection = connections[alias]
         sql = _INSERT_NOTIFY if conf.settings.RELAY_LISTEN else _INSERT

@@ -51,7 +51,8 @@ CHECKS = {
     ),
     "E102": (
         "TASKS[{alias!r}]: queue {queue!r} can't be an event name",
-        "Rename the queue to lowercase letters, digits and underscores (at most 150), e.g. {suggestion!r}.",
+        "Rename the queue to lowercase letters, digits and single underscores (at most 150; '__' separates a "
+        "queue from its priority band), e.g. {suggestion!r}.",
     ),
     "E103": (
         "TASKS[{alias!r}]: QUEUES is empty",
@@ -136,7 +137,7 @@ def check_backend(backend: Checked) -> list[checks.CheckMessage]:
     else:
         for queue in sorted(backend.queues):
             if not QUEUE_NAME.match(str(queue)):
-                suggestion = re.sub(r"[^a-z0-9_]", "_", str(queue).lower())[:150] or "default"
+                suggestion = re.sub(r"_{2,}", "_", re.sub(r"[^a-z0-9_]", "_", str(queue).lower()))[:150] or "default"
                 errors.append(check("E102", where, alias=alias, queue=queue, suggestion=suggestion))
         errors.extend(_check_shared_queues(backend, where))
     options: Any = backend.options or {}  # as written in the setting: anything

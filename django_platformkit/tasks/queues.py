@@ -1,16 +1,17 @@
 """The task queues ``TASKS`` configures, named for the outbox: queue ``Q``
-is the event and the subscription ``platformkit.task_Q`` (durable
-``platformkit-task_Q``), and its ``OPTIONS`` (``BATCH``, ``CONCURRENCY``,
-and per queue ``QUEUES[Q]``: ``MAX_ATTEMPTS``, ``BACKOFF_SECONDS``,
-``RATE_LIMIT``) become that subscription's. Reads settings only: no backend
-is made here.
+is one event and subscription per priority band (``PRIORITY_BANDS``):
+``platformkit.task_Q`` for the default priority 0 (durable
+``platformkit-task_Q``), ``platformkit.task_Q__high`` and so on for the
+others, and its ``OPTIONS`` (``BATCH``, ``CONCURRENCY``, and per queue
+``QUEUES[Q]``: ``MAX_ATTEMPTS``, ``BACKOFF_SECONDS``, ``RATE_LIMIT``)
+become each band's. Reads settings only: no backend is made here.
 """
 
 from __future__ import annotations
 
 import re
 import uuid
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.conf import settings as django_settings
 from django.utils.module_loading import import_string
@@ -30,8 +31,40 @@ BACKEND_PATH = "django_platformkit.tasks.OutboxBackend"
 _BACKEND_CLASS = "django_platformkit.tasks.backend.OutboxBackend"
 
 
-#: Queue names our event grammar can carry after ``task_``.
-QUEUE_NAME = re.compile(r"^[a-z0-9_]{1,150}$")
+#: Queue names our event grammar can carry after ``task_``; no ``__``,
+#: which separates a queue from its priority band (``emails__high``).
+QUEUE_NAME = re.compile(r"^(?!.*__)[a-z0-9_]{1,150}$")
+
+
+class PriorityBand(NamedTuple):
+    """A range of Django's task priorities that shares one subject and one
+    durable per queue: within a queue, a band's tasks start before any of a
+    lower band's that a worker has seen waiting; within a band, in enqueue
+    order (``docs/tasks.md``, "Priority")."""
+
+    #: The event name's suffix after ``__`` ("" for the default band: the queue's name as it always was).
+    suffix: str
+    lowest: int
+    highest: int
+
+
+#: Highest first. Django's range is -100..100 (``django.tasks.base.TASK_MIN_PRIORITY``
+#: / ``TASK_MAX_PRIORITY``), default 0. Five bands, as kombu's Redis transport
+#: keeps a list per priority step (4 by default) and River has 4 levels: every
+#: band is a durable each worker pulls, so a few, not 201. 0 has a band of its
+#: own, so any priority above the default starts before every default task.
+PRIORITY_BANDS = (
+    PriorityBand("highest", 51, 100),
+    PriorityBand("high", 1, 50),
+    PriorityBand("", 0, 0),
+    PriorityBand("low", -50, -1),
+    PriorityBand("lowest", -100, -51),
+)
+#: Between a queue's name and its band's suffix in the event name.
+BAND_SEPARATOR = "__"
+_BAND_SUFFIXES = frozenset(band.suffix for band in PRIORITY_BANDS if band.suffix)
+#: The band of priority 0, Django's default: the queue's own name.
+DEFAULT_BAND = next(band for band in PRIORITY_BANDS if not band.suffix)
 
 
 #: The keys OutboxBackend reads from a TASKS entry's OPTIONS.
@@ -41,14 +74,42 @@ OPTIONS_KEYS = ("BATCH", "CONCURRENCY", "QUEUES")
 QUEUE_OPTIONS = {"MAX_ATTEMPTS": "max_attempts", "BACKOFF_SECONDS": "backoff_seconds", "RATE_LIMIT": "rate_limit"}
 
 
-def event_name(queue: str) -> str:
-    """The event (and subscription) name of ``queue``: ``platformkit.task_<queue>``."""
-    return TASK_EVENT_PREFIX + queue
+def band_of(priority: int) -> PriorityBand:
+    """The band of a priority in Django's -100..100 (validated by Django before it gets here)."""
+    for band in PRIORITY_BANDS:
+        if priority >= band.lowest:
+            return band
+    return PRIORITY_BANDS[-1]
+
+
+def event_name(queue: str, priority: int = 0) -> str:
+    """The event (and subscription) name of ``queue``'s band for ``priority``:
+    ``platformkit.task_<queue>`` for the default band, else
+    ``platformkit.task_<queue>__<band>`` (``platformkit.task_emails__high``)."""
+    suffix = band_of(priority).suffix
+    return TASK_EVENT_PREFIX + queue + (BAND_SEPARATOR + suffix if suffix else "")
+
+
+def band_event_names(queue: str) -> list[str]:
+    """Every band's event name of ``queue``, highest band first."""
+    return [event_name(queue, band.highest) for band in PRIORITY_BANDS]
+
+
+def split_task_name(name: str) -> tuple[str, PriorityBand] | None:
+    """``(queue, band)`` of a task event or subscription name, or None for any other name."""
+    if not name.startswith(TASK_EVENT_PREFIX):
+        return None
+    rest = name[len(TASK_EVENT_PREFIX) :]
+    queue, separator, suffix = rest.rpartition(BAND_SEPARATOR)
+    if separator and queue and suffix in _BAND_SUFFIXES:
+        return queue, next(band for band in PRIORITY_BANDS if band.suffix == suffix)
+    return rest, DEFAULT_BAND
 
 
 def queue_of(name: str) -> str | None:
-    """The queue of a task event or subscription name, or None for any other name."""
-    return name[len(TASK_EVENT_PREFIX) :] if name.startswith(TASK_EVENT_PREFIX) else None
+    """The queue of a task event or subscription name (any band), or None for any other name."""
+    split = split_task_name(name)
+    return split[0] if split is not None else None
 
 
 def configured_queues() -> dict[str, list[str]]:

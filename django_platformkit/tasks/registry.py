@@ -1,7 +1,10 @@
-"""One subscription per task queue: ``register_task_queues()`` declares each
-queue's event and subscribes the task runner to it (``AppConfig.ready()``
-calls it), and ``queue_subscriptions()`` picks the ones ``runworker
---queue`` serves.
+"""One subscription per task queue and priority band: ``register_task_queues()``
+declares each band's event and subscribes the task runner to it
+(``AppConfig.ready()`` calls it), and ``queue_subscriptions()`` picks the
+ones ``runworker --queue`` serves. A band is an ordinary subscription (its
+own subject, durable, claims and dead letters); only the consumer pool
+knows that the bands of one queue share its slots and take turns by band
+(``Subscription.priority_group``, ``consume.bands``).
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from django_platformkit.consume.subscriptions import Subscription
 from django_platformkit.exceptions import ConfigurationError
 from django_platformkit.tasks.queues import (
     BACKEND_PATH,
+    PRIORITY_BANDS,
     QUEUE_NAME,
     batch_of,
     concurrency_of,
@@ -36,31 +40,42 @@ def register_task_queues() -> list[str]:
     for queue in configured_queues():
         if not QUEUE_NAME.match(str(queue)):
             continue
-        name = event_name(queue)
-        declare(
-            name,
-            description=f"A django.tasks task on queue {queue!r} (payload: task path, args, kwargs, backend alias).",
-        )
-        subscribe(
-            name, name=name, batch=batch_of(queue), concurrency=concurrency_of(queue), **subscribe_options(queue)
-        )(run_task)
-        # The claim takes each task's RUNNING lock: no statement of its own per task.
-        subscription = get_subscription(name)
-        assert subscription is not None  # registered by the line above
-        subscription.claim_lock_namespace = RUNNING_LOCK_NAMESPACE
-        names.append(name)
+        group = event_name(queue)
+        options = {"batch": batch_of(queue), "concurrency": concurrency_of(queue), **subscribe_options(queue)}
+        for rank, band in enumerate(PRIORITY_BANDS):
+            name = event_name(queue, band.highest)
+            declare(
+                name,
+                description=(
+                    f"A django.tasks task on queue {queue!r}, priority {band.lowest}..{band.highest} "
+                    "(payload: task path, args, kwargs, backend alias, priority)."
+                ),
+            )
+            subscribe(name, name=name, **options)(run_task)
+            subscription = get_subscription(name)
+            assert subscription is not None  # registered by the line above
+            # The claim takes each task's RUNNING lock: no statement of its own per task.
+            subscription.claim_lock_namespace = RUNNING_LOCK_NAMESPACE
+            # The queue's bands share its slots and its rate limit; the highest band with work goes first.
+            subscription.priority_group, subscription.priority_rank = group, rank
+            names.append(name)
     return names
 
 
 def queue_subscriptions(queues: Sequence[str]) -> list[Subscription]:
-    """The subscriptions that run ``queues`` (``runworker --queue``). Raises
+    """The subscriptions that run ``queues`` (``runworker --queue``): every
+    priority band of each. Raises
     ``ConfigurationError`` naming the queues no ``TASKS`` backend of ours has."""
     from django_platformkit.consume.subscriptions import subscriptions
 
-    known = {queue: s for s in subscriptions() if (queue := queue_of(s.name)) is not None}
+    known: dict[str, list[Subscription]] = {}
+    for subscription in subscriptions():
+        queue = queue_of(subscription.name)
+        if queue is not None:
+            known.setdefault(queue, []).append(subscription)
     missing = sorted(set(queues) - set(known))
     if missing:
         raise ConfigurationError(
             f"unknown queue(s) {', '.join(missing)}; the TASKS queues of {BACKEND_PATH} are: {', '.join(sorted(known)) or '(none)'}"
         )
-    return [known[q] for q in dict.fromkeys(queues)]
+    return [s for q in dict.fromkeys(queues) for s in known[q]]

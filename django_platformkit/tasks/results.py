@@ -103,6 +103,13 @@ def task_at(path: str, alias: str, queue: str) -> Task[..., Any]:
     return task
 
 
+def as_enqueued(task: Task[..., Any], payload: dict[str, Any]) -> Task[..., Any]:
+    """``task`` with the priority it was enqueued with (``task.using(priority=...)``,
+    kept in the payload when not 0), without revalidation."""
+    priority = payload.get("priority", 0)
+    return task if task.priority == priority else _with_fields(task, priority=priority)
+
+
 def missing_task(path: str, alias: str, queue: str, reason: str) -> Task[..., Any]:
     """A stand-in ``Task`` for a result whose function can't be imported any
     more: its ``module_path`` is ``path``, calling it raises ``ValueError``
@@ -209,6 +216,7 @@ def load_result(backend: _Backend, result_id: object) -> TaskResult[..., Any]:
         task = missing_task(payload["task"], alias, queue, str(exc))
     if run_after is not None and task.run_after != run_after:
         task = _with_fields(task, run_after=run_after)  # as enqueued: task.using(run_after=...)
+    task = as_enqueued(task, payload)
     errors = [TaskError(**e) for e in json.loads(errors_text or "[]")]
     if status == "SUCCESSFUL":
         state = TaskResultStatus.SUCCESSFUL

@@ -10,6 +10,16 @@ committed, FAILED inside the exception handler (so ``django.tasks``' ERROR
 line carries the traceback), whether a retry follows or not. A run that a
 neighbour's failure rolled back with its batch and that is redone at once is
 the same attempt: its start is announced once.
+
+An ``async def`` task runs through Django's own ``Task.call``, the one
+sync/async boundary here: asgiref's ``async_to_sync`` runs the coroutine on
+an event loop of its own in a helper thread for that run (never the
+broker's loop, which a slow task would stall), and Django's async ORM
+calls (``acreate``, ``aget``: ``sync_to_async(thread_sensitive=True)``)
+come back to this pool thread, so they use the claim's connection inside
+the unit's transaction and commit or roll back with the claim. Code the
+task hands to ``sync_to_async(thread_sensitive=False)`` gets a connection
+of its own, outside the claim (``docs/how-to/django-tasks.md``).
 """
 
 from __future__ import annotations
@@ -33,7 +43,7 @@ from django_platformkit.exceptions import InvalidPayload, mark_permanent
 from django_platformkit.outbox.payload import encode_json_value
 from django_platformkit.tasks.arguments import refused_by_django
 from django_platformkit.tasks.queues import queue_of
-from django_platformkit.tasks.results import missing_task, task_at
+from django_platformkit.tasks.results import as_enqueued, missing_task, task_at
 
 if TYPE_CHECKING:
     from django.tasks import TaskResult
@@ -119,6 +129,7 @@ def run_task(event: ReceivedEvent) -> None:
         # Renamed or removed by a rolling deploy: a stand-in that raises, so
         # this attempt fails (and is retried) with the same signals as any other.
         task = missing_task(payload["task"], alias, queue, str(exc))
+    task = as_enqueued(task, payload)
     backend = dj.task_backends[alias]
     args, kwargs = payload.get("args", []), payload.get("kwargs", {})
     db = conf.settings.DATABASE_ALIAS

@@ -65,8 +65,9 @@ def work(run_worker):
     """What ImmediateBackend does inside enqueue(): run the task (a burst worker over the queue)."""
 
     def run():
-        subs = [s for s in subscription_registry.subscriptions() if s.name == "platformkit.task_django"]
-        run_worker(subscriptions=subs)
+        from django_platformkit.tasks.registry import queue_subscriptions
+
+        run_worker(subscriptions=queue_subscriptions(["django"]))  # every priority band of the queue
 
     return run
 

@@ -133,3 +133,31 @@ def check_context(context, attempt):
 
     assert isinstance(context, TaskContext)
     assert context.attempt == attempt
+
+
+@task
+async def arecord(label, n=1):
+    """``record`` as an async task function: its write through the ORM's async API."""
+    await Effect.objects.acreate(subscription=label, event_id=uuid.uuid4(), payload={"n": n})
+    return {"label": label, "n": n}
+
+
+@task
+async def afails_until_fixed(label):
+    """``fails_until_fixed`` as an async task function: a failed run's ``acreate`` must roll back with it."""
+    await Effect.objects.acreate(subscription=label, event_id=uuid.uuid4(), payload={})
+    if not await Effect.objects.filter(subscription=f"{label}.fixed").aexists():
+        raise RuntimeError(f"{label}: not fixed yet")
+    return "fixed"
+
+
+@task(takes_context=True)
+async def asees_its_claim(context, label):
+    """Whether the async task's ORM reads see its own claim row - written by
+    the worker in the unit's transaction and not committed yet, so visible
+    only on the claim's connection, inside that transaction."""
+    from django_platformkit.models import HandledEvent
+
+    seen = await HandledEvent.objects.filter(event_id=context.task_result.id).aexists()
+    await Effect.objects.acreate(subscription=label, event_id=uuid.uuid4(), payload={"claim_seen": seen})
+    return seen
