@@ -509,6 +509,10 @@ def test_operators_pause_a_subscription_and_disable_a_job_at_1280_px_and_the_lis
             traceback="",
         )
 
+    # Failed tasks: the subscription column names the queue and the task's path.
+    _a_task_row("shop.tasks.send_receipt", ago_seconds=200, ran_for_seconds=2.5, failed=True)
+    _a_task_row("shop.tasks.rebuild_search_index", ago_seconds=100, ran_for_seconds=1.5, failed=True)
+
     CONSOLE_SHOTS.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
@@ -543,12 +547,10 @@ def test_operators_pause_a_subscription_and_disable_a_job_at_1280_px_and_the_lis
             expect(page.locator("#result_list")).to_contain_text("run asked for by otto")
             _assert_no_sideways_scroll(page, ".results")
             page.screenshot(path=str(CONSOLE_SHOTS / "jobs.png"), full_page=True)
-            print("jobs list columns:", _column_widths(page, "#result_list"))
 
             page.goto(f"{live_server.url}/admin/django_platformkit/deadletter/")
             _assert_no_sideways_scroll(page, ".results")
             widths = _column_widths(page, "#result_list")
-            print("dead letter columns:", widths)
             table = page.evaluate("document.querySelector('#result_list').getBoundingClientRect().width")
             assert widths["column-error_first_line"] >= 0.3 * table, (widths, table)
             page.screenshot(path=str(CONSOLE_SHOTS / "dead-letters-1280.png"), full_page=True)
