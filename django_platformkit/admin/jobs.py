@@ -102,7 +102,7 @@ class JobStateAdmin(ReadOnlyAdmin[JobState]):
                     format_html(
                         _("run asked for by {by} {when}"),
                         by=control.run_requested_by,
-                        when=when_html(control.run_requested_at),
+                        when=ago_html(control.run_requested_at),
                     ),
                 )
             )

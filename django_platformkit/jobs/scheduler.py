@@ -235,11 +235,17 @@ class Scheduler:
     # -- start-up: catch up the newest slot missed while no worker ran --
     def _start(self, runners: Sequence[JobRunner], now: datetime) -> None:
         connection = connections[self.using]
+        names = [r.spec.name for r in runners]
         try:
             with connection.cursor() as cursor:
+                # Every job this scheduler runs has its ledger row from its first start, so the
+                # jobs list offers it to operators (run now, disable) before its first slot.
                 cursor.execute(
-                    f"SELECT name, last_slot FROM {JOBS_TABLE} WHERE name = ANY(%s)", [[r.spec.name for r in runners]]
+                    f"INSERT INTO {JOBS_TABLE} (name, last_error) SELECT n, '' FROM unnest(%s::text[]) AS n "
+                    "ON CONFLICT (name) DO NOTHING",
+                    [names],
                 )
+                cursor.execute(f"SELECT name, last_slot FROM {JOBS_TABLE} WHERE name = ANY(%s)", [names])
                 ledger = dict(cursor.fetchall())
         finally:
             # The scheduler thread needs no connection between start-ups.

@@ -39,6 +39,7 @@ from django_platformkit.management.commands._base import (
     parsed,
     tables_migrated,
 )
+from django_platformkit.management.commands._terminal import excerpt, first_line, printable
 from django_platformkit.models import Attempt, DeadLetter, OutboxEvent
 from django_platformkit.operate.deadletters import BatchLog, discard, replay, replay_blocker
 from django_platformkit.outbox.deadletters import MALFORMED_BODY_BYTES, MALFORMED_NAME
@@ -100,34 +101,8 @@ def _when(moment: Any) -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S") if moment else "-"
 
 
-#: C0 and C1 control characters but newline and tab: what a terminal acts on.
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
-
-
-def _printable(text: str) -> str:
-    """``text`` with control characters written as ``\\x1b``: an error often
-    quotes input, and its escape sequences must not reach the operator's
-    terminal (colours, a cleared screen, a ``\\r`` that overwrites the line)."""
-    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text or "")
-
-
-def _excerpt(text: str, *, chars: int, lines: int) -> str:
-    """The start of ``text``: at most ``chars`` characters and ``lines`` lines."""
-    head = text[:chars]
-    if head.count("\n") >= lines:
-        head = "\n".join(head.split("\n")[:lines])
-    return head
-
-
 #: Where settling writes a malformed message's place in the stream into its error.
 _STREAM_SEQ = re.compile(r" stream_seq=(\d+)")
-
-
-def _first_line(text: str, width: int) -> str:
-    stripped = (text or "").strip()
-    # Lines end at newlines only: a \r is shown escaped, not taken as an end of line.
-    line = _printable(stripped.split("\n", 1)[0].rstrip("\r")) if stripped else ""
-    return line if len(line) <= width else line[: width - 1] + "…"
 
 
 class Command(BaseCommand):
@@ -310,7 +285,7 @@ class Command(BaseCommand):
                 d.name,
                 d.tenant or "-",
                 str(d.attempts),
-                _first_line(d.error, ERROR_WIDTH),
+                first_line(d.error, ERROR_WIDTH),
             )
             for d in rows
         ]
@@ -334,13 +309,13 @@ class Command(BaseCommand):
             w(f"  subscription  {d.subscription}")
             w(f"  event         {d.name} {d.event_id}" + (f" tenant={d.tenant}" if d.tenant else ""))
             w(f"  failed at     {_when(d.failed_at)} UTC after {d.attempts} attempt(s)")
-            w(f"  error         {_printable(d.error)}")
+            w(f"  error         {printable(d.error)}")
             attempts = list(Attempt.objects.for_event(d.event_id, d.subscription).order_by("attempt"))
             if attempts:
                 w("  attempts")
                 for a in attempts:
                     w(
-                        f"    #{a.attempt} {a.outcome:<11} started {_when(a.started_at)} finished {_when(a.finished_at)} {a.worker} {_first_line(a.error, 80)}"
+                        f"    #{a.attempt} {a.outcome:<11} started {_when(a.started_at)} finished {_when(a.finished_at)} {a.worker} {first_line(a.error, 80)}"
                     )
             if d.name == MALFORMED_NAME:
                 # Its "traceback" is the body as received: any bytes, so a
@@ -348,7 +323,7 @@ class Command(BaseCommand):
                 self._show_body(d, full=options.get("full", False))
             elif d.traceback:
                 w("  traceback")
-                for line in _printable(d.traceback.rstrip()).split("\n"):
+                for line in printable(d.traceback.rstrip()).split("\n"):
                     w(f"    {line}")
         if outbox is not None:
             self.out.data(f"payload (outbox row, created {_when(outbox.created_at)} UTC)")
@@ -366,9 +341,9 @@ class Command(BaseCommand):
         if not record:
             w("  body          (empty)")
             return
-        shown = record if full else _excerpt(record, chars=BODY_EXCERPT_CHARS, lines=BODY_EXCERPT_LINES)
+        shown = record if full else excerpt(record, chars=BODY_EXCERPT_CHARS, lines=BODY_EXCERPT_LINES)
         w(f"  body          as received (the record keeps at most its first {MALFORMED_BODY_BYTES} bytes)")
-        for line in _printable(shown.rstrip("\n")).split("\n"):
+        for line in printable(shown.rstrip("\n")).split("\n"):
             w(f"    {line}")
         left_out = len(record) - len(shown)
         if left_out:
