@@ -245,3 +245,29 @@ def test_resume_knows_a_paused_name_the_code_no_longer_declares(broker):
     assert resume(["shop.removed_handler"], actor="olga")[0].changed
     with pytest.raises(ControlRefused, match="needs a reason"):
         pause([SUB], actor="olga", reason="")
+
+
+def test_a_paused_task_queue_starts_none_of_its_priority_bands_until_resumed(broker, transport, background_worker):
+    """A queue is five priority bands (their own durables): pausing the
+    queue holds every one of them, on a worker started while it is paused."""
+    pytest.importorskip("django.tasks")
+    from django_platformkit.outbox.relay import Relay
+    from django_platformkit.tasks.registry import queue_subscriptions
+    from tests.conftest import tasks_registered
+    from tests.testapp import tasks
+
+    config = {"default": {"BACKEND": "django_platformkit.tasks.OutboxBackend", "QUEUES": ["default"]}}
+    with tasks_registered(config):
+        change = pause(queues=["default"], actor="olga", reason="the search cluster is reindexing")[0]
+        assert (change.name, change.queue) == ("platformkit.task_default", "default")
+        with transaction.atomic():
+            for n, priority in enumerate([100, 0, -100, 40, -40, 0]):
+                tasks.record.using(priority=priority).enqueue("paused-queue", n=n)
+        Relay(transport).drain()
+        background_worker(subscriptions=queue_subscriptions(["default"]), relay=False)
+        time.sleep(CONTROL_POLL_SECONDS + 4)
+        assert not Effect.objects.filter(subscription="paused-queue").exists(), "a band ran while its queue was paused"
+        resume(queues=["default"], actor="olga")
+        wait_for(lambda: Effect.objects.filter(subscription="paused-queue").count() == 6, timeout=60, what="every band")
+    assert not DeadLetter.objects.exists()
+    assert not Attempt.objects.counted().exists()
