@@ -178,20 +178,15 @@ def disable(names: Sequence[str], *, actor: str, reason: str, using: str | None 
             job (with the closest names), no actor or no reason.
     """
     names = _checked(names, actor, reason, "disable")
-    alias = using or conf.settings.DATABASE_ALIAS
-    changes = []
-    with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
-        for name in names:
-            cursor.execute(_DISABLE_SQL, [name, actor.strip(), reason.strip()])
-            row = cursor.fetchone()
-            if row is None:
-                changes.append(
-                    JobChange(name, False, *_standing(cursor, name, "disabled_at, disabled_by, disabled_reason"))
-                )
-                continue
-            changes.append(JobChange(name, True, row[0], actor.strip(), reason.strip()))
-            logger.info("job disabled name=%s actor=%s reason=%s: its slots are skipped", name, actor, reason)
-    return changes
+    return _switch_on(
+        names,
+        _DISABLE_SQL,
+        "disabled_at, disabled_by, disabled_reason",
+        actor=actor.strip(),
+        reason=reason.strip(),
+        using=using,
+        said="job disabled name=%s actor=%s reason=%s: its slots are skipped",
+    )
 
 
 def enable(names: Sequence[str], *, actor: str, reason: str, using: str | None = None) -> list[JobChange]:
@@ -237,19 +232,34 @@ def request_run(names: Sequence[str], *, actor: str, reason: str, using: str | N
         ControlRefused: as ``disable()``.
     """
     names = _checked(names, actor, reason, "run")
+    return _switch_on(
+        names,
+        _REQUEST_SQL,
+        "run_requested_at, run_requested_by, run_reason",
+        actor=actor.strip(),
+        reason=reason.strip(),
+        using=using,
+        said="job run asked for name=%s actor=%s reason=%s",
+    )
+
+
+def _switch_on(
+    names: list[str], sql: str, standing: str, *, actor: str, reason: str, using: str | None, said: str
+) -> list[JobChange]:
+    """Set a switch (``sql``: the upsert, ``RETURNING`` its time, or nothing
+    when it was set already) on each job in one transaction; an unchanged
+    job reports the ``standing`` columns (at, by, why) it found."""
     alias = using or conf.settings.DATABASE_ALIAS
     changes = []
     with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
         for name in names:
-            cursor.execute(_REQUEST_SQL, [name, actor.strip(), reason.strip()])
+            cursor.execute(sql, [name, actor, reason])
             row = cursor.fetchone()
             if row is None:
-                changes.append(
-                    JobChange(name, False, *_standing(cursor, name, "run_requested_at, run_requested_by, run_reason"))
-                )
+                changes.append(JobChange(name, False, *_standing(cursor, name, standing)))
                 continue
-            changes.append(JobChange(name, True, row[0], actor.strip(), reason.strip()))
-            logger.info("job run asked for name=%s actor=%s reason=%s", name, actor, reason)
+            changes.append(JobChange(name, True, row[0], actor, reason))
+            logger.info(said, name, actor, reason)
     return changes
 
 

@@ -10,18 +10,14 @@ as during any long run: a job never runs twice at once.
 from __future__ import annotations
 
 import logging
-import time
-import traceback as traceback_module
 from datetime import datetime
 from typing import Any
 
 from django.db import connections
 
-from django_platformkit import signals
 from django_platformkit.jobs.controls import claim_run, finish_run
-from django_platformkit.jobs.slots import JobRunner, SlotRun
+from django_platformkit.jobs.slots import JobRunner, SlotRun, run_job
 from django_platformkit.outage import database_unavailable
-from django_platformkit.wire import JobOutcome
 
 logger = logging.getLogger(__name__)
 
@@ -42,30 +38,7 @@ def run_by_hand(slots: SlotRun, runner: JobRunner) -> None:
                 return  # another worker took it
             started_at, actor, reason = claimed
             logger.info("job run by hand started name=%s actor=%s reason=%s", spec.name, actor, reason)
-            started, error, failure = time.monotonic(), "", None
-            try:
-                spec.func()
-            except Exception as exc:
-                failure = exc
-                error = f"{type(exc).__name__}: {exc}\n\n" + "".join(traceback_module.format_exception(exc))
-                logger.error(
-                    "job run by hand failed name=%s actor=%s error=%s: %s",
-                    spec.name,
-                    actor,
-                    type(exc).__name__,
-                    exc,
-                    exc_info=exc,
-                )
-            duration = time.monotonic() - started
-            signals.job_finished.send_robust(
-                sender=spec,
-                job=spec.name,
-                slot=None,
-                outcome=JobOutcome.FAILED if failure is not None else JobOutcome.SUCCEEDED,
-                error=failure,
-                duration_seconds=duration,
-                manual_by=actor,
-            )
+            error, duration = run_job(spec, slot=None, manual_by=actor)
             _record(connection, runner, started_at, error, duration)
     except Exception:
         logger.exception("job run by hand failed before the job ran name=%s", spec.name)

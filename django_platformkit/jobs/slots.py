@@ -96,6 +96,41 @@ class JobRunner:
         self.connection = None
 
 
+def run_job(spec: JobSpec, *, slot: datetime | None, manual_by: str | None = None) -> tuple[str, float]:
+    """Call ``spec.func()`` once, for ``slot`` (None: a run by hand, asked
+    for by ``manual_by``): a failure is logged at ERROR, never raised, and
+    ``job_finished`` is sent either way.
+
+    Returns:
+        ``(error, duration_seconds)``: the error with its traceback, "" when it succeeded.
+    """
+    started, error, failure = time.monotonic(), "", None
+    try:
+        spec.func()
+    except Exception as exc:
+        failure = exc
+        error = f"{type(exc).__name__}: {exc}\n\n" + "".join(traceback_module.format_exception(exc))
+        logger.error(
+            "job failed name=%s slot=%s error=%s: %s",
+            spec.name,
+            slot.isoformat() if slot is not None else f"by-hand actor={manual_by}",
+            type(exc).__name__,
+            exc,
+            exc_info=exc,
+        )
+    duration = time.monotonic() - started
+    signals.job_finished.send_robust(
+        sender=spec,
+        job=spec.name,
+        slot=slot,
+        outcome=JobOutcome.FAILED if failure is not None else JobOutcome.SUCCEEDED,
+        error=failure,
+        duration_seconds=duration,
+        manual_by=manual_by,
+    )
+    return error, duration
+
+
 class SlotRun:
     """Runs one job's slot under its lock (``run``), from the scheduler's run threads.
 
@@ -252,29 +287,7 @@ class SlotRun:
                 slot.isoformat(),
             )
         logger.debug("job started name=%s slot=%s", spec.name, slot.isoformat())
-        started, error, failure = time.monotonic(), "", None
-        try:
-            spec.func()
-        except Exception as exc:
-            failure = exc
-            error = f"{type(exc).__name__}: {exc}\n\n" + "".join(traceback_module.format_exception(exc))
-            logger.error(
-                "job failed name=%s slot=%s error=%s: %s",
-                spec.name,
-                slot.isoformat(),
-                type(exc).__name__,
-                exc,
-                exc_info=exc,
-            )
-        duration = time.monotonic() - started
-        signals.job_finished.send_robust(
-            sender=spec,
-            job=spec.name,
-            slot=slot,
-            outcome=JobOutcome.FAILED if failure is not None else JobOutcome.SUCCEEDED,
-            error=failure,
-            duration_seconds=duration,
-        )
+        error, duration = run_job(spec, slot=slot)
         try:
             # Escaped: PostgreSQL can't store a NUL, and a job's error may
             # hold one; unescaped, the finish and the error would be lost.
