@@ -78,12 +78,13 @@ class ClockSide:
         self.scheduler: Any = None
         self._beating: threading.Thread | None = None
 
-    def start(self) -> None:
-        """Read the controls (waiting out a database that can't answer yet)
-        and keep reading them, beat (from a thread of its own while the
-        worker starts; the watchdog beats after) and start the scheduler."""
+    def start(self, *, give_up: bool = False) -> None:
+        """Read the controls (waiting out a database that can't answer yet;
+        ``give_up``: a run-once mode's bound, ``StartUp.wait_for``) and keep
+        reading them, beat (from a thread of its own while the worker
+        starts; the watchdog beats after) and start the scheduler."""
         if self.controls.wanted:
-            self.start_up.retry_until_stopped(self.controls.first_look, "database")
+            self.start_up.wait_for(self.controls.first_look, "database", give_up=give_up)
             self.spawn("platformkit-controls", self.controls.run)
         self._beating = self.heartbeat.beat_while(self.starting, self.stop)
         if self.want_scheduler:

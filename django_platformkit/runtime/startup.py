@@ -226,6 +226,13 @@ class StartUp:
                 subscription.filter_subject,
             )
 
+    def wait_for(self, func: Callable[[], object], what: str, *, give_up: bool) -> None:
+        """``retry_until_stopped(func, what)`` from the start of a worker,
+        giving up after ``connect_timeout_seconds`` in run-once modes
+        (``give_up``: ``BrokerUnavailable`` saying ``what`` is not available)."""
+        self.give_up_at = time.monotonic() + self.connect_timeout_seconds if give_up else None
+        self.retry_until_stopped(func, what)
+
     def retry_until_stopped(self, func: Callable[[], object], what: str, *, broker: bool = False) -> None:
         """Call ``func`` until it returns or ``stop_event`` is set, waiting
         out a broker or database that can't answer; logged as one line,

@@ -207,7 +207,7 @@ class Worker:
         self.health_file.while_starting(lambda: self._starting, self.stop_event)
         try:
             self.refuse_a_small_connection_pool()
-            self.clock_side.start()  # jobs, controls and the heartbeat need only PostgreSQL: they never wait for NATS
+            self.clock_side.start(give_up=self.burst)  # jobs, controls, heartbeat: only PostgreSQL, never NATS
             # A burst is a script's step: fail it rather than wait forever for a broker.
             if not self.start_up.connect_and_ensure_stream(give_up=self.burst):
                 return self._stopped_in_start_up()

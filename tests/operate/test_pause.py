@@ -271,3 +271,26 @@ def test_a_paused_task_queue_starts_none_of_its_priority_bands_until_resumed(bro
         wait_for(lambda: Effect.objects.filter(subscription="paused-queue").count() == 6, timeout=60, what="every band")
     assert not DeadLetter.objects.exists()
     assert not Attempt.objects.counted().exists()
+
+
+def test_a_burst_worker_whose_database_is_down_gives_up_on_the_controls_after_its_connect_timeout(broker):
+    """A worker reads the controls before it starts anything; a run-once
+    worker (a script's step) with the database down must fail after its
+    --connect-timeout, not wait for the controls for ever."""
+    env = worker_env(broker, DATABASE_URL="postgresql://postgres@127.0.0.1:1/pk_nowhere")
+    started = time.monotonic()
+    proc = manage(
+        "runworker",
+        "--burst",
+        "--no-relay",
+        "--connect-timeout",
+        "3",
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    _out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1, err
+    assert "CommandError: the database is not available" in err and "Traceback" not in err, err
+    assert time.monotonic() - started < 60

@@ -16,6 +16,7 @@ from typing import Any
 
 from django.apps import apps
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import connections
 
 from django_platformkit import conf
 from django_platformkit.admin.jobfigures import JobFigures, job_figures
@@ -99,8 +100,10 @@ class Command(BaseCommand):
                 self._switch(out, options)
 
     def _list(self, out: Output, options: dict[str, Any]) -> None:
+        alias = conf.settings.DATABASE_ALIAS
+        connections[alias].ensure_connection()  # a database that can't answer is one line, not notes
         notes: list[str] = []
-        rows = job_figures(Timed(conf.settings.DATABASE_ALIAS, notes))
+        rows = job_figures(Timed(alias, notes))
         for note in notes:
             out.warning("note:", note)
         if options["format"] == "json":
