@@ -36,11 +36,6 @@ class Pauses:
         """Whether ``subscription`` is paused: nothing of it is fetched or started."""
         return pause_key(subscription) in self._keys
 
-    @property
-    def keys(self) -> frozenset[str]:
-        """The paused names now."""
-        return self._keys
-
     def replace(self, keys: frozenset[str]) -> tuple[frozenset[str], frozenset[str]]:
         """Make ``keys`` the paused names.
 
