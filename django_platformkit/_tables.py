@@ -11,6 +11,8 @@ WORKERS_TABLE = "platformkit_workers"
 TASK_RESULTS_TABLE = "platformkit_task_results"
 RATE_LIMITS_TABLE = "platformkit_rate_limits"
 SUBSCRIPTIONS_TABLE = "platformkit_subscriptions"
+PAUSES_TABLE = "platformkit_pauses"
+JOB_CONTROLS_TABLE = "platformkit_job_controls"
 
 #: The relay's backlog as operators read it (metrics, the admin overview):
 #: ``(rows, seconds the oldest has been due)`` over rows the relay may send

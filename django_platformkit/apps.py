@@ -26,6 +26,7 @@ class PlatformKitConfig(AppConfig):
 
     def ready(self) -> None:
         from django_platformkit import checks  # noqa: F401 - registers the system checks
+        from django_platformkit.operate import pause  # noqa: F401 - declares the pause's audit events
         from django_platformkit.outbox import events  # noqa: F401 - declares the built-in events
 
         discover()

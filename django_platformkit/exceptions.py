@@ -53,6 +53,13 @@ class CancelRefused(PlatformKitError, ValueError):
     or a subscription that doesn't receive it. Nothing was written."""
 
 
+class ControlRefused(PlatformKitError, ValueError):
+    """An operator's control would not be set: ``pause()`` / ``resume()`` of
+    a subscription or task queue this build doesn't declare (the message
+    names the closest), a job control of an undeclared job, or a missing
+    actor or reason. Nothing was written."""
+
+
 class Cancelled(PlatformKitError):
     """An operator cancelled the event before its handler ran
     (``cancel()``): the error class a cancelled task's result reads as

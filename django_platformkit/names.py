@@ -1,4 +1,5 @@
-"""The name grammar events, tenants, subscriptions and jobs share.
+"""The name grammar events, tenants, subscriptions and jobs share, and the
+sentence for a name that isn't there (with the closest that is).
 
 An event name and a tenant are NATS subject tokens, and a subscription name
 becomes a durable consumer's name (``.`` -> ``-``), so each is checked here,
@@ -7,6 +8,7 @@ once, before it can reach the broker: a bad name raises with the fix.
 
 from __future__ import annotations
 
+import difflib
 import re
 import uuid
 from collections.abc import Callable, Iterable
@@ -101,3 +103,20 @@ def closest_name(name: str, known: Iterable[str]) -> str | None:
 
     close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.75)
     return close[0] if close else None
+
+
+#: How many near names an "unknown name" error suggests.
+_SUGGESTIONS = 3
+
+
+def unknown_name(kind: str, name: str, known: Iterable[str]) -> str:
+    """The sentence for a ``kind`` (``"subscription"``, ``"job"``...) called
+    ``name`` that isn't among ``known``: the closest known names
+    (``difflib``, as Django's own ``Unknown command`` does), else the known
+    ones, so a typo is one look away from its fix."""
+    choices = sorted(set(known))
+    close = difflib.get_close_matches(name, choices, n=_SUGGESTIONS, cutoff=0.6)
+    if close:
+        return f"unknown {kind} {name!r}; did you mean {' or '.join(repr(c) for c in close)}?"
+    listed = ", ".join(choices[:20]) + (", …" if len(choices) > 20 else "")
+    return f"unknown {kind} {name!r}; known: {listed or '(none)'}."

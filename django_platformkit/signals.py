@@ -49,8 +49,9 @@ event_failed = Signal()
 event_dead_lettered = Signal()
 
 #: A periodic job's run ended. kwargs: ``job`` (name), ``slot`` (aware
-#: datetime), ``outcome`` (``"succeeded"`` or ``"failed"``), ``error`` (the
-#: exception or None), ``duration_seconds`` (float).
+#: datetime; None for a run an operator asked for by hand), ``outcome``
+#: (``"succeeded"`` or ``"failed"``), ``error`` (the exception or None),
+#: ``duration_seconds`` (float), ``manual_by`` (who asked for a run by hand, else None).
 job_finished = Signal()
 
 #: A message on a subscription's subject could not be read as one of this

@@ -12,8 +12,10 @@ has run once. That worker stops (the overview lists it as stopped) and
 another takes over without the scheduler (so the job's next slot goes
 unclaimed: overdue) and with ``shop.send_confirmation`` too, which then
 fails on an order deleted under it and retries: the page shows a failing
-subscription with its error, a lagging task queue, an overdue job and both
-workers. It drives the admin in headless Chromium (the system's
+subscription with its error, a lagging task queue with its failing task by
+name, an overdue job and both workers. Then an operator's controls: the
+failing subscription paused with a reason, a job disabled and another run
+by hand. It drives the admin in headless Chromium (the system's
 ``/usr/bin/chromium``, Debian's package, through Playwright from the test
 extra; never ``playwright install``) at 1280 px and writes one PNG per page.
 Takes about two and a half minutes (2 min 0-30 s measured on 2 shared
@@ -203,6 +205,35 @@ def shoot(base: str, out: Path, gone: int, nats_server) -> list[Path]:
             page.click(".submit-row input[type=submit]")
             expect(page.locator("ul.messagelist li.success")).to_contain_text("Replayed 1 dead letter")
             save("replayed.png", full_page=False)
+
+            # The operator's controls: a subscription paused with a reason...
+            page.goto(f"{base}/admin/django_platformkit/overview/?refresh=0")
+            page.locator('tr[data-subscription="shop.send_confirmation"] a.pk-pause').click()
+            page.fill("#id_reason", "the mail relay is being moved; back at 14:00")
+            page.click(".submit-row input[type=submit]")
+            expect(page.locator('tr[data-why="shop.send_confirmation"]')).to_contain_text("Paused by")
+            save("overview-paused.png", full_page=False)
+            # ...the failing task by its dotted path, under its queue...
+            page.goto(f"{base}/admin/django_platformkit/overview/?refresh=0")
+            expect(page.locator("#platformkit-subscriptions tr[data-task]").first).to_be_visible()
+            tasks = out / "overview-tasks.png"
+            page.locator("#platformkit-subscriptions").screenshot(path=str(tasks))
+            written.append(tasks)
+            say(f"wrote {tasks.relative_to(ROOT) if tasks.is_relative_to(ROOT) else tasks}")
+            # ...and the jobs list with a job disabled and a run asked for (no worker runs jobs now).
+            page.goto(f"{base}/admin/django_platformkit/jobstate/")
+            for action, job, reason in (
+                ("disable_jobs", "platformkit.outbox_purge", "a big migration runs tonight"),
+                ("run_now", "shop.report_sales", "the 09:00 report was lost"),
+            ):
+                page.locator(f'#result_list input[name="_selected_action"][value="{job}"]').check()
+                page.select_option('select[name="action"]', action)
+                page.click('button[name="index"]')
+                page.fill("#id_reason", reason)
+                page.click(".submit-row input[type=submit]")
+                expect(page.locator("ul.messagelist li.success")).to_be_visible()
+            expect(page.locator("#result_list")).to_contain_text("disabled")
+            save("jobs.png", full_page=False)
 
             assert JobState.objects.filter(name="shop.report_sales").exists()
             nats_server.stop()

@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin, messages
-from django.contrib.admin import helpers
 from django.core.exceptions import PermissionDenied
 from django.db.models import Q, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
@@ -21,8 +20,17 @@ from django.utils.html import format_html, format_html_join
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy, ngettext
 
+from django_platformkit.admin import bulk
 from django_platformkit.admin.attempts import outcome_labels
-from django_platformkit.admin.display import ReadOnlyAdmin, _duration, _first_line, _pre, _pretty_json, _truncated
+from django_platformkit.admin.display import (
+    ReadOnlyAdmin,
+    _duration,
+    _first_line,
+    _pre,
+    _pretty_json,
+    _truncated,
+    breakable,
+)
 from django_platformkit.admin.history import log_dead_letter_action
 from django_platformkit.admin.tasknames import TaskPathFilter, subscription_and_task, with_task_paths
 from django_platformkit.models import Attempt, DeadLetter, OutboxEvent
@@ -36,12 +44,16 @@ if TYPE_CHECKING:
 REPLAY_PERMISSION = "django_platformkit.replay_deadletter"
 #: Rows one Replay/Discard confirmation lists by name; the rest are counted.
 CONFIRMATION_LIST_LIMIT = 100
+#: Refusals a bulk Replay/Discard reports one by one in the message bar; the rest are counted.
+REFUSALS_LISTED = 20
 
 
 @admin.register(DeadLetter)
 class DeadLetterAdmin(ReadOnlyAdmin[DeadLetter]):
-    list_display = ("failed", "name", "subscription_task", "tenant", "attempts", "event_id", "error_first_line")
-    list_display_links = ("failed", "name")
+    # At 1280 px beside the filters the error keeps a third of the list: names
+    # wrap after their dots, the attempts sit under the time they ended.
+    list_display = ("failed", "event_name", "subscription_task", "tenant", "event_id", "error_first_line")
+    list_display_links = ("failed", "event_name")
     list_filter = ("subscription", TaskPathFilter, "name", "tenant")
     date_hierarchy = "failed_at"
     search_fields = ("event_id", "error")
@@ -73,7 +85,12 @@ class DeadLetterAdmin(ReadOnlyAdmin[DeadLetter]):
 
     @admin.display(description=gettext_lazy("failed at"), ordering="failed_at")
     def failed(self, obj: DeadLetter) -> str:
-        return when_html(obj.failed_at)
+        after = ngettext("after %(n)d attempt", "after %(n)d attempts", obj.attempts) % {"n": obj.attempts}
+        return format_html('{}<span class="pk-after">{}</span>', when_html(obj.failed_at), after)
+
+    @admin.display(description=gettext_lazy("name"), ordering="name")
+    def event_name(self, obj: DeadLetter) -> str:
+        return breakable(obj.name)
 
     @admin.display(description=gettext_lazy("error"), ordering="error")
     def error_first_line(self, obj: DeadLetter) -> str:
@@ -199,10 +216,17 @@ class DeadLetterAdmin(ReadOnlyAdmin[DeadLetter]):
         self, request: HttpRequest, queryset: QuerySet[DeadLetter], verb: str, *, from_object: bool = False
     ) -> HttpResponse | None:
         """The intermediate page: list what will happen and ask for a reason;
-        on a confirmed POST with a reason, do it and report in the message bar."""
+        on a confirmed POST with a reason, do it and report in the message bar.
+        ``queryset`` is the selection, or every row the filter matches
+        ("Select all N": ``bulk``)."""
         reason = (request.POST.get("reason") or "").strip()
         confirmed = request.method == "POST" and request.POST.get("confirm") == "yes"
+        chosen = bulk.selection(request, queryset)
+        queryset = chosen.rows
         if not queryset.exists():
+            if chosen.across:
+                bulk.nothing_matches(self, request, chosen, _("replay") if verb == "replay" else _("discard"))
+                return None
             # Selected on a page that is out of date: another operator (or
             # this form, sent twice) replayed or discarded them meanwhile.
             # Without this the action did nothing and said nothing.
@@ -220,7 +244,7 @@ class DeadLetterAdmin(ReadOnlyAdmin[DeadLetter]):
             self.message_user(request, text, messages.WARNING)
             return None
         if confirmed and reason:
-            self._perform(request, list(queryset), verb, reason)
+            self._perform(request, queryset, verb, reason, chosen)
             return None
         rows = list(queryset[:CONFIRMATION_LIST_LIMIT])
         # Said before the operator confirms, not only in the result: which of
@@ -242,26 +266,28 @@ class DeadLetterAdmin(ReadOnlyAdmin[DeadLetter]):
             "verb": verb,
             "rows": rows,
             "count": queryset.count(),
+            "across": chosen.across,
             "not_replayed": not_replayed,
             "not_replayed_count": blocked_rows.count() if not_replayed else 0,
             "reason": reason,
             "reason_missing": confirmed and not reason,
             "from_object": from_object,
-            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
-            "selected_ids": [str(pk) for pk in queryset.values_list("pk", flat=True)],
+            **chosen.form(),
             "action_name": f"{verb}_selected",
-            "select_across": request.POST.get("select_across", "0"),
             "changelist_url": self._url(DeadLetter, "changelist"),
         }
         return TemplateResponse(request, "admin/django_platformkit/deadletter/confirm.html", context)
 
-    def _perform(self, request: HttpRequest, rows: list[DeadLetter], verb: str, reason: str) -> None:
+    def _perform(
+        self, request: HttpRequest, rows: QuerySet[DeadLetter], verb: str, reason: str, chosen: bulk.Selection
+    ) -> None:
         from django_platformkit.exceptions import ReplayRefused
-        from django_platformkit.operate.deadletters import discard, replay
+        from django_platformkit.operate.deadletters import BatchLog, discard, replay
 
         actor = request.user.get_username()
         done, refused = [], []
-        for row in rows:
+        log = BatchLog(verb, actor=actor, reason=reason)
+        for row in rows.iterator(chunk_size=500):
             blocked = replay_blocker(row) if verb == "replay" else None
             if blocked:
                 refused.append((row, blocked))
@@ -278,7 +304,9 @@ class DeadLetterAdmin(ReadOnlyAdmin[DeadLetter]):
             except ReplayRefused as exc:
                 refused.append((row, str(exc)))
                 continue
+            log.done()
             self._log(request, row, verb, reason)
+        log.close()
         if done:
             what = ", ".join(
                 _("%(name)s for %(subscription)s") % {"name": row.name, "subscription": row.subscription}
@@ -296,8 +324,11 @@ class DeadLetterAdmin(ReadOnlyAdmin[DeadLetter]):
                     "Discarded %(n)d dead letters (%(what)s): the failure is accepted, nothing runs them again.",
                     len(done),
                 )
-            self.message_user(request, text % {"n": len(done), "what": what}, messages.SUCCESS)
-        for row, why in refused:
+            since = bulk.changed_since(chosen, len(done) + len(refused))
+            self.message_user(
+                request, text % {"n": len(done), "what": what} + (f" {since}" if since else ""), messages.SUCCESS
+            )
+        for row, why in refused[:REFUSALS_LISTED]:
             text = (
                 _("Did not replay %(name)s %(event_id)s for %(subscription)s: %(why)s")
                 if verb == "replay"
@@ -305,6 +336,12 @@ class DeadLetterAdmin(ReadOnlyAdmin[DeadLetter]):
             )
             values = {"name": row.name, "event_id": row.event_id, "subscription": row.subscription, "why": why}
             self.message_user(request, text % values, messages.ERROR)
+        if len(refused) > REFUSALS_LISTED:
+            self.message_user(
+                request,
+                _("… and %(n)d more not done for the same kinds of reasons.") % {"n": len(refused) - REFUSALS_LISTED},
+                messages.ERROR,
+            )
 
     def _log(self, request: HttpRequest, row: DeadLetter, verb: str, reason: str) -> None:
         """The admin's own history of what an operator did

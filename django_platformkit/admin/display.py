@@ -16,7 +16,8 @@ from django.contrib.admin.exceptions import DisallowedModelAdminLookup
 from django.db.models import Model
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.urls import reverse
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import mark_safe
 from django.utils.translation import gettext as _
 
 from django_platformkit.jobs.specs import JobSpec
@@ -45,6 +46,13 @@ def _pretty_json(value: Any) -> str:
 
 def _pre(text: str) -> str:
     return format_html('<pre class="platformkit-pre">{}</pre>', text) if text else "—"
+
+
+def breakable(name: str) -> str:
+    """A dotted name (an event, a subscription, a task's path) as HTML that
+    may wrap after each dot: two short lines instead of one column too wide
+    for a list at 1280 px."""
+    return format_html_join(mark_safe(".<wbr>"), "{}", ((part,) for part in str(name).split(".")))
 
 
 def _uuid_or_none(term: str) -> uuid.UUID | None:

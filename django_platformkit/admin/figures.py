@@ -44,18 +44,20 @@ from django_platformkit._tables import (
     DEAD_LETTER_TABLE,
     DUE_BACKLOG_SQL,
     HANDLED_TABLE,
-    JOBS_TABLE,
     OUTBOX_TABLE,
+    PAUSES_TABLE,
     WORKERS_TABLE,
 )
 from django_platformkit.admin import states
-from django_platformkit.admin.display import schedule_text
 from django_platformkit.admin.failures import Failure, failures
+from django_platformkit.admin.jobfigures import JobFigures, job_figures
 from django_platformkit.admin.queries import Timed
 from django_platformkit.admin.states import SubscriptionState, WorkerState
 from django_platformkit.broker.figures import BROKER_TIMEOUT_SECONDS, broker_figures
 from django_platformkit.broker.standing import StreamStanding
+from django_platformkit.consume.pausing import pause_key
 from django_platformkit.models import WorkerState as BeatState
+from django_platformkit.models.controls import Pause
 from django_platformkit.runtime.heartbeat import ALIVE_AFTER_SECONDS
 
 logger = logging.getLogger(__name__)
@@ -98,6 +100,9 @@ class SubscriptionFigures:
     state: SubscriptionState = SubscriptionState.OK
     #: The oldest unhandled event waited past the lagging threshold (failing or not).
     behind: bool = False
+    #: The pause an operator set on it (who, when, why), or None; ``pause_key``: the name it is kept under.
+    paused: Pause | None = None
+    pause_key: str = ""
     #: A task queue's tasks lately, by dotted path (``taskfigures.TaskFigures``): rows under its row.
     tasks: list[Any] = field(default_factory=list)
 
@@ -113,31 +118,6 @@ class OutboxFigures:
     relayed_5m: int = 0
     relayed_per_minute: list[int] | None = None
     lag_seconds_per_minute: list[float] | None = None
-
-
-@dataclass
-class JobFigures:
-    name: str
-    schedule: str
-    declared: bool
-    last_slot: datetime | None
-    next_slot: datetime | None
-    started_at: datetime | None
-    finished_at: datetime | None
-    last_error: str
-    running: bool
-    #: The first slot after ``last_slot`` no scheduler claimed in time
-    #: (``states.missed_slot``), or None: on time, or never run.
-    missed_slot: datetime | None = None
-
-    @property
-    def overdue(self) -> bool:
-        return self.missed_slot is not None
-
-    @property
-    def failing(self) -> bool:
-        """Its last run that ended raised (``last_error`` is cleared by a run that succeeds)."""
-        return bool(self.last_error)
 
 
 @dataclass
@@ -261,12 +241,7 @@ _RELAYED_SQL = (
     "max(extract(epoch FROM published_at - created_at)) "
     f"FROM {OUTBOX_TABLE} WHERE published_at IS NOT NULL AND published_at >= now() - interval '1 hour' GROUP BY 1"
 )
-_JOBS_SQL = f"SELECT name, last_slot, started_at, finished_at, last_error FROM {JOBS_TABLE}"
-# Session-level bigint advisory locks held now (classid: high 32 bits, objid: low 32 bits).
-_LOCKS_SQL = (
-    "SELECT classid::bigint, objid::bigint FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 "
-    "AND granted AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
-)
+_PAUSES_SQL = f"SELECT name, paused_at, paused_by, reason FROM {PAUSES_TABLE}"
 _WORKERS_SQL = (
     f"SELECT worker, started_at, last_seen, stopped_at, subscriptions, version, "
     f"(stopped_at IS NULL AND last_seen >= now() - %s) AS alive, state, detail, instance FROM {WORKERS_TABLE} "
@@ -274,17 +249,9 @@ _WORKERS_SQL = (
 )
 
 
-def _lock_key(classid: int, objid: int) -> int:
-    unsigned = (int(classid) << 32) | int(objid)
-    return unsigned - (1 << 64) if unsigned >= 1 << 63 else unsigned
-
-
 def _database_figures(
     subs: list[SubscriptionFigures], alias: str, notes: list[str]
 ) -> tuple[OutboxFigures, list[JobFigures], list[WorkerFigures]]:
-    from django_platformkit.jobs.locks import advisory_key
-    from django_platformkit.jobs.specs import jobs as job_specs
-
     q = Timed(alias, notes)
     names = [s.name for s in subs]
     by_name = {s.name: s for s in subs}
@@ -330,30 +297,13 @@ def _database_figures(
             if s.event == name:
                 s.oldest_unhandled_age_seconds, s.oldest_unhandled_source = float(age), "outbox"
 
-    specs = {spec.name: spec for spec in job_specs()}
-    held = {_lock_key(c, o) for c, o in q.rows(_LOCKS_SQL, [], "job locks") or []}
-    ledger = {row[0]: row for row in q.rows(_JOBS_SQL, [], "jobs") or []}
-    now = timezone.now()
-    job_rows = []
-    for name in sorted(set(specs) | set(ledger)):
-        spec = specs.get(name)
-        _name, last_slot, started_at, finished_at, last_error = ledger.get(name, (name, None, None, None, ""))
-        unfinished = started_at is not None and (finished_at is None or finished_at < started_at)
-        job_rows.append(
-            JobFigures(
-                name=name,
-                schedule=schedule_text(spec),
-                declared=spec is not None,
-                last_slot=last_slot,
-                next_slot=spec.next_slot(now) if spec else None,
-                started_at=started_at,
-                finished_at=finished_at,
-                last_error=last_error or "",
-                # The ledger alone would call a run "running" forever after its worker died mid-run.
-                running=unfinished and advisory_key(name) in held,
-                missed_slot=states.missed_slot(spec, last_slot, now) if spec else None,
-            )
-        )
+    job_rows = job_figures(q)
+    pauses = {
+        n: Pause(name=n, paused_at=at, paused_by=by, reason=why)
+        for n, at, by, why in q.rows(_PAUSES_SQL, [], "pauses") or []
+    }
+    for s in subs:
+        s.paused = pauses.get(s.pause_key or s.name)
 
     alive_within = timedelta(seconds=ALIVE_AFTER_SECONDS)
     workers = [
@@ -400,7 +350,9 @@ def collect(*, using: str | None = None, broker_timeout_seconds: float = BROKER_
     alias = using or conf.settings.DATABASE_ALIAS
     notes: list[str] = []
     subs = [
-        SubscriptionFigures(name=s.name, event=s.event, durable=s.durable, max_attempts=s.max_attempts)
+        SubscriptionFigures(
+            name=s.name, event=s.event, durable=s.durable, max_attempts=s.max_attempts, pause_key=pause_key(s)
+        )
         for s in registered()
     ]
     filters = {s.durable: s.filter_subject for s in registered()}
@@ -442,6 +394,7 @@ def collect(*, using: str | None = None, broker_timeout_seconds: float = BROKER_
             open_dead_letters=s.open_dead_letters,
             oldest_unhandled_age_seconds=s.oldest_unhandled_age_seconds,
             lagging_after=lagging_after,
+            paused=s.paused is not None,
         )
         s.behind = (s.oldest_unhandled_age_seconds or 0) > lagging_after
     return Overview(

@@ -3,7 +3,9 @@ one ``LogEntry`` on the dead letter and one on its outbox row, written the
 same way by the admin's actions (``admin_deadletters.py``, ``admin_tasks.py``)
 and by ``manage.py deadletters replay|discard --actor USERNAME``, so the
 History pages read alike whoever acted and from where - and ``--actor`` must
-be a user the admin would let act (``acting_user``). Registers nothing;
+be a user the admin would let act (``acting_user``). The operator's
+controls (pause, resume, a job disabled, enabled or run by hand) leave one
+``LogEntry`` each the same way (``log_control``). Registers nothing;
 needs ``django.contrib.admin`` installed (its ``LogEntry`` table).
 """
 
@@ -41,6 +43,26 @@ def log_dead_letter_action(user_id: Any, row: DeadLetter, verb: str, reason: str
             change_message=message,
             single_object=True,
         )
+
+
+def log_control(user_id: Any, model: Any, name: str, message: str, *, flag: int | None = None) -> None:
+    """Write the ``LogEntry`` of an operator's control - a pause or a resume
+    (``model`` ``controls.Pause``), a job disabled, enabled or run by hand
+    (``models.JobState``: the job's History page lists it) - by the user
+    whose primary key is ``user_id``, on the object ``name`` whether or not
+    its row exists (a resumed pause's is gone). ``flag``: ADDITION,
+    CHANGE (default) or DELETION. Needs ``django.contrib.admin`` installed."""
+    from django.contrib.admin.models import CHANGE, LogEntry
+    from django.contrib.contenttypes.models import ContentType
+
+    LogEntry.objects.create(
+        user_id=user_id,
+        content_type=ContentType.objects.get_for_model(model),
+        object_id=name,
+        object_repr=name[:200],
+        action_flag=CHANGE if flag is None else flag,
+        change_message=message,
+    )
 
 
 #: The permission the admin's Replay and Discard need (``DeadLetter.Meta.permissions``).

@@ -1,9 +1,11 @@
 """The overview page (``admin:django_platformkit_overview``): is every
-subscription ok, lagging or failing and why, is the relay behind, are the
-jobs on time, which workers run. It renders what ``figures.collect()``
-returns and changes nothing. It reloads itself only when asked
-(``?refresh=SECONDS``, one of ``REFRESH_CHOICES_SECONDS``): a page left open
-on a wall screen costs a broker round trip per reload, so it is opt-in.
+subscription ok, lagging, failing or paused and why, is the relay behind,
+are the jobs on time, which workers run. It renders what
+``figures.collect()`` returns and changes nothing itself; its Pause and
+Resume links lead to ``pausing``'s confirmation pages. It reloads itself
+every ``DEFAULT_REFRESH_SECONDS`` (``?refresh=SECONDS`` for one of
+``REFRESH_CHOICES_SECONDS``), and ``?refresh=0`` - the page's visible
+"pause refresh" - stops that while someone reads.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from django.urls import path, reverse
 from django.utils.translation import gettext as _
 
 from django_platformkit import conf
-from django_platformkit.admin import states
+from django_platformkit.admin import pausing, states
 from django_platformkit.admin.display import ModelAdminOf, NoWritesAdmin
 from django_platformkit.admin.taskfigures import add_task_figures
 from django_platformkit.models import Attempt, DeadLetter, HandledEvent, JobState, OutboxEvent, Overview
@@ -31,15 +33,21 @@ if TYPE_CHECKING:
 
 #: The model admins whose view permission opens the overview.
 _OVERVIEW_MODELS = (OutboxEvent, HandledEvent, DeadLetter, JobState, Attempt, Overview)
-#: The auto-refresh intervals the page offers; any other ``?refresh=`` is ignored.
+#: The auto-refresh intervals the page offers; any other ``?refresh=`` is the default.
 REFRESH_CHOICES_SECONDS = (10, 30, 60)
+#: The page reloads itself this often unless asked otherwise: an operator
+#: glancing at it sees figures at most this old (one broker round trip per reload).
+DEFAULT_REFRESH_SECONDS = 30
 
 
 def refresh_seconds(request: HttpRequest) -> int | None:
-    """The auto-refresh interval the request asks for (``?refresh=30``), or
-    None: not asked, or not one of ``REFRESH_CHOICES_SECONDS``."""
+    """The auto-refresh interval of this request: ``?refresh=30`` (one of
+    ``REFRESH_CHOICES_SECONDS``), None for ``?refresh=0`` (paused), else
+    ``DEFAULT_REFRESH_SECONDS``."""
     asked = request.GET.get("refresh", "")
-    return int(asked) if asked.isdigit() and int(asked) in REFRESH_CHOICES_SECONDS else None
+    if asked in ("0", "off"):
+        return None
+    return int(asked) if asked.isdigit() and int(asked) in REFRESH_CHOICES_SECONDS else DEFAULT_REFRESH_SECONDS
 
 
 @admin.register(Overview)
@@ -56,6 +64,7 @@ class OverviewAdmin(NoWritesAdmin, ModelAdminOf[Overview]):
     def get_urls(self) -> list[URLPattern]:
         view = self.admin_site.admin_view(self.overview_view)
         return [
+            *pausing.pause_urls(self),
             path("", view, name="django_platformkit_overview"),
             # The app index links a model's changelist: the same page.
             path("", view, name="django_platformkit_overview_changelist"),
@@ -81,6 +90,7 @@ class OverviewAdmin(NoWritesAdmin, ModelAdminOf[Overview]):
                 "failing": by_state[states.SubscriptionState.FAILING],
                 "lagging": by_state[states.SubscriptionState.LAGGING],
                 "ok": by_state[states.SubscriptionState.OK],
+                "paused": by_state[states.SubscriptionState.PAUSED],
                 "overdue_jobs": sum(1 for j in overview.jobs if j.overdue),
                 "failing_jobs": sum(1 for j in overview.jobs if j.failing),
                 "workers_alive": sum(1 for w in overview.workers if w.state == states.WorkerState.ALIVE),
@@ -93,7 +103,10 @@ class OverviewAdmin(NoWritesAdmin, ModelAdminOf[Overview]):
             "silent_shown_for": int(states.SILENT_SHOWN_FOR.total_seconds() // 60),
             "refresh_seconds": refresh_seconds(request),
             "refresh_choices": REFRESH_CHOICES_SECONDS,
+            "may_pause": pausing.may_pause(request),
             "links": {
+                "pause": reverse(f"{self.admin_site.name}:django_platformkit_overview_pause"),
+                "resume": reverse(f"{self.admin_site.name}:django_platformkit_overview_resume"),
                 "dead_letters": self._url(DeadLetter, "changelist"),
                 "claims": self._url(HandledEvent, "changelist"),
                 "outbox": self._url(OutboxEvent, "changelist"),

@@ -53,6 +53,8 @@ QUERY_NAMES = (
     gettext_noop("pending per event"),
     gettext_noop("job locks"),
     gettext_noop("jobs"),
+    gettext_noop("job controls"),
+    gettext_noop("pauses"),
     gettext_noop("workers"),
     gettext_noop("last dead letters"),
     gettext_noop("retrying events"),

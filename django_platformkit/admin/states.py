@@ -17,8 +17,9 @@ from django_platformkit.jobs.specs import JobSpec
 
 
 class SubscriptionState(TextChoices):
-    """A subscription's state on the overview; the worst that applies wins
-    (failing, then lagging)."""
+    """A subscription's state on the overview: paused when an operator
+    paused it (it explains its wait), else the worst that applies (failing,
+    then lagging)."""
 
     #: Nothing is retrying or dead-lettered, and nothing has waited longer than ``lagging_after_seconds()``.
     OK = "ok", _("ok")
@@ -27,6 +28,8 @@ class SubscriptionState(TextChoices):
     LAGGING = "lagging", _("lagging")
     #: The handler raises: events are retrying, or dead letters wait for an operator.
     FAILING = "failing", _("failing")
+    #: An operator paused it (``manage.py pause``): no worker starts its handler, its events wait.
+    PAUSED = "paused", _("paused")
 
 
 class WorkerState(TextChoices):
@@ -53,11 +56,17 @@ def lagging_after_seconds() -> float:
 
 
 def subscription_state(
-    *, retrying: int, open_dead_letters: int, oldest_unhandled_age_seconds: float | None, lagging_after: float
+    *,
+    retrying: int,
+    open_dead_letters: int,
+    oldest_unhandled_age_seconds: float | None,
+    lagging_after: float,
+    paused: bool = False,
 ) -> SubscriptionState:
     """The state of one subscription.
 
     Args:
+        paused: an operator paused it.
         retrying: events that failed and wait for their next attempt (no claim yet).
         open_dead_letters: dead letters no operator has replayed or discarded.
         oldest_unhandled_age_seconds: how long the oldest event not handled
@@ -65,10 +74,12 @@ def subscription_state(
         lagging_after: ``lagging_after_seconds()``.
 
     Returns:
-        ``FAILING`` when anything retries or a dead letter is open, else
+        ``PAUSED`` when paused, else ``FAILING`` when anything retries or a dead letter is open, else
         ``LAGGING`` when the oldest unhandled event is older than
         ``lagging_after``, else ``OK``.
     """
+    if paused:
+        return SubscriptionState.PAUSED
     if retrying or open_dead_letters:
         return SubscriptionState.FAILING
     if oldest_unhandled_age_seconds is not None and oldest_unhandled_age_seconds > lagging_after:
@@ -84,16 +95,21 @@ def subscription_state(
 OVERDUE_AFTER_SECONDS = 10.0
 
 
-def missed_slot(spec: JobSpec, last_slot: datetime | None, now: datetime) -> datetime | None:
+def missed_slot(
+    spec: JobSpec, last_slot: datetime | None, now: datetime, *, enabled_at: datetime | None = None
+) -> datetime | None:
     """The first slot after ``last_slot`` that no scheduler claimed although
     it came more than ``OVERDUE_AFTER_SECONDS`` before ``now``, or None: the
     job is on time, or has never run (there is no slot to count from).
 
     A job whose run outlasts its interval is overdue too: the scheduler
-    skips its slots while it runs (they are never doubled)."""
+    skips its slots while it runs (they are never doubled). A job an
+    operator enabled again at ``enabled_at`` counts from then: the slots it
+    skipped while disabled were skipped on purpose. (A disabled job is not
+    asked: it is shown as disabled.)"""
     if last_slot is None:
         return None
-    following = spec.next_slot(last_slot)
+    following = spec.next_slot(max(last_slot, enabled_at) if enabled_at is not None else last_slot)
     return following if now - following > timedelta(seconds=OVERDUE_AFTER_SECONDS) else None
 
 

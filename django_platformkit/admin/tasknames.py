@@ -17,6 +17,7 @@ from django.http import HttpRequest
 from django.utils.html import format_html
 from django.utils.translation import gettext_lazy
 
+from django_platformkit.admin.display import breakable
 from django_platformkit.models import OutboxEvent
 from django_platformkit.wire import TASK_EVENT_PREFIX
 
@@ -43,8 +44,10 @@ def subscription_and_task(obj: Any) -> str:
     """The row's subscription and, for a task queue's, the task's dotted path under it."""
     task = getattr(obj, "_task", None) if str(obj.subscription).startswith(TASK_EVENT_PREFIX) else None
     if not task:
-        return str(obj.subscription)
-    return format_html('{}<br><span class="platformkit-source pk-task">{}</span>', obj.subscription, task)
+        return breakable(obj.subscription)
+    return format_html(
+        '{}<br><span class="platformkit-source pk-task">{}</span>', breakable(obj.subscription), breakable(task)
+    )
 
 
 class TaskPathFilter(admin.SimpleListFilter):

@@ -14,7 +14,6 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin, messages
-from django.contrib.admin import helpers
 from django.db.models import Exists, OuterRef, QuerySet, Subquery
 from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Coalesce
@@ -26,6 +25,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy, ngettext
 
+from django_platformkit.admin import bulk
 from django_platformkit.admin.cancelling import cancel_selected
 from django_platformkit.admin.display import NoWritesAdmin, _duration
 from django_platformkit.models import DeadLetter, OutboxTask, TaskResultRecord
@@ -323,9 +323,10 @@ class OutboxTaskAdmin(NoWritesAdmin, _TaskModelAdmin):
     def replay_failed(self, request: HttpRequest, queryset: QuerySet[OutboxTask]) -> HttpResponse | None:
         """Ask for a reason (the dead letters' confirmation page), then
         ``replay()`` each selected task's dead letter."""
-        dead = DeadLetter.objects.filter(event_id__in=list(queryset.values_list("pk", flat=True))).order_by(
-            "-failed_at"
-        )
+        chosen = bulk.selection(request, queryset)  # the selection, or every task the filter matches
+        dead = DeadLetter.objects.filter(event_id__in=chosen.rows.values("pk")).order_by("-failed_at")
+        if bulk.nothing_matches(self, request, chosen, _("replay")):
+            return None
         if not dead.exists():
             self.message_user(request, _("None of the selected tasks failed: nothing to replay."), messages.WARNING)
             return None
@@ -334,13 +335,14 @@ class OutboxTaskAdmin(NoWritesAdmin, _TaskModelAdmin):
         if confirmed and reason:
             from django_platformkit.admin.deadletters import DeadLetterAdmin
             from django_platformkit.exceptions import ReplayRefused
-            from django_platformkit.operate.deadletters import replay, replay_blocker
+            from django_platformkit.operate.deadletters import BatchLog, replay, replay_blocker
 
             actor = request.user.get_username()
+            log = BatchLog("replay", actor=actor, reason=reason)
             # The admin's history of the replay, as the dead letters' own Replay leaves it.
             history = DeadLetterAdmin(DeadLetter, self.admin_site)
             done = 0
-            for row in dead:
+            for row in dead.iterator(chunk_size=500):
                 # Refused as the dead letters' own Replay refuses it: a queue no
                 # longer in TASKS would leave the re-sent task unhandled, its dead letter gone.
                 blocked = replay_blocker(row.event_id, row.name, row.subscription)
@@ -354,6 +356,8 @@ class OutboxTaskAdmin(NoWritesAdmin, _TaskModelAdmin):
                     self._refused(request, row, str(exc))
                     continue
                 history._log(request, row, "replay", reason)
+                log.done()
+            log.close()
             if done:
                 text = ngettext(
                     "Replayed %(n)d failed task: pending again, the worker runs it next.",
@@ -372,10 +376,9 @@ class OutboxTaskAdmin(NoWritesAdmin, _TaskModelAdmin):
             "reason": reason,
             "reason_missing": confirmed and not reason,
             "from_object": False,
-            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
-            "selected_ids": [str(pk) for pk in queryset.values_list("pk", flat=True)],
+            "across": chosen.across,
+            **chosen.form(),
             "action_name": "replay_failed",
-            "select_across": request.POST.get("select_across", "0"),
             "changelist_url": reverse(f"{self.admin_site.name}:django_platformkit_outboxtask_changelist"),
         }
         return TemplateResponse(request, "admin/django_platformkit/deadletter/confirm.html", context)

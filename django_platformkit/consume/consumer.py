@@ -36,6 +36,7 @@ from django_platformkit.broker.port import Broker, KeepAlive
 from django_platformkit.consume.attempts import run_history, start_run
 from django_platformkit.consume.claim import NOT_IN_OUTBOX, UnitTransaction
 from django_platformkit.consume.handler import HandlerRunner
+from django_platformkit.consume.pausing import Pauses
 from django_platformkit.consume.ratelimit import RateLimiter
 from django_platformkit.consume.settle import Settlement
 from django_platformkit.consume.subscriptions import Subscription
@@ -90,6 +91,8 @@ class Consumer:
         contested: Set while this database's identity is contested: a
             message the outbox doesn't know is handed back, not terminated
             (``Settlement.not_in_outbox``).
+        pauses: The paused subscriptions: a unit of a paused one is handed
+            back, uncounted, instead of started (``pausing``).
     """
 
     def __init__(
@@ -101,8 +104,10 @@ class Consumer:
         stop: threading.Event | None = None,
         instance: int = 0,
         contested: threading.Event | None = None,
+        pauses: Pauses | None = None,
     ) -> None:
         self.subscription = subscription
+        self.pauses = pauses
         self.broker = broker
         self.using = using or conf.settings.DATABASE_ALIAS
         self.stop = stop or threading.Event()
@@ -177,9 +182,10 @@ class Consumer:
             claim existed), ``RETRIED`` (naked with its backoff),
             ``DEAD_LETTERED``, ``MALFORMED`` (termed, recorded as a
             ``(malformed)`` dead letter), ``UNACKED`` (the database is gone:
-            left for redelivery), ``HANDED_BACK`` (the worker is stopping:
-            naked, not counted) or ``ELSEWHERE`` (a targeted re-send for
-            another subscription: acked, not counted).
+            left for redelivery), ``HANDED_BACK`` (the worker is stopping,
+            or the subscription is paused: naked, not counted) or
+            ``ELSEWHERE`` (a targeted re-send for another subscription:
+            acked, not counted).
         """
         own_keep = keep is None
         if keep is None:
@@ -188,7 +194,10 @@ class Consumer:
         results: dict[int, HandlingOutcome] = {}
         try:
             for unit in self._units(deliveries, results, keep):
-                if self.stop.is_set():
+                # The one place a unit is decided to start: not while stopping,
+                # nor while its subscription is paused (fetched before the pause
+                # was read): handed back, no run recorded, it waits in the stream.
+                if self.stop.is_set() or (self.pauses is not None and self.pauses.holds(self.subscription)):
                     for work in unit:
                         results[id(work.delivery)] = settlement.hand_back(work)
                         settlement.settled(keep, work.message)

@@ -16,6 +16,9 @@ A task queue's priority bands (``Subscription.priority_group``) share
 one ``Slots`` and take turns by band: ``consume.bands`` says what that
 keeps; here it is three checks (a band's credit, the take, a slot freed).
 
+A paused subscription's lane gets no credit: its messages wait in the
+stream, unfetched (``pausing`` says the rest).
+
 A rate-limited subscription's lane (``ratelimit``) fetches one delivery per
 free slot and never early, so a worker holds no more of it than it can
 start next; the unit waits for its start slot beside the pool
@@ -49,6 +52,7 @@ from django_platformkit import conf
 from django_platformkit.broker.port import Broker, KeepAlive, PullLane
 from django_platformkit.consume.bands import BandGroup, Slots, band_groups
 from django_platformkit.consume.consumer import Consumer
+from django_platformkit.consume.pausing import Pauses
 from django_platformkit.consume.ratelimit import LATE_RETAKES, RateLimiter
 from django_platformkit.consume.subscriptions import Subscription
 from django_platformkit.consume.turns import TurnKeeper
@@ -219,6 +223,7 @@ class ConsumerPool:
         using: The database alias of the pool threads' connections.
         stop_event: Set when the worker stops: nothing more is fetched or taken.
         spawn: Starts a named thread whose crash stops the process (the worker's).
+        pauses: The paused subscriptions (their lanes fetch nothing), or None.
     """
 
     def __init__(
@@ -229,8 +234,10 @@ class ConsumerPool:
         using: str,
         stop_event: threading.Event,
         spawn: Callable[[str, Callable[[], object]], threading.Thread],
+        pauses: Pauses | None = None,
     ) -> None:
         self.broker = broker
+        self.pauses = pauses
         self.lanes = list(lanes)
         self.using = using
         self.stop_event = stop_event
@@ -270,8 +277,8 @@ class ConsumerPool:
 
     def _credit(self, lane: Lane, batch_size: int) -> int:
         """Called on the loop: how many messages ``lane`` may fetch now."""
-        if self.stop_event.is_set():
-            return 0
+        if self.stop_event.is_set() or (self.pauses is not None and self.pauses.holds(lane.subscription)):
+            return 0  # a paused lane's messages wait in the stream, unfetched: no ack wait runs
         with self._cond:
             # A priority band: 0 while a band above may have work (its look or take wakes this lane).
             if (lane.credit if lane.band is None else lane.band.credit(lane)) <= 0:
@@ -472,15 +479,19 @@ class ConsumerPool:
                     self.broker.nak(delivery, POOL_ERROR_BACKOFF_SECONDS)
             self.stop_event.wait(POOL_ERROR_BACKOFF_SECONDS)
 
-    def hand_back_queued(self) -> None:
+    def hand_back_queued(self, lanes: Sequence[Lane] | None = None) -> None:
         """NAK at once every unit fetched and not started (a stopping worker
-        hands back what it must now, not after the ack wait)."""
+        hands back what it must now, not after the ack wait), of ``lanes``
+        only if given (a pause)."""
         with self._cond:
-            units = [unit for lane in self.lanes for unit in lane.queue]
-            for lane in self.lanes:
+            chosen = self.lanes if lanes is None else list(lanes)
+            units = [unit for lane in chosen for unit in lane.queue]
+            for lane in chosen:
+                # Their slots are free again: a unit's slot was taken when it was fetched.
+                lane.available += len(lane.queue)
                 lane.queue.clear()
                 lane.ready = False
-            self._ready.clear()
+            self._ready = collections.deque(lane for lane in self._ready if lane not in chosen)
         for unit in units:
             with contextlib.suppress(Exception):
                 unit.keep.stop()

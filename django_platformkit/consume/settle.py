@@ -196,7 +196,7 @@ class Settlement:
         return HandlingOutcome.HANDED_BACK
 
     def hand_back(self, work: Work) -> HandlingOutcome:
-        """The worker is stopping: nak at once (not counted: no run recorded)."""
+        """The worker is stopping, or the subscription is paused: nak at once (not counted: no run recorded)."""
         self.mark_interrupted(work)
         self.settle(lambda: self.broker.nak(work.message), work.event, "nak")
         return HandlingOutcome.HANDED_BACK

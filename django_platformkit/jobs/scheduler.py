@@ -26,7 +26,9 @@ from django_platformkit import conf
 from django_platformkit._retry import Backoff
 from django_platformkit._tables import JOBS_TABLE
 from django_platformkit.jobs.clocks import Clock, DatabaseClock
+from django_platformkit.jobs.controls import JobSwitches
 from django_platformkit.jobs.locks import advisory_key
+from django_platformkit.jobs.manual import run_by_hand
 from django_platformkit.jobs.slots import JobRunner, SlotRun
 from django_platformkit.jobs.specs import JobSpec, job_named, require_aware
 from django_platformkit.jobs.specs import jobs as registered_jobs
@@ -59,8 +61,12 @@ class Scheduler:
     call ``tick()``. Whatever the clock, a slot more than
     ``SLOT_AHEAD_TOLERANCE_SECONDS`` ahead of the database's clock is never
     claimed (logged at WARNING); ``max_ahead_seconds=None`` turns that off
-    (tests of calendar arithmetic years ahead only). ``run(stop)`` loops until
-    ``stop`` is set. Raises ``ConfigurationError`` for an unknown job name.
+    (tests of calendar arithmetic years ahead only). ``switches``: the
+    operators' job switches as the worker's control watch last read them
+    (``jobs.controls``): a disabled job's slots are skipped, a run asked
+    for by hand starts at the next tick; None: no switches. ``run(stop)``
+    loops until ``stop`` is set. Raises ``ConfigurationError`` for an
+    unknown job name.
     """
 
     def __init__(
@@ -71,6 +77,7 @@ class Scheduler:
         jobs: Iterable[str | JobSpec] | None = None,
         stop_grace_seconds: float = STOP_GRACE_SECONDS,
         max_ahead_seconds: float | None = SLOT_AHEAD_TOLERANCE_SECONDS,
+        switches: JobSwitches | None = None,
     ) -> None:
         self.using = using or conf.settings.DATABASE_ALIAS
         self.clock = clock or DatabaseClock(self.using)
@@ -81,6 +88,8 @@ class Scheduler:
         specs = [item if isinstance(item, JobSpec) else job_named(item) for item in chosen]
         self._runners = [JobRunner(spec, advisory_key(spec.name)) for spec in specs]
         self.slots = SlotRun(using=self.using, max_ahead_seconds=max_ahead_seconds)
+        self.switches = switches
+        self._told_disabled: dict[str, datetime] = {}  # job -> the disable its skipped slots were logged for
 
     @property
     def jobs(self) -> list[JobSpec]:
@@ -136,6 +145,8 @@ class Scheduler:
             # The slots between the one due and the newest were never run: say how many, once.
             passed = runner.spec.count_slots_between(runner.next_due - _BEFORE, slot)
             runner.next_due = runner.spec.next_slot(slot)
+            if self._disabled(runner, slot):
+                continue
             too_late = now - slot > runner.spec.grace_after(slot)
             if too_late or passed:
                 logger.warning(
@@ -155,13 +166,53 @@ class Scheduler:
                     "job still running, slot skipped name=%s slot=%s running_slot=%s running_for=%.0fs",
                     runner.spec.name,
                     slot.isoformat(),
-                    runner.running_slot.isoformat() if runner.running_slot else "-",
+                    runner.running_slot.isoformat() if runner.running_slot else "by-hand",
                     time.monotonic() - runner.running_since,
                 )
                 continue
             runner.running_slot, runner.running_since = slot, time.monotonic()
             thread = threading.Thread(
                 target=self.slots.run, args=(runner, slot), name=f"platformkit-job-{runner.spec.name}", daemon=True
+            )
+            runner.thread = thread
+            thread.start()
+            started.append(thread)
+        return started + self._start_manual_runs()
+
+    def _disabled(self, runner: JobRunner, slot: datetime) -> bool:
+        """Whether an operator disabled ``runner``'s job: its slot is skipped
+        (logged at INFO for the first slot of a disable, then at DEBUG)."""
+        switch = self.switches.disabled(runner.spec.name) if self.switches is not None else None
+        if switch is None:
+            return False
+        assert switch.disabled_at is not None  # disabled() returns disabled ones
+        first = self._told_disabled.get(runner.spec.name) != switch.disabled_at
+        self._told_disabled[runner.spec.name] = switch.disabled_at
+        logger.log(
+            logging.INFO if first else logging.DEBUG,
+            "slot skipped, job disabled name=%s slot=%s disabled_by=%s disabled_at=%s reason=%s",
+            runner.spec.name,
+            slot.isoformat(),
+            switch.disabled_by,
+            switch.disabled_at.isoformat(),
+            switch.disabled_reason,
+        )
+        return True
+
+    def _start_manual_runs(self) -> list[threading.Thread]:
+        """A thread per job with a run asked for by hand and none of its runs
+        going here (``jobs/manual.py``: the lock and the request decide which
+        worker runs it)."""
+        started = []
+        for runner in self._runners:
+            if self.switches is None or not self.switches.run_requested(runner.spec.name) or runner.busy():
+                continue
+            runner.running_slot, runner.running_since = None, time.monotonic()
+            thread = threading.Thread(
+                target=run_by_hand,
+                args=(self.slots, runner),
+                name=f"platformkit-job-{runner.spec.name}-by-hand",
+                daemon=True,
             )
             runner.thread = thread
             thread.start()
@@ -192,11 +243,17 @@ class Scheduler:
     # -- start-up: catch up the newest slot missed while no worker ran --
     def _start(self, runners: Sequence[JobRunner], now: datetime) -> None:
         connection = connections[self.using]
+        names = [r.spec.name for r in runners]
         try:
             with connection.cursor() as cursor:
+                # Every job this scheduler runs has its ledger row from its first start, so the
+                # jobs list offers it to operators (run now, disable) before its first slot.
                 cursor.execute(
-                    f"SELECT name, last_slot FROM {JOBS_TABLE} WHERE name = ANY(%s)", [[r.spec.name for r in runners]]
+                    f"INSERT INTO {JOBS_TABLE} (name, last_error) SELECT n, '' FROM unnest(%s::text[]) AS n "
+                    "ON CONFLICT (name) DO NOTHING",
+                    [names],
                 )
+                cursor.execute(f"SELECT name, last_slot FROM {JOBS_TABLE} WHERE name = ANY(%s)", [names])
                 ledger = dict(cursor.fetchall())
         finally:
             # The scheduler thread needs no connection between start-ups.
@@ -209,6 +266,8 @@ class Scheduler:
             if last is None or newest <= last:
                 # Never run: nothing was missed; or the newest slot is done.
                 continue
+            if self.switches is not None and self.switches.skipped_on_purpose(spec.name, newest):
+                continue  # missed while disabled: skipped on purpose, never caught up
             catch_up = now - newest <= spec.grace_after(newest)
             # Every slot between the last run and the newest was missed (no worker ran); the newest runs
             # once if it is within its grace.

@@ -11,12 +11,14 @@ its own day).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
 import traceback as traceback_module
+from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db import connections
@@ -100,6 +102,41 @@ class JobRunner:
             except Exception:
                 pass
         self.connection = None
+
+
+def run_job(spec: JobSpec, *, slot: datetime | None, manual_by: str | None = None) -> tuple[str, float]:
+    """Call ``spec.func()`` once, for ``slot`` (None: a run by hand, asked
+    for by ``manual_by``): a failure is logged at ERROR, never raised, and
+    ``job_finished`` is sent either way.
+
+    Returns:
+        ``(error, duration_seconds)``: the error with its traceback, "" when it succeeded.
+    """
+    started, error, failure = time.monotonic(), "", None
+    try:
+        spec.func()
+    except Exception as exc:
+        failure = exc
+        error = f"{type(exc).__name__}: {exc}\n\n" + "".join(traceback_module.format_exception(exc))
+        logger.error(
+            "job failed name=%s slot=%s error=%s: %s",
+            spec.name,
+            slot.isoformat() if slot is not None else f"by-hand actor={manual_by}",
+            type(exc).__name__,
+            exc,
+            exc_info=exc,
+        )
+    duration = time.monotonic() - started
+    signals.job_finished.send_robust(
+        sender=spec,
+        job=spec.name,
+        slot=slot,
+        outcome=JobOutcome.FAILED if failure is not None else JobOutcome.SUCCEEDED,
+        error=failure,
+        duration_seconds=duration,
+        manual_by=manual_by,
+    )
+    return error, duration
 
 
 class SlotRun:
@@ -259,29 +296,7 @@ class SlotRun:
             )
         self._wait_for_the_slot(spec, slot, database_now)
         logger.debug("job started name=%s slot=%s", spec.name, slot.isoformat())
-        started, error, failure = time.monotonic(), "", None
-        try:
-            spec.func()
-        except Exception as exc:
-            failure = exc
-            error = f"{type(exc).__name__}: {exc}\n\n" + "".join(traceback_module.format_exception(exc))
-            logger.error(
-                "job failed name=%s slot=%s error=%s: %s",
-                spec.name,
-                slot.isoformat(),
-                type(exc).__name__,
-                exc,
-                exc_info=exc,
-            )
-        duration = time.monotonic() - started
-        signals.job_finished.send_robust(
-            sender=spec,
-            job=spec.name,
-            slot=slot,
-            outcome=JobOutcome.FAILED if failure is not None else JobOutcome.SUCCEEDED,
-            error=failure,
-            duration_seconds=duration,
-        )
+        error, duration = run_job(spec, slot=slot)
         try:
             # Escaped: PostgreSQL can't store a NUL, and a job's error may
             # hold one; unescaped, the finish and the error would be lost.
@@ -338,6 +353,30 @@ class SlotRun:
         while behind > 0:
             time.sleep(behind)
             behind = (slot - timezone.now()).total_seconds()
+
+    @contextlib.contextmanager
+    def locked(self, runner: JobRunner) -> Iterator[Any]:
+        """The job's advisory lock for a run outside the slots (a run asked
+        for by hand, ``jobs/manual.py``): yields the lock connection once the
+        lock is taken - so never beside a slot's run or another manual run,
+        on any worker - and releases it after; yields None while a run holds
+        it, or when the database can't be reached (logged as for a slot)."""
+        import psycopg
+
+        try:
+            connection = self._connect(runner)
+            taken = bool(connection.execute("SELECT pg_try_advisory_lock(%s)", [runner.key]).fetchone()[0])
+        except psycopg.OperationalError as exc:
+            runner.close_connection()
+            self._database_unavailable(runner.spec.name, datetime.now(UTC), exc)
+            taken = False
+        if not taken:
+            yield None
+            return
+        try:
+            yield connection
+        finally:
+            self._unlock(runner)
 
     def _unlock(self, runner: JobRunner) -> None:
         connection = runner.connection

@@ -3,8 +3,9 @@ make handling exactly-once, the attempts that say how often a handler really
 ran, the dead letters an operator acts on, and the slot ledger behind "once
 per slot". Table names are part of the public
 contract (DESIGN.md), defined once in ``_tables``. Reconciliation's state per
-subscription has a module of its own (``reconciliation.py``), imported here:
-Django finds an app's models in its ``models``.
+subscription (``reconciliation.py``) and the operator's controls - paused
+subscriptions, job switches (``controls.py``) - have modules of their own,
+imported here: Django finds an app's models in its ``models``.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from django_platformkit._tables import (
     TASK_RESULTS_TABLE,
     WORKERS_TABLE,
 )
+from django_platformkit.models.controls import JobControl, Pause  # noqa: F401 - Django finds them here
 from django_platformkit.models.reconciliation import SubscriptionState  # noqa: F401 - Django finds it here
 from django_platformkit.wire import AttemptOutcome, HandlingOutcome
 

@@ -1,5 +1,6 @@
 """Dead letters: the record of an event a subscription gave up on, and the
-operator verbs over it (``replay()``, ``discard()``).
+operator verbs over it (``replay()``, ``discard()``; ``BatchLog`` for the
+log of many at once).
 
 A dead letter is written in one transaction with a terminal claim, so a lost
 ack can never produce a false dead letter and nothing runs the event again
@@ -189,7 +190,8 @@ def replay(
             {"event_id": str(event_id), "name": name, "subscription": subscription, "actor": actor, "reason": reason},
             using=alias,
         )
-    logger.info(
+    # One line per row at DEBUG: an operator's bulk replay logs its batches (``BatchLog``).
+    logger.debug(
         "replayed event_id=%s name=%s subscriptions=%s actor=%s reason=%s",
         event_id,
         name,
@@ -248,7 +250,7 @@ def discard(event_id: uuid.UUID | str, *, subscription: str, actor: str, reason:
                 using=alias,
             )
     if row is not None:
-        logger.info(
+        logger.debug(
             "discarded dead letter event_id=%s name=%s subscription=%s actor=%s reason=%s",
             event_id,
             row[0],
@@ -257,3 +259,50 @@ def discard(event_id: uuid.UUID | str, *, subscription: str, actor: str, reason:
             reason,
         )
     return row is not None
+
+
+#: An operator's replay or discard of many dead letters logs one INFO line per this many rows.
+BATCH_LOG_ROWS = 100
+
+
+class BatchLog:
+    """The log of one operator's replay or discard of many dead letters (the
+    admin's action, ``manage.py deadletters``): one INFO line per
+    ``BATCH_LOG_ROWS`` rows done and one for the rest (``close()``); each
+    row is logged at DEBUG by ``replay()`` / ``discard()`` themselves.
+
+    Args:
+        verb: ``"replay"`` or ``"discard"``.
+        actor: Who acts.
+        reason: Why.
+    """
+
+    def __init__(self, verb: str, *, actor: str, reason: str) -> None:
+        self.past = {"replay": "replayed", "discard": "discarded"}[verb]
+        self.actor = actor
+        self.reason = reason
+        self.total = 0
+        self._unlogged = 0
+
+    def done(self) -> None:
+        """One more row done."""
+        self.total += 1
+        self._unlogged += 1
+        if self._unlogged >= BATCH_LOG_ROWS:
+            self._log()
+
+    def close(self) -> None:
+        """Log the rows done since the last line."""
+        if self._unlogged:
+            self._log()
+
+    def _log(self) -> None:
+        logger.info(
+            "%s dead letters n=%s total=%s actor=%s reason=%s",
+            self.past,
+            self._unlogged,
+            self.total,
+            self.actor,
+            self.reason,
+        )
+        self._unlogged = 0

@@ -32,6 +32,7 @@ started, and by the stream's own max age before that.
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -46,6 +47,28 @@ from django_platformkit.broker.figures import stream_standing
 logger = logging.getLogger(__name__)
 
 DEFAULT_BATCH_SIZE = 1000
+#: A long purge logs how far it has got this often (INFO): 200,000 rows took
+#: 32 s in silence, which reads as a hang.
+PROGRESS_EVERY_SECONDS = 5.0
+
+
+class _Progress:
+    """One INFO line per ``every_seconds`` while a purge runs: the phase
+    (outbox, claims, attempts), the rows deleted so far and the batches."""
+
+    def __init__(self, every_seconds: float) -> None:
+        self.every_seconds = every_seconds
+        self.started = self._last = time.monotonic()
+
+    def batch(self, phase: str, deleted: int, batches: int) -> None:
+        now = time.monotonic()
+        if now - self._last < self.every_seconds:
+            return
+        self._last = now
+        logger.info(
+            "purge running phase=%s deleted=%s batches=%s elapsed=%.0fs", phase, deleted, batches, now - self.started
+        )
+
 
 _NO_DEAD_LETTER = f"NOT EXISTS (SELECT 1 FROM {DEAD_LETTER_TABLE} d WHERE d.event_id = o.id)"
 # Inside the stream's retention, a row is kept while some subscription of
@@ -165,6 +188,7 @@ def purge(
     batch_size: int = DEFAULT_BATCH_SIZE,
     using: str | None = None,
     stream_max_age: timedelta | None = None,
+    progress_every_seconds: float = PROGRESS_EVERY_SECONDS,
 ) -> PurgeResult:
     """Delete published outbox rows older than ``older_than`` (default: the
     retention), the claims that no longer guard a row and the attempt
@@ -182,6 +206,8 @@ def purge(
         stream_max_age: The stream's max age, when the caller knows it
             (``timedelta.max``: no max age); None reads it from the broker.
             The retention is the longer of it and ``RETENTION_DAYS``.
+        progress_every_seconds: A purge that runs longer logs how far it
+            has got (INFO) this often.
 
     Raises:
         ValueError: An age that isn't a positive ``timedelta``, a batch size below 1.
@@ -224,9 +250,12 @@ def purge(
                 cutoff.isoformat(),
             )
             return result
-    outbox, skipped, outbox_batches = _purge_outbox(alias, params, batch_size)
-    claims, claim_batches = _purge_by_id(alias, _CLAIMS_BATCH_SQL, claims_cutoff, batch_size)
-    attempts, attempt_batches = _purge_by_id(alias, _ATTEMPTS_BATCH_SQL, claims_cutoff, batch_size)
+    progress = _Progress(progress_every_seconds)
+    outbox, skipped, outbox_batches = _purge_outbox(alias, params, batch_size, progress)
+    claims, claim_batches = _purge_by_id(alias, _CLAIMS_BATCH_SQL, claims_cutoff, batch_size, progress, "claims")
+    attempts, attempt_batches = _purge_by_id(
+        alias, _ATTEMPTS_BATCH_SQL, claims_cutoff, batch_size, progress, "attempts"
+    )
     result = PurgeResult(
         cutoff=cutoff,
         dry_run=False,
@@ -302,7 +331,7 @@ def _guards() -> dict[str, list[str]]:
     return {"subscriptions": [p[0] for p in pairs], "names": [p[1] for p in pairs]}
 
 
-def _purge_outbox(alias: str, params: dict[str, Any], batch_size: int) -> tuple[int, int, int]:
+def _purge_outbox(alias: str, params: dict[str, Any], batch_size: int, progress: _Progress) -> tuple[int, int, int]:
     after_at, after_id = datetime.min.replace(tzinfo=UTC), uuid.UUID(int=0)
     deleted = skipped = batches = 0
     while True:
@@ -314,12 +343,15 @@ def _purge_outbox(alias: str, params: dict[str, Any], batch_size: int) -> tuple[
         batches += 1
         deleted += gone
         skipped += eligible - gone
+        progress.batch("outbox", deleted, batches)
         if paged < batch_size:
             return deleted, skipped, batches
         after_at, after_id = last_at, last_id
 
 
-def _purge_by_id(alias: str, sql: str, cutoff: datetime, batch_size: int) -> tuple[int, int]:
+def _purge_by_id(
+    alias: str, sql: str, cutoff: datetime, batch_size: int, progress: _Progress, phase: str
+) -> tuple[int, int]:
     after_id, deleted, batches = 0, 0, 0
     while True:
         with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
@@ -327,6 +359,7 @@ def _purge_by_id(alias: str, sql: str, cutoff: datetime, batch_size: int) -> tup
             paged, last_id, gone = cursor.fetchone()
         batches += 1
         deleted += gone
+        progress.batch(phase, deleted, batches)
         if paged < batch_size:
             return deleted, batches
         after_id = last_id

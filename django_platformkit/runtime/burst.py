@@ -1,7 +1,8 @@
 """``runworker --burst``: drain, then stop. Drained means nothing pending in
 the outbox (rows due later stay pending) and no durable with messages
 pending, awaiting ack or awaiting a retry - seen twice in a row, so a unit
-between two looks can't pass for a quiet queue.
+between two looks can't pass for a quiet queue. A paused subscription's
+durable is left out: its messages wait for the resume, not for the burst.
 """
 
 from __future__ import annotations
@@ -51,6 +52,15 @@ def drain(
         0 when drained or stopped, 1 when not drained in time.
     """
     deadline = None if timeout_seconds is None else time.monotonic() + timeout_seconds
+    held = [
+        lane.subscription.name
+        for lane in pool.lanes
+        if pool.pauses is not None and pool.pauses.holds(lane.subscription)
+    ]
+    if held:
+        logger.info(
+            "burst: paused subscriptions are not drained subscriptions=%s (their messages wait)", ",".join(held)
+        )
     quiet = 0
     outbox = relay is not None if wait_for_outbox is None else wait_for_outbox
     while not stop_event.is_set():
@@ -89,6 +99,8 @@ def drained(*, relay_wanted: bool, pool: ConsumerPool, broker: Broker, using: st
         logger.debug("burst check: consumers still fetching")
         return False
     for lane in pool.lanes:
+        if pool.pauses is not None and pool.pauses.holds(lane.subscription):
+            continue  # paused: what waits in its durable is not this drain's to handle
         try:
             info = broker.consumer_info(lane.subscription.durable)
         except Exception:

@@ -1,10 +1,13 @@
-"""A worker's clock side: its heartbeat and its scheduler, which need only
-PostgreSQL. They start before the worker reaches NATS and never wait for it
-- a worker started while NATS is down runs its jobs and is listed on the
-overview as waiting for the broker - and the heartbeat row says what the
-worker does (``models.WorkerState``) at every beat. Its reconciliation
-(``reconciling.py``) starts with them and makes its first pass as soon as the
-worker has started (it needs the broker), then one per interval.
+"""A worker's clock side: its heartbeat, its scheduler and its look at the
+operators' controls (``controlwatch``), which need only PostgreSQL. They
+start before the worker reaches NATS and never wait for it - a worker
+started while NATS is down runs its jobs and is listed on the overview as
+waiting for the broker - and the heartbeat row says what the worker does
+(``models.WorkerState``) at every beat. The controls are read first, so a
+pause or a disable holds from a worker's first unit and first slot. Its
+reconciliation (``reconciling.py``) starts with them and makes its first
+pass as soon as the worker has started (it needs the broker), then one per
+interval.
 """
 
 from __future__ import annotations
@@ -16,7 +19,10 @@ from typing import Any
 
 from django_platformkit import conf
 from django_platformkit.broker.port import Broker
+from django_platformkit.consume.pausing import Pauses
+from django_platformkit.jobs.controls import JobSwitches
 from django_platformkit.models import WorkerState
+from django_platformkit.runtime.controlwatch import ControlWatch
 from django_platformkit.runtime.heartbeat import Heartbeat, StateReport
 from django_platformkit.runtime.reconciling import ReconcileLoop
 from django_platformkit.runtime.startup import StartUp
@@ -34,6 +40,8 @@ class ClockSide:
         stop: Set when the worker stops.
         spawn: Starts a named thread that crashes the worker if it raises.
         scheduler: Run the periodic jobs (``jobs``: which; None: all).
+        consumers: The worker consumes: its control watch reads the pauses
+            (``controls.pauses``, for its pool) as well as the job switches.
         using: The database alias of the ledger and the heartbeat.
     """
 
@@ -49,6 +57,7 @@ class ClockSide:
         spawn: Callable[[str, Callable[[], object]], threading.Thread],
         scheduler: bool,
         jobs: Sequence[str] | None,
+        consumers: bool = False,
         using: str,
     ) -> None:
         self.heartbeat = heartbeat
@@ -62,13 +71,25 @@ class ClockSide:
         self.want_scheduler = scheduler
         self.jobs = jobs
         self.using = using
+        #: The operators' controls this worker obeys: pauses for its pool, job switches for its scheduler.
+        self.controls = ControlWatch(
+            using=using,
+            stop=stop,
+            pauses=Pauses() if consumers else None,
+            switches=JobSwitches() if scheduler else None,
+        )
         #: The scheduler once started (None: none, or not yet).
         self.scheduler: Any = None
         self._beating: threading.Thread | None = None
 
-    def start(self) -> None:
-        """Beat (from a thread of its own while the worker starts; the
-        watchdog beats after), start the scheduler and the reconciliation."""
+    def start(self, *, give_up: bool = False) -> None:
+        """Read the controls (waiting out a database that can't answer yet;
+        ``give_up``: a run-once mode's bound, ``StartUp.wait_for``) and keep
+        reading them, beat (from a thread of its own while the worker
+        starts; the watchdog beats after), start the scheduler and the reconciliation."""
+        if self.controls.wanted:
+            self.start_up.wait_for(self.controls.first_look, "database", give_up=give_up)
+            self.spawn("platformkit-controls", self.controls.run)
         self._beating = self.heartbeat.beat_while(self.starting, self.stop)
         loop = ReconcileLoop(
             self.broker, start_up=self.start_up, starting=self.starting, stop=self.stop, using=self.using
@@ -77,7 +98,7 @@ class ClockSide:
         if self.want_scheduler:
             from django_platformkit.jobs.scheduler import Scheduler
 
-            self.scheduler = Scheduler(using=self.using, jobs=self.jobs)
+            self.scheduler = Scheduler(using=self.using, jobs=self.jobs, switches=self.controls.switches)
             self.spawn("platformkit-scheduler", functools.partial(self.scheduler.run, self.stop))
 
     def join_heartbeat(self, timeout: float | None = None) -> None:

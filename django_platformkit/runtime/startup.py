@@ -4,7 +4,8 @@ durable ensured - each waited out while it can't answer yet (JetStream
 starting, a cluster electing its leader, a database restarting), never a
 crash loop, and logged as one line, then one a minute (``WaitingLog``).
 ``waiting`` says what it waits for, for the heartbeat: the worker's jobs
-and heartbeat run meanwhile. Run-once modes (``--burst``, ``runrelay
+and heartbeat run meanwhile. Its consumer pool is built here too, once the
+durables are ensured. Run-once modes (``--burst``, ``runrelay
 --once``) give up after a bound instead, saying what is missing.
 """
 
@@ -14,13 +15,16 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from django.db import connections
 
 from django_platformkit import conf
 from django_platformkit._retry import Backoff, WaitingLog
 from django_platformkit.broker.port import Broker
+from django_platformkit.consume.consumer import Consumer
+from django_platformkit.consume.pausing import Pauses
+from django_platformkit.consume.pool import ConsumerPool, Lane
 from django_platformkit.consume.subscriptions import Subscription
 from django_platformkit.exceptions import (
     BrokerUnavailable,
@@ -82,14 +86,16 @@ class StartUp:
             return
         pool = getattr(connection, "pool", None)  # the PostgreSQL backend's (Django 5.1+)
         # + one for the heartbeat and the burst's checks, + one reconciliation keeps
-        # (runtime/reconciling.py), + one a job's run holds while it runs.
-        others = 3 if scheduler else 2
+        # (runtime/reconciling.py), + one a job's run holds while it runs, + one the
+        # control watch keeps (it reads the pauses and job switches every few seconds).
+        others = (3 if scheduler else 2) + (1 if threads or scheduler else 0)
         needed = threads + relay_lanes + others
         if pool is not None and pool.max_size < needed:
             raise ConfigurationError(
                 f"DATABASES[{self.using!r}]['OPTIONS']['pool'] allows {pool.max_size} connections, but this worker "
                 f"keeps up to {needed} at once ({threads} handler threads (CONSUMER_THREADS), {relay_lanes} relay lanes "
-                f"(RELAY_LANES), {others} for the heartbeat, reconciliation{' and the jobs' if scheduler else ''}): "
+                f"(RELAY_LANES), {others} for the heartbeat, reconciliation, the controls"
+                f"{' and the jobs' if scheduler else ''}): "
                 "with fewer, a thread waits for a "
                 f"connection for ever and its events stall. Give the pool max_size >= {needed} (with min_size), or "
                 "run the worker with a settings module without 'pool' (its threads keep their connections anyway)."
@@ -147,6 +153,38 @@ class StartUp:
             broker=True,
         )
         return not self.stop_event.is_set()
+
+    def consumer_pool(
+        self,
+        subscriptions: Sequence[Subscription],
+        *,
+        spawn: Callable[[str, Callable[[], object]], threading.Thread],
+        contested: threading.Event,
+        pauses: Pauses | None,
+    ) -> ConsumerPool:
+        """The worker's consumer pool: each subscription's durable ensured
+        (``ensure_durable``), its consumers (one per ``concurrency`` slot) in
+        a lane. ``spawn`` starts the pool's threads; ``contested`` and
+        ``pauses`` are the watches' shared state the consumers read."""
+        lanes = []
+        for subscription in subscriptions:
+            self.ensure_durable(subscription)
+            consumers = [
+                Consumer(
+                    subscription,
+                    self.broker,
+                    using=self.using,
+                    stop=self.stop_event,
+                    instance=i,
+                    contested=contested,
+                    pauses=pauses,
+                )
+                for i in range(subscription.concurrency)
+            ]
+            lanes.append(Lane(subscription, consumers, using=self.using))
+        return ConsumerPool(
+            self.broker, lanes, using=self.using, stop_event=self.stop_event, spawn=spawn, pauses=pauses
+        )
 
     def ensure_durable(self, subscription: Subscription) -> None:
         """The subscription's durable, created or updated, waited out while the broker can't answer."""
@@ -222,6 +260,13 @@ class StartUp:
                 subscription.name,
                 exc,
             )
+
+    def wait_for(self, func: Callable[[], object], what: str, *, give_up: bool) -> None:
+        """``retry_until_stopped(func, what)`` from the start of a worker,
+        giving up after ``connect_timeout_seconds`` in run-once modes
+        (``give_up``: ``BrokerUnavailable`` saying ``what`` is not available)."""
+        self.give_up_at = time.monotonic() + self.connect_timeout_seconds if give_up else None
+        self.retry_until_stopped(func, what)
 
     def retry_until_stopped(self, func: Callable[[], object], what: str, *, broker: bool = False) -> None:
         """Call ``func`` until it returns or ``stop_event`` is set, waiting

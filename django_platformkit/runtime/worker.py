@@ -39,7 +39,7 @@ from django_platformkit import conf
 from django_platformkit.broker.connection import event_loop_kind
 from django_platformkit.broker.port import Broker
 from django_platformkit.consume.consumer import Consumer
-from django_platformkit.consume.pool import ConsumerPool, Lane, pool_connection_count, pool_thread_count
+from django_platformkit.consume.pool import ConsumerPool, pool_connection_count, pool_thread_count
 from django_platformkit.consume.subscriptions import Subscription
 from django_platformkit.consume.subscriptions import subscriptions as registered_subscriptions
 from django_platformkit.exceptions import ConfigurationError
@@ -154,6 +154,7 @@ class Worker:
             spawn=self.threads.spawn,
             scheduler=self.want_scheduler,
             jobs=self.job_names,
+            consumers=consumers,
             using=self.using,
         )
 
@@ -206,27 +207,17 @@ class Worker:
         self.health_file.while_starting(lambda: self._starting, self.stop_event)
         try:
             self.refuse_a_small_connection_pool()
-            self.clock_side.start()  # jobs and the heartbeat need only PostgreSQL: they never wait for NATS
+            self.clock_side.start(give_up=self.burst)  # jobs, controls, heartbeat: only PostgreSQL, never NATS
             # A burst is a script's step: fail it rather than wait forever for a broker.
             if not self.start_up.connect_and_ensure_stream(give_up=self.burst):
                 return self._stopped_in_start_up()
             self.heartbeat.instance = self.start_up.instance or ""
             if self.want_consumers:
-                lanes = []
-                make = functools.partial(
-                    Consumer,
-                    broker=self.transport,
-                    using=self.using,
-                    stop=self.stop_event,
-                    contested=self.watch.contested,
+                controls = self.clock_side.controls
+                self.pool = self.start_up.consumer_pool(
+                    self.subscriptions, spawn=self.threads.spawn, contested=self.watch.contested, pauses=controls.pauses
                 )
-                for subscription in self.subscriptions:
-                    self.start_up.ensure_durable(subscription)
-                    consumers = [make(subscription, instance=i) for i in range(subscription.concurrency)]
-                    lanes.append(Lane(subscription, consumers, using=self.using))
-                self.pool = ConsumerPool(
-                    self.transport, lanes, using=self.using, stop_event=self.stop_event, spawn=self.threads.spawn
-                )
+                controls.pool = self.pool  # a pause hands back what waits; a resume fetches
             if self.stop_event.is_set():
                 return self._stopped_in_start_up()
         except ConfigurationError as exc:

@@ -60,6 +60,18 @@ def when_html(value: datetime | None, *, relative: bool = True) -> str:
     )
 
 
+def ago_html(value: datetime | None) -> str:
+    """An aware datetime as its age alone (``5 min ago``) in a ``<time>``
+    element whose title is the time itself, for a sentence; "—" for None."""
+    if value is None:
+        return "—"
+    seconds = (value - timezone.now()).total_seconds()
+    rel = (
+        _("in %(age)s") % {"age": age_text(seconds)} if seconds > 0 else _("%(age)s ago") % {"age": age_text(-seconds)}
+    )
+    return format_html('<time datetime="{}" title="{}">{}</time>', value.isoformat(), when_text(value), rel)
+
+
 def sparkline_svg(
     values: Sequence[float] | None, *, width: int = 120, height: int = 24, label: str = "", unit: str = ""
 ) -> str:

@@ -413,7 +413,7 @@ def test_the_overview_under_a_retrying_handler_shows_the_last_error_and_leads_to
                 folded = page.locator("#platformkit-workers-folded")
                 expect(folded.locator("summary")).to_contain_text("3 workers stopped earlier")
                 expect(folded.locator('tr[data-worker="web-1:4001"]')).to_be_hidden()  # folded away
-                expect(page.locator('meta[http-equiv="refresh"]')).to_have_count(0)  # no reload unless asked
+                expect(page.locator('meta[http-equiv="refresh"]')).to_have_attribute("content", "30")  # on by default
                 page.screenshot(path=str(CONSOLE_SHOTS / "overview-retrying.png"), full_page=True)
                 _assert_no_sideways_scroll(page, "#platformkit-subscriptions")
 
@@ -437,10 +437,124 @@ def test_the_overview_under_a_retrying_handler_shows_the_last_error_and_leads_to
 
                 page.goto(f"{live_server.url}/admin/django_platformkit/overview/?refresh=10")
                 expect(page.locator('meta[http-equiv="refresh"]')).to_have_attribute("content", "10")
+                page.click("#platformkit-refresh-pause")  # the visible pause: reading without a reload
+                expect(page.locator('meta[http-equiv="refresh"]')).to_have_count(0)
+                expect(page.locator("#platformkit-refresh-resume")).to_be_visible()
             finally:
                 browser.close()
     finally:
         worker.stop()
         thread.join(30)
     for name in ("overview-retrying.png", "attempts.png", "tasks.png"):
+        assert (CONSOLE_SHOTS / name).stat().st_size > 10_000, name
+
+
+# --- the operator's controls at 1280 px: a paused subscription, the jobs list, the errors ------------
+
+
+def _column_widths(page, table: str) -> dict[str, float]:
+    """Each header's width in ``table``, by its column class (``column-name``) or its text."""
+    return page.evaluate(
+        f"""(() => Object.fromEntries([...document.querySelectorAll({table!r} + ' thead th')].map(
+            th => [([...th.classList].find(c => c.startsWith('column-')) || th.innerText.trim()), th.getBoundingClientRect().width])))()"""
+    )
+
+
+def test_operators_pause_a_subscription_and_disable_a_job_at_1280_px_and_the_lists_fit(
+    live_server, broker, console_user, registries, monkeypatch
+):
+    """At 1280 px: an operator pauses a subscription from the overview (with a
+    reason) and the overview says who paused it, when and why; the jobs list
+    with a disabled job, an overdue one, a run asked for and a long error fits
+    the window, and the dead-letter list gives its ERROR column the width
+    the other columns leave (it was squeezed to ~90 px)."""
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    from playwright.sync_api import expect, sync_playwright
+
+    from django_platformkit.jobs import specs as jobs
+    from django_platformkit.jobs.controls import disable, request_run
+    from django_platformkit.models import JobState
+
+    now = timezone.now()
+    jobs.job(every=datetime.timedelta(seconds=20), name="testapp.sync_prices")(lambda: None)
+    jobs.job(cron="30 2 * * *", timezone="Europe/Paris", name="testapp.nightly_settlement_report")(lambda: None)
+    jobs.job(every=datetime.timedelta(minutes=5), name="testapp.refresh_exchange_rates")(lambda: None)
+    late = now - datetime.timedelta(seconds=82)
+    JobState.objects.create(name="testapp.sync_prices", last_slot=late, started_at=late, finished_at=late)
+    nightly = jobs.job_named("testapp.nightly_settlement_report").prev_slot(now)
+    JobState.objects.create(
+        name="testapp.nightly_settlement_report",
+        last_slot=nightly,
+        started_at=nightly,
+        finished_at=nightly + datetime.timedelta(seconds=48),
+        last_error="requests.exceptions.ConnectionError: HTTPSConnectionPool(host='settlement.bank.example', "
+        "port=443): Max retries exceeded with url: /v2/reports?day=" + "x" * 200,
+    )
+    rates = jobs.job_named("testapp.refresh_exchange_rates").prev_slot(now) - datetime.timedelta(minutes=30)
+    JobState.objects.create(name="testapp.refresh_exchange_rates", last_slot=rates, started_at=rates, finished_at=rates)
+    disable(["testapp.refresh_exchange_rates"], actor="otto", reason="the rates provider is migrating its API")
+    request_run(["testapp.nightly_settlement_report"], actor="otto", reason="the bank re-sent yesterday's file")
+    for n in range(3):
+        with transaction.atomic():
+            event_id = publish("testapp.slow", {"n": n})
+        OutboxEvent.objects.filter(pk=event_id).update(published_at=timezone.now())
+        record_dead_letter(
+            subscription="testapp.slow",
+            event_id=event_id,
+            name="testapp.slow",
+            tenant="tenant-with-a-long-name-0042",
+            attempts=5,
+            error="psycopg.errors.UniqueViolation: duplicate key value violates unique constraint "
+            '"shop_invoice_number_key" DETAIL: Key (number)=(2026-000417) already exists.',
+            traceback="",
+        )
+
+    # Failed tasks: the subscription column names the queue and the task's path.
+    _a_task_row("shop.tasks.send_receipt", ago_seconds=200, ran_for_seconds=2.5, failed=True)
+    _a_task_row("shop.tasks.rebuild_search_index", ago_seconds=100, ran_for_seconds=1.5, failed=True)
+
+    CONSOLE_SHOTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            page = browser.new_page(viewport=VIEWPORT)
+            page.set_default_timeout(15_000)
+            page.goto(f"{live_server.url}/admin/login/?next=/admin/django_platformkit/overview/")
+            page.fill("#id_username", "otto")
+            page.fill("#id_password", PASSWORD)
+            page.click("input[type=submit]")
+
+            row = page.locator('#platformkit-subscriptions tr[data-subscription="testapp.record_order"]')
+            row.locator("a.pk-pause").click()
+            expect(page.locator("#content-main")).to_contain_text("no worker starts its handler")
+            page.fill("#id_reason", "the warehouse API is down until 14:00")
+            page.click(".submit-row input[type=submit]")
+            expect(page.locator("ul.messagelist li.success")).to_contain_text("Paused testapp.record_order")
+            expect(row.locator(".pk-state")).to_contain_text("paused")
+            why = page.locator('#platformkit-subscriptions tr[data-why="testapp.record_order"]')
+            expect(why).to_contain_text("Paused by otto")
+            expect(why).to_contain_text("the warehouse API is down until 14:00")
+            expect(why.locator("a.pk-resume")).to_be_visible()
+            job = page.locator('#platformkit-jobs tr[data-job="testapp.refresh_exchange_rates"]')
+            expect(job.locator(".pk-job-state")).to_contain_text("disabled")
+            expect(job).not_to_have_class(re.compile("platformkit-overdue"))
+            _assert_no_sideways_scroll(page, "#platformkit-subscriptions")
+            page.screenshot(path=str(CONSOLE_SHOTS / "overview-paused.png"))
+
+            page.goto(f"{live_server.url}/admin/django_platformkit/jobstate/")
+            expect(page.locator("#result_list")).to_contain_text("disabled")
+            expect(page.locator("#result_list")).to_contain_text("overdue")
+            expect(page.locator("#result_list")).to_contain_text("run asked for by otto")
+            _assert_no_sideways_scroll(page, ".results")
+            page.screenshot(path=str(CONSOLE_SHOTS / "jobs.png"), full_page=True)
+
+            page.goto(f"{live_server.url}/admin/django_platformkit/deadletter/")
+            _assert_no_sideways_scroll(page, ".results")
+            widths = _column_widths(page, "#result_list")
+            table = page.evaluate("document.querySelector('#result_list').getBoundingClientRect().width")
+            assert widths["column-error_first_line"] >= 0.3 * table, (widths, table)
+            page.screenshot(path=str(CONSOLE_SHOTS / "dead-letters-1280.png"), full_page=True)
+        finally:
+            browser.close()
+    for name in ("overview-paused.png", "jobs.png", "dead-letters-1280.png"):
         assert (CONSOLE_SHOTS / name).stat().st_size > 10_000, name

@@ -671,18 +671,21 @@ def test_a_worker_waiting_for_the_broker_and_stream_problems_show_when_the_figur
     assert "0 workers alive, 1 waiting for the broker" in " ".join(html.split())
 
 
-def test_the_page_reloads_itself_only_when_asked_and_only_at_the_intervals_it_offers(client):
+def test_the_page_reloads_itself_by_default_and_a_visible_control_pauses_that(client):
     client.force_login(_viewer("view_outboxevent"))
     url = reverse(OVERVIEW)
     plain = client.get(url).content.decode()
-    assert 'http-equiv="refresh"' not in plain
-    for seconds in (10, 30, 60):
+    assert '<meta http-equiv="refresh" content="30">' in plain and "<strong>every 30 s</strong>" in plain
+    assert 'href="?refresh=0" class="button pk-refresh-pause" id="platformkit-refresh-pause">Pause refresh</a>' in plain
+    for seconds in (10, 60):
         assert f'<a href="?refresh={seconds}">every {seconds} s</a>' in plain
-    asked = client.get(url, {"refresh": "30"}).content.decode()
-    assert '<meta http-equiv="refresh" content="30">' in asked and "<strong>every 30 s</strong>" in asked
-    assert '<a href="?">off</a>' in asked
-    for odd in ("1", "0", "abc", "30.5", "-10"):
-        assert 'http-equiv="refresh"' not in client.get(url, {"refresh": odd}).content.decode(), odd
+    asked = client.get(url, {"refresh": "10"}).content.decode()
+    assert '<meta http-equiv="refresh" content="10">' in asked and "<strong>every 10 s</strong>" in asked
+    paused = client.get(url, {"refresh": "0"}).content.decode()
+    assert 'http-equiv="refresh"' not in paused
+    assert "paused" in paused and 'id="platformkit-refresh-resume"' in paused
+    for odd in ("1", "abc", "30.5", "-10"):  # not offered: the default
+        assert '<meta http-equiv="refresh" content="30">' in client.get(url, {"refresh": odd}).content.decode(), odd
 
 
 def test_a_failing_subscription_that_is_also_behind_says_both(client):

@@ -142,9 +142,13 @@ class _Text(HTMLParser):
         self.depth = 0  # > 0 inside #content
         self.skip = 0  # > 0 inside <style>/<script>/<pre>/<code> (data, not words of ours)
         self.parts: list[str] = []
+        self.glued = False  # a <wbr> (a line-break chance inside a name): the text goes on as one word
 
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         found = dict(attrs)
+        if tag == "wbr":
+            self.glued = True
+            return
         if self.depth or found.get("id") == "content":
             if tag not in ("br", "input", "meta", "img", "link", "hr"):
                 self.depth += 1
@@ -163,7 +167,11 @@ class _Text(HTMLParser):
 
     def handle_data(self, data: str) -> None:
         if self.depth and not self.skip:
-            self.parts.append(data)
+            if self.glued and self.parts:
+                self.parts[-1] += data
+            else:
+                self.parts.append(data)
+        self.glued = False
 
 
 # Data the pages show as it is: names, ids, paths, times, numbers, what handlers raised.
@@ -236,14 +244,22 @@ SCENE_DATA = ["KeyError: 'sku'", "Traceback ...", "default", "UTC", "shop.tasks.
 
 @pytest.mark.django_db(transaction=True)
 def test_the_overview_shows_no_word_of_ours_that_did_not_go_through_gettext(client, operator, scene):
+    from django_platformkit.jobs.controls import disable, request_run
+    from django_platformkit.operate.pause import pause
+
+    pause(["testapp.slow"], actor="olga", reason="the card processor is down")
+    disable(["platformkit.outbox_purge"], actor="olga", reason="the big migration")
+    request_run(["testapp.sync_prices"], actor="olga", reason="prices changed")
     client.force_login(operator)
     with marked():
         html = client.get(reverse("admin:django_platformkit_overview")).content.decode()
     assert "⟪failing⟫" in html and "⟪overdue⟫" in html and "⟪Subscriptions⟫" in html
+    assert "⟪paused⟫" in html and "⟪disabled⟫" in html
     assert "⟪%(age)s ago⟫" not in html and re.search(r"⟪\d+ min( \d+ s)?⟫", html), "ages are translated whole"
     # Broker notes are the broker's own messages (data), as NATS said them.
     broker_notes = re.findall(r'pk-broker-note" title="([^"]*)"', html)
-    assert unmarked_words(html, SCENE_DATA + broker_notes) == []
+    controls = ["olga", "the card processor is down", "the big migration"]
+    assert unmarked_words(html, SCENE_DATA + broker_notes + controls) == []
 
 
 #: Every page of ours: the lists, the change pages, the replay confirmation.
@@ -460,3 +476,33 @@ def test_each_shipped_mo_is_its_po_compiled(tmp_path, language):
     shipped = catalogue(folder / "django.mo")
     assert len(shipped) > 200, "the shipped catalogue is (nearly) empty"
     assert shipped == catalogue(compiled), f"{folder / 'django.mo'} is stale: run .ci/messages"
+
+
+@pytest.mark.parametrize("verb", ["pause", "resume", "disable_jobs", "run_now"])
+def test_the_operator_controls_pages_show_no_word_of_ours_that_did_not_go_through_gettext(
+    client, operator, scene, verb
+):
+    from django_platformkit.operate.pause import pause
+
+    client.force_login(operator)
+    if verb == "resume":
+        pause(["testapp.flaky"], actor="olga", reason="the card processor is down")
+    with marked():
+        if verb in ("pause", "resume"):
+            url = reverse(f"admin:django_platformkit_overview_{verb}")
+            response = client.get(url, {"subscription": "testapp.flaky"})
+        else:
+            url = reverse("admin:django_platformkit_jobstate_changelist")
+            response = client.post(url, {"action": verb, "_selected_action": ["testapp.sync_prices"], "index": "0"})
+    assert response.status_code == 200
+    data = SCENE_DATA + ["testapp.flaky", "olga", "the card processor is down", "testapp.sync_prices"]
+    assert unmarked_words(response.content.decode(), data) == []
+    # ... and in every language the console ships, with every string of ours translated.
+    for language in LANGUAGES:
+        with untranslated_marked(language) as active:
+            if verb in ("pause", "resume"):
+                response = client.get(url, {"subscription": "testapp.flaky"})
+            else:
+                response = client.post(url, {"action": verb, "_selected_action": ["testapp.sync_prices"], "index": "0"})
+        assert response.status_code == 200
+        assert sorted(active.missing - djangos_own_strings()) == [], f"{verb} in {language}: run .ci/messages"

@@ -126,6 +126,11 @@ def test_runworker_refuses_options_that_leave_nothing_to_run_or_cancel_each_othe
         ["deadletters", "list"],
         ["cancel", "00000000-0000-7000-8000-000000000000", "--actor", "ops", "--reason", "why"],
         ["purgeoutbox", "--dry-run"],
+        ["pause", "--list"],
+        ["pause", "testapp.record_order", "--actor", "ops", "--reason", "why"],
+        ["resume", "testapp.record_order", "--actor", "ops"],
+        ["jobs", "list"],
+        ["jobs", "disable", "platformkit.outbox_purge", "--actor", "ops", "--reason", "why"],
     ],
 )
 def test_an_operator_command_with_the_database_down_says_so_in_one_line(args):

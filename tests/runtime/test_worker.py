@@ -346,13 +346,14 @@ def test_a_django_connection_pool_smaller_than_the_worker_keeps_is_refused_and_a
 
     code, output = burst({"max_size": 4, "timeout": 5})
     assert code != 0
-    assert "DATABASES['default']['OPTIONS']['pool'] allows 4 connections, but this worker keeps up to 8" in output
-    assert "max_size >= 8" in output
+    assert "DATABASES['default']['OPTIONS']['pool'] allows 4 connections, but this worker keeps up to 9" in output
+    assert "max_size >= 9" in output
     assert not Effect.objects.exists()
-    # A running worker's jobs hold one more while they run: 1 thread + 2 lanes + 3 (heartbeat, reconciliation, a job).
+    # A running worker's jobs hold one more while they run: 1 thread + 2 lanes + 4
+    # (the heartbeat, reconciliation, the control watch, a job's run).
     code, output = burst({"max_size": 4, "timeout": 5}, "--subscription", "testapp.record_order")
-    assert code != 0 and "allows 4 connections, but this worker keeps up to 6" in output, output
-    code, output = burst({"min_size": 1, "max_size": 8, "timeout": 5})
+    assert code != 0 and "allows 4 connections, but this worker keeps up to 7" in output, output
+    code, output = burst({"min_size": 1, "max_size": 9, "timeout": 5})
     assert code == 0, output
     assert "couldn't get a connection" not in output
     assert Effect.objects.filter(subscription="testapp.record_order", event_id__in=ids).count() == 50
@@ -360,7 +361,7 @@ def test_a_django_connection_pool_smaller_than_the_worker_keeps_is_refused_and_a
 
 def test_processes_with_a_connection_pool_too_small_for_a_child_is_refused_at_once_not_restarted(broker):
     """``runworker --processes 2`` with Django's default pool (4): each
-    consumer child needs 6 (4 handler threads + the heartbeat + reconciliation). The children
+    consumer child needs 7 (4 handler threads + the heartbeat + reconciliation + the control watch). The children
     died at start-up with a traceback, were restarted 1, 2, 4 and 8 s later,
     and the supervisor gave up after five deaths: 15 s of tracebacks for what
     the single process says in one line. Now the command says it before
@@ -370,7 +371,7 @@ def test_processes_with_a_connection_pool_too_small_for_a_child_is_refused_at_on
     code, output = run_to_exit("runworker", "--processes", "2", "--no-jobs", env=env)
     assert code == 1, output
     assert "CommandError: DATABASES['default']['OPTIONS']['pool'] allows 4 connections" in output, output
-    assert "max_size >= 6" in output
+    assert "max_size >= 7" in output
     assert "child started" not in output and "Traceback" not in output, output
     assert time.monotonic() - started < 20
 

@@ -12,9 +12,10 @@ from django.utils import timezone
 from django_platformkit.jobs.specs import current_slot, job
 
 RUNS_TABLE = "pk_test_job_runs"
-#: The runs table as the tests that start these jobs make it (``seen``: the job's own clock).
+#: The runs table as the tests that start these jobs make it (``seen``: the job's own
+#: clock; ``slot`` NULL for a run asked for by hand, which has no slot).
 RUNS_TABLE_DDL = (
-    f"CREATE TABLE {RUNS_TABLE} (job text NOT NULL, slot timestamptz NOT NULL, pid int NOT NULL, "
+    f"CREATE TABLE {RUNS_TABLE} (job text NOT NULL, slot timestamptz, pid int NOT NULL, "
     "at timestamptz NOT NULL DEFAULT clock_timestamp(), seen timestamptz)"
 )
 
@@ -47,3 +48,15 @@ def hangs_first():
 def always_fails():
     record("testapp.always_fails")
     raise RuntimeError("the report server refused the upload")
+
+
+@job(cron="0 3 * * *", name="testapp.nightly")
+def nightly():
+    # Its slot is 03:00: a test's runs of it are the ones asked for by hand.
+    record("testapp.nightly")
+
+
+@job(cron="0 3 * * *", name="testapp.nightly_fails")
+def nightly_fails():
+    record("testapp.nightly_fails")
+    raise RuntimeError("report server down")

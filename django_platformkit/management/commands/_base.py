@@ -1,4 +1,7 @@
-"""What every command shares: ``--verbosity`` mapped to the package's logging,
+"""What every command shares: ``--verbosity`` mapped to the package's logging
+and to the command's own lines (``Output``: ``-v 0`` prints errors and the
+data asked for only; ``-v`` accepted after a subcommand too), outcome words
+in ``self.style``'s colours (``--no-color`` honoured), the ``--actor`` check,
 ``--metrics-port`` and ``--metrics-host``, the refusal of a number option that can't mean anything
 (in ``handle()``, so ``call_command`` is refused too), the reading of ages
 (``12h``) and points in time (``2h`` ago, or ISO 8601), and a complete
@@ -28,6 +31,69 @@ def command_version(command: object = None) -> str:
     from django_platformkit._version import __version__
 
     return f"django-platformkit {__version__} (Django {django.get_version()}, Python {platform.python_version()})"
+
+
+def accept_verbosity(subparser: Any) -> Any:
+    """Let a subcommand take ``-v``/``--verbosity`` after its name too
+    (``deadletters list -v 0``): argparse gives a subparser none of its
+    parent's options, so that was an error (status 2). Given there, it wins;
+    left out, the parent's stands (``SUPPRESS``: the subparser sets nothing).
+    Returns ``subparser``."""
+    subparser.add_argument(
+        "-v",
+        "--verbosity",
+        type=int,
+        choices=[0, 1, 2, 3],
+        default=argparse.SUPPRESS,
+        help="Verbosity level; 0=errors and the data asked for only, 1=normal output, 2=every row, 3=very verbose.",
+    )
+    return subparser
+
+
+class Output:
+    """A command's own lines, by what they are, at Django's verbosity
+    levels: ``data`` (what was asked for: a list, a document) always;
+    ``result`` (what was done, its outcome word coloured) and ``warning``
+    from 1; ``detail`` (one line per row) from 2. Errors are
+    ``CommandError``s, which Django prints at every level. Colours are
+    ``command.style``'s: none with ``--no-color`` or off a terminal.
+
+    Args:
+        command: The running command (its ``stdout``, ``stderr``, ``style``).
+        verbosity: ``options["verbosity"]``.
+    """
+
+    def __init__(self, command: Any, verbosity: int) -> None:
+        self.command = command
+        self.verbosity = int(verbosity)
+        self.style = command.style
+
+    def data(self, text: str, **kwargs: Any) -> None:
+        self.command.stdout.write(text, **kwargs)
+
+    def result(self, word: str, rest: str = "", *, style: str = "SUCCESS") -> None:
+        """``word`` (coloured: ``style`` is a ``self.style`` role, e.g.
+        ``SUCCESS``, ``WARNING``, ``NOTICE``, ``ERROR``) then ``rest``."""
+        if self.verbosity >= 1:
+            self.command.stdout.write(getattr(self.style, style)(word) + (f" {rest}" if rest else ""))
+
+    def line(self, text: str) -> None:
+        """A result line with nothing to colour (``key=value`` totals), from 1."""
+        if self.verbosity >= 1:
+            self.command.stdout.write(text)
+
+    def warning(self, word: str, rest: str = "") -> None:
+        if self.verbosity >= 1:
+            self.command.stderr.write(self.style.WARNING(word) + (f" {rest}" if rest else ""))
+
+    def progress(self, text: str) -> None:
+        """How far a long run has got, on stderr (stdout stays the result), from 1."""
+        if self.verbosity >= 1:
+            self.command.stderr.write(text)
+
+    def detail(self, text: str) -> None:
+        if self.verbosity >= 2:
+            self.command.stdout.write(text)
 
 
 def configure_logging(verbosity: int) -> None:
@@ -298,18 +364,21 @@ def tables_migrated() -> Iterator[None]:
 def checked_actor(command: str, username: str) -> Any:
     """The Django user ``--actor USERNAME`` names, checked alike by every
     command that takes ``--actor`` (``deadletters replay|discard``,
-    ``cancel``): an active user holding the permission the admin's own
+    ``cancel``, ``pause``, ``resume``, ``jobs``): an active user holding the permission the admin's own
     action needs (``admin.history.acting_user``), before anything is read
     or written. Returns the user's primary key (None without
     ``django.contrib.auth``: no user to check, the name is recorded as given).
 
     Raises:
-        CommandError: ``<command> --actor USERNAME: refused, nothing written: <why>``.
+        CommandError: ``<command> --actor USERNAME: refused, nothing written: <why>``,
+            or a blank ``--actor``.
     """
     from django.core.management.base import CommandError
 
     from django_platformkit.admin.history import acting_user
 
+    if not str(username or "").strip():
+        raise CommandError(f"{command}: give --actor USERNAME, who acts (kept in the log); nothing was written.")
     try:
         return acting_user(username)
     except ValueError as exc:

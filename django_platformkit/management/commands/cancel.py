@@ -11,6 +11,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_platformkit.management.commands._base import (
+    Output,
     checked_actor,
     configure_logging,
     import_urlconf,
@@ -68,13 +69,16 @@ class Command(BaseCommand):
                 )
             except ValueError as exc:
                 raise CommandError(str(exc)) from None
+        out = Output(self, options["verbosity"])
         for name in result.cancelled:
-            self.stdout.write(f"cancelled event={result.event_id} subscription={name}")
+            out.result("cancelled", f"event={result.event_id} subscription={name}")
         for name in result.already_cancelled:
-            self.stdout.write(f"already cancelled event={result.event_id} subscription={name}")
+            out.result("already cancelled", f"event={result.event_id} subscription={name}", style="NOTICE")
         for name in result.too_late:
-            self.stdout.write(
-                f"too late event={result.event_id} subscription={name}: it was handled (or dead-lettered) first"
+            out.result(
+                "too late",
+                f"event={result.event_id} subscription={name}: it was handled (or dead-lettered) first",
+                style="WARNING",
             )
         if result.too_late and not result.cancelled and not result.already_cancelled:
             raise CommandError(

@@ -31,6 +31,8 @@ from django_platformkit import conf
 from django_platformkit.admin.history import REPLAY_PERMISSION, log_dead_letter_action
 from django_platformkit.exceptions import ReplayRefused
 from django_platformkit.management.commands._base import (
+    Output,
+    accept_verbosity,
     age,
     checked_actor,
     configure_logging,
@@ -38,8 +40,9 @@ from django_platformkit.management.commands._base import (
     parsed,
     tables_migrated,
 )
+from django_platformkit.management.commands._terminal import excerpt, first_line, printable
 from django_platformkit.models import Attempt, DeadLetter, OutboxEvent
-from django_platformkit.operate.deadletters import discard, replay, replay_blocker
+from django_platformkit.operate.deadletters import BatchLog, discard, replay, replay_blocker
 from django_platformkit.outbox.deadletters import MALFORMED_BODY_BYTES, MALFORMED_NAME
 
 #: Past this many rows a long replay/discard reports its progress every PROGRESS_EVERY rows.
@@ -99,34 +102,8 @@ def _when(moment: Any) -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S") if moment else "-"
 
 
-#: C0 and C1 control characters but newline and tab: what a terminal acts on.
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
-
-
-def _printable(text: str) -> str:
-    """``text`` with control characters written as ``\\x1b``: an error often
-    quotes input, and its escape sequences must not reach the operator's
-    terminal (colours, a cleared screen, a ``\\r`` that overwrites the line)."""
-    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text or "")
-
-
-def _excerpt(text: str, *, chars: int, lines: int) -> str:
-    """The start of ``text``: at most ``chars`` characters and ``lines`` lines."""
-    head = text[:chars]
-    if head.count("\n") >= lines:
-        head = "\n".join(head.split("\n")[:lines])
-    return head
-
-
 #: Where settling writes a malformed message's place in the stream into its error.
 _STREAM_SEQ = re.compile(r" stream_seq=(\d+)")
-
-
-def _first_line(text: str, width: int) -> str:
-    stripped = (text or "").strip()
-    # Lines end at newlines only: a \r is shown escaped, not taken as an end of line.
-    line = _printable(stripped.split("\n", 1)[0].rstrip("\r")) if stripped else ""
-    return line if len(line) <= width else line[: width - 1] + "…"
 
 
 class Command(BaseCommand):
@@ -136,6 +113,7 @@ class Command(BaseCommand):
         commands = parser.add_subparsers(dest="action", required=True, metavar="list|show|replay|discard")
 
         def selection(p: CommandParser, *, ids: bool) -> None:
+            accept_verbosity(p)  # `deadletters list -v 0`: the subcommand's own -v
             if ids:
                 p.add_argument(
                     "ids",
@@ -175,7 +153,7 @@ class Command(BaseCommand):
             "show",
             help="One dead letter: error, traceback, attempts, payload; a malformed message's body as an excerpt.",
         )
-        show.add_argument(
+        accept_verbosity(show).add_argument(
             "id", type=_dead_letter_ids, metavar="ID", help="Dead letter id (as `list` shows) or event id (UUID)."
         )
         show.add_argument(
@@ -259,6 +237,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         configure_logging(options["verbosity"])
+        self.out = Output(self, options["verbosity"])
         # Checked here too: call_command() hands its values over unparsed
         # (a --limit of -1 dropped the last row, a --since of "1h" crashed).
         for option, read in (("--limit", _limit), ("--since", age)):
@@ -275,7 +254,7 @@ class Command(BaseCommand):
         if options["limit"]:
             rows = rows[: options["limit"]]
         if options["format"] == "json":
-            self.stdout.write(
+            self.out.data(
                 json.dumps(
                     [
                         {
@@ -295,7 +274,7 @@ class Command(BaseCommand):
             )
             return
         if not rows:
-            self.stdout.write("no dead letters")
+            self.out.result("no dead letters", style="NOTICE")
             return
         header = ("ID", "FAILED AT (UTC)", "SUBSCRIPTION", "EVENT ID", "NAME", "TENANT", "ATT", "ERROR")
         table = [header] + [
@@ -307,15 +286,15 @@ class Command(BaseCommand):
                 d.name,
                 d.tenant or "-",
                 str(d.attempts),
-                _first_line(d.error, ERROR_WIDTH),
+                first_line(d.error, ERROR_WIDTH),
             )
             for d in rows
         ]
         widths = [max(len(r[i]) for r in table) for i in range(len(header) - 1)]
         for r in table:
-            self.stdout.write("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + "  " + r[-1])
+            self.out.data("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + "  " + r[-1])
         shown = f"{len(rows)} of {total}" if total > len(rows) else str(total)
-        self.stdout.write(f"{shown} dead letter(s); `deadletters show ID` for the full error")
+        self.out.line(f"{shown} dead letter(s); `deadletters show ID` for the full error")
 
     def _show(self, options: dict[str, Any]) -> None:
         kind, value = options["id"]
@@ -326,18 +305,18 @@ class Command(BaseCommand):
             raise CommandError(f"no dead letter {value}; `deadletters list` shows what there is.")
         outbox = OutboxEvent.objects.filter(id=rows[0].event_id).first()
         for d in rows:
-            w = self.stdout.write
+            w = self.out.data
             w(f"dead letter {d.id}")
             w(f"  subscription  {d.subscription}")
             w(f"  event         {d.name} {d.event_id}" + (f" tenant={d.tenant}" if d.tenant else ""))
             w(f"  failed at     {_when(d.failed_at)} UTC after {d.attempts} attempt(s)")
-            w(f"  error         {_printable(d.error)}")
+            w(f"  error         {printable(d.error)}")
             attempts = list(Attempt.objects.for_event(d.event_id, d.subscription).order_by("attempt"))
             if attempts:
                 w("  attempts")
                 for a in attempts:
                     w(
-                        f"    #{a.attempt} {a.outcome:<11} started {_when(a.started_at)} finished {_when(a.finished_at)} {a.worker} {_first_line(a.error, 80)}"
+                        f"    #{a.attempt} {a.outcome:<11} started {_when(a.started_at)} finished {_when(a.finished_at)} {a.worker} {first_line(a.error, 80)}"
                     )
             if d.name == MALFORMED_NAME:
                 # Its "traceback" is the body as received: any bytes, so a
@@ -345,27 +324,27 @@ class Command(BaseCommand):
                 self._show_body(d, full=options.get("full", False))
             elif d.traceback:
                 w("  traceback")
-                for line in _printable(d.traceback.rstrip()).split("\n"):
+                for line in printable(d.traceback.rstrip()).split("\n"):
                     w(f"    {line}")
         if outbox is not None:
-            self.stdout.write(f"payload (outbox row, created {_when(outbox.created_at)} UTC)")
-            self.stdout.write(json.dumps(outbox.payload, indent=2, sort_keys=True))
+            self.out.data(f"payload (outbox row, created {_when(outbox.created_at)} UTC)")
+            self.out.data(json.dumps(outbox.payload, indent=2, sort_keys=True))
         else:
-            self.stdout.write("payload: no outbox row (malformed message, or purged) - nothing to replay")
+            self.out.data("payload: no outbox row (malformed message, or purged) - nothing to replay")
 
     def _show_body(self, d: DeadLetter, *, full: bool) -> None:
         """A malformed message's recorded body, escaped: the first
         ``BODY_EXCERPT_CHARS`` characters or ``BODY_EXCERPT_LINES`` lines and
         how many characters are left out, or with ``full`` the whole record;
         then where the whole message is, when the error says its place."""
-        w = self.stdout.write
+        w = self.out.data
         record = d.traceback
         if not record:
             w("  body          (empty)")
             return
-        shown = record if full else _excerpt(record, chars=BODY_EXCERPT_CHARS, lines=BODY_EXCERPT_LINES)
+        shown = record if full else excerpt(record, chars=BODY_EXCERPT_CHARS, lines=BODY_EXCERPT_LINES)
         w(f"  body          as received (the record keeps at most its first {MALFORMED_BODY_BYTES} bytes)")
-        for line in _printable(shown.rstrip("\n")).split("\n"):
+        for line in printable(shown.rstrip("\n")).split("\n"):
             w(f"    {line}")
         left_out = len(record) - len(shown)
         if left_out:
@@ -402,7 +381,7 @@ class Command(BaseCommand):
         rows = self._matching(options)
         past = {"replay": "replayed", "discard": "discarded"}[verb]
         if not rows:
-            self.stdout.write(f"nothing to {verb}: no dead letter matches")
+            self.out.result(f"nothing to {verb}:", "no dead letter matches", style="NOTICE")
             return
         if options["dry_run"]:
             # The same refusals as the real run (and the admin's Replay): a dry
@@ -412,18 +391,19 @@ class Command(BaseCommand):
                 why = replay_blocker(d.event_id, d.name, d.subscription) if verb == "replay" else None
                 if why:
                     blocked += 1
-                    self.stderr.write(f"would refuse {d.id}: {why}")
+                    self.out.warning("would refuse", f"{d.id}: {why}")
                     continue
-                self.stdout.write(
-                    f"would {verb} {d.id} subscription={d.subscription} event_id={d.event_id} name={d.name}"
-                )
-            self.stdout.write(
-                f"dry run, nothing written: would {verb} {len(rows) - blocked} dead letter(s), refuse {blocked}"
+                self.out.data(f"would {verb} {d.id} subscription={d.subscription} event_id={d.event_id} name={d.name}")
+            self.out.result(
+                "dry run,",
+                f"nothing written: would {verb} {len(rows) - blocked} dead letter(s), refuse {blocked}",
+                style="NOTICE",
             )
             if blocked:
                 raise CommandError(f"{blocked} of {len(rows)} dead letter(s) would not be {past} (see above).")
             return
         done, refused = 0, []
+        log = BatchLog(verb, actor=actor, reason=reason)
         for n, d in enumerate(rows, 1):
             try:
                 if verb == "replay":
@@ -439,14 +419,17 @@ class Command(BaseCommand):
                 continue
             if ok:
                 done += 1
+                log.done()
                 if history_user is not None and admin_installed:
                     log_dead_letter_action(history_user, d, verb, reason)
-            if options["verbosity"] >= 2:
-                self.stdout.write(f"{past} {d.id} subscription={d.subscription} event_id={d.event_id}")
-            elif len(rows) > PROGRESS_EVERY and n % PROGRESS_EVERY == 0:
-                self.stdout.write(f"... {n}/{len(rows)}")
+            self.out.detail(f"{past} {d.id} subscription={d.subscription} event_id={d.event_id}")
+            if options["verbosity"] < 2 and len(rows) > PROGRESS_EVERY and n % PROGRESS_EVERY == 0:
+                self.out.progress(f"... {n}/{len(rows)}")
+        log.close()
         for line in refused:
-            self.stderr.write(f"refused {line}")
-        self.stdout.write(f"{past}={done} refused={len(refused)} actor={actor}")
+            self.out.warning("refused", line)
+        self.out.result(
+            f"{past}={done}", f"refused={len(refused)} actor={actor}", style="WARNING" if refused else "SUCCESS"
+        )
         if refused:
             raise CommandError(f"{len(refused)} of {len(rows)} dead letter(s) could not be {past} (see above).")

@@ -9,6 +9,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_platformkit.exceptions import BrokerUnavailable
 from django_platformkit.management.commands._base import (
+    Output,
     age,
     configure_logging,
     import_urlconf,
@@ -76,14 +77,18 @@ class Command(BaseCommand):
                     f"nothing was deleted: the purge keeps whatever the stream can still deliver, and it can't read "
                     f"the stream's max age now ({exc}). Run it again when NATS answers."
                 ) from None
+        out = Output(self, options["verbosity"])
         if result.dry_run:
-            self.stdout.write(
-                f"dry run, nothing deleted: would delete outbox={result.outbox_deleted} claims={result.claims_deleted} "
-                f"(published before {result.cutoff.isoformat()})"
+            out.result(
+                "dry run,",
+                f"nothing deleted: would delete outbox={result.outbox_deleted} claims={result.claims_deleted} "
+                f"(published before {result.cutoff.isoformat()})",
+                style="NOTICE",
             )
         else:
-            self.stdout.write(
-                f"deleted outbox={result.outbox_deleted} claims={result.claims_deleted} attempts={result.attempts_deleted} "
+            out.result(
+                "deleted",
+                f"outbox={result.outbox_deleted} claims={result.claims_deleted} attempts={result.attempts_deleted} "
                 f"skipped_locked={result.skipped_locked} "
-                f"batches={result.batches} (published before {result.cutoff.isoformat()})"
+                f"batches={result.batches} (published before {result.cutoff.isoformat()})",
             )

@@ -14,6 +14,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_platformkit.management.commands._base import (
     WHEN_EXAMPLES,
+    Output,
     configure_logging,
     import_urlconf,
     point_in_time,
@@ -67,6 +68,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         configure_logging(options["verbosity"])
+        out = Output(self, options["verbosity"])
         since = point_in_time("--since", options["since"])
         if since is None:
             raise CommandError(
@@ -94,7 +96,7 @@ class Command(BaseCommand):
                     reason=reason,
                     dry_run=options["dry_run"],
                     batch_size=batch_size,
-                    progress=lambda done, batches: self.stdout.write(f"... republished={done} batches={batches}"),
+                    progress=lambda done, batches: out.progress(f"... republished={done} batches={batches}"),
                 )
             except ValueError as exc:
                 raise CommandError(str(exc)) from None
@@ -103,16 +105,20 @@ class Command(BaseCommand):
             f"events: {', '.join(sorted(set(events))) if events else 'all'}"
         )
         if result.dry_run:
-            self.stdout.write(f"dry run, nothing written: would republish {result.republished} row(s) ({window})")
+            out.result(
+                "dry run,", f"nothing written: would republish {result.republished} row(s) ({window})", style="NOTICE"
+            )
             return
         if result.skipped_locked:
-            self.stderr.write(
-                f"{result.skipped_locked} row(s) of the window were in use by another transaction (a replay, a purge) "
-                "and were left as they were; run the same command again to take them."
+            out.warning(
+                f"{result.skipped_locked} row(s)",
+                "of the window were in use by another transaction (a replay, a purge) and were left as they were; "
+                "run the same command again to take them.",
             )
-        self.stdout.write(
-            f"republished={result.republished} skipped_locked={result.skipped_locked} batches={result.batches} "
-            f"({window}); the relay sends them on its next pass"
+        out.result(
+            f"republished={result.republished}",
+            f"skipped_locked={result.skipped_locked} batches={result.batches} "
+            f"({window}); the relay sends them on its next pass",
         )
 
     @staticmethod

@@ -11,6 +11,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_platformkit.exceptions import BrokerUnavailable, ConfigurationError, DatabaseUnavailable
 from django_platformkit.management.commands._base import (
+    Output,
     add_metrics_options,
     command_version,
     configure_logging,
@@ -76,7 +77,7 @@ class Command(BaseCommand):
                 ) from None
             if stats is None:  # stopped during start-up
                 return
-            self.stdout.write(
+            Output(self, options["verbosity"]).line(
                 f"relayed={stats.stored} duplicates={stats.duplicates} dead_lettered={stats.dead_lettered} "
                 f"left_pending={stats.temporary} deferred={stats.deferred}"
             )

@@ -18,7 +18,13 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_platformkit import conf
 from django_platformkit.exceptions import BrokerUnavailable, ConfigurationError, DatabaseUnavailable
-from django_platformkit.management.commands._base import configure_logging, import_urlconf, tables_migrated
+from django_platformkit.management.commands._base import (
+    Output,
+    accept_verbosity,
+    configure_logging,
+    import_urlconf,
+    tables_migrated,
+)
 
 
 def _seconds(value: Any) -> str:
@@ -47,18 +53,21 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         verbs = parser.add_subparsers(dest="verb", required=True, metavar="info|prune|reset|update|reconcile|takeover")
-        verbs.add_parser(
+        info = verbs.add_parser(
             "info",
             help="The stream and every durable as the broker holds them beside what this build wants: limits that "
             "could discard unread events, the owning database, each durable's pending / ack pending / last active, "
             "durables no declared subscription owns.",
         )
+        accept_verbosity(info)
         prune = verbs.add_parser(
             "prune",
             help="Delete the durables no declared subscription owns (a removed subscription's, with its backlog). "
             "Run it once every deployment runs this build: an older one still consuming would lose its durable.",
         )
-        prune.add_argument("--dry-run", action="store_true", help="Say which durables would go; delete nothing.")
+        accept_verbosity(prune).add_argument(
+            "--dry-run", action="store_true", help="Say which durables would go; delete nothing."
+        )
         prune.add_argument(
             "--durable",
             action="append",
@@ -81,7 +90,7 @@ class Command(BaseCommand):
             "re-creating the database); a worker or relay makes it again. Pending outbox rows are relayed then, and "
             "the workers' reconciliation sends the published events a subscription had not handled again.",
         )
-        reset.add_argument("--yes", action="store_true", help="Really delete it (required).")
+        accept_verbosity(reset).add_argument("--yes", action="store_true", help="Really delete it (required).")
         reset.add_argument(
             "--discard-unhandled",
             action="store_true",
@@ -96,14 +105,16 @@ class Command(BaseCommand):
             "max_msgs_per_subject lifted, the duplicate window and replicas set, missing subjects added, a "
             "shorter max age lengthened. Never shortens the max age; says what it leaves and why.",
         )
-        update.add_argument("--dry-run", action="store_true", help="Say what would change; change nothing.")
+        accept_verbosity(update).add_argument(
+            "--dry-run", action="store_true", help="Say what would change; change nothing."
+        )
         reconcile = verbs.add_parser(
             "reconcile",
             help="One reconciliation pass, as the workers run every RECONCILE_INTERVAL_SECONDS: each event a "
             "subscription is owed, has not handled and whose message the stream no longer holds for it (a limit or "
             "max_age, a durable made again, a stream reset or lost) is sent again to that subscription only.",
         )
-        reconcile.add_argument(
+        accept_verbosity(reconcile).add_argument(
             "--dry-run",
             action="store_true",
             help="Say what would be sent again, per subscription and cause; send nothing.",
@@ -114,7 +125,7 @@ class Command(BaseCommand):
             "changes hands (a database restored or upgraded onto a new server). Run it with the new database's "
             "settings once the old one's workers are stopped and its durables drained.",
         )
-        takeover.add_argument("--yes", action="store_true", help="Really take it over (required).")
+        accept_verbosity(takeover).add_argument("--yes", action="store_true", help="Really take it over (required).")
         takeover.add_argument(
             "--force",
             action="store_true",
@@ -124,6 +135,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         configure_logging(options["verbosity"])
+        self.out = Output(self, options["verbosity"])
         from django_platformkit.broker.transport import Transport
 
         import_urlconf()  # a subscription declared where only the URLconf imports it still owns its durable
@@ -142,7 +154,7 @@ class Command(BaseCommand):
         from django_platformkit.operate.streams import stream_view
 
         view = stream_view(transport.upkeep)
-        w = self.stdout.write
+        w = self.out.data
         where = conf.redact_url(conf.settings.NATS_URL)
         report = view.report
         if report is None:
@@ -198,14 +210,16 @@ class Command(BaseCommand):
         doomed = prune_durables(transport.upkeep, dry_run=dry_run, also=options["durable"], yes=options["yes"])
         for d in doomed:
             refused = " - not idle: refused without --yes" if dry_run and busy(d) and not options["yes"] else ""
-            self.stdout.write(
-                f"{'would delete' if dry_run else 'deleted'} {d.name} (subscription {d.subscription}, "
-                f"pending {d.pending:,}, ack pending {d.ack_pending:,}){refused}"
+            self.out.result(
+                "would delete" if dry_run else "deleted",
+                f"{d.name} (subscription {d.subscription}, pending {d.pending:,}, ack pending {d.ack_pending:,})"
+                f"{refused}",
+                style="NOTICE" if dry_run else "SUCCESS",
             )
         if not doomed:
-            self.stdout.write("nothing to prune: every durable belongs to a declared subscription")
+            self.out.result("nothing to prune:", "every durable belongs to a declared subscription", style="NOTICE")
         elif dry_run:
-            self.stdout.write(f"dry run, nothing deleted: would delete {len(doomed)} durable(s)")
+            self.out.result("dry run,", f"nothing deleted: would delete {len(doomed)} durable(s)", style="NOTICE")
 
     def _reset(self, transport: Any, options: dict[str, Any]) -> None:
         stream = conf.settings.STREAM
@@ -218,13 +232,14 @@ class Command(BaseCommand):
 
         report = reset_stream(transport.upkeep, discard_unhandled=options["discard_unhandled"])
         if report is None:
-            self.stdout.write(f"no stream {stream!r}: nothing to delete")
+            self.out.result("no stream", f"{stream!r}: nothing to delete", style="NOTICE")
             return
         held = f"{report.messages:,} message(s), {len(report.durables)} durable(s)"
-        self.stdout.write(
-            f"deleted the stream {stream!r} with {held}; a worker or relay makes it again, and the workers' "
+        self.out.result(
+            "deleted",
+            f"the stream {stream!r} with {held}; a worker or relay makes it again, and the workers' "
             "reconciliation sends the events this outbox holds that a subscription had not handled again "
-            "(`manage.py stream reconcile --dry-run` lists them)"
+            "(`manage.py stream reconcile --dry-run` lists them)",
         )
 
     def _update(self, transport: Any, options: dict[str, Any]) -> None:
@@ -233,11 +248,11 @@ class Command(BaseCommand):
         changed, left = update_stream(transport.upkeep, dry_run=options["dry_run"])
         verb = "would change" if options["dry_run"] else "changed"
         for line in changed:
-            self.stdout.write(f"{verb} {line}")
+            self.out.result(verb, line, style="NOTICE" if options["dry_run"] else "SUCCESS")
         for line in left:
-            self.stdout.write(f"left {line}")
+            self.out.result("left", line, style="WARNING")
         if not changed:
-            self.stdout.write("nothing to change in place")
+            self.out.result("nothing to change", "in place", style="NOTICE")
 
     def _reconcile(self, transport: Any, options: dict[str, Any]) -> None:
         from django_platformkit import identity
@@ -254,14 +269,18 @@ class Command(BaseCommand):
             if result.resent:
                 causes = ", ".join(f"{n:,} {cause} ({CAUSE_TEXT[cause]})" for cause, n in sorted(result.resent.items()))
                 examples = ", ".join(str(e) for e in result.examples)
-                self.stdout.write(f"{result.name}: {verb} {sum(result.resent.values()):,}: {causes}; e.g. {examples}")
+                self.out.result(
+                    f"{result.name}: {verb}",
+                    f"{sum(result.resent.values()):,}: {causes}; e.g. {examples}",
+                    style="WARNING",
+                )
             elif result.note:
-                self.stdout.write(f"{result.name}: {result.note}")
+                self.out.result(f"{result.name}:", result.note, style="NOTICE")
             else:
-                self.stdout.write(f"{result.name}: nothing lost")
+                self.out.result(f"{result.name}:", "nothing lost")
         if report.failed:
             raise CommandError(f"reconciliation cut short (run it again): {report.failed}")
-        self.stdout.write(
+        self.out.line(
             f"{'dry run, nothing sent: ' if dry_run else ''}{report.resent:,} re-send(s) "
             f"{'would be ' if dry_run else ''}made, each to its subscription only"
         )
@@ -277,9 +296,12 @@ class Command(BaseCommand):
             )
         done = take_over(transport.upkeep, force=options["force"])
         if done.after is None:
-            self.stdout.write(f"this database instance ({done.before.instance}) holds the stream {stream!r} already")
+            self.out.result(
+                "nothing to do:", f"this database instance ({done.before.instance}) holds the stream {stream!r} already"
+            )
             return
-        self.stdout.write(
-            f"took over the stream {stream!r}: held by instance {done.after.instance} (this database) from now on, "
-            f"instead of {done.before.instance or '(none recorded)'}"
+        self.out.result(
+            "took over",
+            f"the stream {stream!r}: held by instance {done.after.instance} (this database) from now on, "
+            f"instead of {done.before.instance or '(none recorded)'}",
         )
