@@ -424,7 +424,7 @@ def test_a_string_without_a_translation_is_caught_by_the_render_test():
         assert translation.gettext("A sentence nobody translated") == "⟪A sentence nobody translated⟫"
         assert active.missing - djangos_own_strings() == {"A sentence nobody translated"}
         assert translation.gettext("Dead letters") == "Unzustellbare Nachrichten"
-        assert translation.pgettext("cancel the selected events", "Cancel") == "Stornieren"
+        assert translation.pgettext("cancel the selected events", "Cancel %(count)s") == "%(count)s stornieren"
         assert translation.ngettext("%(n)s ok", "%(n)s ok", 2) == "%(n)s ok"
         assert translation.gettext("Home") == "Start"
 
@@ -478,6 +478,7 @@ def test_each_shipped_mo_is_its_po_compiled(tmp_path, language):
     assert shipped == catalogue(compiled), f"{folder / 'django.mo'} is stale: run .ci/messages"
 
 
+@pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("verb", ["pause", "resume", "disable_jobs", "run_now"])
 def test_the_operator_controls_pages_show_no_word_of_ours_that_did_not_go_through_gettext(
     client, operator, scene, verb
