@@ -109,7 +109,9 @@ class Command(BaseCommand):
         }
         order_ids, event_ids, task_ids, quantity, revenue = self._place_orders(n, phases)
 
-        relay_report, seconds = self._run("runrelay", "--once", verbosity=worker_verbosity)
+        # -v 1 at least: its counts line is a result, which -v 0 silences (Django's convention).
+        relay_report, seconds = self._run("runrelay", "--once", verbosity=max(1, worker_verbosity))
+        logging.getLogger("django_platformkit").setLevel(LOG_LEVELS.get(worker_verbosity, logging.DEBUG))
         phases.append(
             ("runrelay --once (outbox -> JetStream)", seconds, f"{_rate(n, seconds, 'events')}  [{relay_report}]")
         )
