@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
+import signal
 import subprocess
 import sys
 import uuid
@@ -118,9 +119,33 @@ def worker_env(broker_config: dict, **extra: str) -> dict[str, str]:
     return env
 
 
+#: Every process ``manage`` started in the running test: ``_no_process_outlives_its_test`` ends them.
+_STARTED: list[subprocess.Popen] = []
+
+
 def manage(*args: str, env: dict[str, str], **kwargs) -> subprocess.Popen:
-    """Start ``tests/manage.py <args>`` as a real process."""
-    return subprocess.Popen([sys.executable, str(ROOT / "tests" / "manage.py"), *args], env=env, cwd=ROOT, **kwargs)
+    """Start ``tests/manage.py <args>`` as a real process, in a process group
+    of its own (a supervisor's children make groups of their own too)."""
+    kwargs.setdefault("process_group", 0)
+    proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "manage.py"), *args], env=env, cwd=ROOT, **kwargs)
+    _STARTED.append(proc)
+    return proc
+
+
+@pytest.fixture(autouse=True)
+def _no_process_outlives_its_test():
+    """A process a test left running (a failed assertion before its stop) would
+    write heartbeats and take work in the next tests' database and stream, and
+    fail them: it and its group are killed when the test ends, whatever its
+    outcome. Its children follow (they die with their parent)."""
+    yield
+    while _STARTED:
+        proc = _STARTED.pop()
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.kill()
+            proc.wait(30)
 
 
 @contextlib.contextmanager

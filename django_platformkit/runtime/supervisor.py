@@ -60,6 +60,9 @@ STABLE_AFTER_SECONDS = 60.0
 #: A child that recycled after living less than this is replaced after the
 #: back-off (doubling per quick recycle), not at once; a longer life resets it.
 RECYCLE_STEADY_SECONDS = 10.0
+#: What stops a supervisor (and, passed on, its children).
+_STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
+
 #: This many deaths of one child within the window: stop everything, exit 1.
 GIVE_UP_AFTER_DEATHS = 5
 GIVE_UP_WINDOW_SECONDS = 120.0
@@ -199,8 +202,8 @@ class Supervisor:
             self.stopping = True
             self._signal_children(signal.SIGTERM)
 
-        signal.signal(signal.SIGTERM, handle)
-        signal.signal(signal.SIGINT, handle)
+        for signum in _STOP_SIGNALS:
+            signal.signal(signum, handle)
 
     def _signal_children(self, signum: int) -> None:
         for child in self.children:
@@ -260,11 +263,27 @@ class Supervisor:
         return all(c.pid is None and c.restart_at is None and c.exit_code == 0 for c in consumers)
 
     def _start(self, child: _Child) -> None:
+        # A stop signal between the fork and ``child.pid`` would find no pid to
+        # pass on: the new child would run on and the supervisor wait for it
+        # forever. Held until the pid is recorded, it is handled after, and
+        # reaches the child as any other's.
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+        try:
+            if self.stopping:
+                return
+            self._fork(child, held)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+    def _fork(self, child: _Child, mask: set[signal.Signals]) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         with self.metrics.forking() if self.metrics is not None else contextlib.nullcontext():
             pid = os.fork()
         if pid == 0:  # the child
+            # Signals held in the parent arrive only to the parent; the child's
+            # own start under the supervisor's handler is ``install_signal_handlers``'s.
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
             code = 1
             try:
                 code = _child_main(child, self.health_file, self.metrics)

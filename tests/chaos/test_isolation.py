@@ -16,6 +16,7 @@ import psycopg
 import pytest
 
 from tests.conftest import wait_for
+from tests.testapp._jobs import RUNS_TABLE_DDL
 
 from .conftest import TEMPLATE_DB, _url
 from .harness import (
@@ -148,9 +149,7 @@ def test_a_worker_whose_clock_is_a_day_ahead_claims_no_slot_and_the_others_run_e
     seconds = 20
     rig = make_rig("clock_ahead_worker", nats_server.url, PLATFORMKIT_TEST_JOBS="1")
     with psycopg.connect(rig.database_url, autocommit=True) as conn:
-        conn.execute(
-            "CREATE TABLE pk_test_job_runs (job text NOT NULL, slot timestamptz NOT NULL, pid int NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp())"
-        )
+        conn.execute(RUNS_TABLE_DDL)  # the jobs' own definition of their runs table
     ahead = Process(
         rig,
         "ahead",
