@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import importlib.util
 import os
 import signal
 import subprocess
@@ -57,6 +58,18 @@ def platformkit_services():
 def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix, platformkit_services):
     """pytest-django's hook for changing DATABASES before it creates the test
     database: the servers start here for the first test that uses the DB."""
+
+
+#: The test running now (``manage`` asks it for the ``process`` marker).
+_CURRENT_TEST: list[pytest.Item] = []
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    _CURRENT_TEST[:] = [item]
+    # One rule for every test that needs Django 6's tasks framework, so a
+    # new one can't fail only in the Django 5.2 run.
+    if item.get_closest_marker("django_tasks") is not None and importlib.util.find_spec("django.tasks") is None:
+        pytest.skip("needs django.tasks (Django 6.0+)")
 
 
 @pytest.fixture(autouse=True)
@@ -126,6 +139,11 @@ _STARTED: list[subprocess.Popen] = []
 def manage(*args: str, env: dict[str, str], **kwargs) -> subprocess.Popen:
     """Start ``tests/manage.py <args>`` as a real process, in a process group
     of its own (a supervisor's children make groups of their own too)."""
+    item = _CURRENT_TEST[0] if _CURRENT_TEST else None
+    if item is not None and not any(item.get_closest_marker(m) for m in ("process", "chaos")):
+        # CI's tiers select by this marker: an unmarked test would run its
+        # processes in the fast tier, beside every other test on two cores.
+        pytest.fail(f"{item.nodeid} starts a process: mark it @pytest.mark.process", pytrace=False)
     kwargs.setdefault("process_group", 0)
     proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "manage.py"), *args], env=env, cwd=ROOT, **kwargs)
     _STARTED.append(proc)

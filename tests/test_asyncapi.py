@@ -68,6 +68,7 @@ def _matches_snapshot(name: str, text: str) -> None:
     )
 
 
+@pytest.mark.process
 def test_the_test_catalogue_matches_its_committed_snapshot():
     # The test settings name a stream and prefix per session (tests/settings.py): pin the committed ones.
     env = _clean_env(PYTHONPATH=str(ROOT), PLATFORMKIT_TEST_STREAM="PLATFORMKIT_TEST", PLATFORMKIT_TEST_PREFIX="pktest")
@@ -75,6 +76,7 @@ def test_the_test_catalogue_matches_its_committed_snapshot():
     _matches_snapshot("asyncapi_testapp.json", text)
 
 
+@pytest.mark.process
 @pytest.mark.skipif(
     not (ROOT / "example_project" / "manage.py").exists(), reason="the example project is not in this tree"
 )
@@ -200,6 +202,7 @@ def test_output_can_go_to_a_file(tmp_path):
     assert target.read_text(encoding="utf-8") == _render()
 
 
+@pytest.mark.process
 def test_the_document_has_a_subscription_only_the_urlconf_imports():
     """The command runs no checks, so nothing else imported the URLconf: a
     ``@subscribe`` in a views.py was left out of the document."""

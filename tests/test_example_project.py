@@ -12,6 +12,7 @@ import sys
 from urllib.parse import urlsplit, urlunsplit
 
 import django
+import pytest
 
 from .conftest import ROOT
 
@@ -25,6 +26,7 @@ def run_manage(*args: str, env: dict[str, str], timeout: float = 240) -> subproc
     )
 
 
+@pytest.mark.process
 def test_the_shop_apps_own_tests_pass_against_real_postgresql():
     # A database name of its own on the suite's server, so Django's test
     # runner creates and drops test_example_project, never the suite's.
@@ -35,6 +37,7 @@ def test_the_shop_apps_own_tests_pass_against_real_postgresql():
     assert re.search(r"Ran [1-9]\d* tests", result.stderr), result.stderr
 
 
+@pytest.mark.process
 def test_the_demo_on_an_empty_machine_places_relays_and_handles_every_order_once():
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "NATS_URL")}
     result = run_manage("demo", "--orders", "20", env=env)

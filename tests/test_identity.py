@@ -146,6 +146,7 @@ def _stream_refused_by(args: list[str], port: int, url: str, before=None) -> str
     return str(refused.value)
 
 
+@pytest.mark.process
 def test_an_account_limit_refusing_the_stream_is_a_clear_error_without_the_overlap_advice(broker, settings, tmp_path):
     # An account allowed one stream, which another stream already uses:
     # NATS refuses ours with 400 / err_code 10027. It was reported as a
@@ -170,6 +171,7 @@ def test_an_account_limit_refusing_the_stream_is_a_clear_error_without_the_overl
     assert "SUBJECT_PREFIX" not in text
 
 
+@pytest.mark.process
 def test_a_server_without_jetstream_says_to_start_it_with_js(broker, settings):
     port = free_port()
     text = _stream_refused_by(["-a", "127.0.0.1", "-p", str(port)], port, f"nats://127.0.0.1:{port}")

@@ -288,6 +288,7 @@ print(page.content.decode())
 """
 
 
+@pytest.mark.process
 def test_the_tutorial_runs_from_an_empty_folder_to_a_replayed_dead_letter(platformkit_services, tmp_path):
     database_url, nats_url = platformkit_services
     token = uuid.uuid4().hex[:8]

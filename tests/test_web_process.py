@@ -38,6 +38,7 @@ print("transport", loaded()[:1])
 """
 
 
+@pytest.mark.process
 def test_importing_the_package_setting_django_up_and_publishing_never_import_nats():
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "NATS_URL", "PLATFORMKIT_TEST_DB_NAME")}
     env.update(DJANGO_SETTINGS_MODULE="tests.settings", PLATFORMKIT_TEST_SERVICES="none", PYTHONPATH=str(ROOT))

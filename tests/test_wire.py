@@ -76,6 +76,7 @@ def test_cron_grammar_refuses_what_crons_read_differently():
     assert cron_problems("0 0 30 2 *")  # never fires
 
 
+@pytest.mark.process
 def test_worker_id_is_host_and_pid_and_a_forked_child_names_itself():
     """runworker --processes forks its children after the imports: each
     child's rows must name the child, not the supervisor. Forked in a

@@ -275,7 +275,7 @@ class Supervisor:
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
-    def _fork(self, child: _Child, mask: set[signal.Signals]) -> None:
+    def _fork(self, child: _Child, mask: set[int | signal.Signals]) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         with self.metrics.forking() if self.metrics is not None else contextlib.nullcontext():

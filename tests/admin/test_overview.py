@@ -416,6 +416,7 @@ def test_a_heartbeat_that_cannot_write_logs_once_and_never_raises(caplog):
     assert WorkerHeartbeat.objects.filter(worker="host-b:2").exists()
 
 
+@pytest.mark.process
 def test_real_worker_processes_beat_a_killed_one_falls_silent_a_stopped_one_says_so(broker):
     import signal
 

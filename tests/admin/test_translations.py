@@ -435,6 +435,7 @@ def _gettext_tools() -> None:
         pytest.skip(f"GNU gettext is not installed ({', '.join(missing)} missing): apt-get install gettext")
 
 
+@pytest.mark.process
 @pytest.mark.unit
 def test_the_catalogues_regenerated_from_the_code_have_nothing_left_to_translate(tmp_path):
     """makemessages over a copy of the package: a string marked in the code
@@ -461,6 +462,7 @@ def test_the_catalogues_regenerated_from_the_code_have_nothing_left_to_translate
     assert left == {}, f"run .ci/messages and translate: {left}"
 
 
+@pytest.mark.process
 @pytest.mark.unit
 @pytest.mark.parametrize("language", LANGUAGES)
 def test_each_shipped_mo_is_its_po_compiled(tmp_path, language):

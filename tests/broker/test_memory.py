@@ -380,6 +380,7 @@ print("nats", sorted(m for m in sys.modules if m == "nats" or m.startswith("nats
 """
 
 
+@pytest.mark.process
 @pytest.mark.django_db(transaction=True)
 def test_the_in_memory_path_never_imports_nats(platformkit_services):
     database_url, _ = platformkit_services

@@ -440,6 +440,7 @@ def _env(**extra: str) -> dict[str, str]:
     return env
 
 
+@pytest.mark.process
 def test_check_and_migrate_exit_0_on_a_new_empty_database_with_no_broker_and_operator_commands_say_migrate():
     database_url = os.environ["DATABASE_URL"]
     name = f"pk_empty_{uuid.uuid4().hex[:10]}"
@@ -468,6 +469,7 @@ def test_check_and_migrate_exit_0_on_a_new_empty_database_with_no_broker_and_ope
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+@pytest.mark.process
 def test_check_exits_0_with_the_database_and_the_broker_both_unreachable():
     closed = free_port()
     checked = _run("check", env=_env(DATABASE_URL=f"postgres://postgres@127.0.0.1:{closed}/nowhere"))
@@ -695,6 +697,7 @@ def test_boot_says_a_handler_that_takes_no_argument_must_take_one_event(registri
     )
 
 
+@pytest.mark.process
 def test_setting_django_up_registers_every_check_family():
     """apps.ready() imports the checks package, which registers each family:
     in a process of its own, where no test has imported a check module."""

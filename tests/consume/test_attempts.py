@@ -361,6 +361,7 @@ def test_the_batched_path_handles_events_under_server_side_binding(
     assert connections[alias].settings_dict["OPTIONS"]["server_side_binding"] is True
 
 
+@pytest.mark.process
 def test_a_first_run_that_hangs_and_is_killed_counts_so_its_redelivery_is_attempt_2(broker):
     """The first delivery writes nothing - unless its run lasts: then its
     ``running`` row is written from the side, so a worker killed during a

@@ -207,6 +207,7 @@ def test_a_redelivery_whose_runs_never_reported_is_dead_lettered_without_running
     assert HandledEvent.objects.filter(subscription="testapp.twice_only").count() == 1
 
 
+@pytest.mark.process
 def test_kill_9_mid_handler_then_restart_handles_once_and_counts_the_attempt(broker):
     env = worker_env(broker, PLATFORMKIT_TEST_ACK_WAIT="2", PLATFORMKIT_TEST_HANDLER_TIMEOUT="1.5")
     with transaction.atomic():
@@ -229,6 +230,7 @@ def test_kill_9_mid_handler_then_restart_handles_once_and_counts_the_attempt(bro
     assert not DeadLetter.objects.exists()
 
 
+@pytest.mark.process
 def test_a_slow_handler_with_two_workers_has_one_effect_and_no_redelivery(broker):
     """One worker fetches the whole batch; the last message waits behind the
     others for longer than the ack wait (4 x 1.2 s > 2 s). In-progress acks
@@ -377,6 +379,7 @@ def test_a_handlers_database_work_is_bounded_by_the_timeout(broker, settings):
     assert "statement timeout" in DeadLetter.objects.get().error
 
 
+@pytest.mark.process
 def test_a_worker_with_a_handler_stuck_past_timeout_and_grace_exits_non_zero(broker, tmp_path):
     health = tmp_path / "health.json"
     env = worker_env(
@@ -537,6 +540,7 @@ def test_replay_of_all_reruns_only_the_subscriptions_that_dead_lettered(run_work
     assert runs == {"a": 2, "b": 2}
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(
     "signals,expected", [(1, 3), (2, 1)], ids=["sigterm-waits-then-exits-3", "second-sigterm-exits-at-once"]
 )

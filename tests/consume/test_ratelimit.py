@@ -48,6 +48,7 @@ def most_in_any_window(times: list[float], seconds: float) -> int:
     return best
 
 
+@pytest.mark.process
 def test_two_worker_processes_share_one_limit_and_an_unlimited_twin_is_not_slowed(broker, registries):
     from tests.testapp._features import RATE_LIMIT
 
@@ -178,6 +179,7 @@ def _stop(workers: list[subprocess.Popen]) -> None:
         assert proc.wait(60) == 0
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("old", ["1/h", "2/m"])
 def test_a_raised_limit_takes_effect_within_one_period_of_the_new_one(broker, registries, tmp_path, old):
     rated = declare("testapp.rated")
@@ -213,6 +215,8 @@ def test_a_raised_limit_takes_effect_within_one_period_of_the_new_one(broker, re
     assert most_in_any_window(after, 1.0) <= LIMIT, log.read_text()[-3000:]
 
 
+@pytest.mark.process
+@pytest.mark.django_tasks
 def test_an_unlimited_subscription_and_the_default_queue_beside_limited_ones_start_at_once(
     broker, registries, tmp_path
 ):
@@ -344,6 +348,7 @@ class DatabaseGate:
             writer.transport.abort()
 
 
+@pytest.mark.process
 def test_starts_after_a_database_outage_stay_within_the_rate_in_every_one_second_window(broker, registries, tmp_path):
     """Two workers, four units each in flight at 20/s; PostgreSQL goes away
     for 4 s mid-backlog. Units that waited out the outage take a fresh turn."""
@@ -402,6 +407,7 @@ def test_starts_after_a_database_outage_stay_within_the_rate_in_every_one_second
     assert most_in_any_window(times, 1.0) <= LIMIT + TOLERANCE, text[-3000:]
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("bad", ["0/s", "-1/s", "1e9/s", "10/x", ""])
 def test_a_rate_that_is_no_rate_is_a_check_error_naming_the_forms_never_an_import_traceback(broker, bad):
     env = worker_env(broker, PLATFORMKIT_TEST_FEATURES="1", PLATFORMKIT_TEST_RATE_LIMIT=bad)

@@ -82,6 +82,7 @@ def stop_workers(procs) -> None:
             raise
 
 
+@pytest.mark.process
 def test_run_now_runs_once_on_one_worker_recorded_as_manual_and_leaves_the_slots_alone(broker, runs_table, tmp_path):
     name = "testapp.nightly"  # its slot is 03:00: every run seen here is the one asked for
     procs, logs = start_workers(broker, tmp_path, name, 2)
@@ -112,6 +113,7 @@ def test_run_now_runs_once_on_one_worker_recorded_as_manual_and_leaves_the_slots
     assert sum("job run by hand started name=testapp.nightly actor=olga" in t for t in texts) == 1
 
 
+@pytest.mark.process
 def test_a_failing_run_by_hand_is_recorded_with_its_error_and_run_wait_says_so(broker, runs_table, tmp_path):
     name = "testapp.nightly_fails"
     User.objects.create_user("olga", is_staff=True).user_permissions.set(
@@ -128,6 +130,7 @@ def test_a_failing_run_by_hand_is_recorded_with_its_error_and_run_wait_says_so(b
     assert LogEntry.objects.get().object_id == name
 
 
+@pytest.mark.process
 def test_a_disabled_job_skips_its_slots_everywhere_and_enabled_again_runs_from_its_next_slot(
     broker, runs_table, tmp_path
 ):

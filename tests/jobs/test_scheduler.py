@@ -548,6 +548,7 @@ def stop_workers(procs) -> None:
             raise
 
 
+@pytest.mark.process
 @db
 def test_three_worker_processes_run_an_every_second_job_once_per_slot(broker, runs_table, tmp_path):
     name = "testapp.every_second"
@@ -565,6 +566,7 @@ def test_three_worker_processes_run_an_every_second_job_once_per_slot(broker, ru
     assert [int(s.timestamp()) for s in sorted(slots) if expected[0] <= s.timestamp() <= expected[-1]] == expected
 
 
+@pytest.mark.process
 @db
 def test_a_worker_killed_mid_job_releases_its_lock_and_the_next_slots_run_once(broker, runs_table, tmp_path):
     name = "testapp.hangs_first"
@@ -738,6 +740,7 @@ def test_a_future_slot_left_in_the_ledger_by_a_clock_ahead_is_replaced_not_respe
 # --- on time, by the job's own clock; skipped slots said; a failing job shown ---
 
 
+@pytest.mark.process
 @db
 def test_a_job_never_starts_before_its_slot_by_its_own_clock(runs_table):
     """A scheduler whose view of the database's clock runs 0.3 s ahead of
@@ -768,6 +771,7 @@ def test_a_job_never_starts_before_its_slot_by_its_own_clock(runs_table):
     assert early == [], f"started before the slot by the job's clock: {early}"
 
 
+@pytest.mark.process
 @db
 def test_a_worker_starting_after_downtime_warns_once_how_many_slots_were_skipped(broker, runs_table, tmp_path):
     name = "testapp.every_second"
@@ -787,6 +791,7 @@ def test_a_worker_starting_after_downtime_warns_once_how_many_slots_were_skipped
     assert 18 <= skipped <= 40, lines[0]  # the 19 slots after the last run, and those the start-up took
 
 
+@pytest.mark.process
 @db
 def test_a_job_that_fails_every_run_is_failing_on_the_overview_and_counted_in_its_header(
     broker, runs_table, tmp_path, admin_client

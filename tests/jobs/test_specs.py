@@ -25,6 +25,7 @@ print("after import", "django_platformkit.jobs.scheduler" in sys.modules)
 """
 
 
+@pytest.mark.process
 def test_setting_django_up_with_jobs_declared_does_not_load_the_scheduler():
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "NATS_URL", "PLATFORMKIT_TEST_DB_NAME")}
     env.update(DJANGO_SETTINGS_MODULE="tests.settings", PLATFORMKIT_TEST_SERVICES="none", PYTHONPATH=str(ROOT))

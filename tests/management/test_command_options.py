@@ -120,6 +120,7 @@ def test_runworker_refuses_options_that_leave_nothing_to_run_or_cancel_each_othe
     assert str(refused.value) == message
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(
     "args",
     [

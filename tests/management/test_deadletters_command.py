@@ -164,6 +164,7 @@ def test_show_prints_a_run_that_never_reported_as_running_with_no_finish(dead):
     assert never_reported[:2] == ["#2", "running"] and never_reported[-2:] == ["-", "host:42"]  # finished -
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(
     "args, marker",
     [
@@ -282,6 +283,7 @@ def test_without_a_name_for_the_os_user_replay_says_to_pass_actor_not_a_tracebac
     assert ("would replay 1" in out) if dry_run else ("replayed=1 refused=0 actor=alice" in out)
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("verb", ["replay", "discard"])
 def test_with_skip_checks_a_subscription_only_the_urlconf_imports_is_known(broker, verb):
     """With ``--skip-checks`` nothing imported the URLconf: a subscription

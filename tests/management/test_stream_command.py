@@ -295,6 +295,7 @@ def test_takeover_never_crosses_projects(broker):
         t.close()
 
 
+@pytest.mark.process
 def test_update_refuses_another_projects_stream_as_the_workers_do_and_changes_nothing(broker):
     """`stream update` grafted this project's subjects onto another project's
     stream and exited 0 (its owner then logged drift for ever); now it is

@@ -218,6 +218,7 @@ def test_manage_py_cancel_of_an_event_every_subscription_finished_says_how_to_cl
     assert audits() == []  # nothing cancelled: no audit event
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(
     ("actor", "why"),
     [
@@ -240,6 +241,7 @@ def test_manage_py_cancel_checks_the_actor_as_deadletters_does_and_writes_nothin
     assert HandledEvent.objects.count() == 0 and audits() == []
 
 
+@pytest.mark.process
 def test_manage_py_cancel_of_an_unknown_event_or_subscription_is_a_clear_error_writing_nothing(broker, ops):
     from tests.conftest import run_to_exit, worker_env
 

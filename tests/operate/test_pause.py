@@ -77,6 +77,7 @@ def durable_counts() -> tuple[int, int]:
         transport.close()
 
 
+@pytest.mark.process
 def test_a_paused_subscription_starts_nothing_on_any_worker_then_resumed_every_message_runs_once(broker, tmp_path):
     logs = [tmp_path / "a.log", tmp_path / "b.log"]
     workers = [start_worker(broker, log) for log in logs]
@@ -129,6 +130,7 @@ def test_a_paused_subscription_starts_nothing_on_any_worker_then_resumed_every_m
     assert [p.returncode for p in workers] == [0, 0, 0]
 
 
+@pytest.mark.process
 def test_a_run_in_flight_when_paused_finishes_and_acks_and_nothing_after_it_starts(broker, tmp_path):
     log = tmp_path / "w.log"
     with open(log, "wb") as out:
@@ -204,6 +206,7 @@ def task_queues(broker, registries, settings):
     register_task_queues()
 
 
+@pytest.mark.django_tasks
 def test_a_task_queue_is_paused_under_its_subscription_and_listed(task_queues, operator, capsys):
     call_command("pause", "--queue", "default", "--actor", "olga", "--reason", "deploy")
     assert [p.name for p in paused()] == ["platformkit.task_default"]
@@ -217,9 +220,10 @@ def test_a_task_queue_is_paused_under_its_subscription_and_listed(task_queues, o
     ("args", "expected"),
     [
         (["testapp.record_ordr", "--actor", "olga", "--reason", "x"], "did you mean 'testapp.record_order'"),
-        (
+        pytest.param(
             ["--queue", "emials", "--actor", "olga", "--reason", "x"],
             "unknown task queue 'emials'; did you mean 'emails'",
+            marks=pytest.mark.django_tasks,
         ),
         ([SUB, "--actor", "olga"], 'give --reason "..."'),
         ([SUB, "--actor", "olga", "--reason", "  "], 'give --reason "..."'),
@@ -273,6 +277,7 @@ def test_a_paused_task_queue_starts_none_of_its_priority_bands_until_resumed(bro
     assert not Attempt.objects.counted().exists()
 
 
+@pytest.mark.process
 def test_a_burst_worker_whose_database_is_down_gives_up_on_the_controls_after_its_connect_timeout(broker):
     """A worker reads the controls before it starts anything; a run-once
     worker (a script's step) with the database down must fail after its

@@ -376,6 +376,7 @@ def transport_stream() -> str:
     return conf.settings.STREAM
 
 
+@pytest.mark.process
 def test_purgeoutbox_with_skip_checks_keeps_a_row_only_a_urlconf_subscription_still_needs(broker):
     """With ``--skip-checks`` nothing imported the URLconf, so a subscription
     declared in a module only it imports (a views.py) wasn't among the

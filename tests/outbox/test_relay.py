@@ -205,6 +205,7 @@ def _relay_process(broker, *args: str) -> subprocess.Popen:
     return manage("runrelay", *args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+@pytest.mark.process
 def test_runrelay_once_fails_fast_with_one_line_naming_an_unreachable_database(broker):
     """--once is a script's step: it used to retry for ~25 s before failing.
     Now one attempt, a non-zero exit and one line saying where the database
@@ -224,6 +225,7 @@ def test_runrelay_once_fails_fast_with_one_line_naming_an_unreachable_database(b
     assert out == ""
 
 
+@pytest.mark.process
 def test_runrelay_without_once_keeps_waiting_for_an_unreachable_database(broker):
     proc = _relay_process(broker, "--skip-checks")
     try:
@@ -236,6 +238,7 @@ def test_runrelay_without_once_keeps_waiting_for_an_unreachable_database(broker)
     assert "s3cret" not in err
 
 
+@pytest.mark.process
 @pytest.mark.django_db(transaction=True)
 def test_a_busy_relay_logs_one_info_line_per_interval_and_each_pass_at_debug(broker, tmp_path):
     """300 orders committed one by one while runrelay runs: one pass each was

@@ -36,6 +36,7 @@ def job_runs() -> int:
         return cursor.fetchone()[0]
 
 
+@pytest.mark.process
 def test_a_worker_started_with_nats_down_runs_its_jobs_beats_and_logs_the_wait_once(broker, runs, tmp_path):
     """Issue 27: 0 runs of an every-second job in 30 s, no heartbeat (the
     worker invisible on the overview) and an ERROR every ~3 s, until NATS answered."""

@@ -109,6 +109,7 @@ def _writable_cpu_cgroup() -> tuple[Path, str] | str:
     return "no cgroup CPU controller is mounted writable here (v2 without cpu in subtree_control, no v1 cpu)"
 
 
+@pytest.mark.process
 def test_processes_auto_in_a_one_cpu_quota_starts_one_consumer_child(broker, tmp_path):
     from tests.conftest import worker_env
 

@@ -197,6 +197,7 @@ def test_two_metrics_in_one_process_have_registries_of_their_own(metrics):
     )
 
 
+@pytest.mark.process
 def test_runrelay_metrics_port_serves_metrics_from_a_real_process(broker):
     import socket
 
@@ -242,6 +243,7 @@ def listening_on(pid: int, port: int) -> set[str]:
     }
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("host", ["0.0.0.0", "127.0.0.1"])
 def test_metrics_host_chooses_the_address_metrics_listen_on(broker, host):
     """``--metrics-port`` bound every interface with no way to choose (issue 27)."""
@@ -266,6 +268,7 @@ def test_metrics_host_chooses_the_address_metrics_listen_on(broker, host):
         process.communicate(timeout=30)
 
 
+@pytest.mark.process
 def test_metrics_port_taken_is_a_clear_command_error(broker):
     import socket
 
@@ -284,6 +287,7 @@ def test_metrics_port_taken_is_a_clear_command_error(broker):
     assert f"--metrics-port {port}: can't listen there" in result.stderr.decode()
 
 
+@pytest.mark.process
 def test_runworker_metrics_port_counts_what_the_database_holds_in_a_real_process(broker):
     import signal
     import socket

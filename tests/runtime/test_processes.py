@@ -43,6 +43,7 @@ def start_logged(broker, log, *args: str) -> subprocess.Popen:
         return manage("runworker", *args, env=worker_env(broker), stdout=out, stderr=subprocess.STDOUT)
 
 
+@pytest.mark.process
 def test_processes_2_serve_one_metrics_endpoint_summing_every_child_recycled_ones_included(broker, tmp_path):
     """Two consumer children that recycle every 5 handlings: the supervisor's
     one /metrics counts every handling of every child, those that exited too."""
@@ -101,6 +102,7 @@ def test_processes_2_serve_one_metrics_endpoint_summing_every_child_recycled_one
     assert not folder.exists(), "the supervisor leaves its metrics folder behind"
 
 
+@pytest.mark.process
 def test_processes_auto_starts_one_consumer_child_per_usable_core(broker, tmp_path):
     health = tmp_path / "health.json"
     log = tmp_path / "worker.log"
@@ -133,6 +135,7 @@ def test_processes_auto_starts_one_consumer_child_per_usable_core(broker, tmp_pa
     assert sorted(Effect.objects.filter(subscription=SUB).values_list("event_id", flat=True)) == sorted(ids)
 
 
+@pytest.mark.process
 def test_processes_2_burst_drains_a_backlog_handles_each_event_once_and_exits_0(broker):
     with transaction.atomic():
         ids = [publish("testapp.order_placed", {"n": n}) for n in range(40)]
@@ -157,6 +160,7 @@ def test_processes_2_burst_drains_a_backlog_handles_each_event_once_and_exits_0(
     assert not OutboxEvent.objects.pending().exists()
 
 
+@pytest.mark.process
 def test_processes_burst_exits_non_zero_when_a_consumer_child_fails(broker):
     """A consumer child that can't drain in time (exit 1) ends the run with its code."""
     with transaction.atomic():

@@ -35,6 +35,7 @@ def effects(sub="testapp.record_order"):
     return Effect.objects.filter(subscription=sub)
 
 
+@pytest.mark.process
 def test_nats_stopped_for_five_seconds_then_started_loses_and_doubles_nothing(broker, own_nats, settings):
     settings.PLATFORMKIT = dict(broker, NATS_URL=own_nats.url)
     env = worker_env(broker, NATS_URL=own_nats.url)
@@ -63,6 +64,7 @@ def test_nats_stopped_for_five_seconds_then_started_loses_and_doubles_nothing(br
     assert not DeadLetter.objects.exists()
 
 
+@pytest.mark.process
 def test_terminating_every_worker_connection_while_idle_then_publishing_is_handled_once(broker):
     env = worker_env(broker)
     worker = manage("runworker", "--subscription", "testapp.record_order", "--no-jobs", env=env)
@@ -178,6 +180,7 @@ def test_a_broker_that_lost_its_store_gets_the_stream_and_durable_back(broker, s
     assert effects().count() == 2
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("down", ["nats", "database"])
 def test_run_once_modes_fail_with_a_clear_error_naming_what_is_unreachable(broker, down):
     import subprocess
@@ -293,6 +296,7 @@ def test_a_database_outage_longer_than_the_ack_wait_does_not_use_up_attempts(bro
     ], [r.getMessage() for r in waits]
 
 
+@pytest.mark.process
 def test_runrelay_waits_for_a_stream_it_cannot_reach_yet_and_once_mode_gives_up_clearly(broker):
     """NATS answers but JetStream doesn't (here: an account without
     JetStream; in life also a cluster still electing its leader): the relay

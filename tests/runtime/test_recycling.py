@@ -26,6 +26,7 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(300)]
 EVENTS = 400
 
 
+@pytest.mark.process
 def test_two_recycling_consumer_processes_handle_every_event_once_at_its_first_attempt(broker, registries, tmp_path):
     recycled = declare("testapp.recycled")
     with transaction.atomic():
@@ -66,6 +67,7 @@ def test_two_recycling_consumer_processes_handle_every_event_once_at_its_first_a
     assert "child died" not in text  # a recycle is no crash: no backoff
 
 
+@pytest.mark.process
 def test_a_sigterm_while_a_child_recycles_lets_its_in_flight_handler_finish(broker, tmp_path):
     """The child's stop began with its recycle, not a signal: the supervisor's
     SIGTERM then is its first request, not the "second request" that abandons
@@ -141,6 +143,7 @@ def _children_started(text: str) -> int:
     return text.count("child started role=consumer")
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(("value", "says"), [("0", "above 0"), ("1GB", "a number of MiB"), ("-5", "above 0")])
 def test_a_memory_limit_that_is_no_size_is_refused_naming_the_form(broker, value, says):
     code, output = run_to_exit(
@@ -153,6 +156,7 @@ def test_a_memory_limit_that_is_no_size_is_refused_naming_the_form(broker, value
     assert says in output and _children_started(output) == 0
 
 
+@pytest.mark.process
 def test_a_memory_limit_below_a_fresh_child_is_refused_at_start_naming_its_size_never_a_storm(broker, tmp_path):
     code, output = run_to_exit(
         "runworker", "--processes", "1", "--max-memory-per-process", "1", "--no-jobs", env=worker_env(broker)
@@ -168,10 +172,10 @@ def test_a_memory_limit_below_a_fresh_child_is_refused_at_start_naming_its_size_
     with log.open("w") as out:
         proc = manage(*args, env=env, stdout=out, stderr=out)
     try:
-        text = wait_for(
-            lambda: "worker started pid=" in log.read_text() and log.read_text(), timeout=60, what="a child"
-        )
-        child = re.search(r"worker started pid=(\d+) relay=False", text).group(1)
+        # The whole line: a read may catch it half written.
+        child = wait_for(
+            lambda: re.search(r"worker started pid=(\d+) relay=False", log.read_text()), timeout=60, what="a child"
+        ).group(1)
         time.sleep(1.0)
         pages = int(Path(f"/proc/{child}/statm").read_text().split()[1])
         child_mib = pages * os.sysconf("SC_PAGE_SIZE") / 2**20
@@ -194,6 +198,7 @@ def test_a_memory_limit_below_a_fresh_child_is_refused_at_start_naming_its_size_
     assert code == 1 and "a fresh worker process already uses" in text, text[-3000:]
 
 
+@pytest.mark.process
 def test_a_child_that_recycles_at_every_handling_is_restarted_with_a_back_off_not_in_a_storm(broker, tmp_path):
     recycled = declare("testapp.recycled")
     with transaction.atomic():
@@ -222,6 +227,7 @@ def test_a_child_that_recycles_at_every_handling_is_restarted_with_a_back_off_no
     assert "starting a fresh one in" in text
 
 
+@pytest.mark.process
 def test_the_metrics_folder_of_a_killed_supervisor_is_removed_by_the_next_start_of_the_tree(broker, tmp_path):
     from django_platformkit.devservices import free_port
 

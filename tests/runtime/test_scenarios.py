@@ -60,6 +60,7 @@ def stop(worker: subprocess.Popen) -> None:
         worker.wait(10)
 
 
+@pytest.mark.process
 def test_1100_failures_parked_for_retry_do_not_hold_back_20_healthy_events(broker, tmp_path):
     """1,100 events fail once and park for a two-minute retry; 20 healthy
     events published after them are handled within 10 s (one fetch), not
@@ -96,6 +97,7 @@ def test_1100_failures_parked_for_retry_do_not_hold_back_20_healthy_events(broke
     assert seconds < 10, f"20 healthy events behind 1,100 parked retries took {seconds:.1f} s"
 
 
+@pytest.mark.process
 def test_one_busy_subscription_among_24_delays_no_other_by_a_second(broker, tmp_path):
     """24 subscriptions in one worker; one works through 30 one-second
     events while an event arrives for the 23 others: each of them handles it

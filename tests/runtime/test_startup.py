@@ -23,6 +23,7 @@ from tests.conftest import run_to_exit, wait_for, worker_env
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(
     ("setting", "value", "fix"),
     UNSAFE_LIMITS,

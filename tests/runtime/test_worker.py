@@ -115,6 +115,7 @@ def test_a_crashed_pool_thread_ends_the_worker_non_zero_and_unhealthy(broker, tm
     assert state["healthy"] is False and state["stopped"] is True and state["crashed"]
 
 
+@pytest.mark.process
 def test_sigterm_during_start_up_exits_0_promptly_with_a_log_line_and_a_final_health_state(broker, tmp_path):
     """Issue 12 item 15: while the worker waits for NATS at start-up."""
     from django_platformkit.devservices import free_port
@@ -163,6 +164,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.process
 def test_processes_2_start_handle_and_stop_on_one_sigterm(broker, tmp_path):
     """``runworker --processes 2``: a relay+scheduler child and two consumer
     children; events are handled exactly once; one SIGTERM to the parent
@@ -221,6 +223,7 @@ def test_processes_2_start_handle_and_stop_on_one_sigterm(broker, tmp_path):
     assert final["healthy"] is False and final["stopped"] is True
 
 
+@pytest.mark.process
 def test_processes_restarts_a_child_that_dies(broker, tmp_path):
     """A consumer child SIGKILLed (an OOM kill) is restarted by the
     supervisor, and events published afterwards are handled."""
@@ -319,6 +322,7 @@ def test_a_lane_of_fast_handlers_fetches_its_next_unit_as_the_running_one_ends(b
     assert max(seen) <= 2 * conf.settings.CONSUMER_BATCH_SIZE, f"fetched more than one unit ahead: {seen}"
 
 
+@pytest.mark.process
 def test_runworker_with_skip_checks_serves_a_subscription_only_the_urlconf_imports(broker):
     """The system checks import the URLconf, so a ``@subscribe`` in a module
     only it imports (a views.py) used to be served only when the checks
@@ -330,6 +334,7 @@ def test_runworker_with_skip_checks_serves_a_subscription_only_the_urlconf_impor
     assert list(Effect.objects.filter(subscription="testapp.url_only").values_list("event_id", flat=True)) == [event_id]
 
 
+@pytest.mark.process
 def test_a_django_connection_pool_smaller_than_the_worker_keeps_is_refused_and_a_big_enough_one_works(broker):
     # DATABASES OPTIONS {"pool": True} is 4 connections; runworker's 4 handler
     # threads and its relay keep one each, so a thread waited for ever
@@ -359,6 +364,7 @@ def test_a_django_connection_pool_smaller_than_the_worker_keeps_is_refused_and_a
     assert Effect.objects.filter(subscription="testapp.record_order", event_id__in=ids).count() == 50
 
 
+@pytest.mark.process
 def test_processes_with_a_connection_pool_too_small_for_a_child_is_refused_at_once_not_restarted(broker):
     """``runworker --processes 2`` with Django's default pool (4): each
     consumer child needs 7 (4 handler threads + the heartbeat + reconciliation + the control watch). The children
@@ -376,6 +382,7 @@ def test_processes_with_a_connection_pool_too_small_for_a_child_is_refused_at_on
     assert time.monotonic() - started < 20
 
 
+@pytest.mark.process
 def test_processes_stops_at_once_when_a_child_is_refused_by_its_configuration(broker, transport):
     """A durable that drifted (another filter subject: the worker refuses to
     touch it, ConsumerDrift) made the consumer child die, be restarted with

@@ -760,6 +760,7 @@ def test_runworker_queue_runs_only_that_queues_tasks(outbox_tasks, run_worker):
         queue_subscriptions(["nope"])
 
 
+@pytest.mark.process
 def test_runworker_queue_as_a_real_process_runs_only_that_queue(broker):
     """``manage.py runworker --burst --queue emails`` (TASKS from the settings, as a deploy has it)."""
     import subprocess
