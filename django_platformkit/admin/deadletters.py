@@ -31,9 +31,9 @@ from django_platformkit.admin.display import (
     _truncated,
     breakable,
 )
-from django_platformkit.admin.history import log_dead_letter_action
 from django_platformkit.admin.tasknames import TaskPathFilter, subscription_and_task, with_task_paths
 from django_platformkit.models import Attempt, DeadLetter, OutboxEvent
+from django_platformkit.operate.audit import log_dead_letter_action
 from django_platformkit.operate.deadletters import replay_blocker as _replay_blocker
 from django_platformkit.templatetags.platformkit_admin import when_html
 
@@ -345,7 +345,7 @@ class DeadLetterAdmin(ReadOnlyAdmin[DeadLetter]):
 
     def _log(self, request: HttpRequest, row: DeadLetter, verb: str, reason: str) -> None:
         """The admin's own history of what an operator did
-        (``admin_history.log_dead_letter_action``): one ``LogEntry`` on the
+        (``operate.audit.log_dead_letter_action``): one ``LogEntry`` on the
         dead letter and, where the event is ours, one on the outbox row."""
         actor = request.user.pk
         if actor is None:  # an anonymous user: the admin's views let none this far

@@ -20,10 +20,10 @@ from django.utils.translation import gettext_lazy
 
 from django_platformkit.admin import jobcontrols, states
 from django_platformkit.admin.display import ReadOnlyAdmin, _duration, _pre, _truncated, schedule_text
-from django_platformkit.admin.history import REPLAY_PERMISSION
 from django_platformkit.jobs.specs import JobSpec, jobs
 from django_platformkit.models import JobState
 from django_platformkit.models.controls import JobControl
+from django_platformkit.operate.audit import REPLAY_PERMISSION
 from django_platformkit.templatetags.platformkit_admin import ago_html, when_html
 
 
