@@ -186,7 +186,7 @@ class ConsumerSpec:
 
 
 @dataclass(frozen=True)
-class _Ack:
+class MemoryAck:
     """``Delivery.msg`` of an in-memory delivery: which message of which durable, and which delivery of it."""
 
     durable: str
@@ -195,7 +195,7 @@ class _Ack:
 
 
 @dataclass
-class _Durable:
+class Durable:
     name: str
     filter_subject: str
     ack_wait: float
@@ -243,7 +243,7 @@ def subject_matches(filter_subject: str, subject: str) -> bool:
     return len(have) == len(want)
 
 
-class _Published:
+class CompletedPublish:
     """``publish_start()``'s answer, already complete (``.results()`` as ``transport.PendingPublish``)."""
 
     def __init__(self, results: list[PublishResult], stream_created: datetime | None) -> None:
@@ -254,7 +254,7 @@ class _Published:
         return list(self._results)
 
 
-class _KeepAlive:
+class StillKeepAlive:
     """``keep_alive()``'s answer. The clock stands still while a handler runs
     (it moves only when told, and ``auto_advance`` never moves it while a
     delivery is in flight), so an ack wait can't run out under a running
