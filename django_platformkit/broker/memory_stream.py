@@ -18,7 +18,7 @@ from typing import Any
 
 from django_platformkit import conf, identity
 from django_platformkit.broker.port import DurableFacts, HeldMessage
-from django_platformkit.broker.standing import UNLIMITED, StreamStanding, judge_stream
+from django_platformkit.broker.standing import UNLIMITED, StreamLimits, StreamStanding, judge_stream
 from django_platformkit.wire import TARGET_HEADER, Delivery, PublishOutcome, PublishResult
 
 
@@ -114,16 +114,14 @@ class StreamSettings:
     ) -> StreamStanding:
         """Judge the stream for ``owner``/``instance`` at ``now`` (clock
         seconds), recording the tenure it asks for (``record``: False, nothing)."""
+        limits = StreamLimits(self.retention, self.max_msgs, self.max_bytes, self.max_msgs_per_subject, self.max_age)
+        # Read back from the description it would carry, as a real stream's is.
+        description = identity.describe(self.tenure.identity, self.tenure) if self.tenure.identity else ""
         standing = judge_stream(
+            limits,
             name=stream,
             url=url,
-            description=identity.describe(self.tenure.identity, self.tenure) if self.tenure.identity else "",
-            metadata=None,
-            retention=self.retention,
-            max_msgs=self.max_msgs,
-            max_bytes=self.max_bytes,
-            max_msgs_per_subject=self.max_msgs_per_subject,
-            max_age_seconds=self.max_age,
+            recorded=identity.Tenure.read(description, None),
             owner=owner,
             instance=instance,
             now=now,
