@@ -359,7 +359,7 @@ ATTEMPT_HISTORY_LIMIT = 50
 
 def replay_blocker(row: DeadLetter) -> str | None:
     """Why ``row`` can't be replayed (a Replay could only fail, or leave the
-    event unhandled), or None: ``deadletters.replay_blocker``."""
+    event unhandled), or None: ``operate.deadletters.replay_blocker``."""
     return _replay_blocker(row.event_id, row.name, row.subscription)
 
 

@@ -240,7 +240,7 @@ def check_publish_calls(app_configs: Sequence[AppConfig] | None = None, **kwargs
 @checks.register(TAG)
 def check_jobs(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """``E009``: a job whose schedule can't run (a cron expression that never
-    fires, an unknown time zone), as ``jobs.validate_schedule`` finds it."""
+    fires, an unknown time zone), as ``jobs.specs.validate_schedule`` finds it."""
     from django_platformkit.jobs import specs as jobs
 
     list_jobs = getattr(jobs, "jobs", None)

@@ -1,9 +1,9 @@
 """System check texts and helpers: every id's message and hint in one place.
 
 ``MESSAGES`` is the contract a test pins per id; the check functions live in
-``checks_declarations`` (events, subscriptions, jobs), ``checks_settings``
-(the PLATFORMKIT dict, installed apps) and ``checks_services`` (database and
-broker), and ``checks`` registers them all. Nothing here queries or connects.
+``checks.declarations`` (events, subscriptions, jobs), ``checks.settings``
+(the PLATFORMKIT dict, installed apps) and ``checks.services`` (database and
+broker), and importing ``checks`` registers them all. Nothing here queries or connects.
 """
 
 from __future__ import annotations

@@ -111,7 +111,7 @@ def refuse_arguments_it_cant_take(task: Task[..., Any], args: Sequence[Any], kwa
     every attempt and become a dead letter ``MAX_ATTEMPTS`` backoffs later.
     Only here, never on the worker: there a function a rolling deploy changed
     since the enqueue fails that attempt and is retried (a newer worker may
-    take the arguments), see ``results.run_task``."""
+    take the arguments), see ``tasks.runner.run_task``."""
     signature = _signature(task.func)
     if signature is None:
         return

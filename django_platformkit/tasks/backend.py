@@ -214,7 +214,7 @@ class OutboxBackend(BaseTaskBackend):
     def get_result(self, result_id: str) -> TaskResult[..., Any]:
         """The ``TaskResult`` of ``result_id`` as the database has it now.
         Raises ``TaskResultDoesNotExist`` when no task row has that id (never
-        enqueued, rolled back, or purged). See ``tasks_results.load_result``."""
+        enqueued, rolled back, or purged). See ``tasks.results.load_result``."""
         from django_platformkit.tasks.results import load_result
 
         return load_result(self, result_id)

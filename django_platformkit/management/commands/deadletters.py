@@ -1,6 +1,6 @@
 """``manage.py deadletters``: the operator's shell for dead letters - list,
-show, replay, discard. A thin adapter over ``relay.replay()`` and
-``relay.discard()``: the same audit event, the same refusals, the same
+show, replay, discard. A thin adapter over ``operate.deadletters.replay()``
+and ``discard()``: the same audit event, the same refusals, the same
 one-transaction-per-event guarantee as the admin's actions.
 
     manage.py deadletters list [--subscription S] [--since 1h] [--format table|json]
