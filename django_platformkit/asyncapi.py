@@ -66,8 +66,8 @@ _HEADERS: dict[str, Any] = {
     },
 }
 
-#: What ``OutboxBackend.enqueue()`` writes as the payload (tasks.py), and
-#: ``tasks_results.run_task`` reads.
+#: What ``OutboxBackend.enqueue()`` writes as the payload (``tasks/backend.py``),
+#: and ``tasks.runner.run_task`` reads.
 _TASK: dict[str, Any] = {
     "type": "object",
     "description": "A django.tasks task as OutboxBackend.enqueue() wrote it; its queue's subscription runs it.",

@@ -2,7 +2,7 @@
 
 Keeps one trace from the request that published an event to every handler
 that ran it: ``publish()`` stores the caller's W3C trace context with the row
-(``events._trace_headers``), the relay's send is a PRODUCER span per message
+(``outbox.events``, with every row it writes), the relay's send is a PRODUCER span per message
 and each handler run a CONSUMER span, both children of that context.
 Attributes follow OpenTelemetry's messaging semantic conventions (v1.27+,
 "Semantic Conventions for Messaging Spans"): ``messaging.system=nats``,

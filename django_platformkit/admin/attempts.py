@@ -17,7 +17,7 @@ from django.utils.html import format_html
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
-from django_platformkit.admin.display import ReadOnlyAdmin, _duration, _pre, _truncated
+from django_platformkit.admin.display import ReadOnlyAdmin, duration_text, pre_html, truncated_html
 from django_platformkit.admin.tasknames import TaskPathFilter, subscription_and_task, with_task_paths
 from django_platformkit.models import Attempt
 from django_platformkit.templatetags.platformkit_admin import when_html
@@ -110,16 +110,16 @@ class AttemptAdmin(ReadOnlyAdmin[Attempt]):
 
     @admin.display(description=gettext_lazy("ran for"))
     def ran_for(self, obj: Attempt) -> str:
-        return _duration(obj.started_at, obj.finished_at)
+        return duration_text(obj.started_at, obj.finished_at)
 
     @admin.display(description=gettext_lazy("error"))
     def error_first_line(self, obj: Attempt) -> str:
-        return _truncated(obj.error)
+        return truncated_html(obj.error)
 
     @admin.display(description=gettext_lazy("error"))
     def error_text(self, obj: Attempt) -> str:
-        return _pre(obj.error)
+        return pre_html(obj.error)
 
     @admin.display(description=gettext_lazy("traceback"))
     def traceback_text(self, obj: Attempt) -> str:
-        return _pre(obj.traceback)
+        return pre_html(obj.traceback)

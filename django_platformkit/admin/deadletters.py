@@ -24,16 +24,16 @@ from django_platformkit.admin import bulk
 from django_platformkit.admin.attempts import outcome_labels
 from django_platformkit.admin.display import (
     ReadOnlyAdmin,
-    _duration,
-    _first_line,
-    _pre,
-    _pretty_json,
-    _truncated,
     breakable,
+    clipped_line,
+    duration_text,
+    pre_html,
+    pretty_json,
+    truncated_html,
 )
-from django_platformkit.admin.history import log_dead_letter_action
 from django_platformkit.admin.tasknames import TaskPathFilter, subscription_and_task, with_task_paths
 from django_platformkit.models import Attempt, DeadLetter, OutboxEvent
+from django_platformkit.operate.audit import log_dead_letter_action
 from django_platformkit.operate.deadletters import replay_blocker as _replay_blocker
 from django_platformkit.templatetags.platformkit_admin import when_html
 
@@ -94,22 +94,22 @@ class DeadLetterAdmin(ReadOnlyAdmin[DeadLetter]):
 
     @admin.display(description=gettext_lazy("error"), ordering="error")
     def error_first_line(self, obj: DeadLetter) -> str:
-        return _truncated(obj.error)
+        return truncated_html(obj.error)
 
     @admin.display(description=gettext_lazy("error"))
     def error_text(self, obj: DeadLetter) -> str:
-        return _pre(obj.error)
+        return pre_html(obj.error)
 
     @admin.display(description=gettext_lazy("payload"))
     def payload(self, obj: DeadLetter) -> str:
         row = OutboxEvent.objects.filter(pk=obj.event_id).only("payload").first()
         if row is None:
             return _("— (not in the outbox: purged, or a message that was never an event of ours)")
-        return _pretty_json(row.payload)
+        return pretty_json(row.payload)
 
     @admin.display(description=gettext_lazy("traceback"))
     def traceback_text(self, obj: DeadLetter) -> str:
-        return _pre(obj.traceback)
+        return pre_html(obj.traceback)
 
     @admin.display(description=gettext_lazy("outbox row"))
     def outbox_link(self, obj: DeadLetter) -> str:
@@ -135,7 +135,7 @@ class DeadLetterAdmin(ReadOnlyAdmin[DeadLetter]):
                     a.attempt,
                     labels.get(a.outcome, a.outcome),
                     when_html(a.started_at, relative=False),
-                    _duration(a.started_at, a.finished_at),
+                    duration_text(a.started_at, a.finished_at),
                     a.worker or "—",
                     _attempt_error(a),
                 )
@@ -305,7 +305,7 @@ class DeadLetterAdmin(ReadOnlyAdmin[DeadLetter]):
                 refused.append((row, str(exc)))
                 continue
             log.done()
-            self._log(request, row, verb, reason)
+            self.log_operator_action(request, row, verb, reason)
         log.close()
         if done:
             what = ", ".join(
@@ -343,9 +343,9 @@ class DeadLetterAdmin(ReadOnlyAdmin[DeadLetter]):
                 messages.ERROR,
             )
 
-    def _log(self, request: HttpRequest, row: DeadLetter, verb: str, reason: str) -> None:
+    def log_operator_action(self, request: HttpRequest, row: DeadLetter, verb: str, reason: str) -> None:
         """The admin's own history of what an operator did
-        (``admin_history.log_dead_letter_action``): one ``LogEntry`` on the
+        (``operate.audit.log_dead_letter_action``): one ``LogEntry`` on the
         dead letter and, where the event is ours, one on the outbox row."""
         actor = request.user.pk
         if actor is None:  # an anonymous user: the admin's views let none this far
@@ -359,7 +359,7 @@ ATTEMPT_HISTORY_LIMIT = 50
 
 def replay_blocker(row: DeadLetter) -> str | None:
     """Why ``row`` can't be replayed (a Replay could only fail, or leave the
-    event unhandled), or None: ``deadletters.replay_blocker``."""
+    event unhandled), or None: ``operate.deadletters.replay_blocker``."""
     return _replay_blocker(row.event_id, row.name, row.subscription)
 
 
@@ -367,9 +367,9 @@ def _attempt_error(attempt: Attempt) -> str:
     if not attempt.error:
         return "—"
     if not attempt.traceback:
-        return _truncated(attempt.error)
+        return truncated_html(attempt.error)
     return format_html(
         '<details><summary><span class="platformkit-trunc">{}</span></summary><pre class="platformkit-pre">{}</pre></details>',
-        _first_line(attempt.error, limit=500),
+        clipped_line(attempt.error, limit=500),
         attempt.traceback,
     )

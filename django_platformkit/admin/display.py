@@ -27,24 +27,27 @@ _FILTER_SUFFIXES = ("", "__exact", "__isnull")
 _DATE_SUFFIXES = ("__year", "__month", "__day", "__gte", "__lt")
 
 
-def _first_line(text: str, limit: int = 120) -> str:
+def clipped_line(text: str, limit: int = 120) -> str:
+    """The first non-blank line of ``text``, cut to ``limit`` characters with an ellipsis."""
     line = (text or "").strip().splitlines()[0] if (text or "").strip() else ""
     return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
-def _truncated(text: str) -> str:
+def truncated_html(text: str) -> str:
     """The first line, cut by CSS to the column's width (full line on hover)."""
-    line = _first_line(text, limit=500)
+    line = clipped_line(text, limit=500)
     return format_html('<span class="platformkit-trunc" title="{}">{}</span>', line, line) if line else "—"
 
 
-def _pretty_json(value: Any) -> str:
+def pretty_json(value: Any) -> str:
+    """``value`` as indented JSON in a ``<pre>`` block (HTML)."""
     return format_html(
         '<pre class="platformkit-json">{}</pre>', json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)
     )
 
 
-def _pre(text: str) -> str:
+def pre_html(text: str) -> str:
+    """``text`` in a ``<pre>`` block (HTML), or a dash when empty."""
     return format_html('<pre class="platformkit-pre">{}</pre>', text) if text else "—"
 
 
@@ -55,7 +58,8 @@ def breakable(name: str) -> str:
     return format_html_join(mark_safe(".<wbr>"), "{}", ((part,) for part in str(name).split(".")))
 
 
-def _uuid_or_none(term: str) -> uuid.UUID | None:
+def uuid_or_none(term: str) -> uuid.UUID | None:
+    """``term`` as a UUID (a search box's text), or None when it isn't one."""
     try:
         return uuid.UUID(term.strip())
     except ValueError:
@@ -144,7 +148,8 @@ def schedule_text(spec: JobSpec | None) -> str:
     return _("cron %(expression)s (%(zone)s)") % {"expression": spec.cron, "zone": spec.timezone}
 
 
-def _duration(started: Any, finished: Any) -> str:
+def duration_text(started: Any, finished: Any) -> str:
+    """How long a run took, in ms under a second; a dash when it never reported."""
     if started is None or finished is None:
         return _("— (never reported)")
     from django_platformkit.templatetags.platformkit_admin import age_text

@@ -19,10 +19,10 @@ from django.template.response import TemplateResponse
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy, ngettext
 
-from django_platformkit.admin.history import log_control
 from django_platformkit.exceptions import ControlRefused
 from django_platformkit.jobs.controls import JobChange, disable, enable, request_run
 from django_platformkit.models import JobState
+from django_platformkit.operate.audit import log_control
 
 #: The verbs, their library function, and the words the pages use.
 VERBS = {

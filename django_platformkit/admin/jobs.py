@@ -19,11 +19,11 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
 from django_platformkit.admin import jobcontrols, states
-from django_platformkit.admin.display import ReadOnlyAdmin, _duration, _pre, _truncated, schedule_text
-from django_platformkit.admin.history import REPLAY_PERMISSION
+from django_platformkit.admin.display import ReadOnlyAdmin, duration_text, pre_html, schedule_text, truncated_html
 from django_platformkit.jobs.specs import JobSpec, jobs
 from django_platformkit.models import JobState
 from django_platformkit.models.controls import JobControl
+from django_platformkit.operate.audit import REPLAY_PERMISSION
 from django_platformkit.templatetags.platformkit_admin import ago_html, when_html
 
 
@@ -126,7 +126,7 @@ class JobStateAdmin(ReadOnlyAdmin[JobState]):
         """The last slot claimed, and how long its run took (or that it runs, or never reported)."""
         if obj.last_slot is None:
             return "—"
-        ran = _duration(obj.started_at, obj.finished_at) if obj.started_at is not None else "—"
+        ran = duration_text(obj.started_at, obj.finished_at) if obj.started_at is not None else "—"
         return format_html(
             "{}{}",
             when_html(obj.last_slot),
@@ -146,11 +146,11 @@ class JobStateAdmin(ReadOnlyAdmin[JobState]):
 
     @admin.display(description=gettext_lazy("last error"))
     def error_first_line(self, obj: JobState) -> str:
-        return _truncated(obj.last_error)
+        return truncated_html(obj.last_error)
 
     @admin.display(description=gettext_lazy("last error"))
     def last_error_text(self, obj: JobState) -> str:
-        return _pre(obj.last_error)
+        return pre_html(obj.last_error)
 
     @admin.display(description=gettext_lazy("last run by hand"))
     def manual_run(self, obj: JobState) -> str:
@@ -168,5 +168,5 @@ class JobStateAdmin(ReadOnlyAdmin[JobState]):
             control.manual_by,
             outcome,
             control.manual_reason,
-            _pre(control.manual_error) if control.manual_error else "",
+            pre_html(control.manual_error) if control.manual_error else "",
         )

@@ -17,9 +17,9 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.translation import gettext as _
 
-from django_platformkit.admin.history import REPLAY_PERMISSION, log_control
 from django_platformkit.exceptions import ControlRefused
 from django_platformkit.models.controls import Pause
+from django_platformkit.operate.audit import REPLAY_PERMISSION, log_control
 from django_platformkit.operate.pause import PauseChange, pause, paused, queue_name, resume
 
 if TYPE_CHECKING:

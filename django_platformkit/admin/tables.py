@@ -24,7 +24,7 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
 from django_platformkit.admin.cancelling import OPERATOR_PERMISSION, cancel_selected
-from django_platformkit.admin.display import ReadOnlyAdmin, _pretty_json, _uuid_or_none
+from django_platformkit.admin.display import ReadOnlyAdmin, pretty_json, uuid_or_none
 from django_platformkit.models import DeadLetter, HandledEvent, OutboxEvent, OutboxQuerySet
 from django_platformkit.templatetags.platformkit_admin import age_text, when_html
 
@@ -129,11 +129,11 @@ class OutboxEventAdmin(ReadOnlyAdmin[OutboxEvent]):
 
     @admin.display(description=gettext_lazy("payload"))
     def payload_json(self, obj: OutboxEvent) -> str:
-        return _pretty_json(obj.payload)
+        return pretty_json(obj.payload)
 
     @admin.display(description=gettext_lazy("headers"))
     def headers_json(self, obj: OutboxEvent) -> str:
-        return _pretty_json(obj.headers)
+        return pretty_json(obj.headers)
 
     @admin.display(description=gettext_lazy("dead letters and claims"))
     def related(self, obj: OutboxEvent) -> str:
@@ -169,7 +169,7 @@ class OutboxEventAdmin(ReadOnlyAdmin[OutboxEvent]):
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[OutboxEvent], search_term: str
     ) -> tuple[QuerySet[OutboxEvent], bool]:
-        event_id = _uuid_or_none(search_term)
+        event_id = uuid_or_none(search_term)
         if event_id is not None:  # the primary key: one index lookup, not a scan
             return queryset.filter(pk=event_id), False
         return super().get_search_results(request, queryset, search_term)

@@ -27,7 +27,7 @@ from django.utils.translation import gettext_lazy, ngettext
 
 from django_platformkit.admin import bulk
 from django_platformkit.admin.cancelling import cancel_selected
-from django_platformkit.admin.display import NoWritesAdmin, _duration
+from django_platformkit.admin.display import NoWritesAdmin, duration_text
 from django_platformkit.models import DeadLetter, OutboxTask, TaskResultRecord
 from django_platformkit.tasks.queues import queue_of
 from django_platformkit.templatetags.platformkit_admin import when_html
@@ -242,7 +242,7 @@ class OutboxTaskAdmin(NoWritesAdmin, _TaskModelAdmin):
     def duration(self, obj: OutboxTask) -> str:
         """The run that finished it: from that run's start to the task's end."""
         started, finished = getattr(obj, "_last_run_at", None), getattr(obj, "_finished_at", None)
-        return _duration(started, finished) if started is not None and finished is not None else "—"
+        return duration_text(started, finished) if started is not None and finished is not None else "—"
 
     @admin.display(description=gettext_lazy("arguments"))
     def arguments(self, obj: OutboxTask) -> str:
@@ -355,7 +355,7 @@ class OutboxTaskAdmin(NoWritesAdmin, _TaskModelAdmin):
                 except ReplayRefused as exc:
                     self._refused(request, row, str(exc))
                     continue
-                history._log(request, row, "replay", reason)
+                history.log_operator_action(request, row, "replay", reason)
                 log.done()
             log.close()
             if done:

@@ -19,18 +19,18 @@ from typing import Any
 
 from django_platformkit import conf
 from django_platformkit.broker.memory_stream import (
+    CompletedPublish,
     ConsumerInfo,
+    Durable,
     ManualClock,
+    MemoryAck,
     MemoryPullLane,
     MessageLog,
     PubAck,
+    StillKeepAlive,
     StoredMessage,
     StreamInfo,
     StreamSettings,
-    _Ack,
-    _Durable,
-    _KeepAlive,
-    _Published,
     subject_matches,
 )
 from django_platformkit.broker.port import DurableFacts, HeldMessage, StreamFacts
@@ -78,7 +78,7 @@ class InMemoryTransport:
         self._settings = StreamSettings()
         self._log = MessageLog()
         self._messages: list[StoredMessage] = self._log.messages
-        self._durables: dict[str, _Durable] = {}
+        self._durables: dict[str, Durable] = {}
         self._created: datetime | None = None  # the stream's creation time: which stream
         self._listeners: list[Callable[[str], None]] = []
         self.connected = threading.Event()
@@ -188,7 +188,7 @@ class InMemoryTransport:
             return list(self._messages)
 
     # -- publishing --
-    def publish_start(self, messages: Sequence[OutgoingMessage], *, timeout: float = 10.0) -> _Published:
+    def publish_start(self, messages: Sequence[OutgoingMessage], *, timeout: float = 10.0) -> CompletedPublish:
         """Store ``messages`` now; ``.results()`` gives one ``PublishResult``
         per message, in order: STORED (``duplicate=True`` for a
         ``Nats-Msg-Id`` seen within ``DUPLICATE_WINDOW_SECONDS``, with the
@@ -196,7 +196,7 @@ class InMemoryTransport:
         TEMPORARY with ``no_stream=True`` when no stream holds its subject."""
         created = self._created
         results = [self._store(m.subject, m.body, m.headers()) for m in messages]
-        return _Published(results, created)
+        return CompletedPublish(results, created)
 
     def publish_raw(self, subject: str, body: bytes, headers: dict[str, str] | None = None) -> PubAck:
         """Publish one message as another service would (tests: forged or
@@ -238,7 +238,7 @@ class InMemoryTransport:
         with self._cond:
             durable = self._durables.get(name)
             if durable is None:
-                durable = self._durables[name] = _Durable(name, str(want.filter_subject), ack_wait, max_ack_pending)
+                durable = self._durables[name] = Durable(name, str(want.filter_subject), ack_wait, max_ack_pending)
                 durable.created = datetime.now(UTC)
                 policy = getattr(want, "deliver_policy", "all")
                 if str(getattr(policy, "value", policy)) == "new":
@@ -262,28 +262,28 @@ class InMemoryTransport:
         with self._cond:
             return [self._info(self._durables[d]) if d in self._durables else None for d in durables]
 
-    def _durable(self, name: str) -> _Durable:
+    def _durable(self, name: str) -> Durable:
         durable = self._durables.get(name)
         if durable is None:
             raise ConsumerNotFound(f"no durable consumer {name!r}: ensure_consumer() creates it")
         return durable
 
-    def _pending(self, d: _Durable) -> int:
+    def _pending(self, d: Durable) -> int:
         return sum(1 for m in self._messages[d.next_seq - 1 :] if subject_matches(d.filter_subject, m.subject))
 
-    def _can_send_new(self, d: _Durable) -> bool:
+    def _can_send_new(self, d: Durable) -> bool:
         """A first delivery is pending and ``max_ack_pending`` leaves room for it."""
         full = d.max_ack_pending is not None and len(d.in_flight) + len(d.waiting) >= d.max_ack_pending
         return not full and self._pending(d) > 0
 
-    def _info(self, d: _Durable) -> ConsumerInfo:
+    def _info(self, d: Durable) -> ConsumerInfo:
         self._expire(d)
         return d.info(str(self._stream), self._pending(d))
 
-    def _expire(self, d: _Durable) -> None:
+    def _expire(self, d: Durable) -> None:
         d.expire(self.clock.now())
 
-    def _take(self, d: _Durable, batch: int) -> list[Delivery]:
+    def _take(self, d: Durable, batch: int) -> list[Delivery]:
         """Under the lock: up to ``batch`` deliveries due now, redeliveries first (as JetStream sends them)."""
         self._expire(d)
         now = self.clock.now()
@@ -316,7 +316,7 @@ class InMemoryTransport:
                     headers=dict(message.headers),
                     attempt=d.delivered[seq],
                     stream_seq=seq,
-                    msg=_Ack(d.name, seq, d.delivered[seq]),
+                    msg=MemoryAck(d.name, seq, d.delivered[seq]),
                 )
             )
         return out
@@ -344,7 +344,7 @@ class InMemoryTransport:
     def _settle_all(self, deliveries: Sequence[Delivery], redeliver_at: float | None) -> None:
         acks = [delivery.msg for delivery in deliveries]
         for ack, delivery in zip(acks, deliveries, strict=True):
-            if not isinstance(ack, _Ack):
+            if not isinstance(ack, MemoryAck):
                 raise TypeError(f"not a delivery of this InMemoryTransport: {delivery!r}")
         with self._cond:
             expired: set[str] = set()
@@ -388,9 +388,9 @@ class InMemoryTransport:
             if ack.seq in d.in_flight:
                 d.in_flight[ack.seq] = self.clock.now() + d.ack_wait
 
-    def keep_alive(self, deliveries: Sequence[Delivery], every_seconds: float) -> _KeepAlive:
-        """A no-op ``KeepAlive`` (see ``_KeepAlive``)."""
-        return _KeepAlive()
+    def keep_alive(self, deliveries: Sequence[Delivery], every_seconds: float) -> StillKeepAlive:
+        """A no-op ``KeepAlive`` (see ``StillKeepAlive``)."""
+        return StillKeepAlive()
 
     # -- time --
     def next_due(self, *, in_flight: bool = False) -> float | None:

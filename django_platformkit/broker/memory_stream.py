@@ -18,7 +18,7 @@ from typing import Any
 
 from django_platformkit import conf, identity
 from django_platformkit.broker.port import DurableFacts, HeldMessage
-from django_platformkit.broker.standing import UNLIMITED, StreamStanding, judge_stream
+from django_platformkit.broker.standing import UNLIMITED, StreamLimits, StreamStanding, judge_stream
 from django_platformkit.wire import TARGET_HEADER, Delivery, PublishOutcome, PublishResult
 
 
@@ -114,16 +114,14 @@ class StreamSettings:
     ) -> StreamStanding:
         """Judge the stream for ``owner``/``instance`` at ``now`` (clock
         seconds), recording the tenure it asks for (``record``: False, nothing)."""
+        limits = StreamLimits(self.retention, self.max_msgs, self.max_bytes, self.max_msgs_per_subject, self.max_age)
+        # Read back from the description it would carry, as a real stream's is.
+        description = identity.describe(self.tenure.identity, self.tenure) if self.tenure.identity else ""
         standing = judge_stream(
+            limits,
             name=stream,
             url=url,
-            description=identity.describe(self.tenure.identity, self.tenure) if self.tenure.identity else "",
-            metadata=None,
-            retention=self.retention,
-            max_msgs=self.max_msgs,
-            max_bytes=self.max_bytes,
-            max_msgs_per_subject=self.max_msgs_per_subject,
-            max_age_seconds=self.max_age,
+            recorded=identity.Tenure.read(description, None),
             owner=owner,
             instance=instance,
             now=now,
@@ -186,7 +184,7 @@ class ConsumerSpec:
 
 
 @dataclass(frozen=True)
-class _Ack:
+class MemoryAck:
     """``Delivery.msg`` of an in-memory delivery: which message of which durable, and which delivery of it."""
 
     durable: str
@@ -195,7 +193,7 @@ class _Ack:
 
 
 @dataclass
-class _Durable:
+class Durable:
     name: str
     filter_subject: str
     ack_wait: float
@@ -243,7 +241,7 @@ def subject_matches(filter_subject: str, subject: str) -> bool:
     return len(have) == len(want)
 
 
-class _Published:
+class CompletedPublish:
     """``publish_start()``'s answer, already complete (``.results()`` as ``transport.PendingPublish``)."""
 
     def __init__(self, results: list[PublishResult], stream_created: datetime | None) -> None:
@@ -254,7 +252,7 @@ class _Published:
         return list(self._results)
 
 
-class _KeepAlive:
+class StillKeepAlive:
     """``keep_alive()``'s answer. The clock stands still while a handler runs
     (it moves only when told, and ``auto_advance`` never moves it while a
     delivery is in flight), so an ack wait can't run out under a running

@@ -14,7 +14,7 @@ it at start-up, naming the limit and its fix.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,65 +44,93 @@ class StreamProblem:
 MAX_AGE_TOLERANCE_SECONDS = 1.0
 
 
-def limit_problems(
-    *,
-    retention: str,
-    max_msgs: int | None,
-    max_bytes: int | None,
-    max_msgs_per_subject: int | None,
-    max_age_seconds: float | None = None,
-) -> list[StreamProblem]:
-    """The problems of a stream with these settings (``retention`` as
-    JetStream spells it: ``limits``, ``interest``, ``workqueue``; a numeric
-    limit of None, 0 or -1 is unlimited; ``max_age_seconds`` None or 0 is
-    unlimited), in that order; [] for a safe one."""
-    update = "`manage.py stream update` sets it back to unlimited (the workers never change it themselves)."
-    problems = []
-    for setting, value, what in (
-        ("max_msgs", max_msgs, "messages"),
-        ("max_bytes", max_bytes, "bytes"),
-        ("max_msgs_per_subject", max_msgs_per_subject, "messages per subject (every tenant's event is one subject)"),
-    ):
-        if value is not None and int(value) > 0:
+@dataclass(frozen=True)
+class StreamLimits:
+    """The settings of a stream that decide whether it could discard events
+    nobody has handled, as JetStream names them.
+
+    Attributes:
+        retention: ``limits``, ``interest`` or ``workqueue``.
+        max_msgs: Messages the stream keeps; None, 0 or ``UNLIMITED``: no limit.
+        max_bytes: Bytes the stream keeps; None, 0 or ``UNLIMITED``: no limit.
+        max_msgs_per_subject: Messages kept per subject; None, 0 or ``UNLIMITED``: no limit.
+        max_age_seconds: How long a message is kept; None or 0: no limit.
+    """
+
+    retention: str = "limits"
+    max_msgs: int | None = UNLIMITED
+    max_bytes: int | None = UNLIMITED
+    max_msgs_per_subject: int | None = UNLIMITED
+    max_age_seconds: float | None = None
+
+    @classmethod
+    def of(cls, config: Any) -> StreamLimits:
+        """The limits of a stream config as the broker returns it
+        (``nats.js.api.StreamConfig``, or the in-memory twin's)."""
+        retention = getattr(config, "retention", None)
+        return cls(
+            retention=str(getattr(retention, "value", retention) or "limits"),
+            max_msgs=config.max_msgs,
+            max_bytes=config.max_bytes,
+            max_msgs_per_subject=config.max_msgs_per_subject,
+            max_age_seconds=config.max_age,
+        )
+
+    def problems(self) -> list[StreamProblem]:
+        """What these limits could discard, in the order of the attributes
+        (the numeric limits, the max age, the retention); [] for a safe stream."""
+        update = "`manage.py stream update` sets it back to unlimited (the workers never change it themselves)."
+        problems = []
+        for setting, value, what in (
+            ("max_msgs", self.max_msgs, "messages"),
+            ("max_bytes", self.max_bytes, "bytes"),
+            (
+                "max_msgs_per_subject",
+                self.max_msgs_per_subject,
+                "messages per subject (every tenant's event is one subject)",
+            ),
+        ):
+            if value is not None and int(value) > 0:
+                problems.append(
+                    StreamProblem(
+                        setting,
+                        str(value),
+                        f"past {value} {what} the stream discards its oldest messages, handled or not.",
+                        update,
+                    )
+                )
+        retained = float(conf.settings.RETENTION_DAYS) * 86400.0
+        max_age_seconds, retention = self.max_age_seconds, self.retention
+        if max_age_seconds and float(max_age_seconds) < retained - MAX_AGE_TOLERANCE_SECONDS:
+            age = format(float(max_age_seconds), ".15g")
             problems.append(
                 StreamProblem(
-                    setting,
-                    str(value),
-                    f"past {value} {what} the stream discards its oldest messages, handled or not.",
-                    update,
+                    "max_age",
+                    age,
+                    f"messages older than {age} s are discarded, handled or not, while the outbox keeps its events "
+                    f"for RETENTION_DAYS ({retained:.0f} s): a subscription that falls that far behind "
+                    "(a worker stopped, a backlog) loses them.",
+                    "`manage.py stream update` lengthens it to RETENTION_DAYS (the workers never change it themselves).",
                 )
             )
-    retained = float(conf.settings.RETENTION_DAYS) * 86400.0
-    if max_age_seconds and float(max_age_seconds) < retained - MAX_AGE_TOLERANCE_SECONDS:
-        age = format(float(max_age_seconds), ".15g")
-        problems.append(
-            StreamProblem(
-                "max_age",
-                age,
-                f"messages older than {age} s are discarded, handled or not, while the outbox keeps its events "
-                f"for RETENTION_DAYS ({retained:.0f} s): a subscription that falls that far behind "
-                "(a worker stopped, a backlog) loses them.",
-                "`manage.py stream update` lengthens it to RETENTION_DAYS (the workers never change it themselves).",
+        if retention and retention != "limits":
+            effect = {
+                "interest": "the stream drops a message that no durable is interested in when it arrives, and once "
+                "every durable acked it, so a subscription added later never sees it.",
+                "workqueue": "the first subscription's ack deletes a message for every other subscription.",
+            }.get(retention, "messages may go before every subscription handled them.")
+            problems.append(
+                StreamProblem(
+                    "retention",
+                    retention,
+                    effect,
+                    "JetStream can't change a stream's retention, and its durables can't drain: no worker consumes a "
+                    "refused stream. `manage.py stream reset --yes --discard-unhandled` deletes it, a worker makes it "
+                    "again with limits retention, and the workers' reconciliation sends every event the outbox holds "
+                    "that a subscription has not handled again.",
+                )
             )
-        )
-    if retention and retention != "limits":
-        effect = {
-            "interest": "the stream drops a message that no durable is interested in when it arrives, and once "
-            "every durable acked it, so a subscription added later never sees it.",
-            "workqueue": "the first subscription's ack deletes a message for every other subscription.",
-        }.get(retention, "messages may go before every subscription handled them.")
-        problems.append(
-            StreamProblem(
-                "retention",
-                retention,
-                effect,
-                "JetStream can't change a stream's retention, and its durables can't drain: no worker consumes a "
-                "refused stream. `manage.py stream reset --yes --discard-unhandled` deletes it, a worker makes it "
-                "again with limits retention, and the workers' reconciliation sends every event the outbox holds "
-                "that a subscription has not handled again.",
-            )
-        )
-    return problems
+        return problems
 
 
 def unsafe_stream_text(stream: str, url: str, problems: Sequence[StreamProblem]) -> str:
@@ -155,35 +183,26 @@ class StreamStanding:
 
 
 def judge_stream(
+    limits: StreamLimits,
     *,
     name: str,
     url: str,
-    description: str | None,
-    metadata: Mapping[str, object] | None,
-    retention: str,
-    max_msgs: int | None,
-    max_bytes: int | None,
-    max_msgs_per_subject: int | None,
-    max_age_seconds: float | None,
+    recorded: Tenure,
     owner: str | None,
     instance: str | None,
     now: float,
 ) -> StreamStanding:
-    """The standing of a stream with these settings for ``owner``/``instance``
-    at ``now`` (``owner`` None: its limits only). Pure: the tenure its
-    judgement asks to record (``standing.judgement.tenure``) is the caller's
-    to write; ``standing.tenure`` is what the stream records now."""
-    problems = limit_problems(
-        retention=retention or "limits",
-        max_msgs=max_msgs,
-        max_bytes=max_bytes,
-        max_msgs_per_subject=max_msgs_per_subject,
-        max_age_seconds=max_age_seconds,
-    )
-    recorded = Tenure.read(description, metadata)
+    """The standing of the stream ``name`` on ``url`` with ``limits``,
+    which records ``recorded`` (``Tenure.read`` of its description and
+    metadata), for ``owner``/``instance`` at ``now`` (``owner`` None: its
+    limits only). Pure: the tenure its judgement asks to record
+    (``standing.judgement.tenure``) is the caller's to write;
+    ``standing.tenure`` is ``recorded``."""
+    problems = limits.problems()
     judgement = None
     if owner is not None:
         judgement = judge(recorded, owner, instance, now=now, stream=name, url=url)
+    max_age_seconds = limits.max_age_seconds
     return StreamStanding(
         exists=True,
         judgement=judgement,
@@ -199,18 +218,12 @@ def standing_of(
 ) -> StreamStanding:
     """``judge_stream`` for a stream config as the broker returns it
     (``nats.js.api.StreamConfig``, or the in-memory twin's): its name,
-    description, metadata, retention and limits read off ``config``."""
-    retention = getattr(config, "retention", None)
+    limits (``StreamLimits.of``) and recorded tenure read off ``config``."""
     return judge_stream(
+        StreamLimits.of(config),
         name=str(config.name),
         url=url,
-        description=config.description,
-        metadata=getattr(config, "metadata", None),
-        retention=str(getattr(retention, "value", retention) or "limits"),
-        max_msgs=config.max_msgs,
-        max_bytes=config.max_bytes,
-        max_msgs_per_subject=config.max_msgs_per_subject,
-        max_age_seconds=config.max_age,
+        recorded=Tenure.read(config.description, getattr(config, "metadata", None)),
         owner=owner,
         instance=instance,
         now=time.time() if now is None else now,

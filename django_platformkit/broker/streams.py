@@ -191,7 +191,7 @@ class Streams:
         Raises ``ConfigurationError`` (the process should end: retrying can't
         help) when the stream belongs to another database or a live copy of
         this one, when its limits could discard events nobody handled
-        (``standing.limit_problems``), when NATS refuses to create it (e.g.
+        (``standing.StreamLimits.problems``), when NATS refuses to create it (e.g.
         its subjects overlap another stream's), when JetStream is not
         enabled, or when the server's ``max_payload`` can't carry
         ``MAX_PAYLOAD_BYTES`` plus the envelope; ``BrokerUnavailable`` on a

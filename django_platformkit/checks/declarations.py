@@ -19,7 +19,7 @@ from typing import Any
 from django.apps import AppConfig, apps
 from django.core import checks
 
-from django_platformkit.checks.messages import TAG, _error, _in_apps, _setting, _undeclared_fix, _warning
+from django_platformkit.checks.messages import TAG, check_error, check_warning, in_apps, setting_or_none, undeclared_fix
 
 _PUBLISH_FUNCTIONS = {
     "django_platformkit.publish": "publish",
@@ -42,25 +42,25 @@ def check_subscriptions(app_configs: Sequence[AppConfig] | None = None, **kwargs
     declared = catalogue()
     errors: list[checks.CheckMessage] = []
     for sub in subscriptions():
-        if not _in_apps(sub.declared_in, app_configs):
+        if not in_apps(sub.declared_in, app_configs):
             continue
         if sub.event not in declared:
             errors.append(
-                _error(
+                check_error(
                     "E001",
                     sub.declared_in,
                     subscription=sub.name,
                     event=sub.event,
-                    fix=_undeclared_fix(sub.event, declared),
+                    fix=undeclared_fix(sub.event, declared),
                 )
             )
         if sub.rate_limit_error:
-            errors.append(_error("E011", sub.declared_in, subscription=sub.name, value=sub.rate_limit_given))
+            errors.append(check_error("E011", sub.declared_in, subscription=sub.name, value=sub.rate_limit_given))
         if sub.backoff_seconds_override is not None:
-            attempts = sub.max_attempts_override or _setting("MAX_ATTEMPTS")
+            attempts = sub.max_attempts_override or setting_or_none("MAX_ATTEMPTS")
             if attempts is not None and len(sub.backoff_seconds_override) > attempts - 1:
                 errors.append(
-                    _warning(
+                    check_warning(
                         "W002",
                         sub.declared_in,
                         subscription=sub.name,
@@ -227,7 +227,9 @@ def check_publish_calls(app_configs: Sequence[AppConfig] | None = None, **kwargs
             if call.event not in declared:
                 where = f"{_display(call.path, root)}:{call.line}"
                 errors.append(
-                    _error("E002", where, call=call.call, event=call.event, fix=_undeclared_fix(call.event, declared))
+                    check_error(
+                        "E002", where, call=call.call, event=call.event, fix=undeclared_fix(call.event, declared)
+                    )
                 )
     return errors
 
@@ -238,7 +240,7 @@ def check_publish_calls(app_configs: Sequence[AppConfig] | None = None, **kwargs
 @checks.register(TAG)
 def check_jobs(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """``E009``: a job whose schedule can't run (a cron expression that never
-    fires, an unknown time zone), as ``jobs.validate_schedule`` finds it."""
+    fires, an unknown time zone), as ``jobs.specs.validate_schedule`` finds it."""
     from django_platformkit.jobs import specs as jobs
 
     list_jobs = getattr(jobs, "jobs", None)
@@ -247,10 +249,12 @@ def check_jobs(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any) ->
         return []
     errors: list[checks.CheckMessage] = []
     for spec in list_jobs():
-        if not _in_apps(spec.declared_in, app_configs):
+        if not in_apps(spec.declared_in, app_configs):
             continue
         for problem in validate(every=spec.every, cron=spec.cron, timezone=spec.timezone):
             errors.append(
-                _error("E009", spec.declared_in or spec.name, job=spec.name, problem=" ".join(str(problem).split()))
+                check_error(
+                    "E009", spec.declared_in or spec.name, job=spec.name, problem=" ".join(str(problem).split())
+                )
             )
     return errors

@@ -1,9 +1,9 @@
 """System check texts and helpers: every id's message and hint in one place.
 
 ``MESSAGES`` is the contract a test pins per id; the check functions live in
-``checks_declarations`` (events, subscriptions, jobs), ``checks_settings``
-(the PLATFORMKIT dict, installed apps) and ``checks_services`` (database and
-broker), and ``checks`` registers them all. Nothing here queries or connects.
+``checks.declarations`` (events, subscriptions, jobs), ``checks.settings``
+(the PLATFORMKIT dict, installed apps) and ``checks.services`` (database and
+broker), and importing ``checks`` registers them all. Nothing here queries or connects.
 """
 
 from __future__ import annotations
@@ -93,28 +93,27 @@ def _texts(check_id: str, values: Mapping[str, Any]) -> tuple[str, str]:
     return message.format(**values), hint.format(**values)
 
 
-def _error(check_id: str, obj: Any = None, **values: Any) -> checks.Error:
+def check_error(check_id: str, obj: Any = None, **values: Any) -> checks.Error:
+    """The error ``check_id`` (``"E005"``) with its texts from ``MESSAGES`` filled in from ``values``."""
     message, hint = _texts(check_id, values)
     return checks.Error(message, hint=hint, obj=obj, id=f"{TAG}.{check_id}")
 
 
-def _warning(check_id: str, obj: Any = None, **values: Any) -> checks.Warning:
+def check_warning(check_id: str, obj: Any = None, **values: Any) -> checks.Warning:
+    """The warning ``check_id`` (``"W001"``) with its texts from ``MESSAGES`` filled in from ``values``."""
     message, hint = _texts(check_id, values)
     return checks.Warning(message, hint=hint, obj=obj, id=f"{TAG}.{check_id}")
 
 
-def _suggestion(name: str, known: Iterable[str]) -> str | None:
-    return closest_name(name, known)
-
-
-def _undeclared_fix(event: str, known: Iterable[str]) -> str:
-    suggestion = _suggestion(event, known)
+def undeclared_fix(event: str, known: Iterable[str]) -> str:
+    """The hint for an undeclared ``event``: the closest of ``known``, else to declare it."""
+    suggestion = closest_name(event, known)
     if suggestion is None:
         return FIXES["declare"].format(event=event)
     return FIXES["did_you_mean"].format(event=event, suggestion=suggestion)
 
 
-def _setting(key: str) -> Any:
+def setting_or_none(key: str) -> Any:
     """The validated value, or None when it is invalid (``E005``/``E007``
     report that): one bad setting must not crash the other checks."""
     try:
@@ -123,7 +122,8 @@ def _setting(key: str) -> Any:
         return None
 
 
-def _in_apps(module: str, app_configs: Sequence[AppConfig] | None) -> bool:
+def in_apps(module: str, app_configs: Sequence[AppConfig] | None) -> bool:
+    """Whether ``module`` belongs to one of ``app_configs`` (None: every app, as Django's checks mean it)."""
     if app_configs is None:
         return True
     return any(module == c.name or module.startswith(c.name + ".") for c in app_configs)

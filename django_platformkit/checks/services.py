@@ -14,7 +14,7 @@ from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 
 from django_platformkit import conf
-from django_platformkit.checks.messages import TAG, _error, _setting, _warning
+from django_platformkit.checks.messages import TAG, check_error, check_warning, setting_or_none
 
 
 @checks.register(TAG)
@@ -24,18 +24,18 @@ def check_database(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
     from django.conf import settings as django_settings
     from django.db.utils import load_backend
 
-    alias = _setting("DATABASE_ALIAS")
+    alias = setting_or_none("DATABASE_ALIAS")
     if alias is None:
         return []
     if alias not in django_settings.DATABASES:
-        return [_error("E004", "settings.PLATFORMKIT", alias=alias, aliases=sorted(django_settings.DATABASES))]
+        return [check_error("E004", "settings.PLATFORMKIT", alias=alias, aliases=sorted(django_settings.DATABASES))]
     try:
         # The backend class's vendor: importing it opens no connection.
         vendor = load_backend(django_settings.DATABASES[alias].get("ENGINE", "")).DatabaseWrapper.vendor
     except ImproperlyConfigured:
         return []  # Django's own checks and connection say what is wrong with ENGINE
     if vendor != "postgresql":
-        return [_error("E003", "settings.DATABASES", alias=alias, vendor=vendor)]
+        return [check_error("E003", "settings.DATABASES", alias=alias, vendor=vendor)]
     return []
 
 
@@ -68,7 +68,7 @@ def check_max_ack_pending(app_configs: Sequence[AppConfig] | None = None, **kwar
         credit = 2 * batch * sub.concurrency  # a running unit and the one fetched early, per slot
         if value < credit + MIN_RETRY_ROOM:
             messages.append(
-                _warning(
+                check_warning(
                     "W005",
                     sub.declared_in or sub.name,
                     subscription=sub.name,
@@ -96,7 +96,7 @@ def check_broker_namespace(app_configs: Sequence[AppConfig] | None = None, **kwa
     if not isinstance(raw, Mapping):
         return []  # E005 says so
     return [
-        _warning("W006", "settings.PLATFORMKIT", key=key, value=conf.DEFAULTS[key][0])
+        check_warning("W006", "settings.PLATFORMKIT", key=key, value=conf.DEFAULTS[key][0])
         for key in ("STREAM", "SUBJECT_PREFIX")
         if raw.get(key, conf.DEFAULTS[key][0]) == conf.DEFAULTS[key][0]
     ]

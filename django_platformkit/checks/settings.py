@@ -16,7 +16,8 @@ from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
 
 from django_platformkit import conf
-from django_platformkit.checks.messages import FIXES, TAG, _error, _setting, _suggestion, _warning
+from django_platformkit.checks.messages import FIXES, TAG, check_error, check_warning, setting_or_none
+from django_platformkit.names import closest_name
 
 
 @checks.register(TAG)
@@ -35,12 +36,12 @@ def check_settings(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
 
     raw = getattr(django_settings, "PLATFORMKIT", {})
     if not isinstance(raw, Mapping):
-        return [_error("E005", "settings.PLATFORMKIT", type=type(raw).__name__)]
+        return [check_error("E005", "settings.PLATFORMKIT", type=type(raw).__name__)]
     errors: list[checks.CheckMessage] = []
     for key in conf.settings.unknown_keys():
-        suggestion = _suggestion(key, conf.DEFAULTS)
+        suggestion = closest_name(key, conf.DEFAULTS)
         fix = FIXES["unknown_key_near"].format(suggestion=suggestion) if suggestion else FIXES["unknown_key"]
-        errors.append(_error("E006", "settings.PLATFORMKIT", key=key, fix=fix))
+        errors.append(check_error("E006", "settings.PLATFORMKIT", key=key, fix=fix))
     for key in conf.DEFAULTS:
         try:
             value = getattr(conf.settings, key)
@@ -48,20 +49,20 @@ def check_settings(app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
                 import_string(value)
         except ImproperlyConfigured as exc:
             error = " ".join(str(exc).split())  # one line
-            errors.append(_error("E007", "settings.PLATFORMKIT", key=key, error=error))
+            errors.append(check_error("E007", "settings.PLATFORMKIT", key=key, error=error))
         except ImportError as exc:
             error = FIXES["not_importable"].format(value=value, error=" ".join(str(exc).split()))
-            errors.append(_error("E007", "settings.PLATFORMKIT", key=key, error=error))
-    timeout, ack_wait = _setting("HANDLER_TIMEOUT_SECONDS"), _setting("ACK_WAIT_SECONDS")
+            errors.append(check_error("E007", "settings.PLATFORMKIT", key=key, error=error))
+    timeout, ack_wait = setting_or_none("HANDLER_TIMEOUT_SECONDS"), setting_or_none("ACK_WAIT_SECONDS")
     if timeout is not None and ack_wait is not None and timeout >= ack_wait:
-        errors.append(_error("E008", "settings.PLATFORMKIT", timeout=timeout, ack_wait=ack_wait))
-    window, retention = _setting("DUPLICATE_WINDOW_SECONDS"), _setting("RETENTION_DAYS")
+        errors.append(check_error("E008", "settings.PLATFORMKIT", timeout=timeout, ack_wait=ack_wait))
+    window, retention = setting_or_none("DUPLICATE_WINDOW_SECONDS"), setting_or_none("RETENTION_DAYS")
     if window is not None and retention is not None and window > float(retention) * 86400:
-        errors.append(_error("E010", "settings.PLATFORMKIT", window=window, max_age=float(retention) * 86400))
-    attempts, delays = _setting("MAX_ATTEMPTS"), _setting("BACKOFF_SECONDS")
+        errors.append(check_error("E010", "settings.PLATFORMKIT", window=window, max_age=float(retention) * 86400))
+    attempts, delays = setting_or_none("MAX_ATTEMPTS"), setting_or_none("BACKOFF_SECONDS")
     if "BACKOFF_SECONDS" in raw and attempts is not None and delays is not None and len(delays) > attempts - 1:
         errors.append(
-            _warning("W001", "settings.PLATFORMKIT", delays=len(delays), attempts=attempts, retries=attempts - 1)
+            check_warning("W001", "settings.PLATFORMKIT", delays=len(delays), attempts=attempts, retries=attempts - 1)
         )
     return errors
 
@@ -81,7 +82,7 @@ def check_runworker(app_configs: Sequence[AppConfig] | None = None, **kwargs: An
         return []
     warnings: list[checks.CheckMessage] = []
     if providers[0] != "django_platformkit":
-        warnings.append(_warning("W003", "settings.INSTALLED_APPS", other=providers[0]))
+        warnings.append(check_warning("W003", "settings.INSTALLED_APPS", other=providers[0]))
     for other in providers[providers.index("django_platformkit") + 1 :]:
-        warnings.append(_warning("W004", "settings.INSTALLED_APPS", other=other))
+        warnings.append(check_warning("W004", "settings.INSTALLED_APPS", other=other))
     return warnings

@@ -321,6 +321,7 @@ class Settlement:
             record_malformed(
                 subscription=sub.name,
                 event_id=event_id,
+                stream_seq=delivery.stream_seq,
                 attempts=delivery.attempt,
                 error=error,
                 body=delivery.data,

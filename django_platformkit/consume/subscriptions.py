@@ -51,7 +51,7 @@ class Subscription:
     #: Not a ``subscribe()`` option: the claim also takes the transaction-scoped
     #: advisory lock ``(claim_lock_namespace, hashtext(event id))`` on each event
     #: it claims, held until the unit's transaction ends (the task queues set
-    #: it: ``get_result()`` reads the lock as RUNNING; ``tasks_results``).
+    #: it: ``get_result()`` reads the lock as RUNNING; ``tasks.results``).
     claim_lock_namespace: int | None = None
     #: Not a ``subscribe()`` option: the subscriptions that share a
     #: ``priority_group`` (a task queue's priority bands, ``tasks.registry``)

@@ -29,7 +29,7 @@ MAX_SAVEPOINTS_PER_TRANSACTION = 50
 class UnitWrites:
     """Rows the handlers of one unit leave to be written together, by one
     statement per kind just before the unit commits, instead of one round
-    trip each (the task queues' results: ``tasks_results``). Only where a
+    trip each (the task queues' results: ``tasks.results``). Only where a
     handler's failure rolls the whole unit back (no savepoint per message):
     what a failed handler left can't outlive it, and a unit redone with
     savepoints writes at once (``unit_writes()`` is then None)."""

@@ -1,7 +1,7 @@
 """The scheduler: runs each declared job once per slot across any number of
 workers and clocks.
 
-Every worker decides slots (``jobs.JobSpec``) from the same clock, the
+Every worker decides slots (``jobs.specs.JobSpec``) from the same clock, the
 database's (``DatabaseClock``), and a slot ahead of that clock is never
 claimed, so a worker whose own clock runs ahead can't take the others' future
 slots. At a due slot a worker takes the job's session-level advisory lock on

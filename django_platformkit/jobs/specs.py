@@ -25,7 +25,7 @@ from django_platformkit.names import SUBSCRIPTION_NAME_PART, default_name
 logger = logging.getLogger(__name__)
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-#: The built-in hourly purge (``purge.purge`` with ``RETENTION_DAYS``).
+#: The built-in hourly purge (``operate.purge.purge`` with ``RETENTION_DAYS``).
 PURGE_JOB = "platformkit.outbox_purge"
 _JOB_NAME = re.compile(rf"^{SUBSCRIPTION_NAME_PART}(\.{SUBSCRIPTION_NAME_PART})*$")
 # Slots further back than this are never searched for (prev_slot); the
@@ -59,7 +59,7 @@ def validate_schedule(*, every: Any, cron: Any, timezone: Any) -> list[str]:
     empty when it is fine. Pure: no database, no network, no clock.
 
     Exactly one of ``every`` (a ``timedelta`` of at least one second) or
-    ``cron`` (five fields, see ``_cron.cron_problems``); ``timezone`` an IANA
+    ``cron`` (five fields, see ``jobs.cron.cron_problems``); ``timezone`` an IANA
     name known to ``zoneinfo``, and only with ``cron`` (``every`` slots are
     aligned to the Unix epoch, so a zone would change nothing).
     """
@@ -281,7 +281,7 @@ def job_named(name: str) -> JobSpec:
 
 @job(every=timedelta(hours=1), name=PURGE_JOB)
 def outbox_purge() -> None:
-    """Delete published outbox rows and claims older than the retention (``purge.purge``).
+    """Delete published outbox rows and claims older than the retention (``operate.purge.purge``).
     Skipped, with a WARNING, while NATS can't say the stream's max age: the next hour tries again."""
     from django_platformkit.exceptions import BrokerUnavailable
     from django_platformkit.operate.purge import purge

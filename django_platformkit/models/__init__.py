@@ -250,6 +250,9 @@ class DeadLetter(models.Model):
     error = models.TextField(verbose_name=_("error"), blank=True, default="")
     traceback = models.TextField(verbose_name=_("traceback"), blank=True, default="")
     failed_at = models.DateTimeField(verbose_name=_("failed at"), db_default=Now())
+    #: A malformed message's place in the stream (``nats stream get STREAM
+    #: SEQ`` fetches it whole); null for an event of the outbox.
+    stream_seq = models.BigIntegerField(verbose_name=_("stream sequence"), null=True, blank=True)
 
     class Meta:
         db_table = DEAD_LETTER_TABLE

@@ -1,6 +1,6 @@
 """The operator's controls, as tables: a subscription or task queue an
 operator paused (``Pause``), and a periodic job's switches - disabled, a run
-asked for by hand, and the last such run (``JobControl``). ``models.py``
+asked for by hand, and the last such run (``JobControl``). ``models/__init__.py``
 imports this module, so they are this app's models like the others; they
 live apart because they are state an operator sets, not work in flight.
 Written only by ``operate/pause.py`` and ``jobs/controls.py``; every worker

@@ -38,8 +38,9 @@ _TERMINAL_CLAIM_SQL = (
 
 
 _DEAD_LETTER_SQL = (
-    f"INSERT INTO {DEAD_LETTER_TABLE} (event_id, subscription, name, tenant, attempts, error, traceback, failed_at) "
-    "VALUES (%s, %s, %s, %s, %s, %s, %s, now()) ON CONFLICT (subscription, event_id) DO NOTHING"
+    f"INSERT INTO {DEAD_LETTER_TABLE} "
+    "(event_id, subscription, name, tenant, attempts, error, traceback, stream_seq, failed_at) "
+    "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, now()) ON CONFLICT (subscription, event_id) DO NOTHING"
 )
 
 
@@ -75,6 +76,7 @@ def record_dead_letter(
                 attempts,
                 storable_text(error, max_chars=10000),
                 storable_text(traceback, max_chars=50000),
+                None,  # an outbox event: its row has its place in the stream
             ],
         )
     return True
@@ -90,11 +92,19 @@ def malformed_id(stream: str, stream_seq: int) -> uuid.UUID:
 
 
 def record_malformed(
-    *, subscription: str, event_id: uuid.UUID, attempts: int, error: str, body: bytes, using: str | None = None
+    *,
+    subscription: str,
+    event_id: uuid.UUID,
+    stream_seq: int,
+    attempts: int,
+    error: str,
+    body: bytes,
+    using: str | None = None,
 ) -> None:
     """Write the dead letter (name ``(malformed)``, no tenant) of a message on
     our subjects that isn't a well-formed event of ours: ``event_id`` from
-    ``malformed_id()``, ``error`` what is wrong, the first
+    ``malformed_id()``, ``stream_seq`` its place in the stream (where the
+    whole message is), ``error`` what is wrong, the first
     ``MALFORMED_BODY_BYTES`` of ``body`` (as UTF-8, undecodable bytes as
     U+FFFD) as its traceback. Idempotent (``ON CONFLICT DO NOTHING``).
     Raises Django's ``DatabaseError`` when the database can't take it."""
@@ -112,6 +122,7 @@ def record_malformed(
                 attempts,
                 storable_text(error, max_chars=10000),
                 storable_text(body[:MALFORMED_BODY_BYTES].decode("utf-8", "replace")),
+                stream_seq,
             ],
         )
 

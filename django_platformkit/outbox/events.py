@@ -3,7 +3,14 @@
 ``publish()`` is one INSERT into the outbox inside the caller's transaction, so
 an event exists exactly when the write that caused it commits. Everything that
 can go wrong with the input is checked in Python *before* any SQL runs: a bad
-call raises and the caller's transaction stays usable.
+call raises and the caller's transaction stays usable. ``write_event()`` is
+the same INSERT for another room that checked its own input (a task's
+``enqueue()``): the outbox has one write path, this module's.
+
+Why one module: the catalogue and the write path keep one guarantee
+together - a row reaches the outbox under a declared name with a payload its
+schema accepted, before the one statement runs - and every INSERT into the
+outbox is spelled here, beside the checks it relies on.
 """
 
 from __future__ import annotations
@@ -32,21 +39,21 @@ from django_platformkit.names import RESERVED_MODULE, check_event_name, check_te
 from django_platformkit.outbox.payload import encode_payload
 
 if TYPE_CHECKING:
+    from datetime import datetime
+
     from django.db.backends.base.base import BaseDatabaseWrapper
     from jsonschema.protocols import Validator
 
 #: The LISTEN/NOTIFY channel ``publish()`` wakes the relay on.
 NOTIFY_CHANNEL = "platformkit_outbox"
 
-_NOTIFY_SQL = (
-    f"WITH e AS (INSERT INTO {OUTBOX_TABLE} (id, name, tenant, payload, headers, created_at) "
-    "VALUES (%s, %s, %s, %s::jsonb, %s::jsonb, clock_timestamp()) RETURNING 1) "
-    f"SELECT pg_notify('{NOTIFY_CHANNEL}', '') FROM e"
+# The one INSERT of a single event, for publish() and a task's enqueue():
+# ``not_before`` (a task's ``run_after``) is NULL for an event, due at once.
+_ONE_SQL = (
+    f"INSERT INTO {OUTBOX_TABLE} (id, name, tenant, payload, headers, created_at, not_before) "
+    "VALUES (%s, %s, %s, %s::jsonb, %s::jsonb, clock_timestamp(), %s) RETURNING created_at"
 )
-_PLAIN_SQL = (
-    f"INSERT INTO {OUTBOX_TABLE} (id, name, tenant, payload, headers, created_at) "
-    "VALUES (%s, %s, %s, %s::jsonb, %s::jsonb, clock_timestamp())"
-)
+_ONE_NOTIFY_SQL = f"WITH e AS ({_ONE_SQL}) SELECT e.created_at, pg_notify('{NOTIFY_CHANNEL}', '') FROM e"
 # publish_many(): one statement for any number of rows. WITH ORDINALITY keeps
 # the caller's order; clock_timestamp() is evaluated per row, in that order.
 _MANY_SQL = (
@@ -227,8 +234,8 @@ _published = signals.event_published
 
 def announce(event_type: EventType, event_id: uuid.UUID, tenant: str | None, payload_text: str, using: str) -> None:
     """Send ``signals.event_published`` for one outbox row just written (by
-    ``publish()``, ``publish_many()`` or a task's ``enqueue()``). Callers
-    test ``_published.receivers`` first, so nobody listening costs nothing."""
+    ``publish()``, ``publish_many()`` or ``write_event()``). Callers test
+    ``_published.receivers`` first, so nobody listening costs nothing."""
     _published.send_robust(
         sender=event_type,
         event_id=event_id,
@@ -261,7 +268,7 @@ def _trace_headers() -> str:
     return json.dumps({k: v for k, v in carrier.items() if k in ("traceparent", "tracestate")})
 
 
-def _prepare(event: str | EventType, payload: Any, tenant: Any) -> tuple[uuid.UUID, EventType, str | None, str, str]:
+def _prepare(event: str | EventType, payload: Any, tenant: Any) -> tuple[EventType, str | None, str]:
     event_type = get_event_type(event)
     if tenant is None:
         handled = current_event.get()
@@ -269,7 +276,7 @@ def _prepare(event: str | EventType, payload: Any, tenant: Any) -> tuple[uuid.UU
             tenant = handled.tenant
     tenant = check_tenant(tenant)
     text, _ = encode_payload(payload, event_type)
-    return uuid7(), event_type, tenant, text, _trace_headers()
+    return event_type, tenant, text
 
 
 def _connection(using: str | None) -> BaseDatabaseWrapper:
@@ -340,20 +347,73 @@ def publish(
         ProgrammingError: From the INSERT, saying to migrate, when the
             outbox table is missing (the caller's transaction is then aborted).
     """
-    event_id, event_type, tenant, text, headers = _prepare(event, payload, tenant)
-    connection = _connection(using)
+    event_type, tenant, text = _prepare(event, payload, tenant)
+    return write_event(event_type, text, tenant=tenant, using=_connection(using).alias).event_id
+
+
+@dataclass(frozen=True)
+class WrittenEvent:
+    """One outbox row just written by ``write_event()``.
+
+    Attributes:
+        event_id: The row's id (a UUIDv7), as ``publish()`` returns it.
+        created_at: The row's ``created_at`` (``clock_timestamp()`` at the INSERT; aware).
+    """
+
+    event_id: uuid.UUID
+    created_at: datetime
+
+
+def write_event(
+    event: str | EventType,
+    payload_text: str,
+    *,
+    tenant: str | None,
+    using: str,
+    not_before: datetime | None = None,
+) -> WrittenEvent:
+    """Write one outbox row whose input the caller has already checked: the
+    one write path for a room other than this one (a task's ``enqueue()``).
+
+    ``publish()`` writes through it too: one statement (the relay's wake-up
+    ``pg_notify`` included, delivered on commit) with the current trace
+    context as its headers, then ``signals.event_published``. It doesn't
+    require ``transaction.atomic()``: outside one, the row is an autocommit
+    statement of its own; whether that is allowed is the caller's rule.
+
+    Args:
+        event: The event's name or ``EventType`` (its name is not checked
+            here: the caller's own rules made it, as ``tasks.queues.event_name`` does).
+        payload_text: The payload as ``outbox.payload.encode_payload()``
+            returned it (a JSON object, within ``MAX_PAYLOAD_BYTES``).
+        tenant: A tenant ``names.check_tenant()`` accepted, or None.
+        using: The database alias that holds the outbox.
+        not_before: The relay sends the row no earlier than this (aware), or None: at once.
+
+    Returns:
+        The row's id and ``created_at``.
+
+    Raises:
+        ProgrammingError: From the INSERT, saying to migrate, when the
+            outbox table is missing (the caller's transaction is then aborted).
+    """
+    connection = connections[using]
+    event_id = uuid7()
+    name = event.name if isinstance(event, EventType) else event
     with connection.cursor() as cursor:
         try:
             cursor.execute(
-                _NOTIFY_SQL if conf.settings.RELAY_LISTEN else _PLAIN_SQL,
-                [event_id, event_type.name, tenant, text, headers],
+                _ONE_NOTIFY_SQL if conf.settings.RELAY_LISTEN else _ONE_SQL,
+                [event_id, name, tenant, payload_text, _trace_headers(), not_before],
             )
         except ProgrammingError as exc:
-            explain_unmigrated(exc, connection.alias)
+            explain_unmigrated(exc, using)
             raise
+        created_at = cursor.fetchone()[0]
     if _published.receivers:  # one attribute test when nobody listens: publish() stays one INSERT
-        announce(event_type, event_id, tenant, text, connection.alias)
-    return event_id
+        event_type = event if isinstance(event, EventType) else get_event_type(event)
+        announce(event_type, event_id, tenant, payload_text, using)
+    return WrittenEvent(event_id, created_at)
 
 
 def publish_many(
@@ -398,19 +458,20 @@ def publish_many(
     connection = _connection(using)
     if not prepared:
         return []
-    columns = list(zip(*prepared, strict=True))
-    ids, names = list(columns[0]), [e.name for e in columns[1]]
+    ids = [uuid7() for _ in prepared]
+    names, tenants, texts = [e.name for e, _, _ in prepared], [t for _, t, _ in prepared], [p for _, _, p in prepared]
+    headers = _trace_headers()  # one call, one trace context: every row's
     with connection.cursor() as cursor:
         try:
             cursor.execute(
                 _MANY_NOTIFY_SQL if conf.settings.RELAY_LISTEN else _MANY_SQL,
-                [ids, names, list(columns[2]), list(columns[3]), list(columns[4])],
+                [ids, names, tenants, texts, [headers] * len(prepared)],
             )
         except ProgrammingError as exc:
             explain_unmigrated(exc, connection.alias)
             raise
     if _published.receivers:
-        for event_id, event_type, tenant, text, _ in prepared:
+        for event_id, (event_type, tenant, text) in zip(ids, prepared, strict=True):
             announce(event_type, event_id, tenant, text, connection.alias)
     return ids
 

@@ -37,7 +37,8 @@ MAX_DEPTH = 100
 _django_encoder = DjangoJSONEncoder()
 
 
-def _path(parent: str, key: Any) -> str:
+def json_path(parent: str, key: Any) -> str:
+    """The JSON path of ``key`` under ``parent``: ``$.args[0]``, ``$.kwargs.when``, ``$["a b"]``."""
     if isinstance(key, int):
         return f"{parent}[{key}]"
     if isinstance(key, str) and re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
@@ -58,7 +59,7 @@ def _render(at: _At) -> str:
         keys.append(key)
     path = "$"
     for key in reversed(keys):
-        path = _path(path, key)
+        path = json_path(path, key)
     return path
 
 
@@ -79,10 +80,10 @@ def _render_short(at: _At) -> str:
     keys.reverse()
     head = "$"
     for key in keys[: _SHOWN_KEYS // 2]:
-        head = _path(head, key)
+        head = json_path(head, key)
     tail = ""
     for key in keys[-(_SHOWN_KEYS // 2) :]:
-        tail = _path(tail, key)
+        tail = json_path(tail, key)
     return f"{head}…{tail} ({len(keys)} levels)"
 
 
@@ -223,7 +224,7 @@ def encode_payload(
         if error is not None:
             path = "$"
             for part in error.absolute_path:
-                path = _path(path, part)
+                path = json_path(path, part)
             raise InvalidPayload(
                 f"payload for {event_type.name!r} fails its schema at {path}: {error.message}", path=path
             )

@@ -50,11 +50,11 @@ def django_json_arguments(args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[
 
 def refused_by_django(value: Any, path: str) -> tuple[str, Any] | None:
     """Where ``normalize_json`` would raise inside ``value``: ``(path, value)``, or None."""
-    from django_platformkit.outbox.payload import _path
+    from django_platformkit.outbox.payload import json_path
 
     if isinstance(value, Mapping):
         for key, item in value.items():
-            found = refused_by_django(key, f"{path} (a key)") or refused_by_django(item, _path(path, key))
+            found = refused_by_django(key, f"{path} (a key)") or refused_by_django(item, json_path(path, key))
             if found:
                 return found
         return None
@@ -68,7 +68,7 @@ def refused_by_django(value: Any, path: str) -> tuple[str, Any] | None:
         return None
     if isinstance(value, Sequence):
         for index, item in enumerate(value):
-            found = refused_by_django(item, _path(path, index))
+            found = refused_by_django(item, json_path(path, index))
             if found:
                 return found
         return None
@@ -111,7 +111,7 @@ def refuse_arguments_it_cant_take(task: Task[..., Any], args: Sequence[Any], kwa
     every attempt and become a dead letter ``MAX_ATTEMPTS`` backoffs later.
     Only here, never on the worker: there a function a rolling deploy changed
     since the enqueue fails that attempt and is retried (a newer worker may
-    take the arguments), see ``results.run_task``."""
+    take the arguments), see ``tasks.runner.run_task``."""
     signature = _signature(task.func)
     if signature is None:
         return

@@ -23,11 +23,10 @@ needed. We don't support the ``django-tasks`` backport: one contract, Django's.
 from __future__ import annotations
 
 import logging
-import uuid
 from typing import TYPE_CHECKING, Any
 
 from django.core import checks
-from django.db import ProgrammingError, connections, transaction
+from django.db import connections, transaction
 
 from django_platformkit import conf
 from django_platformkit.exceptions import ConfigurationError
@@ -44,8 +43,6 @@ else:  # Django 5.2
     BaseTaskBackend = object  # type: ignore[assignment,misc]
 
 if TYPE_CHECKING:
-    from datetime import datetime
-
     from django.tasks import Task
 
 
@@ -76,12 +73,6 @@ def _refuse_atomic_elsewhere(alias: str) -> None:
 
 
 # --- the backend ---------------------------------------------------------------
-
-_INSERT = (
-    "INSERT INTO platformkit_outbox (id, name, tenant, payload, headers, created_at, not_before) "
-    "VALUES (%s, %s, %s, %s::jsonb, %s::jsonb, clock_timestamp(), %s) RETURNING created_at"
-)
-_INSERT_NOTIFY = f"WITH e AS ({_INSERT}) SELECT e.created_at, pg_notify('platformkit_outbox', '') FROM e"
 
 
 class OutboxBackend(BaseTaskBackend):
@@ -156,16 +147,8 @@ class OutboxBackend(BaseTaskBackend):
         database than the outbox's. ``ProgrammingError`` saying to migrate if
         the outbox table is missing.
         """
-        from django_platformkit._ids import uuid7
         from django_platformkit.names import check_tenant
-        from django_platformkit.outbox.events import (
-            _published,
-            _trace_headers,
-            announce,
-            current_event,
-            explain_unmigrated,
-            get_event_type,
-        )
+        from django_platformkit.outbox.events import current_event, write_event
         from django_platformkit.outbox.payload import encode_payload
 
         if not self._app_installed:
@@ -183,38 +166,20 @@ class OutboxBackend(BaseTaskBackend):
         text, data = encode_payload(payload)
         handled = current_event.get()
         tenant = check_tenant(handled.tenant if handled is not None else None)
-        event_id = uuid7()
         name = event_name(task.queue_name, priority)  # its priority band's subject and durable
         alias = conf.settings.DATABASE_ALIAS
-        connection = connections[alias]
-        sql = _INSERT_NOTIFY if conf.settings.RELAY_LISTEN else _INSERT
-        params: list[uuid.UUID | str | datetime | None] = [
-            event_id,
-            name,
-            tenant,
-            text,
-            _trace_headers(),
-            task.run_after,
-        ]
-        try:
-            if not connection.in_atomic_block:
-                # The one place we don't require atomic(): plain code may enqueue
-                # anywhere, and then the row is its own transaction - one
-                # autocommit statement, not BEGIN, INSERT, COMMIT.
-                _refuse_atomic_elsewhere(alias)
-            with connection.cursor() as cursor:
-                cursor.execute(sql, params)
-                enqueued_at = cursor.fetchone()[0]
-        except ProgrammingError as exc:
-            explain_unmigrated(exc, alias)
-            raise
-        if _published.receivers:  # as publish() does: testing.capture_events(), metrics
-            announce(get_event_type(name), event_id, tenant, text, alias)
+        if not connections[alias].in_atomic_block:
+            # The one place we don't require atomic(): plain code may enqueue
+            # anywhere, and then the row is its own transaction - one
+            # autocommit statement, not BEGIN, INSERT, COMMIT.
+            _refuse_atomic_elsewhere(alias)
+        # testing.capture_events() and the metrics hear of it as of a publish().
+        written = write_event(name, text, tenant=tenant, using=alias, not_before=task.run_after)
         result: TaskResult[P, R] = TaskResult(
             task=task,
-            id=str(event_id),
+            id=str(written.event_id),
             status=TaskResultStatus.READY,
-            enqueued_at=enqueued_at,
+            enqueued_at=written.created_at,
             started_at=None,
             finished_at=None,
             last_attempted_at=None,
@@ -249,7 +214,7 @@ class OutboxBackend(BaseTaskBackend):
     def get_result(self, result_id: str) -> TaskResult[..., Any]:
         """The ``TaskResult`` of ``result_id`` as the database has it now.
         Raises ``TaskResultDoesNotExist`` when no task row has that id (never
-        enqueued, rolled back, or purged). See ``tasks_results.load_result``."""
+        enqueued, rolled back, or purged). See ``tasks.results.load_result``."""
         from django_platformkit.tasks.results import load_result
 
         return load_result(self, result_id)

@@ -43,7 +43,7 @@ class Checked(Protocol):
 
 
 # System checks of the backend (ids in a range of their own, 1xx, so they
-# can't collide with checks.py's): message, hint.
+# can't collide with the ``checks/`` package's): message, hint.
 CHECKS = {
     "E101": (
         "TASKS[{alias!r}] uses {backend} but 'django_platformkit' is not in INSTALLED_APPS",

@@ -5,11 +5,16 @@ from __future__ import annotations
 
 import pytest
 
-from django_platformkit.broker.standing import judge_stream, limit_problems
+from django_platformkit.broker.standing import StreamLimits, judge_stream
+from django_platformkit.identity import Tenure
 
 pytestmark = pytest.mark.unit
 
 SAFE = {"retention": "limits", "max_msgs": -1, "max_bytes": -1, "max_msgs_per_subject": -1}
+
+
+def limit_problems(**limits):
+    return StreamLimits(**limits).problems()
 
 
 def test_a_stream_with_limits_retention_and_no_numeric_limit_is_safe():
@@ -52,15 +57,10 @@ def test_each_limit_that_could_discard_unhandled_events_is_named_with_its_fix(se
 
 def test_the_judgement_of_a_stream_names_every_problem_and_refuses_it():
     standing = judge_stream(
+        StreamLimits(retention="workqueue", max_msgs=10, max_age_seconds=3600),
         name="S",
         url="nats://user:secret@host:4222",
-        description=None,
-        metadata=None,
-        retention="workqueue",
-        max_msgs=10,
-        max_bytes=-1,
-        max_msgs_per_subject=-1,
-        max_age_seconds=3600,
+        recorded=Tenure.read(None, None),
         owner=None,
         instance=None,
         now=0.0,

@@ -466,6 +466,38 @@ def _malformed_dead_letter(body: bytes) -> tuple[DeadLetter, int]:
     return DeadLetter.objects.get(name="(malformed)"), ack.seq
 
 
+def test_a_malformed_dead_letter_recorded_before_its_place_had_a_column_still_says_where_the_whole_message_is():
+    """Migration 0013 stores a malformed message's stream sequence in the
+    dead letter; a letter written before it had the number only in its
+    error text. The migration's backfill reads it from there, once, so
+    ``show`` names the ``nats stream get`` for old letters as for new."""
+    import importlib
+
+    from django_platformkit import conf
+    from django_platformkit.outbox.deadletters import MALFORMED_NAME, malformed_id
+
+    migration = importlib.import_module("django_platformkit.migrations.0013_dead_letter_stream_seq")
+    event_id = malformed_id(conf.settings.STREAM, 9)
+    assert record_dead_letter(
+        subscription="testapp.flaky",
+        event_id=event_id,
+        name=MALFORMED_NAME,
+        tenant=None,
+        attempts=1,
+        error="malformed message on subject=pktest._.testapp.flaky stream_seq=9: not JSON",
+        traceback="{not json",
+    )
+    letter = DeadLetter.objects.get(event_id=event_id)
+    assert letter.stream_seq is None  # as a letter from before 0013 reads
+    assert "nats stream get" not in run("show", str(letter.id))
+
+    with connection.cursor() as cursor:
+        cursor.execute(migration.BACKFILL)
+    letter.refresh_from_db()
+    assert letter.stream_seq == 9
+    assert f"whole message `nats stream get {conf.settings.STREAM} 9`" in run("show", str(letter.id))
+
+
 #: 40,000 lines of 22 bytes (~880 KB, under NATS's default max_payload),
 #: each with a terminal escape sequence: the record keeps its first 4000 bytes.
 BIG_BODY = b"".join(b"line %06d \x1b[31mred\x07\n" % n for n in range(40_000))

@@ -365,7 +365,7 @@ def checked_actor(command: str, username: str) -> Any:
     """The Django user ``--actor USERNAME`` names, checked alike by every
     command that takes ``--actor`` (``deadletters replay|discard``,
     ``cancel``, ``pause``, ``resume``, ``jobs``): an active user holding the permission the admin's own
-    action needs (``admin.history.acting_user``), before anything is read
+    action needs (``operate.audit.acting_user``), before anything is read
     or written. Returns the user's primary key (None without
     ``django.contrib.auth``: no user to check, the name is recorded as given).
 
@@ -375,7 +375,7 @@ def checked_actor(command: str, username: str) -> Any:
     """
     from django.core.management.base import CommandError
 
-    from django_platformkit.admin.history import acting_user
+    from django_platformkit.operate.audit import acting_user
 
     if not str(username or "").strip():
         raise CommandError(f"{command}: give --actor USERNAME, who acts (kept in the log); nothing was written.")

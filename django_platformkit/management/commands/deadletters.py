@@ -1,6 +1,6 @@
 """``manage.py deadletters``: the operator's shell for dead letters - list,
-show, replay, discard. A thin adapter over ``relay.replay()`` and
-``relay.discard()``: the same audit event, the same refusals, the same
+show, replay, discard. A thin adapter over ``operate.deadletters.replay()``
+and ``discard()``: the same audit event, the same refusals, the same
 one-transaction-per-event guarantee as the admin's actions.
 
     manage.py deadletters list [--subscription S] [--since 1h] [--format table|json]
@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import getpass
 import json
-import re
 import uuid
 from datetime import UTC
 from typing import Any
@@ -28,7 +27,6 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
 from django_platformkit import conf
-from django_platformkit.admin.history import REPLAY_PERMISSION, log_dead_letter_action
 from django_platformkit.exceptions import ReplayRefused
 from django_platformkit.management.commands._base import (
     Output,
@@ -42,6 +40,7 @@ from django_platformkit.management.commands._base import (
 )
 from django_platformkit.management.commands._terminal import excerpt, first_line, printable
 from django_platformkit.models import Attempt, DeadLetter, OutboxEvent
+from django_platformkit.operate.audit import REPLAY_PERMISSION, log_dead_letter_action
 from django_platformkit.operate.deadletters import BatchLog, discard, replay, replay_blocker
 from django_platformkit.outbox.deadletters import MALFORMED_BODY_BYTES, MALFORMED_NAME
 
@@ -100,10 +99,6 @@ def _os_user(verb: str) -> str:
 def _when(moment: Any) -> str:
     """To the second, in UTC: relay lag and retries are read in seconds."""
     return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S") if moment else "-"
-
-
-#: Where settling writes a malformed message's place in the stream into its error.
-_STREAM_SEQ = re.compile(r" stream_seq=(\d+)")
 
 
 class Command(BaseCommand):
@@ -336,7 +331,7 @@ class Command(BaseCommand):
         """A malformed message's recorded body, escaped: the first
         ``BODY_EXCERPT_CHARS`` characters or ``BODY_EXCERPT_LINES`` lines and
         how many characters are left out, or with ``full`` the whole record;
-        then where the whole message is, when the error says its place."""
+        then where the whole message is, when its place in the stream was recorded."""
         w = self.out.data
         record = d.traceback
         if not record:
@@ -352,10 +347,9 @@ class Command(BaseCommand):
                 f"    ... {left_out} more characters of the record not shown "
                 f"(`deadletters show {d.id} --full` prints all {len(record)})"
             )
-        seq = _STREAM_SEQ.search(d.error)
-        if seq:
+        if d.stream_seq is not None:
             stream = conf.settings.STREAM
-            w(f"  whole message `nats stream get {stream} {seq[1]}` (until it ages out of the stream)")
+            w(f"  whole message `nats stream get {stream} {d.stream_seq}` (until it ages out of the stream)")
 
     # -- replay / discard --
     def _replay(self, options: dict[str, Any]) -> None:

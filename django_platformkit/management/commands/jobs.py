@@ -179,8 +179,8 @@ class Command(BaseCommand):
     def _log(self, user_id: Any, changes: list[JobChange], verb: str, reason: str) -> None:
         if user_id is None or not apps.is_installed("django.contrib.admin"):
             return
-        from django_platformkit.admin.history import log_control
         from django_platformkit.models import JobState
+        from django_platformkit.operate.audit import log_control
 
         past = {"run": "Asked for a run by hand", "disable": "Disabled", "enable": "Enabled"}[verb]
         for change in changes:

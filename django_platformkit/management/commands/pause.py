@@ -64,8 +64,8 @@ def log_changes(user_id: Any, changes: list[PauseChange], verb: str, reason: str
         return
     from django.contrib.admin.models import ADDITION, DELETION
 
-    from django_platformkit.admin.history import log_control
     from django_platformkit.models.controls import Pause
+    from django_platformkit.operate.audit import log_control
 
     for change in changes:
         if change.changed:

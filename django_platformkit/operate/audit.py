@@ -1,12 +1,14 @@
-"""The admin's history of an operator's Replay or Discard of a dead letter:
-one ``LogEntry`` on the dead letter and one on its outbox row, written the
-same way by the admin's actions (``admin_deadletters.py``, ``admin_tasks.py``)
-and by ``manage.py deadletters replay|discard --actor USERNAME``, so the
-History pages read alike whoever acted and from where - and ``--actor`` must
-be a user the admin would let act (``acting_user``). The operator's
-controls (pause, resume, a job disabled, enabled or run by hand) leave one
-``LogEntry`` each the same way (``log_control``). Registers nothing;
-needs ``django.contrib.admin`` installed (its ``LogEntry`` table).
+"""The audit trail of what an operator did, as the admin's History shows
+it: a Replay or Discard of a dead letter leaves one ``LogEntry`` on the dead
+letter and one on its outbox row, written the same way by the admin's
+actions (``admin/deadletters.py``, ``admin/tasks.py``) and by ``manage.py
+deadletters replay|discard --actor USERNAME``, so the History pages read
+alike whoever acted and from where - and ``--actor`` must be a user the
+admin would let act (``acting_user``). The operator's controls (pause,
+resume, a job disabled, enabled or run by hand) leave one ``LogEntry`` each
+the same way (``log_control``). Below the surfaces, so the admin and the
+commands share it; registers nothing; needs ``django.contrib.admin``
+installed (its ``LogEntry`` table) only when it writes.
 """
 
 from __future__ import annotations
