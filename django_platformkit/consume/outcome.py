@@ -1,13 +1,18 @@
-"""After a unit's transaction: what happens to a delivery that didn't
-succeed - a retry after its backoff, a dead letter and a terminal claim at
-``max_attempts``, a malformed message recorded and terminated, or a hand-back
-when the worker stops (not an attempt: DESIGN.md "Attempts"). A message the
-outbox doesn't know is never terminated while this database's identity is
+"""What becomes of each delivery of one subscription - ack, nak or term -
+and the counts of it: the one place that answers the broker for a
+delivery (DESIGN.md "Attempts", "Trust model").
+
+Ack: handled, or a claim existed (a redelivery after a lost ack), after
+the unit's commit. Nak: a retry after its backoff, or a hand-back (the
+worker stops, the subscription is paused: no run, not an attempt). Term:
+a dead letter and its terminal claim at ``max_attempts``, or a malformed
+message recorded as such. Every failed run is recorded before its message
+is naked, so a run that killed its worker still counts. A message the
+outbox doesn't know is never termed while this database's identity is
 contested (a live copy of it tried the stream): it may be the copy's.
 
-Every failed run is recorded before its message is naked, so a run that
-killed its worker still counts. The consumer hands each delivery that
-didn't succeed to its ``Settlement``.
+The consumer decides each delivery's ``Work.outcome`` and hands a refused
+delivery to ``Outcome.refuse`` and every unit to ``Outcome.conclude``.
 """
 
 from __future__ import annotations
@@ -19,17 +24,18 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 from django.db import DatabaseError, connections
 
 from django_platformkit import conf, signals
 from django_platformkit._text import storable_text as clean_text
 from django_platformkit.broker.port import Broker, KeepAlive
-from django_platformkit.consume.attempts import Run, history_text, mark_interrupted, record_failed_run
+from django_platformkit.consume.attempts import history_text, mark_interrupted, record_failed_run
+from django_platformkit.consume.claim import NOT_IN_OUTBOX
 from django_platformkit.consume.handler import HandlerRunner
 from django_platformkit.consume.subscriptions import Subscription
-from django_platformkit.consume.units import Stopping, Work
+from django_platformkit.consume.units import Refused, Stopping, Work
 from django_platformkit.consume.waiting import DatabaseWait
 from django_platformkit.exceptions import is_permanent
 from django_platformkit.outage import close_old_connections_for
@@ -44,18 +50,28 @@ logger = logging.getLogger(__name__)
 CONTESTED_REDELIVERY_SECONDS = 30.0
 #: The least time between two log lines about such hand-backs (seconds).
 CONTESTED_LOG_EVERY_SECONDS = 60.0
+#: Acked after the unit's commit.
+ACKED = (HandlingOutcome.HANDLED, HandlingOutcome.SKIPPED)
+#: The outcomes counted (a consumer's ``counts``, the worker's totals and health file).
+COUNTED = (
+    HandlingOutcome.HANDLED,
+    HandlingOutcome.SKIPPED,
+    HandlingOutcome.RETRIED,
+    HandlingOutcome.DEAD_LETTERED,
+    HandlingOutcome.MALFORMED,
+)
 
 
-class Settlement:
-    """What happens to a delivery that didn't succeed, and the broker call
-    that settles each delivery.
+class Outcome:
+    """What becomes of each delivery of one subscription: the decision to
+    ack, nak or term it, the broker call, the rows and signals that go with
+    it, and the counts.
 
     Args:
-        subscription: Whose deliveries it settles.
+        subscription: Whose deliveries it answers for.
         broker: Acks, naks and terms them.
         using: The database alias of the attempt rows and dead letters.
-        counts: The consumer's totals by outcome, added to here.
-        runner: The handler runner (how long a failed run took, for the signals).
+        runner: The handler runner (how long a run took, for the signals).
         wait: Waits out the database to record a failed run.
         contested: Set while this database's identity is contested (the worker's ``StreamWatch``).
     """
@@ -65,7 +81,6 @@ class Settlement:
         subscription: Subscription,
         broker: Broker,
         using: str,
-        counts: Counter[HandlingOutcome],
         runner: HandlerRunner,
         wait: DatabaseWait,
         contested: threading.Event | None = None,
@@ -73,33 +88,66 @@ class Settlement:
         self.subscription = subscription
         self.broker = broker
         self.using = using
-        self.counts = counts
         self.runner = runner
         self.wait = wait
         self.contested = contested or threading.Event()
+        #: Totals by outcome (``handled``, ``skipped``, ``retried``, ``dead_lettered``, ``malformed``).
+        self.counts: Counter[HandlingOutcome] = Counter(dict.fromkeys(COUNTED, 0))
         self._handed_back_contested = 0
         self._contested_logged = float("-inf")
 
-    def dead_letter_without_running(self, work: Work, runs: Sequence[Run], counted: Sequence[Run]) -> HandlingOutcome:
-        """A redelivery whose counted runs reached ``max_attempts``: dead-letter it with the last real error."""
-        sub = self.subscription
-        last_failed = next((r for r in reversed(runs) if r.outcome == AttemptOutcome.FAILED and r.error), None)
-        why = (
-            f"dead-lettered without running again: the handler already started {len(counted)} times for this event "
-            f"(max_attempts={sub.max_attempts}); history: {history_text(runs)}"
-        )
-        error = f"{last_failed.error}\n{why}" if last_failed else why
-        return self.dead_letter(
-            work.message,
-            work.event,
-            attempts=len(counted),
-            error=error,
-            tb=last_failed.traceback if last_failed else "",
-        )
+    # -- the two ways in --
+    def refuse(self, refused: Refused, keep: KeepAlive | None) -> HandlingOutcome:
+        """A delivery no unit takes: a re-send for other subscriptions is
+        acked (``ELSEWHERE``), a message that can't be decoded termed
+        (``MALFORMED``, or ``UNACKED`` while its record can't be written)."""
+        delivery = refused.delivery
+        reason = refused.reason
+        outcome = self._elsewhere(delivery) if reason is None else self._malformed(delivery, reason)
+        self._done(keep, delivery)
+        return outcome
 
-    def failed(self, work: Work) -> HandlingOutcome:
-        """After the unit's transaction: record the failed run, then retry
-        the message after its backoff or, at ``max_attempts``, dead-letter it."""
+    def conclude(self, unit: list[Work], keep: KeepAlive | None) -> None:
+        """Carry out what the unit decided for each of its works (see
+        ``Work``), after its transaction: ack the handled and skipped ones
+        together, then nak or term the rest; each ``Work.outcome`` then says
+        what became of its delivery (``UNACKED`` ones are left to the broker)."""
+        sub = self.subscription
+        acks = []
+        for work in unit:
+            if work.outcome in ACKED:
+                acks.append(work.message)
+                self.counts[work.outcome] += 1
+                self._send_handled(work.event, work.outcome)
+                logger.debug(
+                    "%s subscription=%s event_id=%s attempt=%s",
+                    work.outcome,
+                    sub.name,
+                    work.event.id,
+                    work.event.attempt,
+                )
+        # Acked only now, after the commit: a crash before this line means
+        # redeliveries that find the claims and skip.
+        if acks:
+            self._answer(lambda: self.broker.ack_many(acks), unit[0].event, "ack")
+        for work in unit:
+            if work.outcome == HandlingOutcome.SKIPPED and work.attempt_row is not None:
+                self._mark_interrupted(work)  # handled elsewhere meanwhile: this run never started
+            if work.outcome == HandlingOutcome.NOT_IN_OUTBOX:
+                work.outcome = self._not_in_outbox(work, NOT_IN_OUTBOX)
+            elif work.outcome == HandlingOutcome.FAILED:
+                work.outcome = self._failed(work)
+            elif work.outcome == HandlingOutcome.HANDED_BACK:
+                self._hand_back(work)
+            elif work.outcome == HandlingOutcome.DEAD_LETTERED:
+                work.outcome = self._dead_letter_without_running(work)
+        for work in unit:
+            self._done(keep, work.message)
+
+    # -- nak --
+    def _failed(self, work: Work) -> HandlingOutcome:
+        """Record the failed run, then retry the message after its backoff
+        (nak) or, at ``max_attempts``, dead-letter it (term)."""
         sub = self.subscription
         event, error = work.event, work.error
         message = clean_text(f"{type(error).__name__}: {error}")
@@ -107,7 +155,7 @@ class Settlement:
         try:
             self.wait.until_answers([work], lambda: self._record_failed_run(work, message, tb), 30.0, None)
         except Stopping:
-            return self.hand_back(work)
+            return self._hand_back(work)
         except DatabaseError as exc:
             logger.error(
                 "failed run not recorded, will retry subscription=%s event_id=%s error=%s", sub.name, event.id, exc
@@ -127,19 +175,20 @@ class Settlement:
             delivery_latency_seconds=self.runner.latency(event.id),
         )
         if not will_retry:
-            return self.dead_letter(work.message, event, attempts=event.attempt, error=message, tb=tb, exception=error)
+            return self._dead_letter(work.message, event, attempts=event.attempt, error=message, tb=tb, exception=error)
         delay = sub.delay_after(event.attempt)
+        task = task_path(event.name, event.payload)  # names what failed in the log line
         logger.warning(
             "handler failed, retrying subscription=%s%s event_id=%s attempt=%s/%s retry_in=%ss error=%s",
             sub.name,
-            _task_text(event),
+            f" task={task}" if task else "",
             event.id,
             event.attempt,
             sub.max_attempts,
             delay,
             message,
         )
-        self.settle(lambda: self.broker.nak(work.message, delay), event, "nak")
+        self._answer(lambda: self.broker.nak(work.message, delay), event, "nak")
         self.counts[HandlingOutcome.RETRIED] += 1
         return HandlingOutcome.RETRIED
 
@@ -155,7 +204,7 @@ class Settlement:
             using=self.using,
         )
 
-    def mark_interrupted(self, work: Work) -> None:
+    def _mark_interrupted(self, work: Work) -> None:
         if work.attempt_row is None:
             return
         try:
@@ -168,7 +217,7 @@ class Settlement:
                 exc,
             )
 
-    def not_in_outbox(self, work: Work, reason: str) -> HandlingOutcome:
+    def _not_in_outbox(self, work: Work, reason: str) -> HandlingOutcome:
         """A message the outbox doesn't hold: recorded as malformed and
         terminated - unless this database's identity is contested. A live
         copy of this database (a staging restore) shares the stream's
@@ -177,9 +226,9 @@ class Settlement:
         shared durable on the word of an outbox that may be the wrong one: it
         comes back after ``CONTESTED_REDELIVERY_SECONDS`` (not an attempt),
         for whichever database holds it, or for a settled standing."""
-        self.mark_interrupted(work)
+        self._mark_interrupted(work)
         if not self.contested.is_set():
-            return self.malformed(work.message, reason)
+            return self._malformed(work.message, reason)
         self._handed_back_contested += 1
         now = time.monotonic()
         if now - self._contested_logged >= CONTESTED_LOG_EVERY_SECONDS:
@@ -192,16 +241,19 @@ class Settlement:
                 self._handed_back_contested,
                 CONTESTED_REDELIVERY_SECONDS,
             )
-        self.settle(lambda: self.broker.nak(work.message, CONTESTED_REDELIVERY_SECONDS), work.event, "nak")
+        self._answer(lambda: self.broker.nak(work.message, CONTESTED_REDELIVERY_SECONDS), work.event, "nak")
         return HandlingOutcome.HANDED_BACK
 
-    def hand_back(self, work: Work) -> HandlingOutcome:
-        """The worker is stopping, or the subscription is paused: nak at once (not counted: no run recorded)."""
-        self.mark_interrupted(work)
-        self.settle(lambda: self.broker.nak(work.message), work.event, "nak")
+    def _hand_back(self, work: Work) -> HandlingOutcome:
+        """The worker is stopping, the subscription is paused, or another
+        worker is starting this run: nak, at once or after
+        ``work.redeliver_in_seconds`` (not counted: no run recorded)."""
+        self._mark_interrupted(work)
+        self._answer(lambda: self.broker.nak(work.message, work.redeliver_in_seconds), work.event, "nak")
         return HandlingOutcome.HANDED_BACK
 
-    def elsewhere(self, delivery: Delivery) -> HandlingOutcome:
+    # -- ack --
+    def _elsewhere(self, delivery: Delivery) -> HandlingOutcome:
         """A targeted re-send for other subscriptions of its event
         (reconciliation, ``wire.TARGET_HEADER``): acked, never run or counted."""
         try:
@@ -212,14 +264,15 @@ class Settlement:
             )
         return HandlingOutcome.ELSEWHERE
 
-    def settled(self, keep: KeepAlive | None, delivery: Delivery) -> None:
+    def _done(self, keep: KeepAlive | None, delivery: Delivery) -> None:
+        """The delivery is answered (or left to the broker): its keep-alive ends."""
         if keep is not None:
             try:
                 keep.settled(delivery)
             except Exception:  # it only stops a keep-alive
                 pass
 
-    def send_handled(self, event: ReceivedEvent, outcome: str) -> None:
+    def _send_handled(self, event: ReceivedEvent, outcome: str) -> None:
         sub = self.subscription
         if not signals.event_handled.receivers:  # once per handling: skip building the call
             self.runner.duration(event.id)
@@ -234,7 +287,9 @@ class Settlement:
             delivery_latency_seconds=self.runner.latency(event.id),
         )
 
-    def settle(self, action: Callable[[], None], event: ReceivedEvent, what: str) -> None:
+    def _answer(self, action: Callable[[], None], event: ReceivedEvent, what: str) -> None:
+        """Make one broker call (``what``: ack, nak or term); a failure is
+        logged, never raised: the message comes back after the ack wait."""
         try:
             action()
         except Exception as exc:
@@ -242,8 +297,27 @@ class Settlement:
                 "%s failed subscription=%s event_id=%s error=%s", what, self.subscription.name, event.id, exc
             )
 
-    # -- giving up --
-    def dead_letter(
+    # -- term --
+    def _dead_letter_without_running(self, work: Work) -> HandlingOutcome:
+        """A redelivery whose counted runs (``work.runs``) reached ``max_attempts``: dead-letter it with the last real error."""
+        sub = self.subscription
+        runs = work.runs
+        counted = [r for r in runs if r.counts]
+        last_failed = next((r for r in reversed(runs) if r.outcome == AttemptOutcome.FAILED and r.error), None)
+        why = (
+            f"dead-lettered without running again: the handler already started {len(counted)} times for this event "
+            f"(max_attempts={sub.max_attempts}); history: {history_text(runs)}"
+        )
+        error = f"{last_failed.error}\n{why}" if last_failed else why
+        return self._dead_letter(
+            work.message,
+            work.event,
+            attempts=len(counted),
+            error=error,
+            tb=last_failed.traceback if last_failed else "",
+        )
+
+    def _dead_letter(
         self,
         delivery: Delivery,
         event: ReceivedEvent,
@@ -274,10 +348,11 @@ class Settlement:
             connections[self.using].close()
             return HandlingOutcome.UNACKED
         if written:
+            task = task_path(event.name, event.payload)  # names what failed in the log line and the signal
             logger.error(
                 "dead letter subscription=%s%s event_id=%s name=%s attempts=%s error=%s%s",
                 sub.name,
-                _task_text(event),
+                f" task={task}" if task else "",
                 event.id,
                 event.name,
                 attempts,
@@ -295,14 +370,14 @@ class Settlement:
                 attempts=attempts,
                 error=error.splitlines()[0] if error else "",
                 exception=exception,
-                task=task_path(event.name, event.payload),
+                task=task,
             )
         else:
             logger.info("already claimed, no dead letter subscription=%s event_id=%s", sub.name, event.id)
-        self.settle(lambda: self.broker.term(delivery), event, "term")
+        self._answer(lambda: self.broker.term(delivery), event, "term")
         return HandlingOutcome.DEAD_LETTERED if written else HandlingOutcome.SKIPPED
 
-    def malformed(self, delivery: Delivery, reason: str) -> HandlingOutcome:
+    def _malformed(self, delivery: Delivery, reason: str) -> HandlingOutcome:
         sub = self.subscription
         body_id = None
         with contextlib.suppress(Exception):
@@ -347,9 +422,3 @@ class Settlement:
             event_id=event_id,
         )
         return HandlingOutcome.MALFORMED
-
-
-def _task_text(event: ReceivedEvent) -> str:
-    """`` task=<dotted path>`` for a ``django.tasks`` task's log line, else "" (the path names what failed)."""
-    path = task_path(event.name, event.payload)
-    return f" task={path}" if path else ""
