@@ -12,7 +12,15 @@ outbox doesn't know is never termed while this database's identity is
 contested (a live copy of it tried the stream): it may be the copy's.
 
 The consumer decides each delivery's ``Work.outcome`` and hands a refused
-delivery to ``Outcome.refuse`` and every unit to ``Outcome.conclude``.
+delivery to ``Outcome.refuse`` and every unit to ``Outcome.conclude``;
+each delivery's ``Verdict`` is judged there, and ``Outcome._answer`` is the
+one place the broker hears it.
+
+Why one module: a verdict and the rows that make it safe are one decision -
+a term only after its dead letter (or malformed record) is written, a nak
+only after its failed run is recorded, neither when the write failed - and
+the counts follow the verdicts. Split apart, two objects would again share
+the counts and each answer the broker.
 """
 
 from __future__ import annotations
@@ -24,7 +32,9 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
 
 from django.db import DatabaseError, connections
 
@@ -62,10 +72,35 @@ COUNTED = (
 )
 
 
+class Answer(StrEnum):
+    """What the broker is told of a delivery."""
+
+    #: Done: never delivered again.
+    ACK = "ack"
+    #: Deliver again, at once or after a delay (a retry, a hand-back).
+    NAK = "nak"
+    #: Never deliver again (a dead letter, a malformed message: their rows say why).
+    TERM = "term"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What becomes of one delivery: its outcome and the broker's answer
+    (None: nothing is said, the broker redelivers it after the ack wait)."""
+
+    outcome: HandlingOutcome
+    answer: Answer | None = None
+    delay_seconds: float | None = None  # a nak's (None: at once)
+
+
+#: The database was gone: no answer, the broker redelivers after the ack wait.
+UNANSWERED = Verdict(HandlingOutcome.UNACKED)
+
+
 class Outcome:
-    """What becomes of each delivery of one subscription: the decision to
-    ack, nak or term it, the broker call, the rows and signals that go with
-    it, and the counts.
+    """What becomes of each delivery of one subscription: its verdict (ack,
+    nak or term), the rows and signals that go with it, the broker call,
+    and the counts.
 
     Args:
         subscription: Whose deliveries it answers for.
@@ -99,53 +134,104 @@ class Outcome:
     # -- the two ways in --
     def refuse(self, refused: Refused, keep: KeepAlive | None) -> HandlingOutcome:
         """A delivery no unit takes: a re-send for other subscriptions is
-        acked (``ELSEWHERE``), a message that can't be decoded termed
-        (``MALFORMED``, or ``UNACKED`` while its record can't be written)."""
-        delivery = refused.delivery
-        reason = refused.reason
-        outcome = self._elsewhere(delivery) if reason is None else self._malformed(delivery, reason)
-        self._done(keep, delivery)
-        return outcome
+        acked (``ELSEWHERE``: never run or counted), a message that can't be
+        decoded termed (``MALFORMED``, or ``UNACKED`` while its record can't
+        be written)."""
+        delivery, reason = refused
+        verdict = (
+            Verdict(HandlingOutcome.ELSEWHERE, Answer.ACK) if reason is None else self._malformed(delivery, reason)
+        )
+        self._answer([(delivery, verdict, None)])
+        self._end_keep_alive(keep, [delivery])
+        return verdict.outcome
 
     def conclude(self, unit: list[Work], keep: KeepAlive | None) -> None:
         """Carry out what the unit decided for each of its works (see
         ``Work``), after its transaction: ack the handled and skipped ones
-        together, then nak or term the rest; each ``Work.outcome`` then says
-        what became of its delivery (``UNACKED`` ones are left to the broker)."""
+        together, then judge the rest (nak or term, the rows first); each
+        ``Work.outcome`` then says what became of its delivery."""
         sub = self.subscription
-        acks = []
+        acks: list[tuple[Delivery, Verdict, uuid.UUID | None]] = []
         for work in unit:
-            if work.outcome in ACKED:
-                acks.append(work.message)
-                self.counts[work.outcome] += 1
-                self._send_handled(work.event, work.outcome)
-                logger.debug(
-                    "%s subscription=%s event_id=%s attempt=%s",
-                    work.outcome,
-                    sub.name,
-                    work.event.id,
-                    work.event.attempt,
+            if work.outcome not in ACKED:
+                continue
+            event = work.event
+            self.counts[work.outcome] += 1
+            duration, latency = self.runner.duration(event.id), self.runner.latency(event.id)  # forgets them
+            if signals.event_handled.receivers:  # once per handling: skip building the call
+                signals.event_handled.send_robust(
+                    sender=sub,
+                    subscription=sub.name,
+                    event=event,
+                    outcome=work.outcome,
+                    duration_seconds=duration,
+                    delivery_latency_seconds=latency,
                 )
+            logger.debug("%s subscription=%s event_id=%s attempt=%s", work.outcome, sub.name, event.id, event.attempt)
+            acks.append((work.message, Verdict(work.outcome, Answer.ACK), event.id))
         # Acked only now, after the commit: a crash before this line means
         # redeliveries that find the claims and skip.
-        if acks:
-            self._answer(lambda: self.broker.ack_many(acks), unit[0].event, "ack")
+        self._answer(acks)
+        judged = []
         for work in unit:
             if work.outcome == HandlingOutcome.SKIPPED and work.attempt_row is not None:
                 self._mark_interrupted(work)  # handled elsewhere meanwhile: this run never started
-            if work.outcome == HandlingOutcome.NOT_IN_OUTBOX:
-                work.outcome = self._not_in_outbox(work, NOT_IN_OUTBOX)
-            elif work.outcome == HandlingOutcome.FAILED:
-                work.outcome = self._failed(work)
-            elif work.outcome == HandlingOutcome.HANDED_BACK:
-                self._hand_back(work)
-            elif work.outcome == HandlingOutcome.DEAD_LETTERED:
-                work.outcome = self._dead_letter_without_running(work)
-        for work in unit:
-            self._done(keep, work.message)
+            elif work.outcome not in ACKED:
+                verdict = self._judge(work)
+                work.outcome = verdict.outcome
+                judged.append((work.message, verdict, work.event.id))
+        self._answer(judged)
+        self._end_keep_alive(keep, [work.message for work in unit])
+
+    def _judge(self, work: Work) -> Verdict:
+        """The verdict on a work the unit didn't handle, its rows written first."""
+        if work.outcome == HandlingOutcome.NOT_IN_OUTBOX:
+            return self._not_in_outbox(work, NOT_IN_OUTBOX)
+        if work.outcome == HandlingOutcome.FAILED:
+            return self._failed(work)
+        if work.outcome == HandlingOutcome.HANDED_BACK:
+            return self._hand_back(work)
+        if work.outcome == HandlingOutcome.DEAD_LETTERED:
+            return self._dead_letter_without_running(work)
+        return UNANSWERED
+
+    def _answer(self, verdicts: Sequence[tuple[Delivery, Verdict, uuid.UUID | None]]) -> None:
+        """Tell the broker each verdict (the acks in one call): the one place
+        it is told. A failure is logged, never raised: the message comes back
+        after the ack wait (and is acked, or judged, again)."""
+        acks = [delivery for delivery, verdict, _ in verdicts if verdict.answer == Answer.ACK]
+        for delivery, verdict, event_id in verdicts:
+            answer = verdict.answer
+            if answer is None or (answer == Answer.ACK and delivery is not acks[0]):
+                continue  # nothing to say, or acked with the first
+            try:
+                if answer == Answer.ACK:
+                    self.broker.ack_many(acks)
+                elif answer == Answer.NAK:
+                    self.broker.nak(delivery, verdict.delay_seconds)
+                else:
+                    self.broker.term(delivery)
+            except Exception as exc:
+                logger.warning(
+                    "%s failed subscription=%s event_id=%s stream_seq=%s error=%s",
+                    answer,
+                    self.subscription.name,
+                    event_id,
+                    delivery.stream_seq,
+                    exc,
+                )
+
+    @staticmethod
+    def _end_keep_alive(keep: KeepAlive | None, deliveries: list[Delivery]) -> None:
+        """The deliveries are answered (or left to the broker): their keep-alive ends."""
+        if keep is None:
+            return
+        for delivery in deliveries:
+            with contextlib.suppress(Exception):  # it only stops a keep-alive
+                keep.settled(delivery)
 
     # -- nak --
-    def _failed(self, work: Work) -> HandlingOutcome:
+    def _failed(self, work: Work) -> Verdict:
         """Record the failed run, then retry the message after its backoff
         (nak) or, at ``max_attempts``, dead-letter it (term)."""
         sub = self.subscription
@@ -161,7 +247,7 @@ class Outcome:
                 "failed run not recorded, will retry subscription=%s event_id=%s error=%s", sub.name, event.id, exc
             )
             connections[self.using].close()
-            return HandlingOutcome.UNACKED
+            return UNANSWERED
         # A PermanentFailure (or a mark_permanent() error) says a retry can't help: dead-letter it now.
         will_retry = event.attempt < sub.max_attempts and not is_permanent(error)
         signals.event_failed.send_robust(
@@ -188,9 +274,8 @@ class Outcome:
             delay,
             message,
         )
-        self._answer(lambda: self.broker.nak(work.message, delay), event, "nak")
         self.counts[HandlingOutcome.RETRIED] += 1
-        return HandlingOutcome.RETRIED
+        return Verdict(HandlingOutcome.RETRIED, Answer.NAK, delay)
 
     def _record_failed_run(self, work: Work, message: str, tb: str) -> None:
         close_old_connections_for(self.using)
@@ -217,7 +302,7 @@ class Outcome:
                 exc,
             )
 
-    def _not_in_outbox(self, work: Work, reason: str) -> HandlingOutcome:
+    def _not_in_outbox(self, work: Work, reason: str) -> Verdict:
         """A message the outbox doesn't hold: recorded as malformed and
         terminated - unless this database's identity is contested. A live
         copy of this database (a staging restore) shares the stream's
@@ -241,64 +326,17 @@ class Outcome:
                 self._handed_back_contested,
                 CONTESTED_REDELIVERY_SECONDS,
             )
-        self._answer(lambda: self.broker.nak(work.message, CONTESTED_REDELIVERY_SECONDS), work.event, "nak")
-        return HandlingOutcome.HANDED_BACK
+        return Verdict(HandlingOutcome.HANDED_BACK, Answer.NAK, CONTESTED_REDELIVERY_SECONDS)
 
-    def _hand_back(self, work: Work) -> HandlingOutcome:
+    def _hand_back(self, work: Work) -> Verdict:
         """The worker is stopping, the subscription is paused, or another
         worker is starting this run: nak, at once or after
         ``work.redeliver_in_seconds`` (not counted: no run recorded)."""
         self._mark_interrupted(work)
-        self._answer(lambda: self.broker.nak(work.message, work.redeliver_in_seconds), work.event, "nak")
-        return HandlingOutcome.HANDED_BACK
-
-    # -- ack --
-    def _elsewhere(self, delivery: Delivery) -> HandlingOutcome:
-        """A targeted re-send for other subscriptions of its event
-        (reconciliation, ``wire.TARGET_HEADER``): acked, never run or counted."""
-        try:
-            self.broker.ack(delivery)
-        except Exception as exc:  # redelivered then, and acked again
-            logger.warning(
-                "ack failed subscription=%s stream_seq=%s error=%s", self.subscription.name, delivery.stream_seq, exc
-            )
-        return HandlingOutcome.ELSEWHERE
-
-    def _done(self, keep: KeepAlive | None, delivery: Delivery) -> None:
-        """The delivery is answered (or left to the broker): its keep-alive ends."""
-        if keep is not None:
-            try:
-                keep.settled(delivery)
-            except Exception:  # it only stops a keep-alive
-                pass
-
-    def _send_handled(self, event: ReceivedEvent, outcome: str) -> None:
-        sub = self.subscription
-        if not signals.event_handled.receivers:  # once per handling: skip building the call
-            self.runner.duration(event.id)
-            self.runner.latency(event.id)
-            return
-        signals.event_handled.send_robust(
-            sender=sub,
-            subscription=sub.name,
-            event=event,
-            outcome=outcome,
-            duration_seconds=self.runner.duration(event.id),
-            delivery_latency_seconds=self.runner.latency(event.id),
-        )
-
-    def _answer(self, action: Callable[[], None], event: ReceivedEvent, what: str) -> None:
-        """Make one broker call (``what``: ack, nak or term); a failure is
-        logged, never raised: the message comes back after the ack wait."""
-        try:
-            action()
-        except Exception as exc:
-            logger.warning(
-                "%s failed subscription=%s event_id=%s error=%s", what, self.subscription.name, event.id, exc
-            )
+        return Verdict(HandlingOutcome.HANDED_BACK, Answer.NAK, work.redeliver_in_seconds)
 
     # -- term --
-    def _dead_letter_without_running(self, work: Work) -> HandlingOutcome:
+    def _dead_letter_without_running(self, work: Work) -> Verdict:
         """A redelivery whose counted runs (``work.runs``) reached ``max_attempts``: dead-letter it with the last real error."""
         sub = self.subscription
         runs = work.runs
@@ -326,7 +364,9 @@ class Outcome:
         error: str,
         tb: str,
         exception: BaseException | None = None,
-    ) -> HandlingOutcome:
+    ) -> Verdict:
+        """Write the dead letter and its terminal claim, then term the message
+        (``SKIPPED`` when a claim was there first: no dead letter)."""
         sub = self.subscription
         try:
             written = record_dead_letter(
@@ -346,7 +386,7 @@ class Outcome:
                 "dead letter not recorded, will retry subscription=%s event_id=%s error=%s", sub.name, event.id, exc
             )
             connections[self.using].close()
-            return HandlingOutcome.UNACKED
+            return UNANSWERED
         if written:
             task = task_path(event.name, event.payload)  # names what failed in the log line and the signal
             logger.error(
@@ -374,10 +414,10 @@ class Outcome:
             )
         else:
             logger.info("already claimed, no dead letter subscription=%s event_id=%s", sub.name, event.id)
-        self._answer(lambda: self.broker.term(delivery), event, "term")
-        return HandlingOutcome.DEAD_LETTERED if written else HandlingOutcome.SKIPPED
+        return Verdict(HandlingOutcome.DEAD_LETTERED if written else HandlingOutcome.SKIPPED, Answer.TERM)
 
-    def _malformed(self, delivery: Delivery, reason: str) -> HandlingOutcome:
+    def _malformed(self, delivery: Delivery, reason: str) -> Verdict:
+        """Record a message that can't be run as a ``(malformed)`` dead letter, then term it."""
         sub = self.subscription
         body_id = None
         with contextlib.suppress(Exception):
@@ -409,9 +449,7 @@ class Outcome:
                 exc,
             )
             connections[self.using].close()
-            return HandlingOutcome.UNACKED
-        with contextlib.suppress(Exception):
-            self.broker.term(delivery)
+            return UNANSWERED
         self.counts[HandlingOutcome.MALFORMED] += 1
         signals.event_malformed.send_robust(
             sender=sub,
@@ -421,4 +459,4 @@ class Outcome:
             reason=reason,
             event_id=event_id,
         )
-        return HandlingOutcome.MALFORMED
+        return Verdict(HandlingOutcome.MALFORMED, Answer.TERM)
