@@ -59,7 +59,7 @@ class Consumer:
 
     Args:
         subscription: Whose handler it runs.
-        broker: Where the deliveries come from and are settled.
+        broker: Where the deliveries come from and are answered (ack / nak / term).
         using: The database alias of the claims (default ``DATABASE_ALIAS``).
         stop: Set when the worker stops: units not started are handed back.
         instance: Which of the subscription's concurrent consumers this is
@@ -143,7 +143,7 @@ class Consumer:
     def handle(self, deliveries: Sequence[Delivery], keep: KeepAlive | None = None) -> list[HandlingOutcome]:
         """Handle deliveries of this subscription.
 
-        Every delivery is settled (ack / nak / term) before this returns,
+        Every delivery is answered (ack / nak / term) before this returns,
         except ``UNACKED`` ones. First deliveries (broker count 1) are
         handled in units: one claim statement, one transaction (``batch=True``)
         or one each (``batch=False``); a redelivery, or a reconciliation's

@@ -128,7 +128,7 @@ class Work:
     def message(self) -> Delivery:
         """The broker's delivery (every work but ``Consumer.run_event()``'s has one)."""
         if self.delivery is None:
-            raise RuntimeError(f"event {self.event.id} was run without a broker: it has no delivery to settle")
+            raise RuntimeError(f"event {self.event.id} was run without a broker: it has no delivery to answer")
         return self.delivery
 
     @property
