@@ -32,7 +32,8 @@ from django_platformkit import conf, signals
 from django_platformkit._tables import OUTBOX_TABLE
 from django_platformkit.broker.memory import InMemoryTransport
 from django_platformkit.broker.memory_stream import ConsumerSpec, ManualClock
-from django_platformkit.consume.consumer import COUNTED, Consumer
+from django_platformkit.consume.consumer import Consumer
+from django_platformkit.consume.outcome import COUNTED
 from django_platformkit.consume.subscriptions import Subscription
 from django_platformkit.consume.subscriptions import subscriptions as registered_subscriptions
 from django_platformkit.identity import database_identity

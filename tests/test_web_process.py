@@ -31,7 +31,7 @@ from django_platformkit import EventType, ReceivedEvent, declare, job, publish, 
 import django_platformkit.outbox.events, django_platformkit.outbox.payload, django_platformkit.wire
 import django_platformkit.consume.subscriptions, django_platformkit.operate.deadletters
 print("publish", loaded())
-import django_platformkit.consume.consumer, django_platformkit.consume.claim, django_platformkit.consume.handler, django_platformkit.consume.settle
+import django_platformkit.consume.consumer, django_platformkit.consume.claim, django_platformkit.consume.handler, django_platformkit.consume.outcome
 print("consumer", loaded())
 import django_platformkit.broker.transport
 print("transport", loaded()[:1])

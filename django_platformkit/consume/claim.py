@@ -7,7 +7,7 @@ A trusted subscription's claim reads each event's row from the outbox in the
 same round trip, so the handler runs with the outbox's payload and a message
 the outbox doesn't know never runs. The tenant ``set_config`` is
 ``tenancy.TENANT_SET_CONFIG``, written once. The consumer gives each unit
-to its ``UnitTransaction``.
+to its ``UnitTransaction``, with how to run it (a ``UnitPass``).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import functools
 import json
 import traceback
 import uuid
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, NamedTuple
 
@@ -105,6 +106,36 @@ class ClaimRow(NamedTuple):
     not_before_us: int | None  # a deferred task's run_after, microseconds since the epoch
 
 
+@dataclass(frozen=True)
+class UnitPass:
+    """How one pass of a unit's transaction runs.
+
+    Attributes:
+        savepoints: A savepoint per message (a redo after a failure);
+            otherwise a handler's failure raises ``Redo`` and everything rolls back.
+        trust_outbox: Run with the outbox's copy of each event, and treat
+            one the outbox doesn't hold as ``NOT_IN_OUTBOX`` (every
+            subscription but an ``external`` one).
+        timeout_seconds: Each handler's budget (``HANDLER_TIMEOUT_SECONDS``).
+    """
+
+    savepoints: bool
+    trust_outbox: bool
+    timeout_seconds: float
+
+
+@dataclass
+class _Claimed:
+    """What one pass learnt inside its transaction, which holds only once it
+    committed: the claim's rows, the tenant last set, and per work
+    (``id()``) its outcome and the event its handler ran with."""
+
+    rows: dict[uuid.UUID, ClaimRow]
+    tenant: str | None
+    outcomes: dict[int, HandlingOutcome] = field(default_factory=dict)
+    events: dict[int, ReceivedEvent] = field(default_factory=dict)
+
+
 class UnitTransaction:
     """One unit's transaction: the claim statement, then each claimed
     event's handler (through ``runner``), then the unit's last writes.
@@ -120,77 +151,58 @@ class UnitTransaction:
         self.using = using
         self.runner = runner
 
-    def execute(self, unit: list[Work], *, safe: bool, skip: set[int], trust_outbox: bool, timeout: float) -> None:
+    def execute(self, unit: list[Work], *, how: UnitPass, skip: set[int]) -> None:
         """Run ``unit`` (less the works whose ``id()`` is in ``skip``) in one
         transaction and set each work's outcome once it committed.
 
         Args:
             unit: The works of one unit.
-            safe: A savepoint per message (after a failure); otherwise a
-                handler's failure raises ``Redo`` and everything rolls back.
+            how: Savepoints or not, trusting the outbox or not, the handler timeout.
             skip: ``id()`` of works already done (a redo leaves them out);
                 a unit redone in chunks adds each chunk it committed.
-            trust_outbox: Run with the outbox's copy of each event, and treat
-                one the outbox doesn't hold as ``NOT_IN_OUTBOX``.
-            timeout: Each handler's budget, seconds (``HANDLER_TIMEOUT_SECONDS``).
 
         Raises:
-            Redo: A handler failed outside ``safe`` mode: the unit rolled back.
+            Redo: A handler failed without savepoints: the unit rolled back.
             DatabaseError: The database went away; nothing committed.
         """
         todo = [w for w in unit if id(w) not in skip]
         if not todo:
             return
-        if safe and len(todo) > MAX_SAVEPOINTS_PER_TRANSACTION:
+        if how.savepoints and len(todo) > MAX_SAVEPOINTS_PER_TRANSACTION:
             # A savepoint per message, at most MAX_SAVEPOINTS_PER_TRANSACTION in
             # one transaction: the redo commits chunk by chunk. A chunk done is
             # skipped if the database goes away and the redo starts over.
             for start in range(0, len(todo), MAX_SAVEPOINTS_PER_TRANSACTION):
                 chunk = todo[start : start + MAX_SAVEPOINTS_PER_TRANSACTION]
-                self.execute(chunk, safe=True, skip=skip, trust_outbox=trust_outbox, timeout=timeout)
+                self.execute(chunk, how=how, skip=skip)
                 skip.update(id(w) for w in chunk)
             return
         close_old_connections_for(self.using)
         connection = connections[self.using]
-        outcomes: dict[int, HandlingOutcome] = {}
-        events: dict[int, ReceivedEvent] = {}
         # Where a failure rolls the whole unit back, handlers may leave rows
         # for one statement before the commit (units.UnitWrites).
-        writes = None if safe else UnitWrites(self.using)
+        writes = None if how.savepoints else UnitWrites(self.using)
         with transaction.atomic(using=self.using), unit_writes_scope(writes), connection.cursor() as cursor:
-            rows, tenant = self._claim(cursor, todo, outcomes, trust_outbox=trust_outbox, timeout=timeout)
-            failures = self._run_handlers(
-                cursor,
-                connection,
-                todo,
-                rows,
-                outcomes,
-                events,
-                tenant,
-                safe=safe,
-                trust_outbox=trust_outbox,
-                timeout=timeout,
-            )
-            self._before_commit(cursor, todo, outcomes, failures, writes)
+            claimed = self._claim(cursor, todo, how)
+            failures = self._run_handlers(cursor, connection, todo, claimed, how)
+            self._before_commit(cursor, todo, claimed.outcomes, failures, writes)
         # Committed: only now do the outcomes hold.
         for work in todo:
-            if id(work) in outcomes:
-                work.outcome = outcomes[id(work)]
-                work.event = events.get(id(work), work.event)
+            if id(work) in claimed.outcomes:
+                work.outcome = claimed.outcomes[id(work)]
+                work.event = claimed.events.get(id(work), work.event)
 
-    def _claim(
-        self, cursor: Any, todo: list[Work], outcomes: dict[int, HandlingOutcome], *, trust_outbox: bool, timeout: float
-    ) -> tuple[dict[uuid.UUID, ClaimRow], str]:
-        """The unit's claim statement: ``({event id: claim row}, the tenant it
-        set)``. A delivery the claim returned no row for gets its outcome
+    def _claim(self, cursor: Any, todo: list[Work], how: UnitPass) -> _Claimed:
+        """The unit's claim statement: its rows by event id and the tenant it
+        set. A delivery the claim returned no row for gets its outcome
         here: ``SKIPPED`` (claimed before) or ``NOT_IN_OUTBOX``."""
         sub = self.subscription
-        timeout_ms = str(int(timeout * 1000))
+        timeout_ms = str(int(how.timeout_seconds * 1000))
         # One array literal: psycopg would adapt a list item by item.
         ids = "{" + ",".join(sorted({str(w.event.id) for w in todo})) + "}"
         tenant = check_tenant(todo[0].event.tenant) or ""
         cursor.execute(
-            _claim_sql(trust_outbox, sub.claim_lock_namespace),
+            _claim_sql(how.trust_outbox, sub.claim_lock_namespace),
             [
                 ids,
                 sub.event,
@@ -201,34 +213,26 @@ class UnitTransaction:
                 tenant,
             ],
         )
-        rows = {row[0]: ClaimRow._make(row[:7]) for row in cursor.fetchall() if row[0] is not None}
-        missing = [w for w in todo if w.event.id not in rows]
+        claimed = _Claimed({row[0]: ClaimRow._make(row[:7]) for row in cursor.fetchall() if row[0] is not None}, tenant)
+        missing = [w for w in todo if w.event.id not in claimed.rows]
         if missing:
             cursor.execute(_ALREADY_CLAIMED_SQL, [sub.name, "{" + ",".join(str(w.event.id) for w in missing) + "}"])
             claimed_before = {r[0] for r in cursor.fetchall()}
             for work in missing:
-                outcomes[id(work)] = (
+                claimed.outcomes[id(work)] = (
                     HandlingOutcome.SKIPPED if work.event.id in claimed_before else HandlingOutcome.NOT_IN_OUTBOX
                 )
-        return rows, tenant
+        return claimed
 
     def _run_handlers(
-        self,
-        cursor: Any,
-        connection: BaseDatabaseWrapper,
-        todo: list[Work],
-        rows: dict[uuid.UUID, ClaimRow],
-        outcomes: dict[int, HandlingOutcome],
-        events: dict[int, ReceivedEvent],
-        tenant: str | None,
-        *,
-        safe: bool,
-        trust_outbox: bool,
-        timeout: float,
+        self, cursor: Any, connection: BaseDatabaseWrapper, todo: list[Work], claimed: _Claimed, how: UnitPass
     ) -> list[Work]:
         """Run the handler of each delivery the claim claimed, in the unit's
-        transaction; returns the failed ones (``safe``: each rolled back to
-        its savepoint; else the first failure raises ``Redo``)."""
+        transaction; returns the failed ones (with ``how.savepoints``: each
+        rolled back to its savepoint; else the first failure raises ``Redo``)."""
+        outcomes, events = claimed.outcomes, claimed.events
+        tenant = claimed.tenant
+        safe, timeout = how.savepoints, how.timeout_seconds
         failures: list[Work] = []
         seen: set[uuid.UUID] = set()
         checked_tenant = tenant  # the last tenant check_tenant() passed: a unit is mostly one tenant
@@ -236,13 +240,13 @@ class UnitTransaction:
         for work in todo:
             if id(work) in outcomes:
                 continue
-            row = rows[work.event.id]
+            row = claimed.rows[work.event.id]
             if not row.claimed or work.event.id in seen:
                 outcomes[id(work)] = HandlingOutcome.SKIPPED
                 continue
             seen.add(work.event.id)
             event = work.event
-            if trust_outbox:
+            if how.trust_outbox:
                 # The outbox is the authority: a same-id copy with another payload runs with ours.
                 event = ReceivedEvent(
                     event.id,

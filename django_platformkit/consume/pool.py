@@ -463,7 +463,7 @@ class ConsumerPool:
         try:
             consumer.handle(deliveries, keep)
         except (DatabaseError, BrokerUnavailable, TimeoutError, OSError) as exc:
-            # Outside a handler (the consumer settles a handler's own errors):
+            # Outside a handler (the consumer judges a handler's own errors):
             # an outage. Hand the unit back; the claim makes a redo harmless.
             logger.error(
                 "consumer subscription=%s error=%s; handing back deliveries=%s, retrying in %.1fs",

@@ -135,10 +135,10 @@ def test_while_the_identity_is_contested_a_message_not_in_this_outbox_is_handed_
     the contest is over it is recorded as malformed as before."""
     import threading
 
-    from django_platformkit.consume import settle
+    from django_platformkit.consume import outcome
     from django_platformkit.wire import HandlingOutcome
 
-    monkeypatch.setattr(settle, "CONTESTED_REDELIVERY_SECONDS", 1.0)  # 30 s in life: one look at the stream
+    monkeypatch.setattr(outcome, "CONTESTED_REDELIVERY_SECONDS", 1.0)  # 30 s in life: one look at the stream
 
     seen, sub = recording("testapp.trusting")
     stranger = uuid.uuid4()
