@@ -64,6 +64,19 @@ def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix, p
 _CURRENT_TEST: list[pytest.Item] = []
 
 
+#: The timeout of a test that starts real processes and names none itself:
+#: interpreter start-ups, Django set-up and a worker's first connections on a
+#: loaded two-core machine with other tests beside it (CI's second tier) take
+#: tens of seconds before the test's own waits begin.
+PROCESS_TEST_TIMEOUT_SECONDS = 180
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("process") is not None and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(PROCESS_TEST_TIMEOUT_SECONDS))
+
+
 def pytest_runtest_setup(item: pytest.Item) -> None:
     _CURRENT_TEST[:] = [item]
     # One rule for every test that needs Django 6's tasks framework, so a

@@ -21,6 +21,8 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(300)]
 #: tests/testapp/_scenarios.py's idle subscriptions (not imported here: it
 #: declares, and this process's registries are frozen).
 IDLE_SUBSCRIPTIONS = tuple(f"testapp.idle_{i:02d}" for i in range(23))
+#: How long each busy event's handler sleeps.
+BUSY_SECONDS = 3.0
 SCENARIOS = {"PLATFORMKIT_TEST_SCENARIOS": "1", "PLATFORMKIT_LOG_LEVEL": "WARNING"}
 
 
@@ -98,11 +100,14 @@ def test_1100_failures_parked_for_retry_do_not_hold_back_20_healthy_events(broke
 
 
 @pytest.mark.process
-def test_one_busy_subscription_among_24_delays_no_other_by_a_second(broker, tmp_path):
-    """24 subscriptions in one worker; one works through 30 one-second
+def test_one_busy_subscription_among_24_holds_no_other_behind_its_work(broker, tmp_path):
+    """24 subscriptions in one worker; one works through twelve 3-second
     events while an event arrives for the 23 others: each of them handles it
-    within 1 s of its commit (from the outbox row's ``created_at`` to the
-    effect row's, written as the handler ends)."""
+    sooner than one busy event takes (from the outbox row's ``created_at`` to
+    the effect row's, written as the handler ends). A subscription held
+    behind the busy one would wait at least one busy event's 3 s; the margin
+    over the usual sub-second figure keeps a loaded CI machine from failing
+    a worker that isolates its lanes."""
     worker = start_worker(broker, ["testapp.busy_step", *IDLE_SUBSCRIPTIONS], tmp_path)
     try:
         # Warm-up: every durable exists and has handled one event.
@@ -112,14 +117,14 @@ def test_one_busy_subscription_among_24_delays_no_other_by_a_second(broker, tmp_
             timeout=120,
             what="the warm-up ping",
         )
-        busy = publish_rows("testapp.busy", [{"n": n, "sleep": 1.0} for n in range(30)])
+        busy = publish_rows("testapp.busy", [{"n": n, "sleep": BUSY_SECONDS} for n in range(12)])
         wait_for(
             lambda: scalar("SELECT count(*) FROM testapp_attempt WHERE event_id::text = ANY(%s)", [busy]) >= 2,
             timeout=60,
             what="the busy subscription at work",
         )
         ping = publish_rows("testapp.ping", [{"n": 0}])[0]
-        still_busy = scalar("SELECT count(*) FROM testapp_effect WHERE event_id::text = ANY(%s)", [busy]) < 25
+        still_busy = scalar("SELECT count(*) FROM testapp_effect WHERE event_id::text = ANY(%s)", [busy]) < 10
         wait_for(
             lambda: scalar("SELECT count(*) FROM testapp_effect WHERE event_id = %s", [ping]) == 23,
             timeout=60,
@@ -133,7 +138,7 @@ def test_one_busy_subscription_among_24_delays_no_other_by_a_second(broker, tmp_
     assert still_busy, (
         "the busy subscription was nearly through its backlog when the ping was published: the test proved nothing"
     )
-    assert worst[1] < 1000, (
+    assert worst[1] < BUSY_SECONDS * 1000, (
         f"slowest idle subscription: {worst}; all: {sorted(delays.items(), key=lambda kv: -kv[1])[:5]}"
     )
 
