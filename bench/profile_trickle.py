@@ -211,7 +211,7 @@ def _phase(
             if per_tx == 1:
                 publish(TOPO_HOT, {"n": n, "sku": f"sku-{n}"})
             else:
-                publish_many([(TOPO_HOT, {"n": n + i, "sku": f"sku-{n + i}"}) for i in range(per_tx)])
+                publish_many(TOPO_HOT, [{"n": n + i, "sku": f"sku-{n + i}"} for i in range(per_tx)])
     if count:
         deadline = time.monotonic() + 60
         while scalar("SELECT count(*) FROM bench_sink WHERE kind = ANY(%s)", [list(HOT_KINDS)]) < 2 * count:

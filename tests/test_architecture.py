@@ -163,14 +163,6 @@ def test_no_class_is_built_from_a_private_class_of_another_module():
     assert not found, found
 
 
-#: Modules two renovations are rewriting while this test lands (issue 36:
-#: ``runtime/`` and ``consume/{settle,consumer,claim}.py``): an entry here
-#: ("<module>: <import>") lets one private import of theirs stand until
-#: their branches merge; the lead empties it then. Nothing else may be listed.
-PRIVATE_IMPORTS_UNDER_RENOVATION: frozenset[str] = frozenset()
-RENOVATED = ("runtime", "consume.settle", "consume.consumer", "consume.claim")
-
-
 def is_private(name: str) -> bool:
     return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
 
@@ -235,16 +227,7 @@ def test_no_module_reaches_another_modules_private_names():
     behaviour down - white-box, and shipped nowhere; a test reaching into
     another module's privates is a review finding, not this test's."""
     found = set().union(*(private_imports(m) for m in MODULES))
-    allowed = {entry for entry in found if entry in PRIVATE_IMPORTS_UNDER_RENOVATION}
-    assert not found - allowed, "imports of another module's private names:\n" + "\n".join(sorted(found - allowed))
-    stale = PRIVATE_IMPORTS_UNDER_RENOVATION - found
-    assert not stale, f"no longer needed, remove from PRIVATE_IMPORTS_UNDER_RENOVATION: {sorted(stale)}"
-    elsewhere = [
-        e
-        for e in PRIVATE_IMPORTS_UNDER_RENOVATION
-        if not any(e.startswith((f"{NAME}.{r}:", f"{NAME}.{r}.")) for r in RENOVATED)
-    ]
-    assert not elsewhere, f"only the renovated modules may be allow-listed: {elsewhere}"
+    assert not found, "imports of another module's private names:\n" + "\n".join(sorted(found))
 
 
 def test_names_are_re_exported_only_from_a_package_face():

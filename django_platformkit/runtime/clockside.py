@@ -41,7 +41,7 @@ class ClockSide:
         spawn: Starts a named thread that crashes the worker if it raises.
         scheduler: Run the periodic jobs (``jobs``: which; None: all).
         consumers: The worker consumes: its control watch reads the pauses
-            (``controls.pauses``, for its pool) as well as the job switches.
+            (``consume.pausing.Pauses``, for its pool) as well as the job switches.
         using: The database alias of the ledger and the heartbeat.
     """
 

@@ -19,7 +19,9 @@ from django_platformkit import publish
 from django_platformkit.models import DeadLetter, OutboxEvent
 from django_platformkit.outbox.deadletters import record_dead_letter
 
-CHROMIUM = "/usr/bin/chromium"
+#: Debian's chromium; CHROMIUM_PATH names another (GitHub's runners have
+#: /usr/bin/google-chrome).
+CHROMIUM = os.environ.get("CHROMIUM_PATH", "/usr/bin/chromium")
 CHROMIUM_ARGS = [
     "--no-sandbox",
     "--disable-gpu",
@@ -34,7 +36,8 @@ PASSWORD = "replay-with-care-1"
 pytestmark = [
     pytest.mark.browser,
     pytest.mark.skipif(
-        not Path(CHROMIUM).exists(), reason=f"no system Chromium at {CHROMIUM} (apt-get install chromium)"
+        not Path(CHROMIUM).exists(),
+        reason=f"no system Chromium at {CHROMIUM} (apt-get install chromium, or set CHROMIUM_PATH)",
     ),
 ]
 
