@@ -12,6 +12,8 @@ from tests.testapp._jobs import RUNS_TABLE, RUNS_TABLE_DDL
 
 from .harness import scaled
 
+# 1200 s: the scenario starts its own PostgreSQL and NATS, then kills,
+# partitions or restarts them and waits out the recovery (ack wait, reconnects).
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(1200)]
 
 JOB = "testapp.every_second"

@@ -19,6 +19,8 @@ from django_platformkit.devservices import PostgresServer
 
 from .harness import ROOT, Rig, scaled
 
+# 900 s: the scenario starts its own PostgreSQL and NATS, then kills,
+# partitions or restarts them and waits out the recovery (ack wait, reconnects).
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(900)]
 
 

@@ -16,6 +16,8 @@ from tests.conftest import wait_for
 
 from .harness import EVENT, HANDLER_TIMEOUT_SECONDS, REPORTED
 
+# 600 s: the scenario starts its own PostgreSQL and NATS, then kills,
+# partitions or restarts them and waits out the recovery (ack wait, reconnects).
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(600)]
 
 DEPLOY_EVENT = "testapp.deploy"

@@ -14,6 +14,8 @@ import pytest
 
 from .harness import EVENT, PREFIX, SUBSCRIPTIONS, nats_call, scaled
 
+# 900 s: the scenario starts its own PostgreSQL and NATS, then kills,
+# partitions or restarts them and waits out the recovery (ack wait, reconnects).
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(900)]
 
 

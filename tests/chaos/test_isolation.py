@@ -33,6 +33,8 @@ from .harness import (
     scaled,
 )
 
+# 900 s: the scenario starts its own PostgreSQL and NATS, then kills,
+# partitions or restarts them and waits out the recovery (ack wait, reconnects).
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(900)]
 
 

@@ -11,6 +11,8 @@ import pytest
 
 from .harness import scaled
 
+# 1200 s: the scenario starts its own PostgreSQL and NATS, then kills,
+# partitions or restarts them and waits out the recovery (ack wait, reconnects).
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(1200)]
 
 

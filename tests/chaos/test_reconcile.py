@@ -25,6 +25,8 @@ from tests.conftest import wait_for
 
 from .harness import EVENT, PREFIX, SUBSCRIPTIONS, Process, Rig, nats_call, scaled
 
+# 1200 s: the scenario starts its own PostgreSQL and NATS, then kills,
+# partitions or restarts them and waits out the recovery (ack wait, reconnects).
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(1200)]
 
 FAST = {"PLATFORMKIT_TEST_RECONCILE_INTERVAL": "5"}

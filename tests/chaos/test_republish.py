@@ -18,6 +18,8 @@ from tests.conftest import wait_for
 
 from .harness import ACK_WAIT_SECONDS, EVENT, STREAM, SUBSCRIPTIONS, consumers_idle, nats_call, scaled
 
+# 1200 s: the scenario starts its own PostgreSQL and NATS, then kills,
+# partitions or restarts them and waits out the recovery (ack wait, reconnects).
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(1200)]
 
 # Every id the outbox was ever given: purgeoutbox deletes handled rows, and

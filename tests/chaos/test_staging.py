@@ -22,6 +22,8 @@ from tests.conftest import wait_for
 
 from .harness import Rig, scaled
 
+# 1200 s: the scenario starts its own PostgreSQL and NATS, then kills,
+# partitions or restarts them and waits out the recovery (ack wait, reconnects).
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(1200)]
 
 

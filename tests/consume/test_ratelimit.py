@@ -23,6 +23,8 @@ from django_platformkit.exceptions import ConfigurationError
 from tests.conftest import manage, run_to_exit, wait_for, worker_env
 from tests.testapp.models import Effect
 
+# 240 s: a rate limit is proven over whole periods of it (several seconds
+# each), with a worker process started per test.
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(240)]
 
 EVENTS = 200

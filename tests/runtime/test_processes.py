@@ -21,6 +21,8 @@ from tests.conftest import manage, run_to_exit, wait_for, worker_env
 from tests.runtime.test_metrics import handled, scrape
 from tests.testapp.models import Effect
 
+# 240 s: a supervisor's tree of children, each starting Django and its
+# connections, killed and replaced, then drained on a graceful stop.
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(240)]
 
 SUB = "testapp.record_order"

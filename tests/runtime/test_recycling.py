@@ -21,6 +21,8 @@ from django_platformkit.runtime.supervisor import _Child
 from tests.conftest import manage, run_to_exit, wait_for, worker_env
 from tests.testapp.models import Effect
 
+# 300 s: children recycled and replaced in turn, each replacement a fresh
+# interpreter start-up; the storm tests watch the supervisor for 20 s.
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(300)]
 
 EVENTS = 400

@@ -16,6 +16,8 @@ from django.db import connection
 
 from tests.conftest import manage, wait_for, worker_env
 
+# 300 s: one worker warms 24 durables, or runs and parks 1,100 failing
+# events, before the scenario's measurement starts.
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(300)]
 
 #: tests/testapp/_scenarios.py's idle subscriptions (not imported here: it

@@ -21,6 +21,8 @@ from django_platformkit import publish
 from tests.conftest import manage, run_to_exit, url_only_command, wait_for, worker_env
 from tests.testapp.models import Effect
 
+# 240 s: whole runworker lives (start, handle, drain, stop) and waits for
+# ack wait and redelivery, several per test.
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(240)]
 
 
