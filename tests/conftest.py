@@ -145,7 +145,7 @@ def worker_env(broker_config: dict, **extra: str) -> dict[str, str]:
     return env
 
 
-#: Every process ``manage`` started in the running test: ``_no_process_outlives_its_test`` ends them.
+#: Every process ``manage`` started in the running test: ``pytest_runtest_teardown`` ends them.
 _STARTED: list[subprocess.Popen] = []
 
 
@@ -163,13 +163,14 @@ def manage(*args: str, env: dict[str, str], **kwargs) -> subprocess.Popen:
     return proc
 
 
-@pytest.fixture(autouse=True)
-def _no_process_outlives_its_test():
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_teardown(item: pytest.Item) -> None:
     """A process a test left running (a failed assertion before its stop) would
     write heartbeats and take work in the next tests' database and stream, and
     fail them: it and its group are killed when the test ends, whatever its
-    outcome. Its children follow (they die with their parent)."""
-    yield
+    outcome, before any fixture's teardown (so before the database is flushed:
+    a process killed after the flush could still write rows the next test's
+    worker would take). Its children follow (they die with their parent)."""
     while _STARTED:
         proc = _STARTED.pop()
         if proc.poll() is None:

@@ -288,24 +288,26 @@ def test_metrics_port_taken_is_a_clear_command_error(broker):
 
 
 @pytest.mark.process
-def test_runworker_metrics_port_counts_what_the_database_holds_in_a_real_process(broker):
+def test_runworker_metrics_port_counts_what_the_database_holds_in_a_real_process(broker, tmp_path):
     import signal
     import socket
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    process = manage(
-        "runworker",
-        "--metrics-port",
-        str(port),
-        "--no-jobs",
-        "--subscription",
-        "testapp.record_order",
-        env=worker_env(broker),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
+    log = tmp_path / "worker.log"
+    with open(log, "wb") as out:  # a file, not a pipe nobody reads while the test waits
+        process = manage(
+            "runworker",
+            "--metrics-port",
+            str(port),
+            "--no-jobs",
+            "--subscription",
+            "testapp.record_order",
+            env=worker_env(broker),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     try:
         with transaction.atomic():
             for i in range(4):
@@ -318,7 +320,10 @@ def test_runworker_metrics_port_counts_what_the_database_holds_in_a_real_process
                 return False
             return handled(samples, "testapp.record_order", "handled") == 4 and samples
 
-        samples = wait_for(settled, timeout=60, what="runworker's /metrics to show 4 handled")
+        try:
+            samples = wait_for(settled, timeout=60, what="runworker's /metrics to show 4 handled")
+        except AssertionError as failure:
+            raise AssertionError(f"{failure}; the worker's log:\n{log.read_text()}") from None
         assert (
             handled(samples, "testapp.record_order", "handled")
             == HandledEvent.objects.filter(subscription="testapp.record_order").count()
@@ -335,8 +340,8 @@ def test_runworker_metrics_port_counts_what_the_database_holds_in_a_real_process
         ) not in samples  # not this worker's
     finally:
         process.send_signal(signal.SIGTERM)
-        _, err = process.communicate(timeout=60)
-    assert process.returncode == 0, err.decode()
+        process.wait(timeout=60)
+    assert process.returncode == 0, log.read_text()
 
 
 def test_a_scrape_inside_a_callers_transaction_leaves_it_usable_and_its_timeout_alone(metrics):
