@@ -83,8 +83,6 @@ class WorkerOptions:
             burst=False,
             subscriptions=None,
             health_file=None,
-            burst_timeout_seconds=None,
-            connect_timeout_seconds=WorkerOptions.connect_timeout_seconds,
             recycle=None,
             burst_waits_for_relay=False,
         )

@@ -116,10 +116,6 @@ class Worker:
         """Totals of this process: relayed rows, and each handling outcome."""
         return self.parts.counts()
 
-    def health(self, stuck: str | None = None) -> dict[str, Any]:
-        """What the health file says now (``stuck``: a subscription the watchdog found stuck)."""
-        return self.parts.health(stuck)
-
     # -- lifecycle --
     def install_signal_handlers(self) -> None:
         signals: list[str] = []  # a stop a recycle began is no first request: a SIGTERM then is no second
