@@ -3,11 +3,11 @@ operators' controls (``controlwatch``), which need only PostgreSQL. They
 start before the worker reaches NATS and never wait for it - a worker
 started while NATS is down runs its jobs and is listed on the overview as
 waiting for the broker - and the heartbeat row says what the worker does
-(``models.WorkerState``, from the run's ``RunState``) at every beat. The controls are read first, so a
-pause or a disable holds from a worker's first unit and first slot. Its
-reconciliation (``reconciling.py``) starts with them and makes its first
-pass as soon as the worker has started (it needs the broker), then one per
-interval.
+(``models.WorkerState``, told from the run's ``RunState``) at every beat.
+The controls are read first, so a pause or a disable holds from a worker's
+first unit and first slot. Its reconciliation (``reconciling.py``) starts
+with them and makes its first pass as soon as the worker has started (it
+needs the broker), then one per interval.
 """
 
 from __future__ import annotations
