@@ -20,6 +20,7 @@ from django_platformkit.broker.transport import Transport
 from django_platformkit.consume.consumer import Consumer
 from django_platformkit.consume.subscriptions import subscriptions
 from django_platformkit.outbox.relay import Relay
+from django_platformkit.runtime.options import WorkerOptions
 from django_platformkit.runtime.worker import Worker
 from django_platformkit.wire import durable_name
 
@@ -75,7 +76,8 @@ def ours_rate(transport: Transport, subscription_name: str, event: str, kind: st
     stats = Relay(transport).drain()
     assert stats.stored == n, stats
     worker = Worker(
-        transport=Transport(), relay=False, scheduler=False, burst=True, subscriptions=[sub], burst_timeout_seconds=600
+        WorkerOptions(relay=False, scheduler=False, burst=True, subscriptions=[sub], burst_timeout_seconds=600),
+        transport=Transport(),
     )
     started = time.perf_counter()
     code = worker.run()

@@ -229,10 +229,11 @@ def url_only_command(broker_config: dict, *args: str) -> str:
 def run_worker(broker):
     """Run ``runworker --burst`` in this process (threads, real NATS, the
     test database) and return the Worker."""
+    from django_platformkit.runtime.options import WorkerOptions
     from django_platformkit.runtime.worker import Worker
 
-    def run(timeout: float = 60, **kwargs):
-        worker = Worker(burst=True, burst_timeout_seconds=timeout, **kwargs)
+    def run(timeout: float = 60, transport=None, **options):
+        worker = Worker(WorkerOptions(burst=True, burst_timeout_seconds=timeout, **options), transport=transport)
         code = worker.run()
         assert code == 0, f"worker exited {code}"
         return worker
@@ -259,12 +260,13 @@ def background_worker(broker):
     """Start a non-burst Worker in a thread of this process; stopped at teardown."""
     import threading
 
+    from django_platformkit.runtime.options import WorkerOptions
     from django_platformkit.runtime.worker import Worker
 
     started = []
 
-    def start(**kwargs):
-        worker = Worker(scheduler=False, **kwargs)
+    def start(transport=None, **options):
+        worker = Worker(WorkerOptions(**{"scheduler": False, **options}), transport=transport)
         thread = threading.Thread(target=worker.run, daemon=True)
         thread.start()
         started.append((worker, thread))

@@ -3,11 +3,11 @@ operators' controls (``controlwatch``), which need only PostgreSQL. They
 start before the worker reaches NATS and never wait for it - a worker
 started while NATS is down runs its jobs and is listed on the overview as
 waiting for the broker - and the heartbeat row says what the worker does
-(``models.WorkerState``) at every beat. The controls are read first, so a
-pause or a disable holds from a worker's first unit and first slot. Its
-reconciliation (``reconciling.py``) starts with them and makes its first
-pass as soon as the worker has started (it needs the broker), then one per
-interval.
+(``models.WorkerState``, told from the run's ``RunState``) at every beat.
+The controls are read first, so a pause or a disable holds from a worker's
+first unit and first slot. Its reconciliation (``reconciling.py``) starts
+with them and makes its first pass as soon as the worker has started (it
+needs the broker), then one per interval.
 """
 
 from __future__ import annotations
@@ -15,58 +15,65 @@ from __future__ import annotations
 import functools
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from django_platformkit import conf
 from django_platformkit.broker.port import Broker
-from django_platformkit.consume.pausing import Pauses
+from django_platformkit.consume.pool import ConsumerPool
 from django_platformkit.jobs.controls import JobSwitches
 from django_platformkit.models import WorkerState
 from django_platformkit.runtime.controlwatch import ControlWatch
 from django_platformkit.runtime.heartbeat import Heartbeat, StateReport
 from django_platformkit.runtime.reconciling import ReconcileLoop
+from django_platformkit.runtime.runstate import RunState
 from django_platformkit.runtime.startup import StartUp
+
+
+class _Contest(Protocol):
+    """The stream watch's word on a contest over the stream (``StreamWatch``)."""
+
+    @property
+    def contest(self) -> str: ...
 
 
 class ClockSide:
     """The heartbeat and the scheduler of one worker.
 
     Args:
-        heartbeat: The worker's heartbeat row (its ``state`` is ``state()`` here).
+        subscriptions: The names the worker consumes, for its heartbeat row.
         broker: The worker's broker (connected or not).
         start_up: What the worker's start-up waits for (``StartUp.waiting``).
-        starting: Whether the worker is still starting.
-        contest: The contest over the stream now ("" when none: ``StreamWatch.text``).
-        stop: Set when the worker stops.
+        run: Where the worker's run stands (still starting; stopping).
+        watch: The contest over the stream now (``StreamWatch.contest``, "" when none).
         spawn: Starts a named thread that crashes the worker if it raises.
         scheduler: Run the periodic jobs (``jobs``: which; None: all).
-        consumers: The worker consumes: its control watch reads the pauses
-            (``consume.pausing.Pauses``, for its pool) as well as the job switches.
+        pool: The worker's consumer pool, or None (it consumes nothing): its
+            control watch reads the pauses for it as well as the job switches.
         using: The database alias of the ledger and the heartbeat.
     """
 
     def __init__(
         self,
-        heartbeat: Heartbeat,
+        subscriptions: Sequence[str],
         *,
         broker: Broker,
         start_up: StartUp,
-        starting: Callable[[], bool],
-        contest: Callable[[], str],
-        stop: threading.Event,
+        run: RunState,
+        watch: _Contest,
         spawn: Callable[[str, Callable[[], object]], threading.Thread],
         scheduler: bool,
         jobs: Sequence[str] | None,
-        consumers: bool = False,
+        pool: ConsumerPool | None = None,
         using: str,
     ) -> None:
-        self.heartbeat = heartbeat
-        heartbeat.state = self.state
+        #: The worker's heartbeat row, saying ``state()`` at each beat. The
+        #: overview's "workers seen", from before the broker is reached.
+        self.heartbeat = Heartbeat(subscriptions, using=using, state=self.state)
         self.broker = broker
         self.start_up = start_up
-        self.starting = starting
-        self.contest = contest
-        self.stop = stop
+        self.run_state = run
+        self.watch = watch
+        self.stop = run.stop
         self.spawn = spawn
         self.want_scheduler = scheduler
         self.jobs = jobs
@@ -74,8 +81,8 @@ class ClockSide:
         #: The operators' controls this worker obeys: pauses for its pool, job switches for its scheduler.
         self.controls = ControlWatch(
             using=using,
-            stop=stop,
-            pauses=Pauses() if consumers else None,
+            stop=run.stop,
+            pool=pool,
             switches=JobSwitches() if scheduler else None,
         )
         #: The scheduler once started (None: none, or not yet).
@@ -90,10 +97,8 @@ class ClockSide:
         if self.controls.wanted:
             self.start_up.wait_for(self.controls.first_look, "database", give_up=give_up)
             self.spawn("platformkit-controls", self.controls.run)
-        self._beating = self.heartbeat.beat_while(self.starting, self.stop)
-        loop = ReconcileLoop(
-            self.broker, start_up=self.start_up, starting=self.starting, stop=self.stop, using=self.using
-        )
+        self._beating = self.heartbeat.beat_while(self.run_state)
+        loop = ReconcileLoop(self.broker, start_up=self.start_up, run=self.run_state, using=self.using)
         self.spawn("platformkit-reconcile", loop.run)
         if self.want_scheduler:
             from django_platformkit.jobs.scheduler import Scheduler
@@ -108,10 +113,10 @@ class ClockSide:
 
     def state(self) -> StateReport:
         """What the heartbeat row says the worker does now."""
-        if self.starting():
+        if self.run_state.starting:
             waiting = self.start_up.waiting
             return (WorkerState.WAITING_FOR_BROKER, waiting) if waiting else (WorkerState.STARTING, "")
         if not self.broker.connected.is_set():
             return WorkerState.WAITING_FOR_BROKER, f"NATS at {conf.redact_url(self.broker.url)}: reconnecting"
-        contest = self.contest()
+        contest = self.watch.contest
         return (WorkerState.CONTESTED, contest) if contest else (WorkerState.RUNNING, "")

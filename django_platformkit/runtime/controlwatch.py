@@ -56,13 +56,12 @@ class ControlWatch:
     Args:
         using: The database alias of the control tables.
         stop: Set when the worker stops.
-        pauses: The paused subscriptions the pool and its consumers ask, or
-            None (the worker consumes nothing).
+        pool: The worker's consumer pool: its ``pauses`` (the paused
+            subscriptions its consumers ask) are read, and it is told of the
+            pauses a look changed (``apply_pauses``); or None (the worker
+            consumes nothing).
         switches: The job switches the scheduler asks, or None (no scheduler).
         every_seconds: The time between two looks.
-
-    ``pool`` (set once it exists) is told of the pauses a look changed
-    (``apply_pauses``).
     """
 
     def __init__(
@@ -70,16 +69,16 @@ class ControlWatch:
         *,
         using: str,
         stop: threading.Event,
-        pauses: Pauses | None,
+        pool: ConsumerPool | None,
         switches: JobSwitches | None,
         every_seconds: float = CONTROL_POLL_SECONDS,
     ) -> None:
         self.using = using
         self.stop = stop
-        self.pauses = pauses
+        self.pool = pool
+        self.pauses: Pauses | None = pool.pauses if pool is not None else None
         self.switches = switches
         self.every_seconds = every_seconds
-        self.pool: ConsumerPool | None = None
         self._outage = Outage("controls", logger)
 
     @property
@@ -87,8 +86,9 @@ class ControlWatch:
         """Whether there is anything to watch (a pool or a scheduler)."""
         return self.pauses is not None or self.switches is not None
 
-    def look(self) -> None:
-        """Read the controls once and apply them.
+    def look(self, *, apply: bool = True) -> None:
+        """Read the controls once and apply them (``apply``: tell the pool
+        of the pauses that changed; the first look has nothing to tell it).
 
         Raises:
             DatabaseUnavailable: The database can't answer now (the last
@@ -108,14 +108,15 @@ class ControlWatch:
             self.switches.replace(switches)
         if keys is not None and self.pauses is not None:
             now_paused, resumed = self.pauses.replace(keys)
-            if (now_paused or resumed) and self.pool is not None:
+            if (now_paused or resumed) and apply and self.pool is not None:
                 apply_pauses(self.pool, now_paused, resumed)
 
     def first_look(self) -> None:
         """The look before the pool and the scheduler start (on the worker's
-        main thread, whose connection it then closes)."""
+        main thread, whose connection it then closes): the pauses it reads
+        hold from the pool's first unit; nothing was fetched to hand back."""
         try:
-            self.look()
+            self.look(apply=False)
         finally:
             connection = connections[self.using]
             if not connection.in_atomic_block:

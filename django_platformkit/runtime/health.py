@@ -21,6 +21,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from django_platformkit.runtime.runstate import RunState
+
 logger = logging.getLogger(__name__)
 
 #: Exit status when a handler is stuck past HANDLER_TIMEOUT_SECONDS + grace.
@@ -60,39 +62,52 @@ class _Watched(Protocol):
     def record_stuck_runs(self, started_before: float, error: str) -> int: ...
 
 
+class _Worker(Protocol):
+    """What the watchdog watches of a worker (``parts.WorkerParts``)."""
+
+    @property
+    def consumers(self) -> Sequence[_Watched]: ...
+
+    @property
+    def heartbeat(self) -> Any: ...
+
+    def counts(self) -> dict[str, int]: ...
+
+    def check_alive(self) -> None: ...
+
+    def write_health(self, stuck: str | None, exit_code: int | None) -> None: ...
+
+
 class Watchdog:
     """The loop of a worker's watchdog thread, once a second until ``done``
     is set (after the worker's other threads ended, so a handler stuck in
     the shutdown still ends the process).
 
-    ``consumers``: watched for stuck handlers (``timeout_seconds``: logged
-    at ERROR once; past ``timeout_seconds + grace_seconds``: the process
-    exits ``EXIT_STUCK_HANDLER`` after ``write_health(stuck_subscription,
-    EXIT_STUCK_HANDLER)``, the final state: stopped, with that exit code).
-    ``counts``: totals logged at INFO every ``PROGRESS_LOG_SECONDS`` when they
-    changed. While ``stopping`` is not set: ``check_alive()`` (raises nothing;
-    it stops the worker itself when a part of it died) and ``write_health(None, None)``.
-    ``heartbeat``: ``beat()`` every loop, ``stopped()`` at the end.
+    Of ``worker``: its ``consumers`` are watched for stuck handlers
+    (``timeout_seconds``: logged at ERROR once; past ``timeout_seconds +
+    grace_seconds``: the process exits ``EXIT_STUCK_HANDLER`` after
+    ``write_health(stuck_subscription, EXIT_STUCK_HANDLER)``, the final
+    state: stopped, with that exit code); its ``counts()`` are logged at
+    INFO every ``PROGRESS_LOG_SECONDS`` when they changed. While
+    ``stopping`` is not set: ``check_alive()`` (raises nothing; it stops the
+    worker itself when a part of it died) and ``write_health(None, None)``.
+    Its ``heartbeat``: ``beat()`` every loop, ``stopped()`` at the end.
     """
 
     def __init__(
         self,
+        worker: _Worker,
         *,
-        consumers: Sequence[_Watched],
-        counts: Callable[[], dict[str, int]],
-        check_alive: Callable[[], None],
-        write_health: Callable[[str | None, int | None], None],
-        heartbeat: Any,
         stopping: threading.Event,
         done: threading.Event,
         timeout_seconds: float,
         grace_seconds: float,
     ) -> None:
-        self.consumers = consumers
-        self.counts = counts
-        self.check_alive = check_alive
-        self.write_health = write_health
-        self.heartbeat = heartbeat
+        self.consumers = worker.consumers
+        self.counts = worker.counts
+        self.check_alive = worker.check_alive
+        self.write_health = worker.write_health
+        self.heartbeat = worker.heartbeat
         self.stopping = stopping
         self.done = done
         self.timeout_seconds = timeout_seconds
@@ -157,27 +172,6 @@ class Watchdog:
                 os._exit(EXIT_STUCK_HANDLER)
 
 
-def beat_while(
-    starting: Callable[[], bool], write: Callable[[], None], *, lock: threading.RLock, stop: threading.Event
-) -> None:
-    """Call ``write()`` every second from a thread of its own while
-    ``starting()`` holds and ``stop`` is not set: a worker waiting for its
-    broker or database says so (``"starting": true``, not healthy), since a
-    probe reads the file's age. ``lock``: held around each write, as the
-    final write holds it, so a start-up state can't land after the final one."""
-
-    def beat() -> None:
-        while True:
-            with lock:
-                if not starting() or stop.is_set():
-                    return
-                with contextlib.suppress(Exception):
-                    write()
-            stop.wait(1.0)
-
-    threading.Thread(target=beat, name="platformkit-start-up-health", daemon=True).start()
-
-
 class HealthReport:
     """A worker's health file, if it has one: written every second while
     the worker starts (``while_starting``: a broker or database it waits for
@@ -188,31 +182,48 @@ class HealthReport:
     Args:
         path: The file (None: no health file; every call does nothing).
         snapshot: What the file says now, given a stuck subscription or None.
-        exit_code: The worker's exit code now (for the final state).
+        run: Where the worker's run stands (starting; its exit code, for the final state).
     """
 
     def __init__(
         self,
         path: str | os.PathLike[str] | None,
         snapshot: Callable[[str | None], dict[str, Any]],
-        exit_code: Callable[[], int],
+        run: RunState,
     ) -> None:
         self.file = HealthFile(path) if path else None
         self.snapshot = snapshot
-        self.exit_code = exit_code
+        self.run = run
         # Re-entrant: the final write may come from a signal handler on a thread that holds it.
         self.lock = threading.RLock()
 
-    def while_starting(self, starting: Callable[[], bool], stop: threading.Event) -> None:
-        if self.file is not None:
-            beat_while(starting, self.write, lock=self.lock, stop=stop)
+    def while_starting(self) -> None:
+        """Write the file every second from a thread of its own while the
+        worker starts and does not stop: a worker waiting for its broker or
+        database says so (``"starting": true``, not healthy), since a probe
+        reads the file's age. Each write holds ``lock``, as the final write
+        does, so a start-up state can't land after the final one."""
+        if self.file is None:
+            return
+        run = self.run
+
+        def beat() -> None:
+            while True:
+                with self.lock:
+                    if not run.starting or run.stop.is_set():
+                        return
+                    with contextlib.suppress(Exception):
+                        self.write()
+                run.stop.wait(1.0)
+
+        threading.Thread(target=beat, name="platformkit-start-up-health", daemon=True).start()
 
     def write(self, stuck: str | None = None, final: bool = False) -> None:
         if self.file is None:
             return
         state = self.snapshot(stuck)
         if final:
-            state.update(healthy=False, stopped=True, exit_code=self.exit_code())
+            state.update(healthy=False, stopped=True, exit_code=self.run.exit_code)
         self.file.write(state)
 
     def final(self) -> None:

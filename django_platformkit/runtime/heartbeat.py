@@ -29,6 +29,7 @@ from django_platformkit._process import worker_id
 from django_platformkit._tables import WORKERS_TABLE
 from django_platformkit._version import __version__
 from django_platformkit.models import WorkerState
+from django_platformkit.runtime.runstate import RunState
 
 logger = logging.getLogger(__name__)
 
@@ -144,23 +145,23 @@ class Heartbeat:
     def _row(self) -> list[Any]:
         return [self.worker, self.started_at, json.dumps(self.subscriptions), self.version]
 
-    def beat_while(self, keep_on: Callable[[], bool], stop: threading.Event) -> threading.Thread:
-        """Beat once a second from a thread of its own while ``keep_on()``
-        holds and ``stop`` is not set - a worker's start-up, which may wait
-        for NATS for a long time - then, if ``stop`` ended it, write the
+    def beat_while(self, run: RunState) -> threading.Thread:
+        """Beat once a second from a thread of its own while the worker
+        starts (``run.starting``; it may wait for NATS for a long time) and
+        ``run.stop`` is not set, then, if the stop ended it, write the
         stopped row; close that thread's connection. Returns the thread (started)."""
 
-        def run() -> None:
+        def beat() -> None:
             try:
-                while keep_on() and not stop.is_set():
+                while run.starting and not run.stop.is_set():
                     self.beat()
-                    stop.wait(1.0)
+                    run.stop.wait(1.0)
             finally:
-                if stop.is_set():
+                if run.stop.is_set():
                     self.stopped()  # closes the connection
                 else:
                     connections[self.using].close()
 
-        thread = threading.Thread(target=run, name="platformkit-heartbeat-start-up", daemon=True)
+        thread = threading.Thread(target=beat, name="platformkit-heartbeat-start-up", daemon=True)
         thread.start()
         return thread

@@ -14,8 +14,7 @@ worker that handles events.
 from __future__ import annotations
 
 import logging
-import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from django.db import connections
 
@@ -25,6 +24,7 @@ from django_platformkit.consume.subscriptions import Subscription
 from django_platformkit.exceptions import BrokerUnavailable
 from django_platformkit.operate.reconcile import ReconcileReport, reconcile
 from django_platformkit.outage import is_database_error
+from django_platformkit.runtime.runstate import RunState
 from django_platformkit.runtime.startup import StartUp
 
 logger = logging.getLogger(__name__)
@@ -40,8 +40,8 @@ class ReconcileLoop:
         broker: The worker's broker.
         start_up: The worker's start-up: it reads this database's identity
             and instance (whose stream this is).
-        starting: Whether the worker is still starting (the first pass waits for it).
-        stop: Set when the worker stops.
+        run: Where the worker's run stands: the first pass waits for its
+            start; the loop ends when it stops.
         using: The database alias of the outbox.
         declared: The subscriptions to reconcile (default: every declared one:
             a worker reconciles for the project, not only for what it consumes).
@@ -53,16 +53,15 @@ class ReconcileLoop:
         broker: Broker,
         *,
         start_up: StartUp,
-        starting: Callable[[], bool],
-        stop: threading.Event,
+        run: RunState,
         using: str,
         declared: Sequence[Subscription] | None = None,
         interval_seconds: float | None = None,
     ) -> None:
         self.broker = broker
         self.start_up = start_up
-        self.starting = starting
-        self.stop = stop
+        self.run_state = run
+        self.stop = run.stop
         self.using = using
         self.declared = declared
         self.interval_seconds = float(interval_seconds or conf.settings.RECONCILE_INTERVAL_SECONDS)
@@ -71,7 +70,7 @@ class ReconcileLoop:
         self._said = ""  # the last "did nothing" reason logged: said once, not every interval
 
     def run(self) -> None:
-        while self.starting() and not self.stop.wait(STARTING_POLL_SECONDS):
+        while self.run_state.starting and not self.stop.wait(STARTING_POLL_SECONDS):
             pass
         while not self.stop.is_set():
             self.pass_once()

@@ -4,8 +4,8 @@ durable ensured - each waited out while it can't answer yet (JetStream
 starting, a cluster electing its leader, a database restarting), never a
 crash loop, and logged as one line, then one a minute (``WaitingLog``).
 ``waiting`` says what it waits for, for the heartbeat: the worker's jobs
-and heartbeat run meanwhile. Its consumer pool is built here too, once the
-durables are ensured. Run-once modes (``--burst``, ``runrelay
+and heartbeat run meanwhile. Its consumer pool (``parts.py``) pulls once
+the durables are ensured. Run-once modes (``--burst``, ``runrelay
 --once``) give up after a bound instead, saying what is missing.
 """
 
@@ -22,9 +22,6 @@ from django.db import connections
 from django_platformkit import conf
 from django_platformkit._retry import Backoff, WaitingLog
 from django_platformkit.broker.port import Broker
-from django_platformkit.consume.consumer import Consumer
-from django_platformkit.consume.pausing import Pauses
-from django_platformkit.consume.pool import ConsumerPool, Lane
 from django_platformkit.consume.subscriptions import Subscription
 from django_platformkit.exceptions import (
     BrokerUnavailable,
@@ -154,37 +151,11 @@ class StartUp:
         )
         return not self.stop_event.is_set()
 
-    def consumer_pool(
-        self,
-        subscriptions: Sequence[Subscription],
-        *,
-        spawn: Callable[[str, Callable[[], object]], threading.Thread],
-        contested: threading.Event,
-        pauses: Pauses | None,
-    ) -> ConsumerPool:
-        """The worker's consumer pool: each subscription's durable ensured
-        (``ensure_durable``), its consumers (one per ``concurrency`` slot) in
-        a lane. ``spawn`` starts the pool's threads; ``contested`` and
-        ``pauses`` are the watches' shared state the consumers read."""
-        lanes = []
+    def ensure_durables(self, subscriptions: Sequence[Subscription]) -> None:
+        """Each subscription's durable, created or updated (``ensure_durable``),
+        before its consumers pull; stops early when ``stop_event`` is set."""
         for subscription in subscriptions:
             self.ensure_durable(subscription)
-            consumers = [
-                Consumer(
-                    subscription,
-                    self.broker,
-                    using=self.using,
-                    stop=self.stop_event,
-                    instance=i,
-                    contested=contested,
-                    pauses=pauses,
-                )
-                for i in range(subscription.concurrency)
-            ]
-            lanes.append(Lane(subscription, consumers, using=self.using))
-        return ConsumerPool(
-            self.broker, lanes, using=self.using, stop_event=self.stop_event, spawn=spawn, pauses=pauses
-        )
 
     def ensure_durable(self, subscription: Subscription) -> None:
         """The subscription's durable, created or updated, waited out while the broker can't answer."""

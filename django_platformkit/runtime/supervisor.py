@@ -37,7 +37,6 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +46,8 @@ from django_platformkit._retry import Backoff
 from django_platformkit.exceptions import ConfigurationError, ConsumerDrift
 from django_platformkit.runtime.cpus import usable_cpus
 from django_platformkit.runtime.health import HealthFile
-from django_platformkit.runtime.recycle import EXIT_RECYCLE, RecyclePolicy, memory_limit_text, resident_mib
+from django_platformkit.runtime.options import WorkerOptions
+from django_platformkit.runtime.recycle import EXIT_RECYCLE, memory_limit_text, resident_mib
 from django_platformkit.runtime.treemetrics import TreeMetrics
 
 logger = logging.getLogger(__name__)
@@ -80,9 +80,9 @@ def usable_cores() -> int:
 
 
 class _Child:
-    def __init__(self, role: str, kwargs: dict[str, Any]) -> None:
+    def __init__(self, role: str, options: WorkerOptions) -> None:
         self.role = role
-        self.kwargs = kwargs
+        self.options = options
         self.pid: int | None = None
         self.started = 0.0
         self.deaths: list[float] = []
@@ -116,66 +116,35 @@ class _Child:
 class Supervisor:
     """Run the relay + scheduler child and ``processes`` consumer children.
 
-    ``relay``/``scheduler``: whether the first child runs them (neither: no
-    such child). ``subscriptions``/``jobs``: as for ``Worker``.
-    ``health_file``: each child writes ``<health_file>.<role>``; the
-    supervisor writes ``health_file`` every second (healthy when every child
-    is up and says healthy) and a final ``{"healthy": false, "stopped":
-    true}``. ``burst``: the consumer children drain and exit (with
-    ``burst_timeout_seconds`` and ``connect_timeout_seconds`` as for
-    ``Worker``), then the relay child is stopped. ``metrics``: counted by
-    every child, served by the supervisor. ``run()`` returns the exit code: 0
-    after a clean stop (or a drained burst), 1 when it gave up on a child,
-    else the first non-zero code a child stopped with.
+    Args:
+        options: What the command was asked to run. ``relay``/``scheduler``:
+            whether the first child runs them (neither: no such child,
+            ``WorkerOptions.relay_child``); the consumer children run the
+            rest (``WorkerOptions.consumer_child``). ``health_file``: each
+            child writes ``<health_file>.<role>``; the supervisor writes
+            ``health_file`` every second (healthy when every child is up and
+            says healthy) and a final ``{"healthy": false, "stopped": true}``.
+            ``burst``: the consumer children drain and exit, then the relay
+            child is stopped. ``recycle``: when a consumer child replaces itself.
+        processes: How many consumer children.
+        metrics: Counted by every child, served by the supervisor, or None.
+
+    ``run()`` returns the exit code: 0 after a clean stop (or a drained
+    burst), 1 when it gave up on a child, else the first non-zero code a
+    child stopped with.
     """
 
-    def __init__(
-        self,
-        *,
-        processes: int,
-        relay: bool = True,
-        scheduler: bool = True,
-        subscriptions: Sequence[Any] | None = None,
-        jobs: Sequence[str] | None = None,
-        health_file: str | os.PathLike[str] | None = None,
-        recycle: RecyclePolicy | None = None,
-        burst: bool = False,
-        burst_timeout_seconds: float | None = None,
-        connect_timeout_seconds: float = 30.0,
-        metrics: TreeMetrics | None = None,
-    ) -> None:
-        self.health_file = Path(health_file) if health_file else None
-        self.burst = burst
+    def __init__(self, options: WorkerOptions, *, processes: int, metrics: TreeMetrics | None = None) -> None:
+        self.health_file = Path(options.health_file) if options.health_file else None
+        self.burst = options.burst
         self.metrics = metrics
         self.children: list[_Child] = []
-        if relay or (scheduler and not burst):
+        if options.relay or options.runs_scheduler:
             # Never a burst itself: it relays until every consumer child drained (a handler may publish).
-            self.children.append(
-                _Child(
-                    "relay", {"relay": relay, "scheduler": scheduler and not burst, "consumers": False, "jobs": jobs}
-                )
-            )
-        drain = {
-            "burst": True,
-            "burst_timeout_seconds": burst_timeout_seconds,
-            "connect_timeout_seconds": connect_timeout_seconds,
-            "burst_waits_for_relay": relay,
-        }
+            self.children.append(_Child("relay", options.relay_child()))
         for number in range(processes):
-            self.children.append(
-                _Child(
-                    f"consumer{number}",
-                    {
-                        "relay": False,
-                        "scheduler": False,
-                        "consumers": True,
-                        "subscriptions": subscriptions,
-                        "recycle": recycle,
-                        **(drain if burst else {}),
-                    },
-                )
-            )
-        self.recycle = recycle
+            self.children.append(_Child(f"consumer{number}", options.consumer_child()))
+        self.recycle = options.recycle
         self.stopping = False
         self.exit_code = 0
         self._signals = 0
@@ -222,7 +191,7 @@ class Supervisor:
         from django_platformkit.runtime.worker import Worker
 
         for child in self.children:
-            Worker(**child.kwargs).refuse_a_small_connection_pool()
+            Worker(child.options).refuse_a_small_connection_pool()
         limit = self.recycle.max_memory_mib if self.recycle is not None else None
         if limit is not None:
             size = resident_mib()
@@ -429,10 +398,10 @@ def _child_main(child: _Child, health_file: Path | None, metrics: TreeMetrics | 
     # Until the worker takes the signals over, the supervisor's handler stops
     # this child before it starts (see ``install_signal_handlers``).
     if metrics is not None:
-        metrics.in_child(child.kwargs.get("subscriptions") or ())
+        metrics.in_child(child.options.subscriptions or ())
     from django_platformkit.runtime.worker import Worker
 
-    worker = Worker(health_file=f"{health_file}.{child.role}" if health_file else None, **child.kwargs)
+    worker = Worker(child.options.with_health_file(f"{health_file}.{child.role}" if health_file else None))
     worker.install_signal_handlers()
     return worker.run()
 

@@ -192,13 +192,14 @@ def test_the_overview_shows_a_backlog_and_a_dead_letter_and_still_renders_with_n
     from django_platformkit.consume.subscriptions import subscriptions
     from django_platformkit.outbox.relay import Relay
     from django_platformkit.runtime.heartbeat import Heartbeat
+    from django_platformkit.runtime.options import WorkerOptions
     from django_platformkit.runtime.worker import Worker
 
     subs = {s.name: s for s in subscriptions()}
     # A dead letter on testapp.flaky from a real failing handler run...
     with transaction.atomic():
         publish("testapp.flaky", {"always_fail": True})
-    assert Worker(burst=True, burst_timeout_seconds=60, subscriptions=[subs["testapp.flaky"]]).run() == 0
+    assert Worker(WorkerOptions(burst=True, burst_timeout_seconds=60, subscriptions=[subs["testapp.flaky"]])).run() == 0
     assert DeadLetter.objects.filter(subscription="testapp.flaky").count() == 1
     # ...and one whose error is one very long line (the list must still fit 1280 px).
     with transaction.atomic():
@@ -225,7 +226,10 @@ def test_the_overview_shows_a_backlog_and_a_dead_letter_and_still_renders_with_n
     finally:
         transport.close()
     # testapp.count_order keeps up: it handles the same 7 (throughput on the sparkline).
-    assert Worker(burst=True, burst_timeout_seconds=60, subscriptions=[subs["testapp.count_order"]]).run() == 0
+    assert (
+        Worker(WorkerOptions(burst=True, burst_timeout_seconds=60, subscriptions=[subs["testapp.count_order"]])).run()
+        == 0
+    )
     with transaction.atomic():  # three rows the relay has not sent: the outbox figure with NATS gone
         for n in range(3):
             publish("testapp.order_placed", {"n": 100 + n})
@@ -340,6 +344,7 @@ def test_the_overview_under_a_retrying_handler_shows_the_last_error_and_leads_to
     from django_platformkit.jobs import specs as jobs
     from django_platformkit.models import Attempt, JobState, WorkerHeartbeat
     from django_platformkit.runtime.heartbeat import Heartbeat
+    from django_platformkit.runtime.options import WorkerOptions
     from django_platformkit.runtime.worker import Worker
     from tests.conftest import wait_for
 
@@ -351,7 +356,7 @@ def test_the_overview_under_a_retrying_handler_shows_the_last_error_and_leads_to
 
     with transaction.atomic():
         publish("testapp.payment_due", {"order": 7})
-    worker = Worker(subscriptions=[get_subscription("testapp.charge_card")], scheduler=False)
+    worker = Worker(WorkerOptions(subscriptions=[get_subscription("testapp.charge_card")], scheduler=False))
     thread = threading.Thread(target=worker.run, daemon=True)
     thread.start()
     try:

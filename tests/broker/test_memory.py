@@ -337,6 +337,7 @@ def test_the_clock_moves_only_forward():
 
 @pytest.mark.django_db(transaction=True)
 def test_the_worker_runs_its_burst_over_the_in_memory_transport():
+    from django_platformkit.runtime.options import WorkerOptions
     from django_platformkit.runtime.worker import Worker
 
     RUNS.clear()
@@ -347,7 +348,7 @@ def test_the_worker_runs_its_burst_over_the_in_memory_transport():
     flaky = publish_one()
     order = publish_one("testapp.order_placed", {"n": 1})
     transport = InMemoryTransport()
-    worker = Worker(transport=transport, burst=True, burst_timeout_seconds=60, subscriptions=subs)
+    worker = Worker(WorkerOptions(burst=True, burst_timeout_seconds=60, subscriptions=subs), transport=transport)
     assert worker.run() == 0
     assert sorted(RUNS) == sorted(
         [("tests.fails_twice", flaky, n, "") for n in (1, 2, 3)] + [("tests.records", order, 1, "")]

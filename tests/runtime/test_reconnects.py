@@ -157,9 +157,12 @@ def test_a_broker_that_lost_its_store_gets_the_stream_and_durable_back(broker, s
     import threading
 
     from django_platformkit.consume.subscriptions import subscriptions
+    from django_platformkit.runtime.options import WorkerOptions
     from django_platformkit.runtime.worker import Worker
 
-    worker = Worker(scheduler=False, subscriptions=[s for s in subscriptions() if s.name == "testapp.record_order"])
+    worker = Worker(
+        WorkerOptions(scheduler=False, subscriptions=[s for s in subscriptions() if s.name == "testapp.record_order"])
+    )
     thread = threading.Thread(target=worker.run, daemon=True)
     thread.start()
     replacement = None

@@ -47,7 +47,7 @@ def _ack_pending_while_draining(background_worker, subscription, ids, timeout):
         seen = []
         while effects.count() < len(ids):
             seen.append(observer.consumer_info(durable_name(subscription)).num_ack_pending)
-            assert time.monotonic() < worker._started + timeout, "backlog not drained"
+            assert time.monotonic() < worker.parts.started_at + timeout, "backlog not drained"
             time.sleep(0.05)
     finally:
         observer.close()
@@ -97,14 +97,18 @@ def test_a_crashed_pool_thread_ends_the_worker_non_zero_and_unhealthy(broker, tm
     """Issue 12 item 6: an exception escaping a pool thread (SystemExit too)
     must not leave a live process that no longer consumes."""
     from django_platformkit.consume.pool import ConsumerPool
-    from django_platformkit.runtime.worker import EXIT_CRASHED, Worker
+    from django_platformkit.runtime.options import WorkerOptions
+    from django_platformkit.runtime.runstate import EXIT_CRASHED
+    from django_platformkit.runtime.worker import Worker
 
     def explode(self, consumer, deliveries, keep):
         raise SystemExit("a handler's SystemExit that got past the consumer")
 
     monkeypatch.setattr(ConsumerPool, "_handle", explode)
     health = tmp_path / "health.json"
-    worker = Worker(scheduler=False, subscriptions=_subscription("testapp.record_order"), health_file=health)
+    worker = Worker(
+        WorkerOptions(scheduler=False, subscriptions=_subscription("testapp.record_order"), health_file=health)
+    )
     result = []
     thread = threading.Thread(target=lambda: result.append(worker.run()), daemon=True)
     thread.start()

@@ -1,6 +1,6 @@
 """``manage.py runrelay``: the relay alone (pending outbox rows -> JetStream).
 
-A thin adapter over ``Worker(consumers=False, scheduler=False)``: the same
+A thin adapter over ``Worker(WorkerOptions(consumers=False, scheduler=False))``: the same
 start-up (connect, stream and its owner, waiting out what can't answer yet),
 signals and exit codes as ``runworker --no-consumers --no-jobs``.
 """
@@ -48,13 +48,12 @@ class Command(BaseCommand):
         connect_timeout = positive("--connect-timeout", options["connect_timeout"], omitted="the default is 30")
         tcp_port("--metrics-port", options["metrics_port"])
         from django_platformkit.broker.transport import Transport
+        from django_platformkit.runtime.options import WorkerOptions
         from django_platformkit.runtime.worker import Worker
 
         worker = Worker(
+            WorkerOptions(consumers=False, scheduler=False, connect_timeout_seconds=connect_timeout),
             transport=Transport(name="django_platformkit relay"),
-            consumers=False,
-            scheduler=False,
-            connect_timeout_seconds=connect_timeout,
         )
         worker.install_signal_handlers()
         if options["metrics_port"] is not None:

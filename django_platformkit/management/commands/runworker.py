@@ -200,26 +200,29 @@ class Command(BaseCommand):
                     f"unknown job(s) {', '.join(missing)}; known: {', '.join(j.name for j in jobs()) or '(none)'}"
                 )
         self._refuse_what_does_nothing(options, subs)
+        if processes is not None and options["no_consumers"]:
+            raise CommandError("--processes N runs N consumer processes; drop --no-consumers (or --processes).")
+        from django_platformkit.runtime.options import WorkerOptions
+        from django_platformkit.runtime.recycle import RecyclePolicy
+
+        wanted = WorkerOptions(
+            relay=not options["no_relay"],
+            consumers=not options["no_consumers"],
+            scheduler=not options["no_jobs"],
+            burst=options["burst"],
+            subscriptions=subs,
+            jobs=options["job"],
+            health_file=options["health_file"],
+            burst_timeout_seconds=burst_timeout,
+            connect_timeout_seconds=connect_timeout,
+            recycle=RecyclePolicy(max_handlings, max_memory)
+            if max_handlings is not None or max_memory is not None
+            else None,
+        )
         if processes is not None:
-            if options["no_consumers"]:
-                raise CommandError("--processes N runs N consumer processes; drop --no-consumers (or --processes).")
-            from django_platformkit.runtime.recycle import RecyclePolicy
             from django_platformkit.runtime.supervisor import Supervisor
 
-            supervisor = Supervisor(
-                processes=processes,
-                relay=not options["no_relay"],
-                scheduler=not options["no_jobs"],
-                subscriptions=subs,
-                jobs=options["job"],
-                health_file=options["health_file"],
-                recycle=RecyclePolicy(max_handlings, max_memory)
-                if max_handlings is not None or max_memory is not None
-                else None,
-                burst=options["burst"],
-                burst_timeout_seconds=burst_timeout,
-                connect_timeout_seconds=connect_timeout,
-            )
+            supervisor = Supervisor(wanted, processes=processes)
             try:
                 supervisor.refuse_what_no_child_could_run()
             except ConfigurationError as exc:
@@ -239,17 +242,10 @@ class Command(BaseCommand):
             if code:
                 raise SystemExit(code)
             return
-        worker = Worker(
-            relay=not options["no_relay"],
-            scheduler=not options["no_jobs"],
-            consumers=not options["no_consumers"],
-            burst=options["burst"],
-            subscriptions=subs,
-            health_file=options["health_file"],
-            burst_timeout_seconds=burst_timeout,
-            connect_timeout_seconds=connect_timeout,
-            jobs=options["job"],
-        )
+        try:
+            worker = Worker(wanted)
+        except ConfigurationError as exc:  # a subscription's rate limit it can't read (the checks say so too)
+            raise CommandError(str(exc)) from None
         if options["metrics_port"] is not None:
             start_metrics(
                 options["metrics_port"], host=options["metrics_host"], transport=worker.transport, subscriptions=subs
