@@ -23,7 +23,8 @@ from django.utils import timezone
 
 from django_platformkit._process import worker_id
 from django_platformkit._tables import ATTEMPTS_TABLE, HANDLED_TABLE
-from django_platformkit.wire import AttemptOutcome
+from django_platformkit.outage import close_old_connections_for
+from django_platformkit.wire import AttemptOutcome, HandlingOutcome
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +76,39 @@ def run_history(subscription: str, event_id: uuid.UUID, *, using: str) -> tuple[
         cursor.execute(HISTORY_SQL, [subscription, event_id, subscription, event_id])
         fetched = cursor.fetchall()
     return bool(fetched[0][0]), [Run._make(r[1:]) for r in fetched if r[1] is not None]
+
+
+class RedeliveryStart(NamedTuple):
+    """What a redelivery's history says before its handler runs (``start_redelivery``)."""
+
+    #: None: run it (its ``running`` row is ``attempt_row``); ``SKIPPED``: handled
+    #: meanwhile (its ack was lost); ``DEAD_LETTERED``: its counted runs reached
+    #: ``max_attempts`` (``runs`` says why); ``HANDED_BACK``: another worker is starting this very run.
+    outcome: HandlingOutcome | None
+    runs: Sequence[Run] = ()
+    attempt_row: int | None = None
+    attempt: int = 0  # this run's number as an attempt: the counted runs before it + 1
+
+
+def start_redelivery(subscription: str, event_id: uuid.UUID, max_attempts: int, *, using: str) -> RedeliveryStart:
+    """Before a redelivery runs: read its history and, unless it was handled
+    meanwhile or is out of attempts, commit a ``running`` row for this run,
+    so a run that kills or hangs its worker still counts. Raises Django's
+    ``DatabaseError``."""
+    close_old_connections_for(using)
+    for _ in range(3):
+        handled, runs = run_history(subscription, event_id, using=using)
+        if handled:
+            return RedeliveryStart(HandlingOutcome.SKIPPED)
+        counted = [r for r in runs if r.counts]
+        if len(counted) >= max_attempts:
+            return RedeliveryStart(HandlingOutcome.DEAD_LETTERED, runs)
+        number = max((r.attempt for r in runs), default=0) + 1
+        attempt_row = start_run(subscription, event_id, number, using=using)
+        if attempt_row is not None:
+            return RedeliveryStart(None, runs, attempt_row, len(counted) + 1)
+    # Another worker wrote each number first: it is starting this very run (a redelivery raced ours).
+    return RedeliveryStart(HandlingOutcome.HANDED_BACK)
 
 
 def start_run(subscription: str, event_id: uuid.UUID, attempt: int, *, using: str) -> int | None:

@@ -43,14 +43,13 @@ from django_platformkit._text import storable_text as clean_text
 from django_platformkit.broker.port import Broker, KeepAlive
 from django_platformkit.consume.attempts import history_text, mark_interrupted, record_failed_run
 from django_platformkit.consume.claim import NOT_IN_OUTBOX
-from django_platformkit.consume.handler import HandlerRunner
 from django_platformkit.consume.subscriptions import Subscription
 from django_platformkit.consume.units import Refused, Stopping, Work
 from django_platformkit.consume.waiting import DatabaseWait
 from django_platformkit.exceptions import is_permanent
 from django_platformkit.outage import close_old_connections_for
 from django_platformkit.outbox.deadletters import malformed_id, record_dead_letter, record_malformed
-from django_platformkit.wire import AttemptOutcome, Delivery, HandlingOutcome, ReceivedEvent, task_path
+from django_platformkit.wire import AttemptOutcome, Delivery, HandlingOutcome
 
 logger = logging.getLogger(__name__)
 
@@ -106,7 +105,6 @@ class Outcome:
         subscription: Whose deliveries it answers for.
         broker: Acks, naks and terms them.
         using: The database alias of the attempt rows and dead letters.
-        runner: The handler runner (how long a run took, for the signals).
         wait: Waits out the database to record a failed run.
         contested: Set while this database's identity is contested (the worker's ``StreamWatch``).
     """
@@ -116,14 +114,12 @@ class Outcome:
         subscription: Subscription,
         broker: Broker,
         using: str,
-        runner: HandlerRunner,
         wait: DatabaseWait,
         contested: threading.Event | None = None,
     ) -> None:
         self.subscription = subscription
         self.broker = broker
         self.using = using
-        self.runner = runner
         self.wait = wait
         self.contested = contested or threading.Event()
         #: Totals by outcome (``handled``, ``skipped``, ``retried``, ``dead_lettered``, ``malformed``).
@@ -157,15 +153,14 @@ class Outcome:
                 continue
             event = work.event
             self.counts[work.outcome] += 1
-            duration, latency = self.runner.duration(event.id), self.runner.latency(event.id)  # forgets them
             if signals.event_handled.receivers:  # once per handling: skip building the call
                 signals.event_handled.send_robust(
                     sender=sub,
                     subscription=sub.name,
                     event=event,
                     outcome=work.outcome,
-                    duration_seconds=duration,
-                    delivery_latency_seconds=latency,
+                    duration_seconds=work.duration_seconds,
+                    delivery_latency_seconds=work.latency_seconds,
                 )
             logger.debug("%s subscription=%s event_id=%s attempt=%s", work.outcome, sub.name, event.id, event.attempt)
             acks.append((work.message, Verdict(work.outcome, Answer.ACK), event.id))
@@ -257,13 +252,13 @@ class Outcome:
             error=error,
             attempt=event.attempt,
             will_retry=will_retry,
-            duration_seconds=self.runner.duration(event.id),
-            delivery_latency_seconds=self.runner.latency(event.id),
+            duration_seconds=work.duration_seconds,
+            delivery_latency_seconds=work.latency_seconds,
         )
         if not will_retry:
-            return self._dead_letter(work.message, event, attempts=event.attempt, error=message, tb=tb, exception=error)
+            return self._dead_letter(work, attempts=event.attempt, error=message, tb=tb, exception=error)
         delay = sub.delay_after(event.attempt)
-        task = task_path(event.name, event.payload)  # names what failed in the log line
+        task = work.task  # names what failed in the log line
         logger.warning(
             "handler failed, retrying subscription=%s%s event_id=%s attempt=%s/%s retry_in=%ss error=%s",
             sub.name,
@@ -348,8 +343,7 @@ class Outcome:
         )
         error = f"{last_failed.error}\n{why}" if last_failed else why
         return self._dead_letter(
-            work.message,
-            work.event,
+            work,
             attempts=len(counted),
             error=error,
             tb=last_failed.traceback if last_failed else "",
@@ -357,8 +351,7 @@ class Outcome:
 
     def _dead_letter(
         self,
-        delivery: Delivery,
-        event: ReceivedEvent,
+        work: Work,
         *,
         attempts: int,
         error: str,
@@ -367,7 +360,7 @@ class Outcome:
     ) -> Verdict:
         """Write the dead letter and its terminal claim, then term the message
         (``SKIPPED`` when a claim was there first: no dead letter)."""
-        sub = self.subscription
+        sub, event = self.subscription, work.event
         try:
             written = record_dead_letter(
                 subscription=sub.name,
@@ -388,7 +381,7 @@ class Outcome:
             connections[self.using].close()
             return UNANSWERED
         if written:
-            task = task_path(event.name, event.payload)  # names what failed in the log line and the signal
+            task = work.task  # names what failed in the log line and the signal
             logger.error(
                 "dead letter subscription=%s%s event_id=%s name=%s attempts=%s error=%s%s",
                 sub.name,

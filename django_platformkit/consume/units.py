@@ -26,6 +26,7 @@ from django_platformkit.wire import (
     ReceivedEvent,
     meant_for,
     parse_delivery,
+    task_path,
 )
 
 if TYPE_CHECKING:
@@ -123,6 +124,13 @@ class Work:
     tb: str = ""
     lock: threading.Lock = field(default_factory=threading.Lock)  # handler end vs the slow-run recorder
     running: bool = False  # the handler is in its run now (the recorder may write its row)
+    duration_seconds: float = 0.0  # how long its handler's last run took (0.0: it didn't run)
+    latency_seconds: float | None = None  # from due (``due_epoch``) to its handler's start; None: unknown
+    #: The ``django.tasks`` task it carries (``wire.task_path``), else "": read once, for the log lines, spans and signals.
+    task: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.task = task_path(self.event.name, self.event.payload)
 
     @property
     def message(self) -> Delivery:
