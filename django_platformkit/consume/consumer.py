@@ -249,9 +249,9 @@ class Consumer:
             work.attempt_row = start.attempt_row
             work.event = replace(work.event, attempt=start.attempt)
             return True
-        # Handled meanwhile (SKIPPED), out of attempts (DEAD_LETTERED: its runs say why),
+        # Handled meanwhile (SKIPPED), out of attempts (DEAD_LETTERED: ``exhausted`` says why),
         # or raced by another worker starting this very run (HANDED_BACK: let it).
-        work.outcome, work.runs = start.outcome, start.runs
+        work.outcome, work.exhausted = start.outcome, start.exhausted
         if start.outcome == HandlingOutcome.HANDED_BACK:
             work.redeliver_in_seconds = RACED_REDELIVERY_SECONDS
         return False
