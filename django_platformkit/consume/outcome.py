@@ -386,7 +386,6 @@ class Outcome:
             letter = ending.letter
             outcome = ending.verdict.outcome
             answer = ending.verdict.answer
-            delay = ending.verdict.delay_seconds
             if work is not None:
                 work.outcome = outcome
             if outcome in ACKED and answer == Answer.ACK and work is not None:
@@ -411,7 +410,7 @@ class Outcome:
                     event.id,
                     event.attempt,
                     sub.max_attempts,
-                    delay,
+                    ending.verdict.delay_seconds,
                     ending.run.error,
                 )
                 self.counts[outcome] += 1
@@ -450,13 +449,15 @@ class Outcome:
                     reason=letter.reason,
                     event_id=ending.letter_id,
                 )
+        for ending in endings:
+            answer = ending.verdict.answer
             if answer is None or (answer == Answer.ACK and ending.delivery is not acks[0]):
                 continue  # nothing to say, or acked with the first
             try:
                 if answer == Answer.ACK:
                     self.broker.ack_many(acks)
                 elif answer == Answer.NAK:
-                    self.broker.nak(ending.delivery, delay)
+                    self.broker.nak(ending.delivery, ending.verdict.delay_seconds)
                 else:
                     self.broker.term(ending.delivery)
             except Exception as exc:
@@ -464,7 +465,7 @@ class Outcome:
                     "%s failed subscription=%s event_id=%s stream_seq=%s error=%s",
                     answer,
                     sub.name,
-                    work.event.id if work is not None else None,
+                    ending.work.event.id if ending.work is not None else None,
                     ending.delivery.stream_seq,
                     exc,
                 )
