@@ -31,7 +31,7 @@ from django_platformkit.consume.subscriptions import Subscription
 from django_platformkit.consume.tenancy import set_config_tenant, tenant_context_factory
 from django_platformkit.consume.units import Work
 from django_platformkit.outbox.events import current_event
-from django_platformkit.wire import Delivery, ReceivedEvent
+from django_platformkit.wire import Delivery, ReceivedEvent, task_path
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
@@ -106,6 +106,9 @@ class HandlerRunner:
         """
         ident = threading.get_ident()
         work.started_epoch = time.time()
+        # The event it runs with is the outbox's (a trusted subscription): its
+        # task labels the span, the log lines and the signals, never the message's.
+        work.task = task_path(event.name, event.payload)
         if work.due_epoch is not None:
             work.latency_seconds = max(0.0, work.started_epoch - work.due_epoch)
         watched = work.delivery is not None and work.attempt_row is None

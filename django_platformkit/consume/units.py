@@ -126,7 +126,9 @@ class Work:
     running: bool = False  # the handler is in its run now (the recorder may write its row)
     duration_seconds: float = 0.0  # how long its handler's last run took (0.0: it didn't run)
     latency_seconds: float | None = None  # from due (``due_epoch``) to its handler's start; None: unknown
-    #: The ``django.tasks`` task it carries (``wire.task_path``), else "": read once, for the log lines, spans and signals.
+    #: The ``django.tasks`` task it carries (``wire.task_path``), else "": its
+    #: message's, then the event's its handler ran with (``HandlerRunner.run``);
+    #: for the log lines, spans and signals.
     task: str = field(init=False)
 
     def __post_init__(self) -> None:
