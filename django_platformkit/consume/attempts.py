@@ -23,7 +23,8 @@ from django.utils import timezone
 
 from django_platformkit._process import worker_id
 from django_platformkit._tables import ATTEMPTS_TABLE, HANDLED_TABLE
-from django_platformkit.wire import AttemptOutcome
+from django_platformkit.outage import close_old_connections_for
+from django_platformkit.wire import AttemptOutcome, HandlingOutcome
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +78,62 @@ def run_history(subscription: str, event_id: uuid.UUID, *, using: str) -> tuple[
     return bool(fetched[0][0]), [Run._make(r[1:]) for r in fetched if r[1] is not None]
 
 
+class Exhausted(NamedTuple):
+    """What the dead letter of a redelivery out of attempts says: how many
+    runs counted, and the last real error with the whole history."""
+
+    attempts: int
+    error: str
+    traceback: str
+
+
+class RedeliveryStart(NamedTuple):
+    """What a redelivery's history says before its handler runs (``start_redelivery``)."""
+
+    #: None: run it (its ``running`` row is ``attempt_row``); ``SKIPPED``: handled
+    #: meanwhile (its ack was lost); ``DEAD_LETTERED``: its counted runs reached
+    #: ``max_attempts`` (``exhausted`` says why); ``HANDED_BACK``: another worker is starting this very run.
+    outcome: HandlingOutcome | None
+    exhausted: Exhausted | None = None
+    attempt_row: int | None = None
+    attempt: int = 0  # this run's number as an attempt: the counted runs before it + 1
+
+
+def start_redelivery(subscription: str, event_id: uuid.UUID, max_attempts: int, *, using: str) -> RedeliveryStart:
+    """Before a redelivery runs: read its history and, unless it was handled
+    meanwhile or is out of attempts, commit a ``running`` row for this run,
+    so a run that kills or hangs its worker still counts. Raises Django's
+    ``DatabaseError``."""
+    close_old_connections_for(using)
+    for _ in range(3):
+        handled, runs = run_history(subscription, event_id, using=using)
+        if handled:
+            return RedeliveryStart(HandlingOutcome.SKIPPED)
+        counted = [r for r in runs if r.counts]
+        if len(counted) >= max_attempts:
+            return RedeliveryStart(HandlingOutcome.DEAD_LETTERED, _exhausted(runs, len(counted), max_attempts))
+        number = max((r.attempt for r in runs), default=0) + 1
+        attempt_row = start_run(subscription, event_id, number, using=using)
+        if attempt_row is not None:
+            return RedeliveryStart(None, None, attempt_row, len(counted) + 1)
+    # Another worker wrote each number first: it is starting this very run (a redelivery raced ours).
+    return RedeliveryStart(HandlingOutcome.HANDED_BACK)
+
+
+def _exhausted(runs: Sequence[Run], counted: int, max_attempts: int) -> Exhausted:
+    """The dead letter of a redelivery whose ``counted`` runs reached ``max_attempts``: with the last real error."""
+    last_failed = next((r for r in reversed(runs) if r.outcome == AttemptOutcome.FAILED and r.error), None)
+    why = (
+        f"dead-lettered without running again: the handler already started {counted} times for this event "
+        f"(max_attempts={max_attempts}); history: {history_text(runs)}"
+    )
+    return Exhausted(
+        counted,
+        f"{last_failed.error}\n{why}" if last_failed else why,
+        last_failed.traceback if last_failed else "",
+    )
+
+
 def start_run(subscription: str, event_id: uuid.UUID, attempt: int, *, using: str) -> int | None:
     """Write the ``running`` row of run number ``attempt`` (committed before
     the handler starts, so a run that kills its worker counts); return its
@@ -119,11 +176,47 @@ def record_failed_run(
             )
 
 
-def mark_interrupted(attempt_row: int, *, using: str) -> None:
-    """Run ``attempt_row`` ended without its handler's verdict (the worker is
-    stopping): ``interrupted``, so it doesn't count. Raises ``DatabaseError``."""
-    with connections[using].cursor() as cursor:
-        cursor.execute(INTERRUPTED_SQL, [attempt_row])
+class RunEnd(NamedTuple):
+    """How one run ended without its handler's success, for ``end_run``:
+    failed with ``error`` and ``traceback``, or (``error`` None)
+    interrupted - its handler's verdict never came (the worker stopped, a
+    claim existed, the outbox doesn't know the event)."""
+
+    subscription: str
+    event_id: uuid.UUID
+    attempt_row: int | None  # its ``running`` row; None: a first delivery's run, no row yet
+    started_at: datetime | None = None
+    error: str | None = None
+    traceback: str = ""
+
+    @property
+    def failed(self) -> bool:
+        return self.error is not None
+
+    def interrupted(self) -> RunEnd:
+        """The same run, ended without its handler's verdict."""
+        return self._replace(error=None, traceback="")
+
+
+def end_run(end: RunEnd, *, using: str) -> None:
+    """Write how a run ended: ``failed`` (``record_failed_run``), or
+    ``interrupted``, so it doesn't count (its ``running`` row; a run without
+    one wrote nothing). Raises Django's ``DatabaseError``."""
+    if end.error is None:
+        if end.attempt_row is not None:
+            with connections[using].cursor() as cursor:
+                cursor.execute(INTERRUPTED_SQL, [end.attempt_row])
+        return
+    close_old_connections_for(using)
+    record_failed_run(
+        subscription=end.subscription,
+        event_id=end.event_id,
+        attempt_row=end.attempt_row,
+        started_at=end.started_at,
+        error=end.error,
+        traceback=end.traceback,
+        using=using,
+    )
 
 
 #: A first delivery's run writes nothing - unless it lasts longer than this:

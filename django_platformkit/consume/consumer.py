@@ -33,7 +33,7 @@ from django.db import DatabaseError, connections
 
 from django_platformkit import conf
 from django_platformkit.broker.port import Broker, KeepAlive
-from django_platformkit.consume.attempts import run_history, start_run
+from django_platformkit.consume.attempts import start_redelivery
 from django_platformkit.consume.claim import UnitPass, UnitTransaction
 from django_platformkit.consume.handler import HandlerRunner
 from django_platformkit.consume.outcome import Outcome
@@ -42,7 +42,6 @@ from django_platformkit.consume.ratelimit import RateLimiter
 from django_platformkit.consume.subscriptions import Subscription
 from django_platformkit.consume.units import Redo, Stopping, Work, cut
 from django_platformkit.consume.waiting import DatabaseWait
-from django_platformkit.outage import close_old_connections_for
 from django_platformkit.wire import Delivery, HandlingOutcome, ReceivedEvent
 
 logger = logging.getLogger(__name__)
@@ -102,7 +101,7 @@ class Consumer:
             self.runner,
             fresh_turn=limiter.wait_for_slot if limiter is not None else None,
         )
-        self.outcome = Outcome(subscription, broker, self.using, self.runner, self.wait, contested=contested)
+        self.outcome = Outcome(subscription, broker, self.using, self.wait, contested=contested)
 
     @property
     def counts(self) -> Counter[HandlingOutcome]:
@@ -223,10 +222,16 @@ class Consumer:
             self.runner.detach()
 
     def _redelivery_starts(self, work: Work, timeout: float, keep: KeepAlive) -> bool:
-        """Whether a redelivery's handler is to run (``_start_redelivery``,
+        """Whether a redelivery's handler is to run (``attempts.start_redelivery``,
         waited out through an outage); if not, its outcome says why."""
+        sub = self.subscription
         try:
-            return self.wait.until_answers([work], lambda: self._start_redelivery(work), timeout, keep)
+            start = self.wait.until_answers(
+                [work],
+                lambda: start_redelivery(sub.name, work.event.id, sub.max_attempts, using=self.using),
+                timeout,
+                keep,
+            )
         except Stopping:
             work.outcome = HandlingOutcome.HANDED_BACK
         except DatabaseError as exc:
@@ -239,6 +244,16 @@ class Consumer:
             with contextlib.suppress(Exception):
                 connections[self.using].close()
             work.outcome = HandlingOutcome.UNACKED
+            return False
+        if start.outcome is None:
+            work.attempt_row = start.attempt_row
+            work.event = replace(work.event, attempt=start.attempt)
+            return True
+        # Handled meanwhile (SKIPPED), out of attempts (DEAD_LETTERED: ``exhausted`` says why),
+        # or raced by another worker starting this very run (HANDED_BACK: let it).
+        work.outcome, work.exhausted = start.outcome, start.exhausted
+        if start.outcome == HandlingOutcome.HANDED_BACK:
+            work.redeliver_in_seconds = RACED_REDELIVERY_SECONDS
         return False
 
     def _run_until_committed(self, unit: list[Work], timeout: float, keep: KeepAlive) -> None:
@@ -273,34 +288,3 @@ class Consumer:
                     if work.outcome != HandlingOutcome.FAILED:
                         work.outcome, work.error, work.tb = HandlingOutcome.FAILED, exc, tb
                 return
-
-    def _start_redelivery(self, work: Work) -> bool:
-        """Before a redelivery runs: read its history. Already claimed (a
-        lost ack): ``SKIPPED``. Counted runs at ``max_attempts``:
-        ``DEAD_LETTERED`` without running. Else commit a ``running`` row for
-        this run, so a run that kills or hangs its worker still counts.
-
-        Returns:
-            Whether to run the handler.
-        """
-        sub = self.subscription
-        event = work.event
-        close_old_connections_for(self.using)
-        for _ in range(3):
-            handled, runs = run_history(sub.name, event.id, using=self.using)
-            if handled:
-                work.outcome = HandlingOutcome.SKIPPED  # handled meanwhile: its ack was lost
-                return False
-            counted = [r for r in runs if r.counts]
-            if len(counted) >= sub.max_attempts:
-                work.outcome, work.runs = HandlingOutcome.DEAD_LETTERED, runs
-                return False
-            number = max((r.attempt for r in runs), default=0) + 1
-            attempt_row = start_run(sub.name, event.id, number, using=self.using)
-            if attempt_row is not None:
-                work.attempt_row = attempt_row
-                work.event = replace(event, attempt=len(counted) + 1)
-                return True
-        # Another worker is starting this very run (a redelivery raced ours): let it.
-        work.outcome, work.redeliver_in_seconds = HandlingOutcome.HANDED_BACK, RACED_REDELIVERY_SECONDS
-        return False

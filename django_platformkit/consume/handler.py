@@ -66,8 +66,6 @@ class HandlerRunner:
         self.started: dict[int, float] = {}
         #: thread ident -> the run its handler is in (``record_stuck_runs``).
         self.running: dict[int, Work] = {}
-        self._durations: dict[uuid.UUID, float] = {}  # event id -> the handler's last run, for the signals
-        self._latencies: dict[uuid.UUID, float] = {}  # event id -> due (commit or run_after) to its handler's start
         self._local = threading.local()  # .keep: (KeepAlive, {event id: Delivery}) of this thread's unit
         self._tenant_factory = tenant_context_factory()
         self.default_tenant_context = self._tenant_factory is set_config_tenant
@@ -90,15 +88,6 @@ class HandlerRunner:
         """Monotonic start of the oldest handler running now, or None."""
         return min(self.started.values(), default=None)
 
-    def duration(self, event_id: uuid.UUID) -> float:
-        """How long the event's last handler run took, in seconds (0.0 when unknown); forgets it."""
-        return self._durations.pop(event_id, 0.0)
-
-    def latency(self, event_id: uuid.UUID) -> float | None:
-        """Seconds from the event's commit (or ``run_after``) to its last
-        handler start on this machine's clock, or None when unknown; forgets it."""
-        return self._latencies.pop(event_id, None)
-
     # -- one run --
     def run(self, work: Work, event: ReceivedEvent, timeout: float, wrapper: BaseDatabaseWrapper) -> None:
         """Run the handler for ``work`` (its claim already taken) inside the
@@ -117,15 +106,18 @@ class HandlerRunner:
         """
         ident = threading.get_ident()
         work.started_epoch = time.time()
+        # The event it runs with is the outbox's (a trusted subscription): its
+        # task labels the span, the log lines and the signals, never the message's.
+        work.task = task_path(event.name, event.payload)
         if work.due_epoch is not None:
-            self._latencies[event.id] = max(0.0, work.started_epoch - work.due_epoch)
+            work.latency_seconds = max(0.0, work.started_epoch - work.due_epoch)
         watched = work.delivery is not None and work.attempt_row is None
         if watched:
             work.running = True
             slow_runs.watch(work, self.subscription.name, self.using)
         self.running[ident] = work
         try:
-            self._call(event, timeout, wrapper)
+            self._call(work, event, timeout, wrapper)
         finally:
             if watched:
                 slow_runs.unwatch(work)
@@ -134,7 +126,7 @@ class HandlerRunner:
             self.started.pop(ident, None)
             self.running.pop(ident, None)
 
-    def _call(self, event: ReceivedEvent, timeout: float, wrapper: BaseDatabaseWrapper) -> None:
+    def _call(self, work: Work, event: ReceivedEvent, timeout: float, wrapper: BaseDatabaseWrapper) -> None:
         started = self._starts(event, timeout)
         on_commit_mark = len(wrapper.run_on_commit)
         token = current_event.set(event)
@@ -156,7 +148,7 @@ class HandlerRunner:
                             name=event.name,
                             headers=event.headers,
                             attempt=event.attempt,
-                            task=task_path(event.name, event.payload),
+                            task=work.task,
                             task_priority=event.payload.get("priority", 0),
                         )
                         if tracing.enabled()
@@ -165,7 +157,7 @@ class HandlerRunner:
                     with context, span:
                         self.subscription.handler(event)
             finally:
-                duration = self._durations[event.id] = time.monotonic() - started
+                duration = work.duration_seconds = time.monotonic() - started
             if duration > timeout:
                 raise HandlerTimeout(f"handler ran past HANDLER_TIMEOUT_SECONDS={timeout:g}; its work was rolled back")
             if wrapper.needs_rollback or (

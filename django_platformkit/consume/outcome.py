@@ -12,15 +12,19 @@ outbox doesn't know is never termed while this database's identity is
 contested (a live copy of it tried the stream): it may be the copy's.
 
 The consumer decides each delivery's ``Work.outcome`` and hands a refused
-delivery to ``Outcome.refuse`` and every unit to ``Outcome.conclude``;
-each delivery's ``Verdict`` is judged there, and ``Outcome._answer`` is the
-one place the broker hears it.
+delivery to ``Outcome.refuse`` and every unit to ``Outcome.conclude``.
+There each delivery goes one way: judged (``_judge``: an ``Ending`` value,
+its rows and its ``Verdict``, nothing written yet), its rows written
+(``_write``: one call into ``attempts``, one into ``outbox.deadletters``,
+a failed run waited out through an outage), then told and answered
+(``_settle``: log lines, counts, signals, and the one place the broker
+hears it).
 
 Why one module: a verdict and the rows that make it safe are one decision -
 a term only after its dead letter (or malformed record) is written, a nak
 only after its failed run is recorded, neither when the write failed - and
 the counts follow the verdicts. Split apart, two objects would again share
-the counts and each answer the broker.
+the counts and each answer the broker; hence past ~450 lines.
 """
 
 from __future__ import annotations
@@ -32,8 +36,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from django.db import DatabaseError, connections
@@ -41,16 +44,14 @@ from django.db import DatabaseError, connections
 from django_platformkit import conf, signals
 from django_platformkit._text import storable_text as clean_text
 from django_platformkit.broker.port import Broker, KeepAlive
-from django_platformkit.consume.attempts import history_text, mark_interrupted, record_failed_run
+from django_platformkit.consume.attempts import RunEnd, end_run
 from django_platformkit.consume.claim import NOT_IN_OUTBOX
-from django_platformkit.consume.handler import HandlerRunner
 from django_platformkit.consume.subscriptions import Subscription
 from django_platformkit.consume.units import Refused, Stopping, Work
 from django_platformkit.consume.waiting import DatabaseWait
 from django_platformkit.exceptions import is_permanent
-from django_platformkit.outage import close_old_connections_for
 from django_platformkit.outbox.deadletters import malformed_id, record_dead_letter, record_malformed
-from django_platformkit.wire import AttemptOutcome, Delivery, HandlingOutcome, ReceivedEvent, task_path
+from django_platformkit.wire import Delivery, HandlingOutcome
 
 logger = logging.getLogger(__name__)
 
@@ -97,6 +98,33 @@ class Verdict:
 UNANSWERED = Verdict(HandlingOutcome.UNACKED)
 
 
+@dataclass(frozen=True)
+class Letter:
+    """A dead letter to write before its term: an outbox event's
+    (``record_dead_letter``) or, with ``reason``, a malformed message's
+    (``record_malformed``)."""
+
+    attempts: int
+    error: str
+    traceback: str = ""
+    exception: BaseException | None = None  # the failure itself (the log line, the signal)
+    reason: str | None = None  # a malformed message's: why it can't be run
+
+
+@dataclass
+class Ending:
+    """One delivery's conclusion, judged before anything is written: the
+    rows it writes (its run's end, its dead letter), then what the broker
+    hears - ``verdict``, which a write that fails turns into another."""
+
+    delivery: Delivery
+    verdict: Verdict
+    work: Work | None = None  # None: a refused delivery
+    run: RunEnd | None = None
+    letter: Letter | None = None
+    letter_id: uuid.UUID | None = None  # a malformed message's dead-letter key, once written
+
+
 class Outcome:
     """What becomes of each delivery of one subscription: its verdict (ack,
     nak or term), the rows and signals that go with it, the broker call,
@@ -106,7 +134,6 @@ class Outcome:
         subscription: Whose deliveries it answers for.
         broker: Acks, naks and terms them.
         using: The database alias of the attempt rows and dead letters.
-        runner: The handler runner (how long a run took, for the signals).
         wait: Waits out the database to record a failed run.
         contested: Set while this database's identity is contested (the worker's ``StreamWatch``).
     """
@@ -116,14 +143,12 @@ class Outcome:
         subscription: Subscription,
         broker: Broker,
         using: str,
-        runner: HandlerRunner,
         wait: DatabaseWait,
         contested: threading.Event | None = None,
     ) -> None:
         self.subscription = subscription
         self.broker = broker
         self.using = using
-        self.runner = runner
         self.wait = wait
         self.contested = contested or threading.Event()
         #: Totals by outcome (``handled``, ``skipped``, ``retried``, ``dead_lettered``, ``malformed``).
@@ -138,182 +163,83 @@ class Outcome:
         decoded termed (``MALFORMED``, or ``UNACKED`` while its record can't
         be written)."""
         delivery, reason = refused
-        verdict = (
-            Verdict(HandlingOutcome.ELSEWHERE, Answer.ACK) if reason is None else self._malformed(delivery, reason)
-        )
-        self._answer([(delivery, verdict, None)])
-        self._end_keep_alive(keep, [delivery])
-        return verdict.outcome
+        if reason is None:
+            ending = Ending(delivery, Verdict(HandlingOutcome.ELSEWHERE, Answer.ACK))
+        else:
+            ending = self._malformed(delivery, reason)
+        self._write(ending)
+        self._settle([ending], keep)
+        return ending.verdict.outcome
 
     def conclude(self, unit: list[Work], keep: KeepAlive | None) -> None:
         """Carry out what the unit decided for each of its works (see
         ``Work``), after its transaction: ack the handled and skipped ones
-        together, then judge the rest (nak or term, the rows first); each
-        ``Work.outcome`` then says what became of its delivery."""
+        together, then judge the rest (nak or term), write their rows, and
+        answer; each ``Work.outcome`` then says what became of its delivery."""
+        # Acked first, and only now, after the commit: a crash before this
+        # line means redeliveries that find the claims and skip.
+        acked = [work for work in unit if work.outcome in ACKED]
+        self._settle(
+            [Ending(w.message, Verdict(w.outcome or HandlingOutcome.HANDLED, Answer.ACK), w) for w in acked], keep
+        )
+        endings = [
+            self._judge(work)
+            for work in unit
+            if work.outcome not in ACKED or (work.outcome == HandlingOutcome.SKIPPED and work.attempt_row is not None)
+        ]
+        for ending in endings:
+            self._write(ending)
+        self._settle(endings, keep)
+
+    # -- judge: what to write, and the verdict once it is written --
+    def _judge(self, work: Work) -> Ending:
+        """A work the unit didn't handle (or a skipped one whose run had
+        started): its ending, nothing written yet. A failed run is recorded,
+        then retried after its backoff (nak) or, at ``max_attempts`` or for
+        a failure a retry can't help, dead-lettered (term); a run that was
+        handed back, or skipped, is marked interrupted (not counted)."""
         sub = self.subscription
-        acks: list[tuple[Delivery, Verdict, uuid.UUID | None]] = []
-        for work in unit:
-            if work.outcome not in ACKED:
-                continue
-            event = work.event
-            self.counts[work.outcome] += 1
-            duration, latency = self.runner.duration(event.id), self.runner.latency(event.id)  # forgets them
-            if signals.event_handled.receivers:  # once per handling: skip building the call
-                signals.event_handled.send_robust(
-                    sender=sub,
-                    subscription=sub.name,
-                    event=event,
-                    outcome=work.outcome,
-                    duration_seconds=duration,
-                    delivery_latency_seconds=latency,
-                )
-            logger.debug("%s subscription=%s event_id=%s attempt=%s", work.outcome, sub.name, event.id, event.attempt)
-            acks.append((work.message, Verdict(work.outcome, Answer.ACK), event.id))
-        # Acked only now, after the commit: a crash before this line means
-        # redeliveries that find the claims and skip.
-        self._answer(acks)
-        judged = []
-        for work in unit:
-            if work.outcome == HandlingOutcome.SKIPPED and work.attempt_row is not None:
-                self._mark_interrupted(work)  # handled elsewhere meanwhile: this run never started
-            elif work.outcome not in ACKED:
-                verdict = self._judge(work)
-                work.outcome = verdict.outcome
-                judged.append((work.message, verdict, work.event.id))
-        self._answer(judged)
-        self._end_keep_alive(keep, [work.message for work in unit])
-
-    def _judge(self, work: Work) -> Verdict:
-        """The verdict on a work the unit didn't handle, its rows written first."""
-        if work.outcome == HandlingOutcome.NOT_IN_OUTBOX:
-            return self._not_in_outbox(work, NOT_IN_OUTBOX)
-        if work.outcome == HandlingOutcome.FAILED:
-            return self._failed(work)
-        if work.outcome == HandlingOutcome.HANDED_BACK:
-            return self._hand_back(work)
-        if work.outcome == HandlingOutcome.DEAD_LETTERED:
-            return self._dead_letter_without_running(work)
-        return UNANSWERED
-
-    def _answer(self, verdicts: Sequence[tuple[Delivery, Verdict, uuid.UUID | None]]) -> None:
-        """Tell the broker each verdict (the acks in one call): the one place
-        it is told. A failure is logged, never raised: the message comes back
-        after the ack wait (and is acked, or judged, again)."""
-        acks = [delivery for delivery, verdict, _ in verdicts if verdict.answer == Answer.ACK]
-        for delivery, verdict, event_id in verdicts:
-            answer = verdict.answer
-            if answer is None or (answer == Answer.ACK and delivery is not acks[0]):
-                continue  # nothing to say, or acked with the first
-            try:
-                if answer == Answer.ACK:
-                    self.broker.ack_many(acks)
-                elif answer == Answer.NAK:
-                    self.broker.nak(delivery, verdict.delay_seconds)
-                else:
-                    self.broker.term(delivery)
-            except Exception as exc:
-                logger.warning(
-                    "%s failed subscription=%s event_id=%s stream_seq=%s error=%s",
-                    answer,
-                    self.subscription.name,
-                    event_id,
-                    delivery.stream_seq,
-                    exc,
-                )
+        event = work.event
+        outcome = work.outcome
+        end = RunEnd(sub.name, event.id, work.attempt_row, work.started_at)
+        if outcome == HandlingOutcome.SKIPPED:  # handled elsewhere meanwhile: this run never started
+            return Ending(work.message, Verdict(HandlingOutcome.SKIPPED), work, end)
+        if outcome == HandlingOutcome.HANDED_BACK:  # stopping, paused, or raced: no run recorded
+            return Ending(work.message, self._handed_back(work), work, end)
+        if outcome == HandlingOutcome.DEAD_LETTERED and work.exhausted is not None:
+            spent = work.exhausted  # a redelivery out of attempts: dead-lettered without running
+            letter = Letter(spent.attempts, spent.error, spent.traceback)
+            return Ending(work.message, Verdict(HandlingOutcome.DEAD_LETTERED, Answer.TERM), work, letter=letter)
+        if outcome == HandlingOutcome.NOT_IN_OUTBOX:
+            if not self.contested.is_set():
+                return replace(self._malformed(work.message, NOT_IN_OUTBOX), work=work, run=end)
+            return Ending(work.message, self._contested(work), work, end)
+        if outcome == HandlingOutcome.FAILED and work.error is not None:
+            error = work.error
+            message, tb = clean_text(f"{type(error).__name__}: {error}"), clean_text(work.tb)
+            failed = end._replace(error=message, traceback=tb)
+            # A PermanentFailure (or a mark_permanent() error) says a retry can't help: dead-letter it now.
+            if event.attempt < sub.max_attempts and not is_permanent(error):  # its backoff: ``_write``
+                return Ending(work.message, Verdict(HandlingOutcome.RETRIED, Answer.NAK), work, failed)
+            letter = Letter(event.attempt, message, tb, exception=error)
+            return Ending(work.message, Verdict(HandlingOutcome.DEAD_LETTERED, Answer.TERM), work, failed, letter)
+        return Ending(work.message, UNANSWERED, work)
 
     @staticmethod
-    def _end_keep_alive(keep: KeepAlive | None, deliveries: list[Delivery]) -> None:
-        """The deliveries are answered (or left to the broker): their keep-alive ends."""
-        if keep is None:
-            return
-        for delivery in deliveries:
-            with contextlib.suppress(Exception):  # it only stops a keep-alive
-                keep.settled(delivery)
+    def _handed_back(work: Work) -> Verdict:
+        """The worker is stopping, the subscription is paused, or another
+        worker is starting this run: nak, at once or after
+        ``work.redeliver_in_seconds`` (not counted: no run recorded)."""
+        return Verdict(HandlingOutcome.HANDED_BACK, Answer.NAK, work.redeliver_in_seconds)
 
-    # -- nak --
-    def _failed(self, work: Work) -> Verdict:
-        """Record the failed run, then retry the message after its backoff
-        (nak) or, at ``max_attempts``, dead-letter it (term)."""
-        sub = self.subscription
-        event, error = work.event, work.error
-        message = clean_text(f"{type(error).__name__}: {error}")
-        tb = clean_text(work.tb)
-        try:
-            self.wait.until_answers([work], lambda: self._record_failed_run(work, message, tb), 30.0, None)
-        except Stopping:
-            return self._hand_back(work)
-        except DatabaseError as exc:
-            logger.error(
-                "failed run not recorded, will retry subscription=%s event_id=%s error=%s", sub.name, event.id, exc
-            )
-            connections[self.using].close()
-            return UNANSWERED
-        # A PermanentFailure (or a mark_permanent() error) says a retry can't help: dead-letter it now.
-        will_retry = event.attempt < sub.max_attempts and not is_permanent(error)
-        signals.event_failed.send_robust(
-            sender=sub,
-            subscription=sub.name,
-            event=event,
-            error=error,
-            attempt=event.attempt,
-            will_retry=will_retry,
-            duration_seconds=self.runner.duration(event.id),
-            delivery_latency_seconds=self.runner.latency(event.id),
-        )
-        if not will_retry:
-            return self._dead_letter(work.message, event, attempts=event.attempt, error=message, tb=tb, exception=error)
-        delay = sub.delay_after(event.attempt)
-        task = task_path(event.name, event.payload)  # names what failed in the log line
-        logger.warning(
-            "handler failed, retrying subscription=%s%s event_id=%s attempt=%s/%s retry_in=%ss error=%s",
-            sub.name,
-            f" task={task}" if task else "",
-            event.id,
-            event.attempt,
-            sub.max_attempts,
-            delay,
-            message,
-        )
-        self.counts[HandlingOutcome.RETRIED] += 1
-        return Verdict(HandlingOutcome.RETRIED, Answer.NAK, delay)
-
-    def _record_failed_run(self, work: Work, message: str, tb: str) -> None:
-        close_old_connections_for(self.using)
-        record_failed_run(
-            subscription=self.subscription.name,
-            event_id=work.event.id,
-            attempt_row=work.attempt_row,
-            started_at=work.started_at,
-            error=message,
-            traceback=tb,
-            using=self.using,
-        )
-
-    def _mark_interrupted(self, work: Work) -> None:
-        if work.attempt_row is None:
-            return
-        try:
-            mark_interrupted(work.attempt_row, using=self.using)
-        except DatabaseError as exc:
-            logger.warning(
-                "attempt not marked interrupted subscription=%s event_id=%s error=%s",
-                self.subscription.name,
-                work.event.id,
-                exc,
-            )
-
-    def _not_in_outbox(self, work: Work, reason: str) -> Verdict:
-        """A message the outbox doesn't hold: recorded as malformed and
-        terminated - unless this database's identity is contested. A live
-        copy of this database (a staging restore) shares the stream's
-        durables while it is refused, and a message of the copy's, or of
-        events written after the copy was made, must not be terminated in the
-        shared durable on the word of an outbox that may be the wrong one: it
-        comes back after ``CONTESTED_REDELIVERY_SECONDS`` (not an attempt),
-        for whichever database holds it, or for a settled standing."""
-        self._mark_interrupted(work)
-        if not self.contested.is_set():
-            return self._malformed(work.message, reason)
+    def _contested(self, work: Work) -> Verdict:
+        """A message the outbox doesn't hold while this database's identity
+        is contested. A live copy of this database (a staging restore) shares
+        the stream's durables while it is refused, and a message of the
+        copy's, or of events written after the copy was made, must not be
+        terminated in the shared durable on the word of an outbox that may be
+        the wrong one: it comes back after ``CONTESTED_REDELIVERY_SECONDS``
+        (not an attempt), for whichever database holds it, or for a settled standing."""
         self._handed_back_contested += 1
         now = time.monotonic()
         if now - self._contested_logged >= CONTESTED_LOG_EVERY_SECONDS:
@@ -328,136 +254,222 @@ class Outcome:
             )
         return Verdict(HandlingOutcome.HANDED_BACK, Answer.NAK, CONTESTED_REDELIVERY_SECONDS)
 
-    def _hand_back(self, work: Work) -> Verdict:
-        """The worker is stopping, the subscription is paused, or another
-        worker is starting this run: nak, at once or after
-        ``work.redeliver_in_seconds`` (not counted: no run recorded)."""
-        self._mark_interrupted(work)
-        return Verdict(HandlingOutcome.HANDED_BACK, Answer.NAK, work.redeliver_in_seconds)
-
-    # -- term --
-    def _dead_letter_without_running(self, work: Work) -> Verdict:
-        """A redelivery whose counted runs (``work.runs``) reached ``max_attempts``: dead-letter it with the last real error."""
-        sub = self.subscription
-        runs = work.runs
-        counted = [r for r in runs if r.counts]
-        last_failed = next((r for r in reversed(runs) if r.outcome == AttemptOutcome.FAILED and r.error), None)
-        why = (
-            f"dead-lettered without running again: the handler already started {len(counted)} times for this event "
-            f"(max_attempts={sub.max_attempts}); history: {history_text(runs)}"
-        )
-        error = f"{last_failed.error}\n{why}" if last_failed else why
-        return self._dead_letter(
-            work.message,
-            work.event,
-            attempts=len(counted),
-            error=error,
-            tb=last_failed.traceback if last_failed else "",
-        )
-
-    def _dead_letter(
-        self,
-        delivery: Delivery,
-        event: ReceivedEvent,
-        *,
-        attempts: int,
-        error: str,
-        tb: str,
-        exception: BaseException | None = None,
-    ) -> Verdict:
-        """Write the dead letter and its terminal claim, then term the message
-        (``SKIPPED`` when a claim was there first: no dead letter)."""
-        sub = self.subscription
-        try:
-            written = record_dead_letter(
-                subscription=sub.name,
-                event_id=event.id,
-                name=event.name,
-                tenant=event.tenant,
-                attempts=attempts,
-                error=error,
-                traceback=tb,
-                using=self.using,
-            )
-        except DatabaseError as exc:
-            # Not acked: the broker redelivers after the ack wait, and the
-            # redelivery (counted runs at max_attempts) records it without running the handler.
-            logger.error(
-                "dead letter not recorded, will retry subscription=%s event_id=%s error=%s", sub.name, event.id, exc
-            )
-            connections[self.using].close()
-            return UNANSWERED
-        if written:
-            task = task_path(event.name, event.payload)  # names what failed in the log line and the signal
-            logger.error(
-                "dead letter subscription=%s%s event_id=%s name=%s attempts=%s error=%s%s",
-                sub.name,
-                f" task={task}" if task else "",
-                event.id,
-                event.name,
-                attempts,
-                error,
-                "" if exception is not None else "\n" + tb,
-                exc_info=exception,  # error trackers (Sentry's logging integration) see the exception itself
-            )
-            self.counts[HandlingOutcome.DEAD_LETTERED] += 1
-            signals.event_dead_lettered.send_robust(
-                sender=sub,
-                subscription=sub.name,
-                event_id=event.id,
-                name=event.name,
-                tenant=event.tenant,
-                attempts=attempts,
-                error=error.splitlines()[0] if error else "",
-                exception=exception,
-                task=task,
-            )
-        else:
-            logger.info("already claimed, no dead letter subscription=%s event_id=%s", sub.name, event.id)
-        return Verdict(HandlingOutcome.DEAD_LETTERED if written else HandlingOutcome.SKIPPED, Answer.TERM)
-
-    def _malformed(self, delivery: Delivery, reason: str) -> Verdict:
-        """Record a message that can't be run as a ``(malformed)`` dead letter, then term it."""
-        sub = self.subscription
+    @staticmethod
+    def _malformed(delivery: Delivery, reason: str) -> Ending:
+        """A message that can't be run (undecodable, or unknown to the
+        outbox): recorded as a ``(malformed)`` dead letter, then termed."""
         body_id = None
         with contextlib.suppress(Exception):
             body_id = uuid.UUID(str(json.loads(delivery.data).get("id")))
-        event_id = malformed_id(conf.settings.STREAM, delivery.stream_seq)
         claimed = f" claimed_id={body_id}" if body_id is not None else ""
         error = f"malformed message{claimed} on subject={delivery.subject} stream_seq={delivery.stream_seq}: {reason}"
-        logger.error(
-            "malformed message terminated subscription=%s subject=%s stream_seq=%s reason=%s",
-            sub.name,
-            delivery.subject,
-            delivery.stream_seq,
-            reason,
-        )
-        try:
-            record_malformed(
+        letter = Letter(delivery.attempt, error, reason=reason)
+        return Ending(delivery, Verdict(HandlingOutcome.MALFORMED, Answer.TERM), letter=letter)
+
+    # -- write: the rows that make the verdict safe --
+    def _write(self, ending: Ending) -> None:
+        """Write the ending's rows, in order: its run's end (a failed run
+        waited out through an outage), then its dead letter. A nak only
+        after its failed run is recorded, a term only after its dead letter;
+        a write that fails leaves the message to the broker (``UNANSWERED``)."""
+        sub = self.subscription
+        work = ending.work
+        run = ending.run
+        recorded = False
+        if work is not None and run is not None and run.failed:
+            failed = run
+            try:
+                self.wait.until_answers([work], lambda: end_run(failed, using=self.using), 30.0, None)
+                recorded = True
+                run = None
+            except Stopping:
+                # Stopping, the database away: handed back (``_handed_back``), its run interrupted.
+                ending.verdict = Verdict(HandlingOutcome.HANDED_BACK, Answer.NAK, work.redeliver_in_seconds)
+                ending.letter = None
+                run = failed.interrupted()
+            except DatabaseError as exc:
+                logger.error(
+                    "failed run not recorded, will retry subscription=%s event_id=%s error=%s",
+                    sub.name,
+                    work.event.id,
+                    exc,
+                )
+                connections[self.using].close()
+                ending.verdict = UNANSWERED
+                return
+        if work is not None and run is not None:
+            try:
+                end_run(run, using=self.using)  # interrupted: doesn't count
+            except DatabaseError as exc:
+                logger.warning(
+                    "attempt not marked interrupted subscription=%s event_id=%s error=%s", sub.name, work.event.id, exc
+                )
+        if work is not None and recorded:
+            if ending.verdict.outcome == HandlingOutcome.RETRIED:  # recorded: naked after its backoff
+                ending.verdict = replace(ending.verdict, delay_seconds=sub.delay_after(work.event.attempt))
+            signals.event_failed.send_robust(
+                sender=sub,
                 subscription=sub.name,
-                event_id=event_id,
-                stream_seq=delivery.stream_seq,
-                attempts=delivery.attempt,
-                error=error,
-                body=delivery.data,
+                event=work.event,
+                error=work.error,
+                attempt=work.event.attempt,
+                will_retry=ending.verdict.outcome == HandlingOutcome.RETRIED,
+                duration_seconds=work.duration_seconds,
+                delivery_latency_seconds=work.latency_seconds,
+            )
+        letter = ending.letter
+        if letter is None:
+            return
+        delivery = ending.delivery
+        try:
+            if letter.reason is not None:
+                logger.error(
+                    "malformed message terminated subscription=%s subject=%s stream_seq=%s reason=%s",
+                    sub.name,
+                    delivery.subject,
+                    delivery.stream_seq,
+                    letter.reason,
+                )
+                ending.letter_id = malformed_id(conf.settings.STREAM, delivery.stream_seq)
+                record_malformed(
+                    subscription=sub.name,
+                    event_id=ending.letter_id,
+                    stream_seq=delivery.stream_seq,
+                    attempts=letter.attempts,
+                    error=letter.error,
+                    body=delivery.data,
+                    using=self.using,
+                )
+            elif work is not None and not record_dead_letter(
+                subscription=sub.name,
+                event_id=work.event.id,
+                name=work.event.name,
+                tenant=work.event.tenant,
+                attempts=letter.attempts,
+                error=letter.error,
+                traceback=letter.traceback,
                 using=self.using,
-            )
+            ):
+                logger.info("already claimed, no dead letter subscription=%s event_id=%s", sub.name, work.event.id)
+                ending.verdict = Verdict(HandlingOutcome.SKIPPED, Answer.TERM)
         except DatabaseError as exc:
-            logger.error(
-                "malformed message not recorded, will retry subscription=%s stream_seq=%s error=%s",
-                sub.name,
-                delivery.stream_seq,
-                exc,
-            )
+            if letter.reason is not None:
+                logger.error(
+                    "malformed message not recorded, will retry subscription=%s stream_seq=%s error=%s",
+                    sub.name,
+                    delivery.stream_seq,
+                    exc,
+                )
+            else:
+                # Not acked: the broker redelivers after the ack wait, and the redelivery
+                # (counted runs at max_attempts) records it without running the handler.
+                logger.error(
+                    "dead letter not recorded, will retry subscription=%s event_id=%s error=%s",
+                    sub.name,
+                    work.event.id if work is not None else None,
+                    exc,
+                )
             connections[self.using].close()
-            return UNANSWERED
-        self.counts[HandlingOutcome.MALFORMED] += 1
-        signals.event_malformed.send_robust(
-            sender=sub,
-            subscription=sub.name,
-            subject=delivery.subject,
-            stream_seq=delivery.stream_seq,
-            reason=reason,
-            event_id=event_id,
-        )
-        return Verdict(HandlingOutcome.MALFORMED, Answer.TERM)
+            ending.verdict = UNANSWERED
+
+    # -- answer: the log lines, counts and signals of each verdict, then the broker --
+    def _settle(self, endings: list[Ending], keep: KeepAlive | None) -> None:
+        """Tell what became of each ending (its log line, count and signal),
+        then the broker - the one place it is told, the acks in one call -
+        and end the deliveries' keep-alive. A broker call that fails is
+        logged, never raised: the message comes back after the ack wait
+        (and is acked, or judged, again)."""
+        sub = self.subscription
+        acks = [ending.delivery for ending in endings if ending.verdict.answer == Answer.ACK]
+        for ending in endings:
+            work = ending.work
+            letter = ending.letter
+            outcome = ending.verdict.outcome
+            answer = ending.verdict.answer
+            if work is not None:
+                work.outcome = outcome
+            if outcome in ACKED and answer == Answer.ACK and work is not None:
+                event = work.event
+                self.counts[outcome] += 1
+                if signals.event_handled.receivers:  # once per handling: skip building the call
+                    signals.event_handled.send_robust(
+                        sender=sub,
+                        subscription=sub.name,
+                        event=event,
+                        outcome=outcome,
+                        duration_seconds=work.duration_seconds,
+                        delivery_latency_seconds=work.latency_seconds,
+                    )
+                logger.debug("%s subscription=%s event_id=%s attempt=%s", outcome, sub.name, event.id, event.attempt)
+            elif outcome == HandlingOutcome.RETRIED and work is not None and ending.run is not None:
+                event = work.event
+                logger.warning(
+                    "handler failed, retrying subscription=%s%s event_id=%s attempt=%s/%s retry_in=%ss error=%s",
+                    sub.name,
+                    f" task={work.task}" if work.task else "",
+                    event.id,
+                    event.attempt,
+                    sub.max_attempts,
+                    ending.verdict.delay_seconds,
+                    ending.run.error,
+                )
+                self.counts[outcome] += 1
+            elif outcome == HandlingOutcome.DEAD_LETTERED and work is not None and letter is not None:
+                event = work.event
+                logger.error(
+                    "dead letter subscription=%s%s event_id=%s name=%s attempts=%s error=%s%s",
+                    sub.name,
+                    f" task={work.task}" if work.task else "",
+                    event.id,
+                    event.name,
+                    letter.attempts,
+                    letter.error,
+                    "" if letter.exception is not None else "\n" + letter.traceback,
+                    exc_info=letter.exception,  # error trackers (Sentry's logging integration) see the exception itself
+                )
+                self.counts[outcome] += 1
+                signals.event_dead_lettered.send_robust(
+                    sender=sub,
+                    subscription=sub.name,
+                    event_id=event.id,
+                    name=event.name,
+                    tenant=event.tenant,
+                    attempts=letter.attempts,
+                    error=letter.error.splitlines()[0] if letter.error else "",
+                    exception=letter.exception,
+                    task=work.task,
+                )
+            elif outcome == HandlingOutcome.MALFORMED and letter is not None:
+                self.counts[outcome] += 1
+                signals.event_malformed.send_robust(
+                    sender=sub,
+                    subscription=sub.name,
+                    subject=ending.delivery.subject,
+                    stream_seq=ending.delivery.stream_seq,
+                    reason=letter.reason,
+                    event_id=ending.letter_id,
+                )
+        for ending in endings:
+            answer = ending.verdict.answer
+            if answer is None or (answer == Answer.ACK and ending.delivery is not acks[0]):
+                continue  # nothing to say, or acked with the first
+            try:
+                if answer == Answer.ACK:
+                    self.broker.ack_many(acks)
+                elif answer == Answer.NAK:
+                    self.broker.nak(ending.delivery, ending.verdict.delay_seconds)
+                else:
+                    self.broker.term(ending.delivery)
+            except Exception as exc:
+                logger.warning(
+                    "%s failed subscription=%s event_id=%s stream_seq=%s error=%s",
+                    answer,
+                    sub.name,
+                    ending.work.event.id if ending.work is not None else None,
+                    ending.delivery.stream_seq,
+                    exc,
+                )
+        if keep is not None:
+            for ending in endings:
+                with contextlib.suppress(Exception):  # it only stops a keep-alive
+                    keep.settled(ending.delivery)

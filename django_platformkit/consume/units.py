@@ -26,10 +26,11 @@ from django_platformkit.wire import (
     ReceivedEvent,
     meant_for,
     parse_delivery,
+    task_path,
 )
 
 if TYPE_CHECKING:
-    from django_platformkit.consume.attempts import Run
+    from django_platformkit.consume.attempts import Exhausted
     from django_platformkit.consume.subscriptions import Subscription
 
 #: A transaction holds at most this many savepoints: a unit (up to
@@ -107,7 +108,7 @@ class Work:
     ``FAILED`` becomes ``RETRIED`` or ``DEAD_LETTERED``, ``NOT_IN_OUTBOX``
     becomes ``MALFORMED`` or ``HANDED_BACK``; ``HANDED_BACK`` (naked after
     ``redeliver_in_seconds``) and ``DEAD_LETTERED`` (a redelivery out of
-    attempts: ``runs`` says why) are carried out there too.
+    attempts: ``exhausted`` says why) are carried out there too.
     """
 
     delivery: Delivery | None
@@ -118,11 +119,20 @@ class Work:
     history_decides: bool = False  # the handler may have run before (``may_have_run``): a unit of its own
     outcome: HandlingOutcome | None = None
     redeliver_in_seconds: float | None = None  # a hand-back's nak delay (None: at once)
-    runs: Sequence[Run] = ()  # a redelivery's recorded runs, read before it started
+    exhausted: Exhausted | None = None  # a redelivery out of attempts: what its dead letter says
     error: BaseException | None = None
     tb: str = ""
     lock: threading.Lock = field(default_factory=threading.Lock)  # handler end vs the slow-run recorder
     running: bool = False  # the handler is in its run now (the recorder may write its row)
+    duration_seconds: float = 0.0  # how long its handler's last run took (0.0: it didn't run)
+    latency_seconds: float | None = None  # from due (``due_epoch``) to its handler's start; None: unknown
+    #: The ``django.tasks`` task it carries (``wire.task_path``), else "": its
+    #: message's, then the event's its handler ran with (``HandlerRunner.run``);
+    #: for the log lines, spans and signals.
+    task: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.task = task_path(self.event.name, self.event.payload)
 
     @property
     def message(self) -> Delivery:
