@@ -40,6 +40,7 @@ from django_platformkit.broker.connection import event_loop_kind
 from django_platformkit.broker.port import Broker
 from django_platformkit.consume.consumer import Consumer
 from django_platformkit.consume.pool import ConsumerPool, pool_thread_count
+from django_platformkit.consume.subscriptions import Subscription
 from django_platformkit.exceptions import ConfigurationError
 from django_platformkit.outbox.relay import Relay, RelayStats
 from django_platformkit.runtime import burst
@@ -95,6 +96,11 @@ class Worker:
     def consumers(self) -> list[Consumer]:
         """Every consumer of the pool (one per subscription and ``concurrency`` slot)."""
         return self.parts.consumers
+
+    @property
+    def subscriptions(self) -> list[Subscription]:
+        """The subscriptions this worker consumes (``options.subscriptions``, or every one registered)."""
+        return self.parts.subscriptions
 
     @property
     def heartbeat(self) -> Heartbeat:

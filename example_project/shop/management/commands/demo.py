@@ -26,6 +26,7 @@ from django.test import Client
 
 from django_platformkit.consume.subscriptions import subscriptions
 from django_platformkit.models import DeadLetter, HandledEvent, OutboxEvent, TaskResultRecord
+from django_platformkit.runtime.options import WorkerOptions
 from django_platformkit.runtime.worker import Worker
 from example_project import services
 
@@ -119,7 +120,7 @@ class Command(BaseCommand):
         # What `runworker --burst` runs, through the API so its counts come back.
         started_at = _db_now()
         t0 = time.monotonic()
-        worker = Worker(burst=True, burst_timeout_seconds=options["timeout"])
+        worker = Worker(WorkerOptions(burst=True, burst_timeout_seconds=options["timeout"]))
         if worker.run() != 0:
             raise CommandError(f"the burst worker did not drain within {options['timeout']} s: see the log above.")
         seconds = time.monotonic() - t0
