@@ -396,6 +396,8 @@ class Streams:
         when the loop doesn't answer at all."""
         stream = conf.settings.STREAM
         js = self.connection.js
+        if js is None:  # a scrape before the worker's first connection
+            raise BrokerUnavailable("not connected to NATS yet")
 
         async def ask() -> list[Any]:
             return await asyncio.wait_for(
